@@ -1,0 +1,23 @@
+"""gdn: the system under test: the gated delta rule (eager and Triton), CP layouts, layer and model.
+
+`import gdn` loads torch but never Triton or `kernels`: the Triton backend is imported on first use.
+"""
+
+from gdn.ops import (
+    GDNShape,
+    UnsupportedGDNRequest,
+    check_triton_gdn,
+    gated_delta_rule,
+    is_triton_gdn_available,
+)
+from gdn.reference import chunk_gated_delta_rule_eager, recurrent_gated_delta_rule
+
+__all__ = [
+    "GDNShape",
+    "UnsupportedGDNRequest",
+    "check_triton_gdn",
+    "chunk_gated_delta_rule_eager",
+    "gated_delta_rule",
+    "is_triton_gdn_available",
+    "recurrent_gated_delta_rule",
+]

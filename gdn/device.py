@@ -1,0 +1,228 @@
+"""The one place that knows the accelerator families: CUDA, Ascend NPU (torch_npu) and CPU.
+
+Everything else asks this module for the device, synchronisation, memory statistics, timers and
+the distributed backend, so a new device family is added here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+DeviceKind = Literal["cuda", "npu", "cpu"]
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("cuda", "npu", "cpu")
+
+_DIST_BACKEND: dict[str, str] = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+_VISIBLE_DEVICES_ENV: dict[str, str | None] = {
+    "cuda": "CUDA_VISIBLE_DEVICES",
+    "npu": "ASCEND_RT_VISIBLE_DEVICES",
+    "cpu": None,
+}
+
+
+def _check_kind(kind: str) -> DeviceKind:
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(DEVICE_KINDS)}")
+    return kind  # type: ignore[return-value]
+
+
+def _npu_module() -> Any | None:
+    """torch_npu registers `torch.npu` on import; it is optional and absent on most machines."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    importlib.import_module("torch_npu")
+    return getattr(torch, "npu", None)
+
+
+def _accelerator(kind: DeviceKind) -> Any | None:
+    if kind == "cuda":
+        return torch.cuda
+    if kind == "npu":
+        return _npu_module()
+    return None
+
+
+def is_available(kind: str) -> bool:
+    kind = _check_kind(kind)
+    if kind == "cpu":
+        return True
+    module = _accelerator(kind)
+    return bool(module is not None and module.is_available())
+
+
+def device_count(kind: str) -> int:
+    kind = _check_kind(kind)
+    if kind == "cpu":
+        return 1
+    return module.device_count() if (module := _accelerator(kind)) is not None and is_available(kind) else 0
+
+
+def default_kind() -> DeviceKind:
+    """The best device on this machine: CUDA, then NPU, then CPU."""
+    for kind in ("cuda", "npu"):
+        if is_available(kind):
+            return kind  # type: ignore[return-value]
+    return "cpu"
+
+
+def get_device(kind: str, index: int = 0) -> torch.device:
+    """The torch device for `kind`; raises when the family is not usable here."""
+    kind = _check_kind(kind)
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not is_available(kind):
+        raise RuntimeError(f"device kind {kind!r} requested but no {kind} device is available here")
+    count = device_count(kind)
+    if not 0 <= index < count:
+        raise ValueError(f"{kind} device index {index} out of range; this machine has {count}")
+    device = torch.device(kind, index)
+    _accelerator(kind).set_device(device)  # type: ignore[union-attr]
+    return device
+
+
+def kind_of(device: torch.device | str) -> DeviceKind:
+    return _check_kind(torch.device(device).type)
+
+
+def synchronize(device: torch.device | str) -> None:
+    module = _accelerator(kind_of(device))
+    if module is not None:
+        module.synchronize(torch.device(device))
+
+
+def distributed_backend(kind: str) -> str:
+    """torch.distributed backend for the family: nccl, hccl or gloo."""
+    return _DIST_BACKEND[_check_kind(kind)]
+
+
+def visible_devices_env(kind: str) -> str | None:
+    """The environment variable that restricts a process to some devices of the family."""
+    return _VISIBLE_DEVICES_ENV[_check_kind(kind)]
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Bytes. `tracked` is False where the device keeps no allocator statistics (CPU)."""
+
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    tracked: bool
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+
+def memory_stats(device: torch.device | str) -> MemoryStats:
+    device = torch.device(device)
+    module = _accelerator(kind_of(device))
+    if module is None:
+        return MemoryStats(0, 0, 0, 0, tracked=False)
+    return MemoryStats(
+        allocated=int(module.memory_allocated(device)),
+        reserved=int(module.memory_reserved(device)),
+        peak_allocated=int(module.max_memory_allocated(device)),
+        peak_reserved=int(module.max_memory_reserved(device)),
+        tracked=True,
+    )
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    device = torch.device(device)
+    module = _accelerator(kind_of(device))
+    if module is not None:
+        module.reset_peak_memory_stats(device)
+
+
+def empty_cache(device: torch.device | str) -> None:
+    module = _accelerator(kind_of(torch.device(device)))
+    if module is not None:
+        module.empty_cache()
+
+
+def manual_seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    for kind in ("cuda", "npu"):
+        if is_available(kind):
+            _accelerator(kind).manual_seed_all(seed)  # type: ignore[union-attr]
+
+
+class DeviceTimer:
+    """Elapsed milliseconds of device work between `start()` and `stop()`.
+
+    Uses device events on accelerators (no host synchronisation inside the timed region) and a
+    synchronised host clock on CPU.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._module = _accelerator(kind_of(self.device))
+        self._start: Any = None
+        self._end: Any = None
+
+    def start(self) -> None:
+        if self._module is None:
+            self._start = time.perf_counter()
+        else:
+            self._start = self._module.Event(enable_timing=True)
+            self._end = self._module.Event(enable_timing=True)
+            self._start.record()
+
+    def stop(self) -> None:
+        if self._module is None:
+            self._end = time.perf_counter()
+        else:
+            self._end.record()
+
+    def elapsed_ms(self) -> float:
+        if self._start is None or self._end is None:
+            raise RuntimeError("DeviceTimer.elapsed_ms() called before start() and stop()")
+        if self._module is None:
+            return (self._end - self._start) * 1e3
+        self._end.synchronize()
+        return float(self._start.elapsed_time(self._end))
+
+
+def device_info(device: torch.device | str) -> dict[str, str | int | None]:
+    """Hardware and software facts stored with every job."""
+    device = torch.device(device)
+    kind = kind_of(device)
+    info: dict[str, str | int | None] = {
+        "device_kind": kind,
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "triton": None,
+        "device_name": "cpu",
+        "device_count": device_count(kind),
+        "driver": None,
+    }
+    if importlib.util.find_spec("triton") is not None:
+        try:
+            from importlib.metadata import version
+
+            info["triton"] = version("triton")
+        except Exception:  # a vendored triton without metadata
+            info["triton"] = "unknown"
+    if kind == "cuda" and is_available("cuda"):
+        info["device_name"] = torch.cuda.get_device_name(device)
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libcuda.so.1")
+            ver = ctypes.c_int()
+            lib.cuDriverGetVersion(ctypes.byref(ver))
+            info["driver"] = f"cuda {ver.value // 1000}.{(ver.value % 1000) // 10}"
+        except OSError:
+            info["driver"] = None
+    elif kind == "npu" and is_available("npu"):
+        info["device_name"] = _npu_module().get_device_name(device)  # type: ignore[union-attr]
+    else:
+        info["device_name"] = os.uname().machine
+    return info

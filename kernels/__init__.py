@@ -1,0 +1,1 @@
+"""Triton kernels of the gated delta rule. Imported only when the Triton backend is asked for."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the results store (the schema changes only through these)."""

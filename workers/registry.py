@@ -1,0 +1,26 @@
+"""The suite catalogue. Suite modules are imported on demand; none imports torch at import time."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from workers.suite import Suite, UnknownSuiteInput
+
+SUITE_MODULES: dict[str, str] = {
+    # name -> module defining `SUITE`, an instance of workers.suite.Suite
+}
+
+
+def suite_names() -> list[str]:
+    return sorted(SUITE_MODULES)
+
+
+@cache
+def get_suite(name: str) -> Suite:
+    if name not in SUITE_MODULES:
+        raise UnknownSuiteInput(f"unknown suite {name!r}; expected one of {suite_names()}")
+    suite = importlib.import_module(SUITE_MODULES[name]).SUITE
+    if suite.name != name:
+        raise RuntimeError(f"module {SUITE_MODULES[name]} defines suite {suite.name!r}, expected {name!r}")
+    return suite
