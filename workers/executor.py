@@ -43,6 +43,10 @@ class JobSink(Protocol):
 
     def log(self, line: str) -> None: ...
 
+    def artifact(self, name: str, media_type: str, data: bytes) -> None:
+        """A file the job produced (profiler trace, report); stored with the job."""
+        ...
+
 
 @dataclass(frozen=True)
 class JobOutcome:
