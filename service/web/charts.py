@@ -1,0 +1,390 @@
+"""Server-side SVG charts: pure Python, no JavaScript, no CDN, no torch.
+
+Why server-side SVG: the pages must work offline and render fast for jobs with 100k samples, so
+a chart never draws more marks than a reader can see. Above `MAX_POINTS` values a lane is binned
+(a histogram strip) and the counts are printed beside it; trajectories above `MAX_STEPS` steps are
+reduced to the worst value per bin of steps. Every chart carries an accessible `<title>` and a
+`<desc>` that states the numbers in words, and marks carry their own `<title>` as a tooltip.
+
+Marks a test can count carry a class: `rep` (one repetition), `bin` (one histogram bin),
+`box` (one box), `point` (one commit), `step` (one trajectory vertex), `spark` (a sparkline).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+
+import numpy as np
+from markupsafe import Markup
+
+MAX_POINTS = 400  # per lane: above this, a lane is drawn as a histogram of BINS bins
+BINS = 48
+MAX_STEPS = 400  # trajectory vertices per series before binning steps
+# Colour-blind safe palette (Okabe-Ito); ranks and series are also told apart by lane and label.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+_ids = itertools.count()
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    """A number for people: 4 significant digits, scientific when tiny or huge, unit appended."""
+    if value is None:
+        return "–"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    a = abs(value)
+    if a != 0 and (a < 1e-3 or a >= 1e6):
+        text = f"{value:.3e}"
+    elif a >= 100:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.4g}"
+    return f"{text} {unit}".rstrip() if unit else text
+
+
+def _uid(prefix: str) -> str:
+    return f"{prefix}{next(_ids)}"
+
+
+def _svg(width: int, height: int, title: str, desc: str, body: list[str], css: str = "chart") -> Markup:
+    uid = _uid("c")
+    return Markup(
+        f'<svg class="{css}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-labelledby="{uid}t {uid}d" xmlns="http://www.w3.org/2000/svg">'
+        f'<title id="{uid}t">{escape(title)}</title><desc id="{uid}d">{escape(desc)}</desc>'
+        + "".join(body)
+        + "</svg>"
+    )
+
+
+def _text(x: float, y: float, s: str, anchor: str = "start", css: str = "lbl") -> str:
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="{css}">{escape(s)}</text>'
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Maps data values to pixels, linear or log10 (log when values span > 2 decades and are > 0)."""
+
+    lo: float
+    hi: float
+    p0: float
+    p1: float
+    log: bool = False
+
+    @classmethod
+    def fit(cls, values: np.ndarray, p0: float, p1: float, *, allow_log: bool = False,
+            include: Sequence[float] = ()) -> Scale:
+        v = np.asarray(values, dtype=float)
+        v = v[np.isfinite(v)]
+        if include:
+            v = np.concatenate([v, np.asarray(include, dtype=float)])
+        if v.size == 0:
+            return cls(0.0, 1.0, p0, p1)
+        lo, hi = float(v.min()), float(v.max())
+        if allow_log and lo > 0 and hi / lo > 100:
+            return cls(math.log10(lo), math.log10(hi), p0, p1, log=True)
+        if hi == lo:
+            pad = abs(hi) * 0.05 or 1.0
+            lo, hi = lo - pad, hi + pad
+        pad = (hi - lo) * 0.04
+        return cls(lo - pad, hi + pad, p0, p1)
+
+    def __call__(self, value: float) -> float:
+        if self.log:
+            value = math.log10(value) if value > 0 else self.lo
+        if not math.isfinite(value):
+            return self.p1
+        return self.p0 + (value - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
+
+    def ticks(self, n: int = 4) -> list[float]:
+        if self.log:
+            return [10.0**e for e in range(math.floor(self.lo), math.ceil(self.hi) + 1)
+                    if self.lo - 1e-9 <= e <= self.hi + 1e-9]
+        raw = (self.hi - self.lo) / max(n, 1)
+        mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+        step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), default=raw)
+        first = math.ceil(self.lo / step) * step
+        return [first + i * step for i in range(int((self.hi - first) / step) + 1)]
+
+
+def _quantiles(v: np.ndarray) -> tuple[float, float, float, float, float, float]:
+    q = np.quantile(v, [0.0, 0.25, 0.5, 0.75, 0.9, 1.0])
+    return tuple(float(x) for x in q)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Every repetition of one metric on one rank (idx order)."""
+
+    metric: str
+    rank: int
+    values: Sequence[float] | np.ndarray
+
+
+def timing_distribution(
+    lanes: Sequence[Lane],
+    worst: Mapping[str, Sequence[float] | np.ndarray],
+    *,
+    unit: str = "ms",
+    title: str = "Timing distribution",
+    width: int = 640,
+) -> Markup:
+    """A strip per metric with one lane per rank (every repetition a dot) and a box over the
+    worst-rank values (box p25–p75, median line, whiskers min–max, p90 tick), so both the spread
+    across repetitions and the slowest rank are visible. Lanes with more than MAX_POINTS values
+    are drawn as histogram bins with their count printed."""
+    metrics = list(dict.fromkeys([lane.metric for lane in lanes] + list(worst)))
+    ranks_per = {m: sorted({lane.rank for lane in lanes if lane.metric == m}) for m in metrics}
+    lane_h, box_h, gap, left, right, top = 9, 14, 12, 150, 16, 8
+    all_vals = [np.asarray(lane.values, dtype=float) for lane in lanes]
+    all_vals += [np.asarray(v, dtype=float) for v in worst.values()]
+    x = Scale.fit(np.concatenate(all_vals) if all_vals else np.empty(0), left, width - right)
+    body: list[str] = []
+    y = top
+    desc: list[str] = []
+    by_key = {(lane.metric, lane.rank): np.asarray(lane.values, dtype=float) for lane in lanes}
+    for m_i, metric in enumerate(metrics):
+        ranks = ranks_per[metric]
+        y0 = y
+        body.append(_text(4, y0 + 11, metric, css="lbl strong"))
+        for rank in ranks:
+            vals = by_key[(metric, rank)]
+            color = PALETTE[rank % len(PALETTE)]
+            cy = y + lane_h / 2
+            if len(ranks) > 1 and len(ranks) <= 16:
+                body.append(_text(left - 6, cy + 3, f"r{rank}", anchor="end", css="lbl small"))
+            fin = vals[np.isfinite(vals)]
+            if fin.size > MAX_POINTS:
+                counts, edges = np.histogram(fin, bins=BINS)
+                peak = max(int(counts.max()), 1)
+                for c, e0, e1 in zip(counts, edges[:-1], edges[1:], strict=True):
+                    if c == 0:
+                        continue
+                    h = max(1.0, (lane_h - 1) * c / peak)
+                    x0, x1 = x(float(e0)), x(float(e1))
+                    body.append(
+                        f'<rect class="bin" x="{x0:.1f}" y="{cy + lane_h / 2 - h:.1f}" '
+                        f'width="{max(x1 - x0, 0.8):.1f}" height="{h:.1f}" fill="{color}">'
+                        f"<title>rank {rank}: {c} of {fin.size} in {fmt(float(e0))}–{fmt(float(e1), unit)}"
+                        "</title></rect>"
+                    )
+                body.append(_text(width - right, cy + 3, f"n={fin.size} binned", anchor="end",
+                                  css="lbl small"))
+            else:
+                for i, v in enumerate(vals):
+                    if not math.isfinite(v):
+                        continue
+                    jitter = ((i * 7919) % 5 - 2) * 0.9
+                    body.append(
+                        f'<circle class="rep" cx="{x(float(v)):.1f}" cy="{cy + jitter:.1f}" r="2.2" '
+                        f'fill="{color}" fill-opacity="0.6"><title>rank {rank} rep {i}: {fmt(float(v), unit)}'
+                        "</title></circle>"
+                    )
+            y += lane_h
+        w = np.asarray(worst.get(metric, []), dtype=float)
+        w = w[np.isfinite(w)]
+        if w.size:
+            mn, q1, med, q3, p90, mx = _quantiles(w)
+            cy = y + box_h / 2
+            body.append(_text(left - 6, cy + 3, "worst" if len(ranks) > 1 else "box", anchor="end",
+                              css="lbl small"))
+            body.append(
+                f'<g class="box"><title>{escape(metric)} (worst rank per repetition, n={w.size}): '
+                f"min {fmt(mn, unit)}, median {fmt(med, unit)}, p90 {fmt(p90, unit)}, max {fmt(mx, unit)}"
+                "</title>"
+                f'<line x1="{x(mn):.1f}" x2="{x(mx):.1f}" y1="{cy:.1f}" y2="{cy:.1f}" class="whisker"/>'
+                f'<rect x="{x(q1):.1f}" y="{cy - box_h / 2 + 2:.1f}" width="{max(x(q3) - x(q1), 1):.1f}" '
+                f'height="{box_h - 4}" class="iqr"/>'
+                f'<line x1="{x(med):.1f}" x2="{x(med):.1f}" y1="{cy - box_h / 2 + 1:.1f}" '
+                f'y2="{cy + box_h / 2 - 1:.1f}" class="median"/>'
+                f'<line x1="{x(p90):.1f}" x2="{x(p90):.1f}" y1="{cy - 3:.1f}" y2="{cy + 3:.1f}" class="p90"/>'
+                "</g>"
+            )
+            desc.append(f"{metric}: median {fmt(med, unit)}, p90 {fmt(p90, unit)}, min {fmt(mn, unit)}"
+                        f" over {w.size} repetitions and {len(ranks)} rank(s)")
+            y += box_h
+        if m_i < len(metrics) - 1:
+            sy = y + gap / 2
+            body.append(f'<line x1="0" x2="{width}" y1="{sy:.1f}" y2="{sy:.1f}" class="sep"/>')
+        y += gap
+    axis_y = y
+    body.append(f'<line x1="{left}" x2="{width - right}" y1="{axis_y:.1f}" y2="{axis_y:.1f}" class="axis"/>')
+    for t in x.ticks(5):
+        px = x(t)
+        body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{axis_y:.1f}" class="grid"/>')
+        body.append(_text(px, axis_y + 13, fmt(t), anchor="middle", css="lbl small"))
+    body.append(_text(width - right, axis_y + 26, unit, anchor="end", css="lbl small"))
+    return _svg(width, int(axis_y + 32), title, "; ".join(desc) or "no finite samples", body)
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One commit of a history: the median with its spread (e.g. min..p90) and sample count."""
+
+    label: str
+    median: float | None
+    lo: float | None
+    hi: float | None
+    n: int = 0
+    href: str | None = None
+
+
+def history_line(points: Sequence[SeriesPoint], *, unit: str = "", title: str = "History",
+                 bound: float | None = None, width: int = 640, height: int = 220) -> Markup:
+    """The median per commit joined by a line, the spread as a band, one dot (linked to the job)
+    per commit, and the bound as a dashed line: where did this number move?"""
+    left, right, top, bottom = 64, 14, 10, 46
+    vals = [v for p in points for v in (p.median, p.lo, p.hi) if v is not None and math.isfinite(v)]
+    ys = Scale.fit(np.asarray(vals, dtype=float), height - bottom, top,
+                   include=[bound] if bound is not None else ())
+    n = len(points)
+    step = (width - left - right) / max(n - 1, 1)
+
+    def px(i: int) -> float:
+        return left + (i * step if n > 1 else (width - left - right) / 2)
+
+    body: list[str] = []
+    for t in ys.ticks(4):
+        py = ys(t)
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
+        body.append(_text(left - 6, py + 3, fmt(t), anchor="end", css="lbl small"))
+    band = [(px(i), ys(p.hi)) for i, p in enumerate(points) if p.hi is not None and p.lo is not None]
+    band += [(px(i), ys(p.lo)) for i, p in reversed(list(enumerate(points)))
+             if p.hi is not None and p.lo is not None]
+    if len(band) >= 4:
+        body.append('<polygon class="band" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in band) + '"/>')
+    line = [(px(i), ys(p.median)) for i, p in enumerate(points) if p.median is not None]
+    if len(line) >= 2:
+        body.append('<polyline class="line" points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in line) + '"/>')
+    if bound is not None:
+        by = ys(bound)
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{by:.1f}" y2="{by:.1f}" class="bound"/>')
+        body.append(_text(width - right, by - 3, f"bound {fmt(bound, unit)}", anchor="end", css="lbl small"))
+    every = max(1, math.ceil(n / 12))
+    for i, p in enumerate(points):
+        if i % every == 0 or i == n - 1:
+            tx, ty = px(i), height - bottom + 14
+            body.append(f'<text x="{tx:.1f}" y="{ty}" text-anchor="end" class="lbl small" '
+                        f'transform="rotate(-30 {tx:.1f} {ty})">{escape(p.label)}</text>')
+        if p.median is None:
+            continue
+        tip = (f"{p.label}: median {fmt(p.median, unit)}, spread {fmt(p.lo)}–{fmt(p.hi, unit)}, "
+               f"n={p.n}")
+        dot = (f'<circle class="point" cx="{px(i):.1f}" cy="{ys(p.median):.1f}" r="3.5">'
+               f"<title>{escape(tip)}</title></circle>")
+        body.append(f'<a href="{escape(p.href)}">{dot}</a>' if p.href else dot)
+    body.append(_text(4, top + 8, unit, css="lbl small"))
+    meds = [p.median for p in points if p.median is not None]
+    desc = (f"{n} commits; median from {fmt(meds[0], unit)} (first) to {fmt(meds[-1], unit)} (last), "
+            f"range {fmt(min(meds), unit)}–{fmt(max(meds), unit)}") if meds else "no values"
+    return _svg(width, height, title, desc, body)
+
+
+def sparkline(values: Sequence[float | None], *, title: str, unit: str = "", width: int = 120,
+              height: int = 26) -> Markup:
+    """A small line of the last values of one series, the last point marked: the suite overview
+    shows one per case so a moving number stands out."""
+    pts = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if not pts:
+        return _svg(width, height, title, "no values", [_text(2, height - 8, "no data", css="lbl small")],
+                    css="spark")
+    ys = Scale.fit(np.asarray([v for _, v in pts]), height - 3, 3)
+    n = len(values)
+
+    def px(i: int) -> float:
+        return 2 + (i * (width - 6) / (n - 1) if n > 1 else (width - 4) / 2)
+
+    body = ['<polyline class="line" points="' + " ".join(f"{px(i):.1f},{ys(v):.1f}" for i, v in pts) + '"/>']
+    li, lv = pts[-1]
+    body.append(f'<circle class="last" cx="{px(li):.1f}" cy="{ys(lv):.1f}" r="2"/>')
+    vs = [v for _, v in pts]
+    desc = (f"{len(pts)} values, first {fmt(vs[0], unit)}, last {fmt(vs[-1], unit)}, "
+            f"min {fmt(min(vs))}, max {fmt(max(vs))}")
+    return _svg(width, height, title, desc, body, css="spark")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One per-step series (e.g. loss max-rel error): idx = step, value = error at that step."""
+
+    name: str
+    steps: Sequence[int] | np.ndarray
+    values: Sequence[float] | np.ndarray
+    bound: float | None = None
+
+
+def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per step", unit: str = "",
+                     width: int = 640, height: int = 220) -> Markup:
+    """Error per optimizer step, one line per series (log scale when it spans decades), the bound
+    dashed; over MAX_STEPS steps each vertex is the worst (max) value of its bin of steps."""
+    extra = 12 * max(0, (len(series) - 1) // 3)  # more legend rows below the axis
+    left, right, top, bottom = 64, 14, 10, 50 + extra
+    height += extra
+    prepared: list[tuple[Trajectory, np.ndarray, np.ndarray, int]] = []
+    for s in series:
+        st = np.asarray(s.steps, dtype=float)
+        va = np.asarray(s.values, dtype=float)
+        order = np.argsort(st, kind="stable")
+        st, va = st[order], va[order]
+        per_bin = 1
+        if st.size > MAX_STEPS:
+            per_bin = math.ceil(st.size / MAX_STEPS)
+            cut = st.size - st.size % per_bin
+            head_s, head_v = st[:cut].reshape(-1, per_bin), va[:cut].reshape(-1, per_bin)
+            st2, va2 = head_s[:, 0], np.nanmax(head_v, axis=1)
+            if cut < st.size:
+                st2 = np.append(st2, st[cut])
+                va2 = np.append(va2, np.nanmax(va[cut:]))
+            st, va = st2, va2
+        prepared.append((s, st, va, per_bin))
+    all_steps = np.concatenate([p[1] for p in prepared]) if prepared else np.empty(0)
+    all_vals = np.concatenate([p[2] for p in prepared]) if prepared else np.empty(0)
+    bounds = [s.bound for s in series if s.bound is not None]
+    xs = Scale.fit(all_steps, left, width - right)
+    ys = Scale.fit(all_vals, height - bottom, top, allow_log=True, include=bounds)
+    body: list[str] = []
+    for t in ys.ticks(4):
+        py = ys(t)
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
+        body.append(_text(left - 6, py + 3, fmt(t), anchor="end", css="lbl small"))
+    for t in xs.ticks(6):
+        if t < 0:
+            continue
+        body.append(_text(xs(t), height - bottom + 14, f"{t:g}", anchor="middle", css="lbl small"))
+    body.append(_text(width - right, height - bottom + 28, "step", anchor="end", css="lbl small"))
+    desc: list[str] = []
+    for i, (s, st, va, per_bin) in enumerate(prepared):
+        color = PALETTE[i % len(PALETTE)]
+        ok = np.isfinite(va)
+        pts = " ".join(f"{xs(float(a)):.1f},{ys(float(b)):.1f}" for a, b in zip(st[ok], va[ok], strict=True))
+        body.append(f'<polyline class="traj" stroke="{color}" points="{pts}"/>')
+        marks = st.size <= 60
+        for a, b in zip(st, va, strict=True):
+            if not math.isfinite(b):
+                body.append(f'<text class="nonfinite" x="{xs(float(a)):.1f}" y="{top + 8}" '
+                            f'text-anchor="middle">✕<title>step {a:g}: not finite</title></text>')
+            elif marks:
+                body.append(f'<circle class="step" cx="{xs(float(a)):.1f}" cy="{ys(float(b)):.1f}" r="2" '
+                            f'fill="{color}"><title>{escape(s.name)} step {a:g}: {fmt(float(b), unit)}'
+                            "</title></circle>")
+        if s.bound is not None:
+            by = ys(s.bound)
+            body.append(f'<line x1="{left}" x2="{width - right}" y1="{by:.1f}" y2="{by:.1f}" class="bound" '
+                        f'stroke="{color}"/>')
+        # legend below the axis: a short line, the name, and the binning if any
+        lx = left + (i % 3) * ((width - left) / 3)
+        ly = height - bottom + 40 + (i // 3) * 12
+        label = s.name + (f" (max per {per_bin} steps)" if per_bin > 1 else "")
+        body.append(f'<line x1="{lx:.1f}" x2="{lx + 14:.1f}" y1="{ly - 3:.1f}" y2="{ly - 3:.1f}" '
+                    f'stroke="{color}" class="legend"/>')
+        body.append(_text(lx + 18, ly, label, css="lbl small"))
+        fin = va[np.isfinite(va)]
+        worst = fmt(float(fin.max()), unit) if fin.size else "none finite"
+        desc.append(f"{s.name}: {np.asarray(s.steps).size} steps, worst {worst}"
+                    + (f", bound {fmt(s.bound, unit)}" if s.bound is not None else ""))
+    return _svg(width, height, title, "; ".join(desc) or "no steps", body)

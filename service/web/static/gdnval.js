@@ -1,0 +1,61 @@
+// gdnval pages: live refresh without a manual reload. Vanilla JS, no dependencies.
+// Pages work without it; it only keeps queued/running jobs up to date.
+(function () {
+  "use strict";
+  var PERIOD_MS = 2000;
+
+  // Job list: the tbody names a partial endpoint; refresh it while any job is queued or running.
+  function pollRows(tbody) {
+    var url = tbody.getAttribute("data-poll");
+    function tick() {
+      fetch(url, { headers: { "Accept": "text/html" }, cache: "no-store" })
+        .then(function (r) {
+          if (!r.ok) { throw new Error(r.status); }
+          var active = r.headers.get("X-Active-Jobs");
+          return r.text().then(function (html) { return { html: html, active: active }; });
+        })
+        .then(function (res) {
+          tbody.innerHTML = res.html;
+          tbody.setAttribute("data-active", res.active || "0");
+          tbody.setAttribute("data-refreshed", String(Date.now()));
+          var note = document.getElementById("live-note");
+          if (res.active && res.active !== "0") { setTimeout(tick, PERIOD_MS); }
+          else if (note) { note.textContent = "All jobs settled."; }
+        })
+        .catch(function () { setTimeout(tick, PERIOD_MS * 3); });
+    }
+    if (tbody.getAttribute("data-active") !== "0") { setTimeout(tick, PERIOD_MS); }
+  }
+
+  // Job page: poll the job's progress; reload once when it settles so the matrices appear.
+  function pollJob(el) {
+    var url = el.getAttribute("data-poll-json");
+    function tick() {
+      fetch(url, { cache: "no-store" })
+        .then(function (r) { return r.json(); })
+        .then(function (j) {
+          var bar = el.querySelector(".progress");
+          if (bar) {
+            var pct = j.total > 0 ? Math.round(100 * j.done / j.total) : 0;
+            bar.firstElementChild.style.width = pct + "%";
+            bar.setAttribute("aria-valuenow", j.done);
+            bar.setAttribute("aria-valuemax", j.total);
+            var count = bar.nextElementSibling;
+            if (count) { count.textContent = j.done + "/" + j.total; }
+          }
+          var msg = document.getElementById("job-progress-msg");
+          if (msg) { msg.textContent = j.message || ""; }
+          if (j.status !== el.getAttribute("data-status")) { window.location.reload(); return; }
+          setTimeout(tick, PERIOD_MS);
+        })
+        .catch(function () { setTimeout(tick, PERIOD_MS * 3); });
+    }
+    var s = el.getAttribute("data-status");
+    if (s === "queued" || s === "running") { setTimeout(tick, PERIOD_MS); }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-poll]").forEach(pollRows);
+    document.querySelectorAll("[data-poll-json]").forEach(pollJob);
+  });
+})();

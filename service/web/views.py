@@ -1,0 +1,365 @@
+"""View models: turn plain result data into the rows the templates print.
+
+Why separate from routes: these functions take plain data (case summaries with per-metric
+statistics, lists of values) and return plain rows, so the layout rules (which column a metric
+lands in, how a cell is judged against its bound, which case is another's baseline for a
+speed-up) are unit-testable without a database or a browser.
+
+The job page mirrors the report's tables (VALIDATION_MATRIX §2, §4-§6): accuracy per tensor
+(relative-L2, max abs, max rel, finite), speed (median / p90 / min with the speed-up against the
+baseline backend or CP mode), memory, trajectories, checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from service.web.charts import fmt
+
+# An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.
+ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rel_l2", "rel-L2"),
+    ("max_abs", "max abs"),
+    ("max_rel", "max rel"),
+    ("finite", "finite"),
+)
+# The report's baselines: Triton is compared with eager, P2P with Ulysses.
+BASELINE_PARAMS: tuple[tuple[str, str], ...] = (("backend", "eager"), ("mode", "ulysses"))
+BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+class MetricStats(Protocol):
+    """What a page needs of one metric of one case (the store's MetricSummary fits)."""
+
+    metric: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None
+    count: int
+    samples: int
+    ranks: int
+    median: float
+    p90: float
+    min: float
+    max: float
+
+
+class CaseStats(Protocol):
+    """One case of one job with its metrics (the store's CaseSummary fits)."""
+
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str | None
+    error: str | None
+    expected_error: str | None
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A judged number: `state` is ok | bad | none; `mark` is the word/symbol shown beside the colour."""
+
+    text: str
+    state: str = "none"
+    mark: str = ""
+    title: str = ""
+
+
+def worst(m: MetricStats) -> float:
+    """The worst value after the rank reduction: max for lower-is-better, min for higher."""
+    return m.max if m.direction == "lower" else m.min
+
+
+def judge(value: float, m: MetricStats, unit: str | None = None) -> Cell:
+    """The value with ✓/✗ against the metric's bound; NaN/Inf always fails."""
+    text = fmt(value, m.unit if unit is None else unit)
+    if value != value or math.isinf(value):
+        return Cell(text, "bad", "✗ not finite", "not a finite number")
+    if m.bound is None:
+        return Cell(text)
+    rel = "≤" if m.direction == "lower" else "≥"
+    ok = value <= m.bound if m.direction == "lower" else value >= m.bound
+    title = f"bound {rel} {fmt(m.bound, m.unit)}"
+    over = ">" if m.direction == "lower" else "<"
+    return Cell(text, "ok" if ok else "bad", "✓" if ok else f"✗ {over} bound", title)
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True, default=str)
+
+
+def short_params(params: Mapping[str, Any], limit: int = 6) -> str:
+    """`k=v` pairs for a table cell; long values abbreviated."""
+    parts = []
+    for k, v in list(params.items())[:limit]:
+        s = json.dumps(v, default=str) if not isinstance(v, str) else v
+        parts.append(f"{k}={s if len(s) <= 24 else s[:21] + '…'}")
+    if len(params) > limit:
+        parts.append("…")
+    return " ".join(parts)
+
+
+def split_accuracy_metric(name: str) -> tuple[str, str | None]:
+    """'dq_rel_l2' -> ('dq', 'rel_l2'); a name without a known suffix -> (name, None)."""
+    for suffix, _ in ACCURACY_COLUMNS:
+        if name.endswith("_" + suffix):
+            return name[: -len(suffix) - 1], suffix
+        if name == suffix:
+            return "", suffix
+    return name, None
+
+
+@dataclass
+class AccuracyRow:
+    case: str
+    fingerprint: str
+    tensor: str
+    cells: dict[str, Cell]
+    span: int = 0  # >0 on the first row of a case: rowspan of the case cell
+
+
+def accuracy_rows(cases: Sequence[CaseStats]) -> list[AccuracyRow]:
+    """One row per (case, tensor); columns rel-L2 / max abs / max rel / finite, each judged by
+    its bound on the worst rank. Accuracy metrics without a known suffix get a row of their own
+    (their value in the rel-L2 column is wrong, so they go to `other` instead)."""
+    rows: list[AccuracyRow] = []
+    for c in cases:
+        tensors: dict[str, dict[str, Cell]] = {}
+        for m in c.metrics.values():
+            if m.kind != "accuracy":
+                continue
+            tensor, col = split_accuracy_metric(m.metric)
+            if col is None:
+                tensors.setdefault(m.metric, {})["other"] = judge(worst(m), m)
+                continue
+            if col == "finite":
+                ok = worst(m) == 1.0
+                cell = Cell("yes" if ok else "NO", "ok" if ok else "bad", "✓" if ok else "✗ non-finite")
+            else:
+                cell = judge(worst(m), m)
+            tensors.setdefault(tensor or "value", {})[col] = cell
+        first = len(rows)
+        for tensor, cells in tensors.items():
+            rows.append(AccuracyRow(c.name, c.fingerprint, tensor, cells))
+        if len(rows) > first:
+            rows[first].span = len(rows) - first
+    return rows
+
+
+def find_baseline(case: CaseStats, by_params: Mapping[str, CaseStats]) -> tuple[CaseStats, str] | None:
+    """The case this one is measured against: the same parameters with the baseline backend
+    (eager) or CP mode (Ulysses). Returns (baseline case, label) or None."""
+    for key, base in BASELINE_PARAMS:
+        value = case.params.get(key)
+        if value is None or value == base:
+            continue
+        other = by_params.get(params_key({**case.params, key: base}))
+        if other is not None:
+            return other, f"vs {base}"
+    return None
+
+
+def speedup_text(base_ms: float, this_ms: float) -> Cell:
+    """base/this as '12.65×', with the percent gain for small factors (the report's style)."""
+    if not (base_ms > 0 and this_ms > 0) or math.isinf(base_ms) or math.isinf(this_ms):
+        return Cell("–")
+    r = base_ms / this_ms
+    text = f"{r:.2f}×" if r >= 2 else f"{r:.3f}× ({(r - 1):+.1%})"
+    return Cell(text, "ok" if r >= 1 else "bad", "faster" if r >= 1 else "slower",
+                f"baseline median {fmt(base_ms)} / this median {fmt(this_ms)}")
+
+
+@dataclass
+class SpeedRow:
+    case: str
+    fingerprint: str
+    metric: str
+    unit: str
+    median: Cell
+    p90: str
+    min: str
+    n: str
+    speedup: Cell
+    baseline: str = ""
+    span: int = 0
+
+
+def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
+    """One row per (case, time metric): median / p90 / min over the worst rank per repetition,
+    and the speed-up of the median against the baseline case's same metric."""
+    by_params = {params_key(c.params): c for c in cases}
+    rows: list[SpeedRow] = []
+    for c in cases:
+        base = find_baseline(c, by_params)
+        first = len(rows)
+        for m in c.metrics.values():
+            if m.kind != "time":
+                continue
+            sp, label = Cell("–"), ""
+            if base is not None and m.metric in base[0].metrics:
+                sp = speedup_text(base[0].metrics[m.metric].median, m.median)
+                label = f"{base[1]} ({base[0].name})"
+            n = f"{m.count}" + (f" × {m.ranks} ranks" if m.ranks > 1 else "")
+            rows.append(SpeedRow(c.name, c.fingerprint, m.metric, m.unit, judge(m.median, m), fmt(m.p90),
+                                 fmt(m.min), n, sp, label))
+        if len(rows) > first:
+            rows[first].span = len(rows) - first
+    return rows
+
+
+def human_bytes(value: float, unit: str) -> str:
+    """Memory in MiB/GiB when the unit is a byte unit, else as given."""
+    scale = BYTE_UNITS.get(unit.strip().lower())
+    if scale is None or value != value:
+        return fmt(value, unit)
+    b = value * scale
+    if abs(b) >= 1024**3:
+        return f"{b / 1024**3:.2f} GiB"
+    return f"{b / 1024**2:.1f} MiB"
+
+
+@dataclass
+class MemoryRow:
+    case: str
+    fingerprint: str
+    metric: str
+    value: Cell
+    versus: Cell
+    baseline: str = ""
+    span: int = 0
+
+
+def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
+    """One row per (case, memory metric): the max over ranks, and how many times lower than the
+    baseline case (the report's 'about 3.84× lower')."""
+    by_params = {params_key(c.params): c for c in cases}
+    rows: list[MemoryRow] = []
+    for c in cases:
+        base = find_baseline(c, by_params)
+        first = len(rows)
+        for m in c.metrics.values():
+            if m.kind != "memory":
+                continue
+            v = worst(m)
+            cell = judge(v, m, unit="")
+            cell = Cell(human_bytes(v, m.unit), cell.state, cell.mark, cell.title)
+            versus, label = Cell("–"), ""
+            if base is not None and m.metric in base[0].metrics:
+                bv = worst(base[0].metrics[m.metric])
+                if v > 0 and bv > 0:
+                    r = bv / v
+                    versus = Cell(f"{r:.2f}× lower" if r >= 1 else f"{1 / r:.2f}× higher",
+                                  "ok" if r >= 1 else "bad", "", f"baseline {human_bytes(bv, m.unit)}")
+                    label = f"{base[1]} ({base[0].name})"
+            rows.append(MemoryRow(c.name, c.fingerprint, m.metric, cell, versus, label))
+        if len(rows) > first:
+            rows[first].span = len(rows) - first
+    return rows
+
+
+@dataclass
+class ValueRow:
+    """Trajectory and check metrics: the worst value over steps/ranks against the bound."""
+
+    case: str
+    fingerprint: str
+    metric: str
+    value: Cell
+    steps: int
+    span: int = 0
+
+
+def value_rows(cases: Sequence[CaseStats], kind: str) -> list[ValueRow]:
+    rows: list[ValueRow] = []
+    for c in cases:
+        first = len(rows)
+        for m in c.metrics.values():
+            if m.kind == kind:
+                rows.append(ValueRow(c.name, c.fingerprint, m.metric, judge(worst(m), m), m.count))
+        if len(rows) > first:
+            rows[first].span = len(rows) - first
+    return rows
+
+
+def case_verdict(status: str | None, cells: Sequence[Cell]) -> tuple[str, str]:
+    """A case's word and css class: its run status, downgraded to 'failed' if a bound is broken."""
+    if status in ("error", "failed", "skipped"):
+        return status, f"st-{status}"
+    if any(c.state == "bad" for c in cells):
+        return "out of bound", "st-failed"
+    if status is None:
+        return "no result", "st-queued"
+    return status.replace("_", " "), f"st-{status}"
+
+
+@dataclass
+class CaseView:
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str
+    status_class: str
+    error: str | None
+    expected_error: str | None
+    bad_metrics: list[str] = field(default_factory=list)
+
+
+def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
+    out = []
+    for c in cases:
+        bad = []
+        cells = []
+        for m in c.metrics.values():
+            if m.kind == "time":
+                cell = judge(m.median, m)
+            elif m.kind == "accuracy" and split_accuracy_metric(m.metric)[1] == "finite":
+                cell = Cell("", "ok" if worst(m) == 1.0 else "bad")
+            else:
+                cell = judge(worst(m), m)
+            cells.append(cell)
+            if cell.state == "bad":
+                bad.append(m.metric)
+        word, css = case_verdict(c.status, cells)
+        out.append(CaseView(c.name, c.fingerprint, dict(c.params), word, css, c.error, c.expected_error, bad))
+    return out
+
+
+def job_verdict(status: str, case_counts: Mapping[str, int]) -> tuple[str, str]:
+    """The job list's verdict column: run status first, then the case outcomes."""
+    if status in ("queued", "running", "cancelled"):
+        return "–", ""
+    bad = case_counts.get("failed", 0) + case_counts.get("error", 0)
+    total = sum(case_counts.values())
+    if status == "failed":
+        return "failed", "v-failed"
+    if bad:
+        return f"{bad} of {total} cases failed", "v-failed"
+    if total == 0:
+        return "no cases", "v-skipped"
+    return f"passed ({total})", "v-unchanged"
+
+
+def duration(start: datetime | None, end: datetime | None, now: datetime | None = None) -> str:
+    """'1 h 02 min', '3 min 05 s', '12.3 s'; running jobs count to `now`."""
+    if start is None:
+        return "–"
+    end = end or now
+    if end is None:
+        return "–"
+    s = (end - start).total_seconds()
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def progress_percent(done: int, total: int) -> int:
+    return round(100 * done / total) if total > 0 else 0
