@@ -1,0 +1,168 @@
+"""Turns the ranks' channel messages into sink calls and decides when a job has failed.
+
+Shared by both executors: they feed it messages and process exits; it combines case results over
+ranks (the worst rank wins), reports progress and info, and picks the failure reason: a rank that
+died beats a rank that raised, which beats a rank that only saw its peers go away.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers.executor import JobSink, JobSpec
+from workers.suite import Sample
+
+_STATUS_ORDER = {"error": 0, "failed": 1, "expected_error": 2, "skipped": 3, "passed": 4}
+_CAUSE_ORDER = {"died": 0, "raised": 1, "deadline": 1, "peer": 2}
+GRACE_S = 0.5  # after the first failure, how long to wait for a more telling one from another rank
+
+
+def combine_case_statuses(per_rank: Mapping[int, tuple[str, str | None]]) -> tuple[str, str | None]:
+    """One status for a case from every rank's: the worst rank wins and names itself in the error.
+
+    `expected_error` on some ranks and `passed` on others is a failure: the check is not uniform.
+    """
+    statuses = {s for s, _ in per_rank.values()}
+    if statuses == {"expected_error", "passed"}:
+        raised = sorted(r for r, (s, _) in per_rank.items() if s == "expected_error")
+        return "failed", f"the expected error was raised on rank(s) {raised} only"
+    worst = min(statuses, key=lambda s: _STATUS_ORDER.get(s, 0))
+    errors = [(r, e) for r, (s, e) in sorted(per_rank.items()) if s == worst and e]
+    if not errors:
+        return worst, None
+    if len(per_rank) == 1:
+        return worst, errors[0][1]
+    rank, error = errors[0]
+    return worst, f"rank {rank}: {error}"
+
+
+@dataclass
+class _Failure:
+    cause: str
+    rank: int
+    reason: str
+    at: float
+
+
+class JobMonitor:
+    """State of one running job as seen from the executor."""
+
+    def __init__(self, spec: JobSpec, sink: JobSink) -> None:
+        self.spec = spec
+        self.sink = sink
+        self.world_size = spec.world_size
+        self.total: int | None = None
+        self.done_cases = 0
+        self._results: dict[str, dict[int, tuple[str, str | None]]] = {}
+        self._reported: set[str] = set()
+        self._current: dict[int, tuple[str, float] | None] = {}
+        self._finished_ranks: set[int] = set()
+        self._infos: dict[int, dict[str, Any]] = {}
+        self._info_sent = False
+        self._failures: list[_Failure] = []
+        self.sample_count = 0
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def handle(self, rank: int, msg: Mapping[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "samples":
+            batch = [Sample(c, m, float(v), int(r), int(i)) for c, m, v, r, i in msg["samples"]]
+            self.sample_count += len(batch)
+            self.sink.samples(batch)
+        elif kind == "case_start":
+            self._current[rank] = (msg["case"], time.monotonic())
+        elif kind == "case_end":
+            self._current[rank] = None
+            self._case_end(rank, msg["case"], msg["status"], msg.get("error"))
+        elif kind == "cases":
+            if self.total is None:
+                self.total = int(msg["total"])
+                self.sink.progress(0, self.total, "started")
+        elif kind == "info":
+            self._infos[rank] = dict(msg["info"])
+            if len(self._infos) == self.world_size:
+                self.flush_info()
+        elif kind == "artifact":
+            self.sink.artifact(msg["name"], msg["media_type"], base64.b64decode(msg["data"]))
+        elif kind == "log":
+            self.sink.log(f"[rank {rank}] {msg['line']}")
+        elif kind == "fatal":
+            failed = int(msg.get("failed_rank", rank))
+            cause = msg.get("cause", "raised")
+            self._fail(cause, failed, str(msg["error"]))
+        elif kind == "done":
+            self._finished_ranks.add(rank)
+
+    def _case_end(self, rank: int, case: str, status: str, error: str | None) -> None:
+        per_rank = self._results.setdefault(case, {})
+        per_rank[rank] = (status, error)
+        if len(per_rank) == self.world_size and case not in self._reported:
+            self._reported.add(case)
+            combined, text = combine_case_statuses(per_rank)
+            self.sink.case_result(case, combined, text)  # type: ignore[arg-type]
+            self.done_cases += 1
+            self.sink.progress(self.done_cases, self.total or self.done_cases, f"{case}: {combined}")
+
+    def flush_info(self) -> None:
+        if self._info_sent or not self._infos:
+            return
+        self._info_sent = True
+        first = self._infos[min(self._infos)]
+        ranks = [
+            {k: info.get(k) for k in ("host", "pid", "device_name", "visible_devices")} | {"rank": r}
+            for r, info in sorted(self._infos.items())
+        ]
+        self.sink.info({**first, "world_size": self.world_size, "ranks": ranks})
+
+    # -- process events -----------------------------------------------------------------------
+
+    def rank_exited(self, rank: int, description: str, returncode: int | None, output_tail: str) -> None:
+        """A rank's process (or actor) is gone; a clean end sent `done` first."""
+        if rank in self._finished_ranks and returncode == 0:
+            return
+        if any(f.rank == rank and f.cause in ("raised", "died") for f in self._failures):
+            return  # it told us why before it exited
+        where = self._where(rank)
+        tail = f"\n--- output tail of rank {rank} ---\n{output_tail}" if output_tail.strip() else ""
+        self._fail("died", rank, f"{description}{where}{tail}")
+
+    def deadline_passed(self, deadline_s: float) -> None:
+        in_case = [(r, c) for r, c in sorted(self._current.items()) if c is not None]
+        stuck = [r for r in range(self.world_size) if r not in self._finished_ranks]
+        parts = [f"rank {r} in case {c[0]!r} for {time.monotonic() - c[1]:.1f} s" for r, c in in_case]
+        detail = "; ".join(parts) if parts else f"unfinished rank(s): {stuck}"
+        rank = in_case[0][0] if in_case else (stuck[0] if stuck else 0)
+        self._fail("deadline", rank, f"job deadline of {deadline_s:g} s exceeded: {detail}")
+
+    def _where(self, rank: int) -> str:
+        current = self._current.get(rank)
+        return f" during case {current[0]!r}" if current else ""
+
+    def _fail(self, cause: str, rank: int, reason: str) -> None:
+        self._failures.append(_Failure(cause, rank, reason, time.monotonic()))
+
+    # -- verdict ------------------------------------------------------------------------------
+
+    @property
+    def all_done(self) -> bool:
+        return len(self._finished_ranks) == self.world_size
+
+    def failure(self, *, settle: bool = False) -> str | None:
+        """The job's failure reason once settled: `GRACE_S` after the first failure, or at once."""
+        if not self._failures:
+            return None
+        first = min(f.at for f in self._failures)
+        if not settle and time.monotonic() - first < GRACE_S:
+            return None
+        best = min(self._failures, key=lambda f: (_CAUSE_ORDER.get(f.cause, 3), f.at))
+        prefix = f"rank {best.rank}"
+        return best.reason if best.reason.startswith(prefix) else f"{prefix}: {best.reason}"
+
+    @property
+    def has_failure(self) -> bool:
+        return bool(self._failures)

@@ -1,0 +1,199 @@
+"""Runs a job's ranks as local processes: for machines without Ray (the GPU box, `gdnval run`).
+
+One spawned process per rank (`python -m workers.runtime`), rendezvous on 127.0.0.1 and a free
+port, each accelerator rank restricted to its own device through the family's visible-devices
+variable. Imports no torch (only `max_world_size` for an accelerator asks torch, lazily).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from workers.executor import Executor, JobOutcome, JobSink, JobSpec
+from workers.executors._monitor import JobMonitor
+from workers.executors._process import RankProcess, describe_exit
+from workers.provenance import SOURCE_ROOT, source_commit
+from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
+from workers.snapshot import SnapshotCache, SnapshotError
+
+DEVICE_KINDS = ("cuda", "npu", "cpu")
+_VISIBLE_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}  # = gdn.device
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@cache
+def _accelerator_count(kind: str) -> int:
+    from gdn import device as devices  # torch: only when someone asks about an accelerator
+
+    return devices.device_count(kind)
+
+
+def rank_payload(spec: JobSpec, commit: str | None) -> dict[str, Any]:
+    """What `workers.runtime` reads from GDNVAL_RANK_PAYLOAD (same for both executors)."""
+    from workers.registry import SUITE_MODULES
+
+    pg_timeout = spec.deadline_s + 30.0 if spec.deadline_s else DEFAULT_PG_TIMEOUT_S
+    return {
+        "suite": spec.suite,
+        # forward the module so suites registered at run time (tests) resolve in the rank too
+        "suite_module": SUITE_MODULES.get(spec.suite),
+        "preset": spec.preset,
+        "params": dict(spec.params),
+        "device": spec.device,
+        "world_size": spec.world_size,
+        "commit": commit,
+        "deterministic": spec.deterministic,
+        "pg_timeout_s": pg_timeout,
+        "seed": 0,
+        "job_id": spec.job_id,
+    }
+
+
+def check_spec(spec: JobSpec, max_world_size: int) -> str | None:
+    """Why the spec cannot run here, or None."""
+    if spec.device not in DEVICE_KINDS:
+        return f"unknown device kind {spec.device!r}; expected one of {', '.join(DEVICE_KINDS)}"
+    if spec.world_size < 1:
+        return f"world_size must be >= 1, got {spec.world_size}"
+    if spec.world_size > max_world_size:
+        return (
+            f"world_size {spec.world_size} exceeds the {max_world_size} {spec.device} rank(s) "
+            "this executor can run"
+        )
+    return None
+
+
+class LocalExecutor(Executor):
+    """Ranks as child processes of this one."""
+
+    kind = "local"
+
+    def __init__(
+        self,
+        *,
+        repo: str | Path | None = None,
+        cache_dir: str | Path | None = None,
+        cpu_max_world_size: int = 8,
+        python: str = sys.executable,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
+        self.cpu_max_world_size = cpu_max_world_size
+        self.python = python
+        self.poll_s = poll_s
+
+    def max_world_size(self, device: str) -> int:
+        if device not in DEVICE_KINDS:
+            raise ValueError(f"unknown device kind {device!r}; expected one of {', '.join(DEVICE_KINDS)}")
+        return self.cpu_max_world_size if device == "cpu" else _accelerator_count(device)
+
+    def source(self, spec: JobSpec, sink: JobSink | None = None) -> tuple[Path, str | None]:
+        """(source root the ranks import from, its commit): the job's commit or the installed code."""
+        if self.snapshots is not None and spec.commit:
+            return self.snapshots.path(spec.commit), self.snapshots.resolve(spec.commit)
+        installed = source_commit()
+        if spec.commit and sink is not None and not (installed or "").startswith(spec.commit):
+            sink.log(
+                f"job asks for commit {spec.commit} but no repository is configured; "
+                f"running the installed code (commit {installed or 'unknown'})"
+            )
+        return SOURCE_ROOT, installed
+
+    def rank_env(self, spec: JobSpec, rank: int, root: Path, port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            rank_environment(spec.device, deterministic=spec.deterministic, world_size=spec.world_size)
+        )
+        env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+        env.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(spec.world_size),
+                "LOCAL_WORLD_SIZE": str(spec.world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        )
+        visible = _VISIBLE_ENV.get(spec.device)
+        if visible:
+            parent = [d for d in os.environ.get(visible, "").split(",") if d.strip()]
+            env[visible] = parent[rank] if rank < len(parent) else str(rank)
+        return env
+
+    def run(self, spec: JobSpec, sink: JobSink, cancel: threading.Event) -> JobOutcome:
+        try:
+            problem = check_spec(spec, self.max_world_size(spec.device))
+        except ValueError as exc:
+            problem = str(exc)
+        if problem:
+            return JobOutcome("failed", problem)
+        try:
+            root, commit = self.source(spec, sink)
+        except SnapshotError as exc:
+            return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
+        payload = rank_payload(spec, commit)
+        wakeup = threading.Event()
+        port = free_port()
+        procs: list[RankProcess] = []
+        monitor = JobMonitor(spec, sink)
+        start = time.monotonic()
+        try:
+            for rank in range(spec.world_size):
+                env = self.rank_env(spec, rank, root, port)
+                procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
+            return self._watch(spec, procs, monitor, wakeup, cancel, start)
+        finally:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.reap()
+            for p in procs:  # whatever was still in the pipes (samples of a cancelled job)
+                for msg in p.drain():
+                    if msg.get("t") == "samples":
+                        monitor.handle(p.rank, msg)
+            monitor.flush_info()
+
+    def _watch(
+        self,
+        spec: JobSpec,
+        procs: list[RankProcess],
+        monitor: JobMonitor,
+        wakeup: threading.Event,
+        cancel: threading.Event,
+        start: float,
+    ) -> JobOutcome:
+        reported: set[int] = set()
+        while True:
+            wakeup.clear()
+            for p in procs:
+                for msg in p.drain():
+                    monitor.handle(p.rank, msg)
+                if p.exited and p.rank not in reported:
+                    reported.add(p.rank)
+                    rc = p.returncode if p.returncode is not None else -9
+                    monitor.rank_exited(p.rank, f"rank {p.rank} {describe_exit(rc)}", rc, p.output_tail())
+            if cancel.is_set():
+                return JobOutcome("cancelled", "cancelled while running")
+            reason = monitor.failure()
+            if reason:
+                return JobOutcome("failed", reason)
+            if monitor.all_done and len(reported) == len(procs):
+                return JobOutcome("succeeded")
+            if spec.deadline_s and time.monotonic() - start > spec.deadline_s and not monitor.has_failure:
+                monitor.deadline_passed(spec.deadline_s)
+                return JobOutcome("failed", monitor.failure(settle=True))
+            wakeup.wait(self.poll_s)
+

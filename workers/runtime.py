@@ -1,0 +1,435 @@
+"""The per-rank entry: one process per rank, started by an executor as `python -m workers.runtime`.
+
+Both executors (local processes and Ray actors) start ranks the same way, so a rank behaves the
+same everywhere. The rank reads its job from the environment, reports everything through a
+line-oriented JSON *channel* (a pipe the executor reads), and never touches the database.
+
+Environment contract (set by the executor):
+    GDNVAL_RANK_PAYLOAD  JSON: suite, suite_module, preset, params, device, world_size, commit,
+                         deterministic, pg_timeout_s, seed
+    GDNVAL_CHANNEL_FD    file descriptor the channel messages are written to
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   torch `env://` rendezvous
+
+Channel messages (one JSON object per line, `"t"` says which; every message has `"rank"`):
+    info        {"info": {...}}                    hardware/software facts of this rank
+    cases       {"total": n, "names": [...]}       the case list, before the first case
+    case_start  {"case": name, "index": i}
+    samples     {"samples": [[case, metric, value, rank, idx], ...]}   batched
+    case_end    {"case": name, "status": CaseStatus, "error": str | None}
+    artifact    {"name": ..., "media_type": ..., "data": base64}
+    log         {"line": ...}
+    fatal       {"error": str, "failed_rank": int, "cause": "raised" | "peer"}
+    done        {}
+
+Pass/fail of a case on one rank: `expected_error` set -> `expected_error` when an exception
+whose class (or a base class) has that name is raised, `failed` when nothing is raised, `error`
+for any other exception. Otherwise `error` when the case raises, `failed` when any sample is
+outside its metric's bound, else `passed`. The executor combines ranks (worst rank wins).
+
+In a distributed job a case that raised on some ranks but not on others leaves the process
+group out of step (the others may wait in a collective forever), so after every case the ranks
+exchange whether they raised; a mismatch is fatal for the job (`fatal` with the raising rank).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import dataclasses
+import json
+import mimetypes
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workers.context import RankContext
+from workers.suite import Case, CaseStatus, Sample, Suite
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+__all__ = ["PROTOCOL_VERSION", "RankContext", "rank_environment", "traceback_tail"]
+
+PROTOCOL_VERSION = 1
+PAYLOAD_ENV = "GDNVAL_RANK_PAYLOAD"
+CHANNEL_FD_ENV = "GDNVAL_CHANNEL_FD"
+SAMPLE_BATCH = 256  # samples per channel message
+SAMPLE_FLUSH_S = 0.5  # longest a sample waits in the buffer
+TRACEBACK_TAIL_LINES = 25
+DEFAULT_PG_TIMEOUT_S = 1800.0
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def env_libstdcxx_dir(prefixes: list[str] | None = None) -> Path | None:
+    """The Python environment's lib dir holding its own libstdc++ (conda-style), if any.
+
+    Triton's compiled launchers need GLIBCXX_3.4.29; an older system libstdc++ that wins the
+    loader search breaks the capability check (VALIDATION_MATRIX §2), so ranks put this first.
+    """
+    candidates = prefixes if prefixes is not None else [sys.prefix, sys.exec_prefix, sys.base_prefix]
+    for prefix in dict.fromkeys(candidates):
+        lib = Path(prefix) / "lib"
+        if (lib / "libstdc++.so.6").exists():
+            return lib
+    return None
+
+
+def rank_environment(
+    device: str,
+    *,
+    deterministic: bool = False,
+    world_size: int = 1,
+    base_env: Mapping[str, str] | None = None,
+    prefixes: list[str] | None = None,
+    cpu_count: int | None = None,
+) -> dict[str, str]:
+    """The variables a rank process needs set before it starts (the loader reads some at start).
+
+    Returns only the variables to set or override; executors merge them into the child's env.
+    """
+    base = dict(os.environ if base_env is None else base_env)
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    lib = env_libstdcxx_dir(prefixes)
+    if lib is not None:
+        parts = [p for p in base.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != str(lib)]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(lib), *parts])
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # required by use_deterministic_algorithms on CUDA
+        env["HCCL_DETERMINISTIC"] = "true"  # deterministic reductions on Ascend
+        env["NCCL_ALGO"] = "Ring"  # one reduction order, not chosen per message size
+        env["PYTHONHASHSEED"] = "0"
+    if device == "cuda":
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # a failed collective aborts instead of hanging
+    if device == "cpu" and "OMP_NUM_THREADS" not in base:
+        cores = cpu_count or os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, world_size)))  # ranks share the cores
+    return env
+
+
+def preload_env_libstdcxx(prefixes: list[str] | None = None) -> Path | None:
+    """Load the environment's libstdc++ into this process before torch/triton load the system one."""
+    lib = env_libstdcxx_dir(prefixes)
+    if lib is None:
+        return None
+    try:
+        ctypes.CDLL(str(lib / "libstdc++.so.6"), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    return lib
+
+
+def apply_deterministic_flags(device: str) -> None:
+    """Deterministic kernels and no autotuned algorithm choice (the report's determinism check)."""
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+# --------------------------------------------------------------------------- channel
+
+
+class Channel:
+    """Writes one JSON message per line to the executor; thread-safe."""
+
+    def __init__(self, stream: Any, rank: int) -> None:
+        self._stream = stream
+        self._rank = rank
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, rank: int) -> Channel:
+        fd = os.environ.get(CHANNEL_FD_ENV)
+        if fd is None:
+            raise RuntimeError(f"{CHANNEL_FD_ENV} is not set: the rank runtime is started by an executor")
+        return cls(os.fdopen(int(fd), "w", buffering=1, encoding="utf-8"), rank)
+
+    def send(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"t": kind, "v": PROTOCOL_VERSION, "rank": self._rank, **fields}, default=str)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+class SampleBuffer:
+    """Batches samples so a 10^5-sample case costs a few hundred messages, not 10^5."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._rows: list[list[Any]] = []
+        self._last_flush = time.monotonic()
+
+    def add(self, s: Sample) -> None:
+        self._rows.append([s.case, s.metric, float(s.value), s.rank, s.idx])
+        if len(self._rows) >= SAMPLE_BATCH or time.monotonic() - self._last_flush > SAMPLE_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            self._channel.send("samples", samples=self._rows)
+            self._rows = []
+        self._last_flush = time.monotonic()
+
+
+def traceback_tail(exc: BaseException, lines: int = TRACEBACK_TAIL_LINES) -> str:
+    text = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return "\n".join(text[-lines:])
+
+
+def _error_matches(exc: BaseException, expected: str) -> bool:
+    return any(cls.__name__ == expected for cls in type(exc).__mro__)
+
+
+# --------------------------------------------------------------------------- running cases
+
+
+@dataclasses.dataclass
+class CaseOutcome:
+    status: CaseStatus
+    error: str | None
+    raised: bool
+
+
+def run_case(suite: Suite, ctx: RankContext, case: Case, buffer: SampleBuffer) -> CaseOutcome:
+    """Run one case on this rank: stream its samples and judge them against the metric bounds."""
+    violations: list[str] = []
+    count = 0
+    try:
+        for sample in suite.run(ctx, case):
+            metric = suite.metric(sample.metric)  # KeyError for an undeclared metric: a suite bug
+            if sample.case != case.name:
+                raise ValueError(f"case {case.name!r} yielded a sample for case {sample.case!r}")
+            if sample.rank != ctx.rank:  # the runtime stamps the rank: suites may leave the default
+                sample = dataclasses.replace(sample, rank=ctx.rank)
+            if not metric.passes(float(sample.value)):
+                op = "<=" if metric.direction == "lower" else ">="
+                violations.append(
+                    f"{metric.name}[idx {sample.idx}] = {sample.value:.6g} on rank {ctx.rank}, "
+                    f"expected {op} {metric.bound}"
+                )
+            buffer.add(sample)
+            count += 1
+    except Exception as exc:
+        buffer.flush()
+        if case.expected_error and _error_matches(exc, case.expected_error):
+            return CaseOutcome("expected_error", f"{type(exc).__name__}: {exc}", raised=True)
+        return CaseOutcome("error", traceback_tail(exc), raised=True)
+    buffer.flush()
+    if case.expected_error:
+        return CaseOutcome(
+            "failed", f"expected {case.expected_error} to be raised, but the case finished", raised=False
+        )
+    if violations:
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        return CaseOutcome("failed", "; ".join(violations[:3]) + more, raised=False)
+    return CaseOutcome("passed", None, raised=False)
+
+
+class RankDesync(RuntimeError):
+    """Some ranks raised in a case and others did not: the process group is out of step."""
+
+    def __init__(self, message: str, failed_rank: int, cause: str) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.cause = cause
+
+
+def _exchange_case_outcome(
+    ctx: RankContext, ctrl: dist.ProcessGroup, case: Case, outcome: CaseOutcome
+) -> None:
+    """All ranks agree that the case ended the same way (all raised or none), or the job stops."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    try:
+        dist.all_gather_object(gathered, (outcome.raised, outcome.error), group=ctrl)
+    except Exception as exc:
+        raise RankDesync(
+            f"rank {ctx.rank} could not exchange the end of case {case.name!r} with the other ranks "
+            f"(a rank died or is still in the case): {exc}",
+            failed_rank=ctx.rank,
+            cause="peer",
+        ) from exc
+    raised = [r for r, (did, _) in enumerate(gathered) if did]
+    if raised and len(raised) != ctx.world_size:
+        first = raised[0]
+        error = gathered[first][1]
+        raise RankDesync(
+            f"case {case.name!r} raised on rank(s) {raised} but not on the others, so the ranks are "
+            f"out of step; rank {first}: {error}",
+            failed_rank=first,
+            cause="raised" if ctx.rank in raised else "peer",
+        )
+
+
+def _send_artifacts(channel: Channel, directory: Path, rank: int) -> None:
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        channel.send(
+            "artifact",
+            name=f"rank{rank}/{rel}",
+            media_type=media_type,
+            data=base64.b64encode(path.read_bytes()).decode(),
+        )
+        path.unlink()
+
+
+def load_suite(name: str, module: str | None) -> Suite:
+    """The suite by the module the executor named (test suites), else from the registry."""
+    if module:
+        import importlib
+
+        suite = importlib.import_module(module).SUITE
+        if suite.name != name:
+            raise RuntimeError(f"module {module} defines suite {suite.name!r}, expected {name!r}")
+        return suite
+    from workers.registry import get_suite
+
+    return get_suite(name)
+
+
+def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
+    from gdn import device as devices
+    from workers.provenance import installed_version, source_commit
+
+    info: dict[str, Any] = dict(devices.device_info(device))
+    visible = devices.visible_devices_env(kind)
+    info.update(
+        {
+            "gdnval": installed_version(),
+            "commit": commit or source_commit(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "visible_devices": os.environ.get(visible) if visible else None,
+            "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+        }
+    )
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        info["numpy"] = None
+    return info
+
+
+def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Channel) -> None:
+    """Set up the device and process group, then run every case of the job on this rank."""
+    suite = load_suite(payload["suite"], payload.get("suite_module"))
+    params = suite.resolve_params(payload.get("preset", "quick"), payload.get("params") or {})
+    cases = suite.cases(params)
+    kind = payload.get("device", "cpu")
+    deterministic = bool(payload.get("deterministic", False))
+
+    import torch
+    import torch.distributed as dist
+
+    from gdn import device as devices
+
+    if deterministic:
+        apply_deterministic_flags(kind)
+    if kind == "cpu" and "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    visible = devices.visible_devices_env(kind)
+    if visible and os.environ.get(visible):  # the executor gave this rank exactly its device(s)
+        index = 0
+    device = devices.get_device(kind, index)
+    seed = int(payload.get("seed", 0))
+    devices.manual_seed_all(seed)
+
+    pg_timeout = timedelta(seconds=float(payload.get("pg_timeout_s") or DEFAULT_PG_TIMEOUT_S))
+    group = ctrl = None
+    if world_size > 1:
+        dist.init_process_group(
+            backend=devices.distributed_backend(kind),
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=pg_timeout,
+        )
+        group = dist.group.WORLD
+        ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)  # the case-end exchange, CPU only
+
+    channel.send("info", info=rank_info(device, kind, payload.get("commit")))
+    channel.send("cases", total=len(cases), names=[c.name for c in cases])
+    artifacts = Path(tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-"))
+    ctx = RankContext(
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        device_kind=kind,
+        group=group,
+        deterministic=deterministic,
+        seed=seed,
+        artifacts_dir=artifacts,
+        extras={"preset": payload.get("preset"), "params": params.model_dump()},
+    )
+    buffer = SampleBuffer(channel)
+    try:
+        for i, case in enumerate(cases):
+            channel.send("case_start", case=case.name, index=i)
+            outcome = run_case(suite, ctx, case, buffer)
+            _send_artifacts(channel, artifacts, rank)
+            channel.send("case_end", case=case.name, status=outcome.status, error=outcome.error)
+            if ctrl is not None:
+                _exchange_case_outcome(ctx, ctrl, case, outcome)
+    finally:
+        shutil.rmtree(artifacts, ignore_errors=True)
+        if world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _watch_parent(interval_s: float = 1.0) -> None:
+    """Exit when the executor (our parent) is gone, so no rank outlives its job."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="gdnval-parent-watch", daemon=True).start()
+
+
+def main() -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    channel = Channel.from_env(rank)
+    _watch_parent()
+    try:
+        payload = json.loads(os.environ[PAYLOAD_ENV])
+        preload_env_libstdcxx()
+        run_rank(payload, rank, world_size, channel)
+    except RankDesync as exc:
+        channel.send("fatal", error=str(exc), failed_rank=exc.failed_rank, cause=exc.cause)
+        return 1
+    except BaseException as exc:  # anything else that escapes the case loop fails the job
+        channel.send("fatal", error=traceback_tail(exc), failed_rank=rank, cause="raised")
+        return 1
+    channel.send("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
