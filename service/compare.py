@@ -1,0 +1,813 @@
+"""The compare engine: two jobs of one suite, case by case (fingerprint) and metric by metric.
+
+Pure and database-free: the store loader (`service.baselines`) turns jobs into `JobSide`s, the
+gate and the report render the resulting `Comparison`. Everything is vectorised with numpy so that
+two jobs of 100k samples compare in well under half a second (`benchmarks/compare_bench.py`).
+
+Rules (issue 8, DESIGN "Compare"):
+
+- Samples are raw per rank. The worst rank of each idx is taken first (max for lower-is-better
+  metrics, min for higher-is-better), then statistics run over the idx axis.
+- time: ratio of medians head/base, a percentile bootstrap CI of that ratio (fixed seed, so the
+  same inputs always give the same interval), and a two-sided Mann-Whitney U test when the sample
+  counts can reach significance at all. *regressed* only when significant (p < alpha) and the
+  change is larger than the metric's `min_effect`; *unchanged* when the CI lies inside the
+  ±min_effect band, or the change is below min_effect and significant; *inconclusive* otherwise
+  (noise forbids a verdict); *improved* symmetric.
+- memory: deterministic; the worst value per side; regressed when it grows by more than 1 MiB and
+  more than 1 % (improved symmetric).
+- accuracy / check: *failed* when the head's worst value breaks the metric's bound (NaN always
+  breaks); *worsened* when it grows more than 2x over the base above a small floor.
+- trajectory: the worst value over steps against the bound, any NaN/Inf step fails; evidence
+  carries the max abs / max rel difference head vs base over the common steps.
+- Cases only in head are *added*, only in base *removed*; a case whose run errored on either side
+  is *errored* and kept out of statistics (the head's bounds still count when only base errored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cache
+from typing import Any, Literal
+
+import numpy as np
+
+from workers.suite import CaseStatus, Metric, MetricKind
+
+Verdict = Literal[
+    "regressed",
+    "improved",
+    "unchanged",
+    "inconclusive",
+    "failed",
+    "worsened",
+    "added",
+    "removed",
+    "errored",
+    "skipped",
+]
+VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
+
+# Case verdict = the most severe of its metric verdicts, in this order.
+SEVERITY: dict[str, int] = {
+    v: i
+    for i, v in enumerate(
+        [
+            "errored",
+            "failed",
+            "regressed",
+            "worsened",
+            "inconclusive",
+            "improved",
+            "unchanged",
+            "added",
+            "removed",
+            "skipped",
+        ]
+    )
+}
+# Verdicts that make a gate fail (exit 1).
+FAILING: frozenset[str] = frozenset({"failed", "regressed", "worsened"})
+
+MIB = 1024 * 1024
+_UNIT_BYTES: dict[str, float] = {
+    "b": 1.0,
+    "byte": 1.0,
+    "bytes": 1.0,
+    "kib": 1024.0,
+    "mib": float(MIB),
+    "gib": float(1024 * MIB),
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+}
+
+
+def unit_bytes(unit: str) -> float:
+    """Bytes per unit of a memory metric (so the 1 MiB rule holds whatever unit a suite uses)."""
+    try:
+        return _UNIT_BYTES[unit.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"memory metric unit {unit!r} is not a byte unit; expected one of {sorted(_UNIT_BYTES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Thresholds of the rules; defaults are the issue's. Part of every result, for the record."""
+
+    alpha: float = 0.01  # significance level of the Mann-Whitney U test
+    ci_level: float = 0.95  # bootstrap CI of the ratio of medians
+    bootstrap: int = 2000  # bootstrap resamples
+    seed: int = 20240611  # bootstrap seed: same inputs -> same CI, whatever else is compared
+    memory_abs_bytes: float = float(MIB)  # memory regresses only above this growth ...
+    memory_rel: float = 0.01  # ... and this relative growth
+    accuracy_factor: float = 2.0  # worsened when head > factor * base ...
+    accuracy_floor: float = 1e-6  # ... and head above this absolute floor ...
+    accuracy_floor_bound_frac: float = 0.1  # ... and above this fraction of the bound (if any)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha={self.alpha!r}; expected 0 < alpha < 1")
+        if not 0 < self.ci_level < 1:
+            raise ValueError(f"ci_level={self.ci_level!r}; expected 0 < ci_level < 1")
+        if self.bootstrap < 100:
+            raise ValueError(f"bootstrap={self.bootstrap!r}; expected at least 100 resamples")
+        if self.accuracy_factor <= 1:
+            raise ValueError(f"accuracy_factor={self.accuracy_factor!r}; expected > 1")
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class CaseInfo:
+    """One case of one job: identity, parameters and how its run ended."""
+
+    fingerprint: str
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    status: CaseStatus | None = None  # None: no case result recorded (treated as passed)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What a side is, for the record and for links (job page `/jobs/{job_id}`)."""
+
+    job_id: int | None = None
+    suite: str = ""
+    preset: str = ""
+    commit: str | None = None
+    device: str = ""
+    world_size: int = 1
+    status: str | None = None
+
+
+@dataclass
+class SampleTable:
+    """Columnar raw samples of one job: parallel arrays, case and metric as integer codes."""
+
+    case: np.ndarray  # int codes into `case_keys`
+    metric: np.ndarray  # int codes into `metric_keys`
+    rank: np.ndarray
+    idx: np.ndarray
+    value: np.ndarray  # float64
+    case_keys: list[str]  # fingerprints
+    metric_keys: list[str]
+
+    def __post_init__(self) -> None:
+        n = len(self.value)
+        for name in ("case", "metric", "rank", "idx"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"SampleTable.{name} has {len(getattr(self, name))} rows; expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[str, str, int, int, float]]) -> SampleTable:
+        """From (fingerprint, metric, rank, idx, value) tuples."""
+        case_ids: dict[str, int] = {}
+        metric_ids: dict[str, int] = {}
+        cols: list[tuple[int, int, int, int, float]] = []
+        for fp, metric, rank, idx, value in records:
+            c = case_ids.setdefault(fp, len(case_ids))
+            m = metric_ids.setdefault(metric, len(metric_ids))
+            cols.append((c, m, rank, idx, value))
+        arr = np.array(cols, dtype=np.float64).reshape(-1, 5)
+        return cls(
+            case=arr[:, 0].astype(np.int64),
+            metric=arr[:, 1].astype(np.int64),
+            rank=arr[:, 2].astype(np.int64),
+            idx=arr[:, 3].astype(np.int64),
+            value=arr[:, 4],
+            case_keys=list(case_ids),
+            metric_keys=list(metric_ids),
+        )
+
+
+@dataclass
+class JobSide:
+    """One side of a comparison: a job's cases, its suite's metrics and its raw samples."""
+
+    ref: JobRef
+    cases: Mapping[str, CaseInfo]  # fingerprint -> case
+    metrics: Mapping[str, Metric]  # metric name -> definition
+    samples: SampleTable
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+
+
+@dataclass(slots=True)
+class Summary:
+    """Statistics of one side of one metric after the worst-rank reduction."""
+
+    n: int  # values after the rank reduction (repetitions, steps, tensors)
+    ranks: int
+    median: float
+    p90: float
+    min: float
+    max: float
+    worst: float  # max for lower-is-better, min for higher-is-better (NaN if any NaN)
+    finite: bool
+    first_nonfinite_idx: int | None = None
+
+
+@dataclass(slots=True)
+class MetricResult:
+    """Verdict and evidence for one metric of one case. `ratio`/`ci_*` are head/base."""
+
+    metric: str
+    kind: MetricKind
+    unit: str
+    direction: str
+    bound: float | None
+    verdict: Verdict
+    reason: str
+    base: Summary | None = None
+    head: Summary | None = None
+    ratio: float | None = None  # time: ratio of medians; memory/accuracy/trajectory: of worst values
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None  # Mann-Whitney U, two-sided; None when not run
+    delta: float | None = None  # head - base of the compared statistic, in `unit`
+    rel_delta: float | None = None  # delta / |base|
+    max_abs_diff: float | None = None  # trajectory: over the common steps
+    max_rel_diff: float | None = None
+    bound_ok: bool | None = None  # head's compared statistic against the bound (None: no bound)
+
+
+@dataclass(slots=True)
+class CaseResult:
+    fingerprint: str
+    name: str
+    params: dict[str, Any]
+    verdict: Verdict
+    reason: str
+    base_status: str | None
+    head_status: str | None
+    base_error: str | None = None
+    head_error: str | None = None
+    metrics: list[MetricResult] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Comparison:
+    """All case results of one base/head pair of jobs of one suite."""
+
+    suite: str
+    base: JobRef
+    head: JobRef
+    config: CompareConfig
+    cases: list[CaseResult]
+
+    def counts(self) -> dict[str, int]:
+        """Case verdict -> number of cases (every verdict present, zeros included)."""
+        out = dict.fromkeys(VERDICTS, 0)
+        for c in self.cases:
+            out[c.verdict] += 1
+        return out
+
+    def metric_counts(self) -> dict[str, int]:
+        out = dict.fromkeys(VERDICTS, 0)
+        for c in self.cases:
+            for m in c.metrics:
+                out[m.verdict] += 1
+        return out
+
+    def failing_cases(self) -> list[CaseResult]:
+        """Cases that fail a gate: a failing metric verdict, or an error on the head side."""
+        return [c for c in self.cases if _case_fails(c)]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failing_cases()
+
+    def time_regressions(self) -> list[tuple[CaseResult, MetricResult]]:
+        return [
+            (c, m) for c in self.cases for m in c.metrics if m.kind == "time" and m.verdict == "regressed"
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN/Inf become strings so the output is strict JSON)."""
+        return {
+            "suite": self.suite,
+            "base": to_jsonable(self.base),
+            "head": to_jsonable(self.head),
+            "config": to_jsonable(self.config),
+            "passed": self.passed,
+            "counts": self.counts(),
+            "metric_counts": self.metric_counts(),
+            "cases": [to_jsonable(c) for c in self.cases],
+        }
+
+
+def _case_fails(c: CaseResult) -> bool:
+    if c.verdict == "errored":
+        return c.head_status == "error"
+    if c.verdict == "added" and c.head_status == "error":
+        return True
+    return any(m.verdict in FAILING for m in c.metrics) or c.head_status == "failed"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses/mappings/sequences -> plain JSON types; non-finite floats -> 'nan'/'inf'/'-inf'."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        if math.isfinite(f):
+            return f
+        return "nan" if f != f else ("inf" if f > 0 else "-inf")
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Rank reduction and grouping
+
+
+@dataclass
+class Series:
+    """Rank-reduced values of one side: per (case, metric) group, values ordered by idx.
+
+    The per-group statistics are computed for all groups at once (`_group_stats`) and kept as
+    Python lists, so building thousands of results costs no per-group numpy calls.
+    """
+
+    keys: list[tuple[str, str]]  # (fingerprint, metric) per group
+    starts: np.ndarray  # group g is values[starts[g]:starts[g+1]]
+    idx: np.ndarray
+    values: np.ndarray
+    ranks: list[int]  # distinct ranks per group
+    n: list[int] = field(default_factory=list)
+    median: list[float] = field(default_factory=list)
+    p90: list[float] = field(default_factory=list)
+    vmin: list[float] = field(default_factory=list)
+    vmax: list[float] = field(default_factory=list)
+    finite: list[bool] = field(default_factory=list)
+    first_bad: list[int] = field(default_factory=list)  # idx of the first non-finite value, or -1
+
+    def get(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        s, e = self.starts[g], self.starts[g + 1]
+        return self.idx[s:e], self.values[s:e]
+
+    def summary(self, g: int, direction: str) -> Summary:
+        fin = self.finite[g]
+        worst = (self.vmax[g] if direction == "lower" else self.vmin[g]) if fin else math.nan
+        bad = self.first_bad[g]
+        return Summary(
+            self.n[g], self.ranks[g], self.median[g], self.p90[g], self.vmin[g], self.vmax[g], worst, fin,
+            None if bad < 0 else bad,
+        )
+
+
+def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
+    """Worst rank per (case, metric, idx): max for lower-is-better metrics, min for higher.
+
+    NaN is the worst value of all (it propagates), so a NaN on any rank survives the reduction.
+    """
+    n = len(samples)
+    if n == 0:
+        empty = np.zeros(0, np.int64)
+        return Series([], np.zeros(1, dtype=np.int64), empty, np.zeros(0), [])
+    n_metrics = max(len(samples.metric_keys), 1)
+    # sign +1 for lower-is-better, -1 for higher: max over signed values is the worst rank.
+    sign_of_metric = np.array(
+        [-1.0 if (metrics.get(m) is not None and metrics[m].direction == "higher") else 1.0
+         for m in samples.metric_keys] or [1.0]
+    )
+    metric_col = np.asarray(samples.metric, dtype=np.int64)
+    group = np.asarray(samples.case, dtype=np.int64) * n_metrics + metric_col
+    idx_col = np.asarray(samples.idx, dtype=np.int64)
+    rank_col = np.asarray(samples.rank, dtype=np.int64)
+    order = np.lexsort((rank_col, idx_col, group))
+    g_sorted = group[order]
+    i_sorted = idx_col[order]
+    signed = np.asarray(samples.value, dtype=np.float64)[order] * sign_of_metric[metric_col[order]]
+    r_sorted = rank_col[order]
+    # run starts of (group, idx)
+    new_run = np.empty(n, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = (g_sorted[1:] != g_sorted[:-1]) | (i_sorted[1:] != i_sorted[:-1])
+    run_starts = np.flatnonzero(new_run)
+    reduced = np.maximum.reduceat(signed, run_starts)
+    run_group = g_sorted[run_starts]
+    run_idx = i_sorted[run_starts]
+    # group starts among runs
+    new_group = np.empty(len(run_starts), dtype=bool)
+    new_group[0] = True
+    new_group[1:] = run_group[1:] != run_group[:-1]
+    gstarts = np.flatnonzero(new_group)
+    groups = run_group[gstarts]
+    metric_codes = groups % n_metrics
+    starts = np.append(gstarts, len(run_starts))
+    counts = np.diff(starts)
+    values = reduced * np.repeat(sign_of_metric[metric_codes], counts)
+    # distinct ranks per group: distinct (group, rank) pairs; within a (group, idx) run ranks are
+    # sorted, so count rank changes over the (group, rank)-sorted order.
+    gr_order = np.lexsort((r_sorted, g_sorted))
+    gs, rs = g_sorted[gr_order], r_sorted[gr_order]
+    distinct = np.empty(n, dtype=bool)
+    distinct[0] = True
+    distinct[1:] = (gs[1:] != gs[:-1]) | (rs[1:] != rs[:-1])
+    g_first = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+    ranks_per_group = np.add.reduceat(distinct.astype(np.int64), g_first)
+    keys = list(
+        zip(
+            map(samples.case_keys.__getitem__, (groups // n_metrics).tolist()),
+            map(samples.metric_keys.__getitem__, metric_codes.tolist()),
+            strict=True,
+        )
+    )
+    series = Series(keys, starts, run_idx, values, ranks_per_group.tolist())
+    _group_stats(series, counts)
+    return series
+
+
+def _group_stats(series: Series, counts: np.ndarray) -> None:
+    """n, median, p90, min, max, finiteness and first non-finite idx of every group at once."""
+    starts = series.starts[:-1]
+    values = series.values
+    gid = np.repeat(np.arange(len(counts)), counts)
+    sorted_vals = values[np.lexsort((values, gid))]
+    finite_mask = np.isfinite(values)
+    finite = np.logical_and.reduceat(finite_mask, starts)
+
+    def quantile(q: float) -> np.ndarray:  # numpy's default (linear) method, per group
+        pos = q * (counts - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, counts - 1)
+        a, b = sorted_vals[starts + lo], sorted_vals[starts + hi]
+        with np.errstate(invalid="ignore"):
+            out = a + (pos - lo) * (b - a)
+        return np.where(finite, out, np.nan)
+
+    with np.errstate(invalid="ignore"):
+        vmin = np.fmin.reduceat(values, starts)
+        vmax = np.fmax.reduceat(values, starts)
+    big = np.iinfo(np.int64).max
+    first_bad = np.minimum.reduceat(np.where(finite_mask, big, series.idx), starts)
+    series.n = counts.tolist()
+    series.median = quantile(0.5).tolist()
+    series.p90 = quantile(0.9).tolist()
+    series.vmin = vmin.tolist()
+    series.vmax = vmax.tolist()
+    series.finite = finite.tolist()
+    series.first_bad = np.where(first_bad == big, -1, first_bad).tolist()
+
+
+def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarray | None = None) -> Summary:
+    """Summary of one rank-reduced series (the engine uses the batched `Series.summary`)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:
+        nan = math.nan
+        return Summary(0, ranks, nan, nan, nan, nan, nan, True)
+    idx = np.arange(len(values)) if idx is None else np.asarray(idx, dtype=np.int64)
+    series = Series([("", "")], np.array([0, len(values)]), idx, values, [ranks])
+    _group_stats(series, np.array([len(values)]))
+    return series.summary(0, direction)
+
+
+# --------------------------------------------------------------------------------------------
+# Time statistics, batched by sample counts
+
+
+@cache
+def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (base lo, base hi, head lo, head hi) median positions of `bootstrap` paired
+    resamples, with how often each occurs.
+
+    A resample drawn through sorted indices from sorted values is itself sorted, so its median
+    is the mean of the values at two positions, the same positions for every group of the same
+    size. The bootstrap distribution of a group's ratio of medians is therefore a weighted set of
+    a few hundred position combinations, shared by all groups: identical to resampling each
+    group `bootstrap` times, at a fraction of the cost. The random stream depends only on
+    (seed, n1, n2), so a group's CI does not depend on the other groups in the comparison.
+    """
+    rng = np.random.default_rng([seed, n1, n2])
+    rb = np.sort(rng.integers(0, n1, size=(bootstrap, n1)), axis=1)
+    rh = np.sort(rng.integers(0, n2, size=(bootstrap, n2)), axis=1)
+    keys = np.stack([rb[:, (n1 - 1) // 2], rb[:, n1 // 2], rh[:, (n2 - 1) // 2], rh[:, n2 // 2]], axis=1)
+    combos, counts = np.unique(keys, axis=0, return_counts=True)
+    return combos, counts
+
+
+def _bootstrap_ratio_ci(
+    base_sorted: np.ndarray, head_sorted: np.ndarray, cfg: CompareConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI (inverted-CDF quantiles) of head median / base median per row."""
+    n1, n2 = base_sorted.shape[1], head_sorted.shape[1]
+    combos, counts = _bootstrap_plan(n1, n2, cfg.bootstrap, cfg.seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bmed = 0.5 * (base_sorted[:, combos[:, 0]] + base_sorted[:, combos[:, 1]])
+        hmed = 0.5 * (head_sorted[:, combos[:, 2]] + head_sorted[:, combos[:, 3]])
+        ratios = hmed / bmed  # (G, U)
+    order = np.argsort(ratios, axis=1)
+    sorted_ratios = np.take_along_axis(ratios, order, axis=1)
+    cum = np.cumsum(counts[order], axis=1)
+    a = (1 - cfg.ci_level) / 2
+    rows = np.arange(len(ratios))
+    lo_pos = np.minimum((cum < a * cfg.bootstrap).sum(axis=1), ratios.shape[1] - 1)
+    hi_pos = np.minimum((cum < (1 - a) * cfg.bootstrap).sum(axis=1), ratios.shape[1] - 1)
+    return sorted_ratios[rows, lo_pos], sorted_ratios[rows, hi_pos]
+
+
+def min_two_sided_p(n1: int, n2: int) -> float:
+    """Smallest two-sided p-value the exact Mann-Whitney U test can give for these counts."""
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+@dataclass(slots=True)
+class _TimeStats:
+    ratio: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    p: np.ndarray  # NaN where not testable
+
+
+def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) -> _TimeStats:
+    """base (G, n1), head (G, n2), all finite and > 0 medians checked by the caller."""
+    from scipy.stats import mannwhitneyu
+
+    n1, n2 = base.shape[1], head.shape[1]
+    bs, hs = np.sort(base, axis=1), np.sort(head, axis=1)
+    base_med = np.median(bs, axis=1)
+    head_med = np.median(hs, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = head_med / base_med
+    ci_low, ci_high = _bootstrap_ratio_ci(bs, hs, cfg)
+    if min_two_sided_p(n1, n2) < cfg.alpha:
+        p = np.asarray(mannwhitneyu(base, head, axis=1, alternative="two-sided").pvalue, dtype=np.float64)
+    else:
+        p = np.full(len(base), np.nan)
+    return _TimeStats(ratio, ci_low, ci_high, p)
+
+
+def _time_verdict(
+    ratio: float, lo: float, hi: float, p: float, metric: Metric, cfg: CompareConfig
+) -> tuple[Verdict, str]:
+    eff = metric.min_effect
+    change = ratio - 1.0
+    worse = change > 0 if metric.direction == "lower" else change < 0
+    testable = p == p
+    significant = testable and p < cfg.alpha
+    pct = f"{change:+.1%}"
+    ptxt = f"p={p:.2g}" if testable else "too few samples for significance"
+    ci_txt = f"CI [{lo:.3f}, {hi:.3f}]"
+    if significant and abs(change) > eff:
+        why = f"median {pct} ({ptxt}, {ci_txt}; min effect {eff:.0%})"
+        return ("regressed" if worse else "improved"), why
+    if lo >= 1 - eff and hi <= 1 + eff:
+        return "unchanged", f"median {pct}, {ci_txt} inside ±{eff:.0%}"
+    if significant:  # significant but smaller than the minimum effect
+        return "unchanged", f"median {pct} below min effect {eff:.0%} ({ptxt})"
+    return "inconclusive", f"median {pct} but noise forbids a verdict ({ptxt}, {ci_txt} exceeds ±{eff:.0%})"
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+
+
+def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -> Comparison:
+    """Compare `head` against `base` case by case; cases matched by fingerprint."""
+    cfg = config or CompareConfig()
+    metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
+    bser = reduce_ranks(base.samples, metrics)
+    hser = reduce_ranks(head.samples, metrics)
+    bgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(bser.keys)}
+    hgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(hser.keys)}
+    by_case_b: dict[str, list[str]] = {}
+    for fp, m in bser.keys:
+        by_case_b.setdefault(fp, []).append(m)
+    by_case_h: dict[str, list[str]] = {}
+    for fp, m in hser.keys:
+        by_case_h.setdefault(fp, []).append(m)
+
+    fps = list(dict.fromkeys([*head.cases, *by_case_h, *base.cases, *by_case_b]))
+    case_results: list[CaseResult] = []
+    undecided: list[CaseResult] = []  # verdict waits for the batched time statistics
+    # time pairs batched by (n_base, n_head): (metric result, base group, head group)
+    pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]] = {}
+
+    for fp in fps:
+        binfo, hinfo = base.cases.get(fp), head.cases.get(fp)
+        in_base = binfo is not None or fp in by_case_b
+        in_head = hinfo is not None or fp in by_case_h
+        info = hinfo or binfo or CaseInfo(fp, fp)
+        bstat = (binfo.status or "passed") if binfo else ("passed" if in_base else None)
+        hstat = (hinfo.status or "passed") if hinfo else ("passed" if in_head else None)
+        cr = CaseResult(
+            fingerprint=fp,
+            name=info.name,
+            params=dict(info.params),
+            verdict="unchanged",
+            reason="",
+            base_status=bstat,
+            head_status=hstat,
+            base_error=binfo.error if binfo else None,
+            head_error=hinfo.error if hinfo else None,
+        )
+        case_results.append(cr)
+        if hstat == "error":
+            cr.verdict, cr.reason = "errored", f"head run errored: {_first_line(cr.head_error)}"
+            continue
+        if not in_head:
+            cr.verdict, cr.reason = "removed", "case only in base"
+            continue
+        if hstat == "skipped":
+            cr.verdict, cr.reason = "skipped", "skipped on head"
+            continue
+        base_usable = in_base and bstat not in ("error", "skipped")
+        names = list(dict.fromkeys([*by_case_h.get(fp, []), *(by_case_b.get(fp, []) if base_usable else [])]))
+        for name in names:
+            metric = metrics.get(name) or Metric(name, "", "accuracy")
+            hg = hgroups.get((fp, name))
+            bg = bgroups.get((fp, name)) if base_usable else None
+            mr = _metric_result(metric, bser, bg, hser, hg, cfg, pending)
+            cr.metrics.append(mr)
+        undecided.append(cr)
+
+    for (n1, n2), items in pending.items():
+        bidx = np.array([bg for _, bg, _ in items])
+        hidx = np.array([hg for _, _, hg in items])
+        base_vals = bser.values[bser.starts[bidx][:, None] + np.arange(n1)]
+        head_vals = hser.values[hser.starts[hidx][:, None] + np.arange(n2)]
+        stats = _time_stats_batch(base_vals, head_vals, cfg)
+        rows = zip(stats.ratio.tolist(), stats.ci_low.tolist(), stats.ci_high.tolist(), stats.p.tolist(),
+                   strict=True)
+        for (mr, _, _), (r, lo, hi, p) in zip(items, rows, strict=True):
+            metric = metrics.get(mr.metric) or Metric(mr.metric, mr.unit, "time")
+            mr.ratio, mr.ci_low, mr.ci_high = r, lo, hi
+            mr.p_value = p if p == p else None
+            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, metric, cfg)
+    for cr in undecided:
+        _settle_case(cr, cr.base_status is not None, cr.base_status)
+    return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, case_results)
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "no error text").strip().splitlines()[-1][:200] if text else "no error text"
+
+
+def _settle_case(cr: CaseResult, in_base: bool, bstat: str | None) -> None:
+    """Case verdict from its metrics: the most severe one; added / errored-base noted."""
+    if cr.head_status == "failed" and not any(m.verdict == "failed" for m in cr.metrics):
+        cr.verdict, cr.reason = "failed", f"head case failed: {_first_line(cr.head_error)}"
+        return
+    worst = min(cr.metrics, key=lambda m: SEVERITY[m.verdict], default=None)
+    if not in_base:
+        if worst is not None and worst.verdict == "failed":
+            cr.verdict, cr.reason = "failed", f"case only in head; {worst.metric}: {worst.reason}"
+        else:
+            cr.verdict, cr.reason = "added", "case only in head"
+        return
+    if bstat == "error":
+        if worst is not None and worst.verdict == "failed":
+            cr.verdict, cr.reason = "failed", f"{worst.metric}: {worst.reason}"
+        else:
+            cr.verdict, cr.reason = "errored", f"base run errored: {_first_line(cr.base_error)}"
+        return
+    if worst is None:
+        cr.verdict, cr.reason = "unchanged", "no samples on either side"
+        return
+    cr.verdict = worst.verdict
+    cr.reason = f"{worst.metric}: {worst.reason}"
+
+
+def _metric_result(
+    metric: Metric,
+    bser: Series,
+    bg: int | None,
+    hser: Series,
+    hg: int | None,
+    cfg: CompareConfig,
+    pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
+) -> MetricResult:
+    d = metric.direction
+    mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
+    if hg is not None:
+        mr.head = hser.summary(hg, d)
+    if bg is not None:
+        mr.base = bser.summary(bg, d)
+    if mr.head is None:
+        mr.verdict, mr.reason = "removed", "metric only in base"
+        return mr
+    _fill_deltas(mr, metric)
+    if metric.kind == "trajectory" and bg is not None:
+        _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))
+
+    # The head's compared statistic against the bound; NaN/Inf fails every kind.
+    stat_h = mr.head.median if metric.kind == "time" else mr.head.worst
+    if not mr.head.finite:
+        mr.bound_ok = False if metric.bound is not None else None
+        mr.verdict = "failed"
+        mr.reason = f"non-finite value at idx {mr.head.first_nonfinite_idx}"
+        return mr
+    if metric.bound is not None:
+        mr.bound_ok = metric.passes(stat_h)
+        if not mr.bound_ok:
+            rel = "<=" if d == "lower" else ">="
+            mr.verdict = "failed"
+            mr.reason = f"{stat_h:.4g} breaks bound {rel} {metric.bound:.4g}"
+            return mr
+    if mr.base is None:
+        mr.verdict, mr.reason = "added", "metric only in head"
+        return mr
+    if not mr.base.finite:
+        mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
+        return mr
+
+    if metric.kind == "time":
+        if mr.base.median <= 0 or mr.head.median <= 0:
+            mr.verdict, mr.reason = "inconclusive", "non-positive median time, ratio undefined"
+            return mr
+        assert bg is not None and hg is not None
+        pending.setdefault((mr.base.n, mr.head.n), []).append((mr, bg, hg))
+        return mr
+    if metric.kind == "memory":
+        _memory_verdict(mr, metric, cfg)
+        return mr
+    _accuracy_verdict(mr, metric, cfg)
+    return mr
+
+
+def _fill_deltas(mr: MetricResult, metric: Metric) -> None:
+    """Deltas of the compared statistic; trajectories also step-wise max abs / max rel."""
+    if mr.base is None or mr.head is None:
+        return
+    if metric.kind == "time":
+        b, h = mr.base.median, mr.head.median
+    else:
+        b, h = mr.base.worst, mr.head.worst
+    if not (math.isfinite(b) and math.isfinite(h)):
+        return
+    mr.delta = h - b
+    if b != 0:
+        mr.rel_delta = mr.delta / abs(b)
+        if metric.kind != "time":
+            mr.ratio = h / b
+
+
+def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray, hidx: np.ndarray,
+                          hvals: np.ndarray) -> None:
+    common, bi, hi = np.intersect1d(bidx, hidx, assume_unique=True, return_indices=True)
+    if len(common) == 0:
+        return
+    diff = np.abs(hvals[hi] - bvals[bi])
+    with np.errstate(all="ignore"):
+        rel = diff / np.abs(bvals[bi])
+        rel = np.where(diff == 0, 0.0, rel)
+    mr.max_abs_diff = float(np.max(diff))
+    mr.max_rel_diff = float(np.max(rel))
+
+
+def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+    assert mr.base is not None and mr.head is not None
+    scale = unit_bytes(metric.unit)
+    b, h = mr.base.worst, mr.head.worst
+    grow = (h - b) if metric.direction == "lower" else (b - h)
+    grow_bytes = grow * scale
+    rel = grow / abs(b) if b else (math.inf if grow > 0 else 0.0)
+    mib = grow_bytes / MIB
+    if grow_bytes > cfg.memory_abs_bytes and rel > cfg.memory_rel:
+        mr.verdict, mr.reason = "regressed", f"grew {mib:+.2f} MiB ({rel:+.1%})"
+    elif -grow_bytes > cfg.memory_abs_bytes and -rel > cfg.memory_rel:
+        mr.verdict, mr.reason = "improved", f"shrank {mib:+.2f} MiB ({rel:+.1%})"
+    else:
+        mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or 1%"
+
+
+def _accuracy_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+    assert mr.base is not None and mr.head is not None
+    b, h = mr.base.worst, mr.head.worst
+    floor = cfg.accuracy_floor
+    if metric.bound is not None:
+        floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
+    f = cfg.accuracy_factor
+    if metric.direction == "lower":
+        worse = h > f * b and h > floor
+        better = b > f * h and b > floor
+    else:
+        worse = b > f * h and b > floor
+        better = h > f * b and h > floor
+    if worse:
+        mr.verdict, mr.reason = "worsened", f"{b:.3g} -> {h:.3g} (more than {f:g}x, above floor {floor:.1g})"
+    elif better:
+        mr.verdict, mr.reason = "improved", f"{b:.3g} -> {h:.3g} (more than {f:g}x better)"
+    else:
+        mr.verdict, mr.reason = "unchanged", f"{b:.3g} -> {h:.3g}"
