@@ -38,7 +38,7 @@ def fmt(value: float | None, unit: str = "") -> str:
     if isinstance(value, float) and math.isinf(value):
         return "∞" if value > 0 else "−∞"
     a = abs(value)
-    if a != 0 and (a < 1e-3 or a >= 1e6):
+    if a != 0 and (a < 1e-2 or a >= 1e6):
         text = f"{value:.3e}"
     elif a >= 100:
         text = f"{value:.1f}"

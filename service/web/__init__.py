@@ -1,0 +1,1 @@
+"""The results pages (server-rendered HTML and SVG) served by the service app."""

@@ -1,0 +1,552 @@
+"""The results pages: jobs, job, compare, history, suites. Server-rendered (Jinja2), no CDN.
+
+`service.app.create_app` includes `router` when this module exists. Pages read through
+`service.store` (and `service.web.queries` for plot data), shape rows with `service.web.views`
+and draw with `service.web.charts`; the only JavaScript polls a partial endpoint for live progress.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import store
+from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
+from service.web import charts, queries, views
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
+PRESETS: tuple[str, ...] = ("quick", "gate", "full")
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["fmt"] = charts.fmt
+templates.env.globals["pct"] = views.progress_percent
+
+router = APIRouter(include_in_schema=False)
+
+
+# ----------------------------------------------------------------------------------- plumbing
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A read session on the app's store engine, closed after the response."""
+    engine = request.app.state.engine
+    with Session(engine) as session:
+        yield session
+
+
+def _settings(request: Request) -> Any:
+    return request.app.state.settings
+
+
+def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def _error(request: Request, status_code: int, title: str, detail: str) -> HTMLResponse:
+    return _page(request, "error.html", status_code, nav="", status_code=status_code, title=title,
+                 detail=detail)
+
+
+def _when(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _suite_names() -> list[str]:
+    from workers.registry import suite_names
+
+    return suite_names()
+
+
+def _api_samples(job_id: int, fmt: str) -> str:
+    return f"/api/v1/jobs/{job_id}/samples?{urlencode({'format': fmt})}"
+
+
+@router.get("/", include_in_schema=False)
+def index() -> RedirectResponse:
+    return RedirectResponse("/jobs", status_code=307)
+
+
+@router.get("/static/{name}", include_in_schema=False)
+def static(name: str) -> FileResponse:
+    """The vendored stylesheet and script (a route, not a mount: included routers drop mounts)."""
+    path = (STATIC / name).resolve()
+    if path.parent != STATIC or not path.is_file():
+        raise HTTPException(404, f"no static file {name!r}")
+    return FileResponse(path, headers={"Cache-Control": "public, max-age=300"})
+
+
+# ------------------------------------------------------------------------------------ jobs list
+
+
+def _job_row(job: Job, counts: dict[str, int], now: datetime) -> dict[str, Any]:
+    verdict, css = views.job_verdict(job.status, counts)
+    return {
+        "id": job.id,
+        "status": job.status,
+        "progress_done": job.progress_done,
+        "progress_total": job.progress_total,
+        "suite": job.suite,
+        "preset": job.preset,
+        "commit": job.commit_sha,
+        "device": job.device,
+        "world_size": job.world_size,
+        "created": _when(job.created_at),
+        "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
+        "verdict": verdict,
+        "verdict_class": css,
+    }
+
+
+def _jobs_context(session: Session, status: str | None, suite: str | None, commit: str | None,
+                  before: int | None) -> dict[str, Any]:
+    status = status if status in JOB_STATUSES else None
+    jobs, nxt = store.list_jobs(session, status=status or None, suite=suite or None, commit=commit or None,
+                                before_id=before, limit=50)
+    counts = queries.job_case_counts(session, [j.id for j in jobs])
+    now = _now()
+    rows = [_job_row(j, counts.get(j.id, {}), now) for j in jobs]
+    filt = {k: v for k, v in (("status", status), ("suite", suite), ("commit", commit)) if v}
+    return {
+        "jobs": rows,
+        "active": sum(1 for r in rows if r["status"] in ("queued", "running")),
+        "filtered": bool(filt),
+        "f": {"status": status, "suite": suite, "commit": commit},
+        "rows_url": "/jobs/rows" + ("?" + urlencode({**filt, **({"before": before} if before else {})})
+                                    if filt or before else ""),
+        "next_url": "/jobs?" + urlencode({**filt, "before": nxt}) if nxt else None,
+    }
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, status: str | None = None, suite: str | None = None,
+              commit: str | None = None, before: int | None = None,
+              session: Session = Depends(get_session)) -> HTMLResponse:
+    ctx = _jobs_context(session, status, suite, commit, before)
+    known = sorted(set(_suite_names()) | set(queries.suites_with_results(session)))
+    return _page(request, "jobs.html", nav="jobs", statuses=JOB_STATUSES, suites=known,
+                 presets=PRESETS, devices=DEVICES, form={}, form_open=False, message=None, **ctx)
+
+
+@router.get("/jobs/rows", response_class=HTMLResponse)
+def jobs_rows(request: Request, status: str | None = None, suite: str | None = None,
+              commit: str | None = None, before: int | None = None,
+              session: Session = Depends(get_session)) -> HTMLResponse:
+    """The job list's rows alone: the page's script swaps them in while jobs are live."""
+    ctx = _jobs_context(session, status, suite, commit, before)
+    resp = _page(request, "_job_rows.html", **ctx)
+    resp.headers["X-Active-Jobs"] = str(ctx["active"])
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+@router.post("/jobs/new", response_class=HTMLResponse)
+def submit_job(
+    request: Request,
+    suite: str = Form(...),
+    preset: str = Form("quick"),
+    commit: str = Form(""),
+    device: str = Form("cpu"),
+    world_size: int = Form(1),
+    priority: int = Form(0),
+    params: str = Form("{}"),
+    labels: str = Form("{}"),
+    token: str = Form(""),
+    session: Session = Depends(get_session),
+) -> Response:
+    """The form twin of POST /api/v1/jobs: same token, same validation, then the job's page."""
+    form = {"suite": suite, "preset": preset, "commit": commit, "device": device, "world_size": world_size,
+            "priority": priority, "params": params, "labels": labels}
+
+    def again(status_code: int, message: str) -> HTMLResponse:
+        ctx = _jobs_context(session, None, None, None, None)
+        known = sorted(set(_suite_names()) | set(queries.suites_with_results(session)))
+        return _page(request, "jobs.html", status_code, nav="jobs", statuses=JOB_STATUSES, suites=known,
+                     presets=PRESETS, devices=DEVICES, form=form, form_open=True, message=message,
+                     message_class="bad", **ctx)
+
+    expected = _settings(request).token()
+    if expected is not None and not hmac.compare_digest(token.encode(), expected.encode()):
+        return again(401, "Wrong or missing API token: the job was not submitted.")
+    try:
+        body = {
+            "suite": suite, "preset": preset, "commit": commit.strip() or None, "device": device,
+            "world_size": world_size, "priority": priority,
+            "params": json.loads(params or "{}"), "labels": json.loads(labels or "{}"),
+        }  # fmt: skip
+    except json.JSONDecodeError as exc:
+        return again(422, f"Parameters and labels must be JSON objects: {exc}")
+    try:
+        job_id = _submit(request, body)
+    except ValueError as exc:
+        return again(422, f"Not submitted: {exc}")
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+def _submit(request: Request, body: dict[str, Any]) -> int:
+    """Create the job through the service's own submit path (validation, idempotency, queue)."""
+    from service.queue import submit_job as submit  # the API's submit path
+
+    return int(submit(request.app.state.engine, _settings(request), body).id)
+
+
+# ------------------------------------------------------------------------------------- job page
+
+
+def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
+    info = job.info or {}
+    items = [(k, v if isinstance(v, str) else json.dumps(v, default=str)) for k, v in sorted(info.items())]
+    return {
+        "id": job.id, "suite": job.suite, "preset": job.preset, "params": job.params or {},
+        "labels": job.labels or {}, "commit": job.commit_sha, "device": job.device,
+        "world_size": job.world_size, "status": job.status, "error": job.error,
+        "progress_done": job.progress_done, "progress_total": job.progress_total,
+        "progress_message": job.progress_message, "created": _when(job.created_at),
+        "started": _when(job.started_at), "finished": _when(job.finished_at),
+        "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
+        "info_items": items,
+    }  # fmt: skip
+
+
+def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[str, list[dict[str, Any]]]:
+    """Per case fingerprint: the timing distribution and the trajectory errors, as SVG."""
+    mdefs = session.execute(
+        select(MetricDef.id, MetricDef.name, MetricDef.direction, MetricDef.kind, MetricDef.unit,
+               MetricDef.bound)
+        .where(MetricDef.suite == job.suite, MetricDef.kind.in_(("time", "trajectory")))
+    ).all()
+    if not mdefs:
+        return {}
+    groups = queries.plot_groups(session, job.id, {m.id: (m.name, m.direction) for m in mdefs})
+    by_name = {m.name: m for m in mdefs}
+    fp_of = {c.case_id: c.fingerprint for c in cases}
+    name_of = {c.case_id: c.name for c in cases}
+    per_case: dict[int, list[queries.Group]] = {}
+    for g in groups:
+        per_case.setdefault(g.case_id, []).append(g)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cid, gs in per_case.items():
+        fp, cname = fp_of.get(cid), name_of.get(cid, str(cid))
+        if fp is None:
+            continue
+        plots = out.setdefault(fp, [])
+        timed = [g for g in gs if by_name[g.metric].kind == "time"]
+        if timed:
+            unit = by_name[timed[0].metric].unit or "ms"
+            lanes = [charts.Lane(g.metric, r, v) for g in timed for r, v in sorted(g.lanes.items())]
+            reps = sum(v.size for g in timed for v in g.lanes.values())
+            ranks = max(len(g.lanes) for g in timed)
+            svg = charts.timing_distribution(lanes, {g.metric: g.worst for g in timed}, unit=unit,
+                                             title=f"Timing distribution of {cname}")
+            plots.append({"kind": "timing", "svg": svg,
+                          "caption": f"Every repetition of every rank ({reps} samples, {ranks} rank(s)); "
+                                     "box: worst rank per repetition (p25–p75, median, p90 tick, min–max)."})
+        traj = [g for g in gs if by_name[g.metric].kind == "trajectory"]
+        if traj:
+            series = [charts.Trajectory(g.metric, g.idx, g.worst, by_name[g.metric].bound) for g in traj]
+            svg = charts.trajectory_chart(series, title=f"Error per step of {cname}",
+                                          unit=by_name[traj[0].metric].unit)
+            steps = max(g.idx.size for g in traj)
+            plots.append({"kind": "trajectory", "svg": svg,
+                          "caption": f"{len(traj)} series over {steps} steps (worst rank per step); "
+                                     "dashed: bound; ✕: a non-finite step."})
+    return out
+
+
+def _case_counts(cases: list[views.CaseView]) -> list[tuple[str, str, int]]:
+    counts: dict[tuple[str, str], int] = {}
+    for c in cases:
+        counts[(c.status, c.status_class)] = counts.get((c.status, c.status_class), 0) + 1
+    return [(w, css, n) for (w, css), n in sorted(counts.items())]
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
+    job = store.get_job(session, job_id)
+    if job is None:
+        return _error(request, 404, "No such job", f"There is no job #{job_id}.")
+    cases = store.case_summaries(session, job_id)
+    cviews = views.case_views(cases)
+    acc = views.accuracy_rows(cases)
+    artifacts = [
+        {"name": a.name, "url": f"/api/v1/jobs/{job_id}/artifacts/{a.name}",
+         "size": views.human_bytes(a.size, "bytes")}
+        for a in store.list_artifacts(session, job_id)
+    ]  # fmt: skip
+    plotted = ("time", "memory", "trajectory")
+    history_metrics = {
+        c.fingerprint: [m.metric for m in c.metrics.values() if m.kind in plotted][:4] for c in cases
+    }
+    return _page(
+        request, "job.html", nav="jobs", job=_job_facts(job, _now()), cases=cviews,
+        case_counts=_case_counts(cviews), acc_rows=acc, acc_columns=views.ACCURACY_COLUMNS,
+        acc_other=any("other" in r.cells for r in acc), speed_rows=views.speed_rows(cases),
+        mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
+        check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
+        artifacts=artifacts, history_metrics=history_metrics,
+        downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
+                   "report": f"/api/v1/jobs/{job_id}/report"},
+    )  # fmt: skip
+
+
+@router.get("/jobs/{job_id}/progress")
+def job_progress(job_id: int, session: Session = Depends(get_session)) -> JSONResponse:
+    """What the job page's script polls while the job is queued or running."""
+    job = store.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, f"no job #{job_id}")
+    return JSONResponse(
+        {"status": job.status, "done": job.progress_done, "total": job.progress_total,
+         "message": job.progress_message, "final": job.status in FINAL_STATUSES},
+        headers={"Cache-Control": "no-store"},
+    )  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------- compare
+
+
+def _resolve_side(session: Session, text: str, suite: str | None, device: str | None,
+                  other: Job | None) -> Job:
+    """A job id ('12' or '#12'), or a commit (prefix): the newest succeeded job of the suite there."""
+    t = text.strip().lstrip("#")
+    if t.isdigit() and len(t) < 7:
+        job = store.get_job(session, int(t))
+        if job is None:
+            raise LookupError(f"there is no job #{t}")
+        return job
+    suite = suite or (other.suite if other else None)
+    if not suite:
+        raise LookupError(f"{text!r} looks like a commit: pick a suite (or give a job id on the other side)")
+    device = device or (other.device if other else None)
+    job = store.latest_job_for_commit(session, t, suite, device=device or None,
+                                      preset=other.preset if other else None)
+    if job is None:
+        raise LookupError(f"no succeeded {suite} job at commit {t!r}" + (f" on {device}" if device else ""))
+    return job
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return charts.fmt(value, unit) if value is not None else "–"
+
+
+def _delta(delta: float | None, rel: float | None) -> str:
+    if delta is None:
+        return "–"
+    return _num(delta) + (f" ({rel:+.1%})" if rel is not None and math.isfinite(rel) else "")
+
+
+def _compare_rows(cmp: Any, only_regressions: bool) -> list[dict[str, Any]]:
+    """Per case and metric: base/head statistic, delta, ratio, CI, p, verdict and the reason."""
+    from service.compare import FAILING
+
+    rows: list[dict[str, Any]] = []
+    for c in cmp.cases:
+        metrics = list(c.metrics)
+        if only_regressions:
+            metrics = [m for m in metrics if m.verdict in FAILING or m.verdict == "errored"]
+            if not metrics and c.verdict not in FAILING and c.verdict != "errored":
+                continue
+        first = len(rows)
+        for m in metrics:
+            stat = "median" if m.kind == "time" else "worst"
+            b = getattr(m.base, stat) if m.base is not None else None
+            h = getattr(m.head, stat) if m.head is not None else None
+            rows.append({
+                "case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
+                "metric": m.metric, "verdict": m.verdict, "reason": m.reason,
+                "base": _num(b, m.unit), "head": _num(h, m.unit),
+                "delta": _delta(m.delta, m.rel_delta),
+                "ratio": f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–",
+                "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
+                else "–",
+                "p": f"{m.p_value:.2g}" if m.p_value is not None else "–",
+                "history": None, "span": 0,
+            })  # fmt: skip
+        if len(rows) == first:  # a case without metric rows (errored, removed): one row with its reason
+            rows.append({"case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
+                         "metric": "(case)", "verdict": c.verdict, "reason": c.reason, "base": "–",
+                         "head": "–", "delta": "–", "ratio": "–", "ci": "–", "p": "–", "history": None,
+                         "span": 0})
+        rows[first]["span"] = len(rows) - first
+        rows[first]["history"] = next(
+            (f"/history?{urlencode({'fingerprint': c.fingerprint, 'metric': m.metric})}"
+             for m in c.metrics if m.kind == "time"), None)
+    return rows
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request, base: str | None = None, head: str | None = None,
+                 suite: str | None = None, device: str | None = None, only: str | None = None,
+                 session: Session = Depends(get_session)) -> HTMLResponse:
+    recent = [{"id": j.id, "suite": j.suite, "preset": j.preset, "commit": j.commit_sha, "device": j.device}
+              for j in store.list_jobs(session, status="succeeded", limit=30)[0]]
+    form = {"base": base, "head": head, "suite": suite, "device": device, "only": only}
+    ctx: dict[str, Any] = {"nav": "compare", "form": form, "recent": recent, "devices": DEVICES,
+                           "suites": sorted(set(_suite_names()) | set(queries.suites_with_results(session))),
+                           "cmp": None, "error": None}
+    if not base or not head:
+        return _page(request, "compare.html", **ctx)
+    try:
+        hint = None
+        if head.strip().lstrip("#").isdigit():
+            hint = _resolve_side(session, head, suite, device, None)
+        base_job = _resolve_side(session, base, suite, device, hint)
+        head_job = hint or _resolve_side(session, head, suite, device, base_job)
+        if base_job.suite != head_job.suite:
+            raise LookupError(f"job #{base_job.id} ran {base_job.suite!r} but job #{head_job.id} ran "
+                              f"{head_job.suite!r}: compare jobs of one suite")
+        cmp = _compare(session, base_job.id, head_job.id)
+    except LookupError as exc:
+        ctx["error"] = str(exc)
+        return _page(request, "compare.html", 404, **ctx)
+    q = {k: v for k, v in form.items() if v and k != "only"}
+    ctx.update(
+        cmp=cmp, rows=_compare_rows(cmp, only == "regressions"),
+        counts=[(v, n) for v, n in cmp.counts().items()],
+        only_url="/compare?" + urlencode({**q, "only": "regressions"}), all_url="/compare?" + urlencode(q),
+    )  # fmt: skip
+    return _page(request, "compare.html", **ctx)
+
+
+def _compare(session: Session, base_id: int, head_id: int) -> Any:
+    """The compare engine over two stored jobs (the loader turns jobs into sides)."""
+    from service.baselines import compare_jobs
+
+    return compare_jobs(session, base_id, head_id)
+
+
+# -------------------------------------------------------------------------------------- history
+
+
+@router.get("/history", response_class=HTMLResponse)
+def history_page(request: Request, fingerprint: str | None = None, metric: str | None = None,
+                 session: Session = Depends(get_session)) -> HTMLResponse:
+    suites = queries.suites_with_results(session)
+    if not fingerprint:
+        return _page(request, "history.html", nav="history", series=None, missing=None, suites=suites)
+    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    if case is None:
+        return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
+                     missing=f"No case with fingerprint {fingerprint!r}.")
+    names = queries.case_metric_names(session, fingerprint)
+    if not names:
+        return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
+                     missing=f"Case {case.name!r} has no samples yet.")
+    metric = metric if metric in names else names[0]
+    mdef = session.scalar(select(MetricDef).where(MetricDef.suite == case.suite, MetricDef.name == metric))
+    unit = mdef.unit if mdef else ""
+    history = store.fingerprint_series(session, fingerprint, metric)
+    points: list[charts.SeriesPoint] = []
+    rows: list[dict[str, Any]] = []
+    prev: float | None = None
+    for job, values in history:
+        fin = values[~(values != values)] if values.size else values
+        ok = values.size > 0 and fin.size == values.size
+        med = float(_median(values)) if ok else None
+        lo = float(fin.min()) if ok else None
+        p90 = float(_p90(values)) if ok else None
+        label = (job.commit_sha or f"#{job.id}")[:8]
+        href = f"/jobs/{job.id}#case-{fingerprint}"
+        points.append(charts.SeriesPoint(label, med, lo, p90, int(values.size), href))
+        change = views.Cell("–")
+        if med is not None and prev not in (None, 0.0):
+            r = med / prev - 1
+            worse = r > 0.05 if (mdef is None or mdef.direction == "lower") else r < -0.05
+            better = r < -0.05 if (mdef is None or mdef.direction == "lower") else r > 0.05
+            change = views.Cell(f"{r:+.1%}", "bad" if worse else ("ok" if better else "none"),
+                                "worse" if worse else ("better" if better else ""))
+        rows.append({"job": job.id, "commit": label, "finished": _when(job.finished_at),
+                     "median": _num(med, unit), "min": _num(lo), "p90": _num(p90),
+                     "max": _num(float(fin.max()) if ok else None), "n": int(values.size), "change": change})
+        prev = med if med is not None else prev
+    svg = charts.history_line(points, unit=unit, bound=mdef.bound if mdef else None,
+                              title=f"{case.name}: {metric} across commits")
+    series = {"case": case.name, "suite": case.suite, "device": case.device, "world_size": case.world_size,
+              "fingerprint": fingerprint, "metric": metric, "metrics": names, "points": points, "rows": rows,
+              "svg": svg, "spread": "min to p90"}
+    return _page(request, "history.html", nav="history", series=series, missing=None, suites=suites)
+
+
+def _median(v: Any) -> float:
+    import numpy as np
+
+    return float(np.median(v))
+
+
+def _p90(v: Any) -> float:
+    import numpy as np
+
+    return float(np.percentile(v, 90))
+
+
+@router.get("/history/{suite}", response_class=HTMLResponse)
+def history_suite(request: Request, suite: str, kind: str = "time", device: str | None = None,
+                  world_size: int | None = None, last: int = 20,
+                  session: Session = Depends(get_session)) -> HTMLResponse:
+    kinds = ("time", "memory", "accuracy", "trajectory", "check")
+    kind = kind if kind in kinds else "time"
+    last = min(max(last, 2), 200)
+    series = queries.suite_overview(session, suite, kind, device=device or None, world_size=world_size,
+                                    last=last)
+    rows = []
+    for s in series:
+        meds = s.medians
+        change = views.Cell("–")
+        if len(meds) >= 2 and meds[-2] and meds[-1] == meds[-1] and meds[-2] == meds[-2]:
+            r = meds[-1] / meds[-2] - 1
+            worse = r > 0.05 if s.direction == "lower" else r < -0.05
+            better = r < -0.05 if s.direction == "lower" else r > 0.05
+            change = views.Cell(f"{r:+.1%}", "bad" if worse else ("ok" if better else "none"),
+                                "worse" if worse else ("better" if better else ""))
+        rows.append({
+            "case": s.case, "fingerprint": s.fingerprint, "metric": s.metric, "device": s.device,
+            "world_size": s.world_size, "n": len(meds), "latest": _num(meds[-1] if meds else None, s.unit),
+            "change": change,
+            "spark": charts.sparkline(meds, title=f"{s.case} {s.metric} over the last {len(meds)} jobs",
+                                      unit=s.unit),
+        })  # fmt: skip
+    return _page(request, "history_suite.html", nav="history", suite=suite, kind=kind, kinds=kinds,
+                 device=device, devices=DEVICES, world_size=world_size, last=last, rows=rows)
+
+
+# --------------------------------------------------------------------------------------- suites
+
+
+@router.get("/suites", response_class=HTMLResponse)
+def suites_page(request: Request) -> HTMLResponse:
+    from workers.registry import get_suite
+
+    out = []
+    for name in _suite_names():
+        try:
+            d = get_suite(name).describe()
+        except Exception as exc:  # a broken suite module must not take the catalogue down
+            out.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        for m in d["metrics"]:
+            bound = m.get("bound")
+            rel = "≤" if m.get("direction") == "lower" else "≥"
+            m["bound_text"] = f"{rel} {charts.fmt(bound, m.get('unit', ''))}" if bound is not None else "–"
+        for p in d["presets"].values():
+            for c in p["cases"]:
+                c["short"] = views.short_params(c["params"], limit=12)
+        out.append(d)
+    return _page(request, "suites.html", nav="suites", suites=out)
+

@@ -1,0 +1,141 @@
+"""Unit tests of the pages' view models and SVG charts: plain data in, rows and marks out."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.web import charts, views
+
+
+@dataclass
+class M:
+    metric: str
+    kind: str
+    median: float
+    min: float = 0.0
+    max: float = 0.0
+    p90: float = 0.0
+    unit: str = ""
+    direction: str = "lower"
+    bound: float | None = None
+    count: int = 1
+    samples: int = 1
+    ranks: int = 1
+
+
+@dataclass
+class C:
+    name: str
+    params: dict[str, Any]
+    metrics: dict[str, M] = field(default_factory=dict)
+    fingerprint: str = ""
+    status: str | None = "passed"
+    error: str | None = None
+    expected_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.fingerprint = self.fingerprint or f"fp-{self.name}"
+
+
+def _acc(name: str, value: float, bound: float | None = None, direction: str = "lower") -> M:
+    return M(name, "accuracy", value, value, value, value, direction=direction, bound=bound)
+
+
+def test_accuracy_rows_group_tensors_and_judge_by_worst_rank() -> None:
+    case = C("s8k", {"seq": 8192}, {
+        "o_rel_l2": _acc("o_rel_l2", 5.86e-3, 1e-2),
+        "o_max_abs": _acc("o_max_abs", 0.03),
+        "o_finite": _acc("o_finite", 1.0, 1.0, "higher"),
+        "dq_rel_l2": M("dq_rel_l2", "accuracy", 5e-3, 4e-3, 2e-2, 1e-2, bound=1e-2),  # worst rank breaks it
+        "dq_finite": _acc("dq_finite", 0.0, 1.0, "higher"),
+        "drift": _acc("drift", 0.5),
+    })  # fmt: skip
+    rows = views.accuracy_rows([case])
+    by_tensor = {r.tensor: r for r in rows}
+    assert set(by_tensor) == {"o", "dq", "drift"}
+    assert rows[0].span == 3 and all(r.span == 0 for r in rows[1:])
+    o = by_tensor["o"].cells
+    assert o["rel_l2"].text == "5.860e-03" and o["rel_l2"].state == "ok" and o["rel_l2"].mark == "✓"
+    assert o["finite"].text == "yes" and "max_rel" not in o
+    dq = by_tensor["dq"].cells
+    assert dq["rel_l2"].text == "0.02" and dq["rel_l2"].state == "bad" and "✗" in dq["rel_l2"].mark
+    assert dq["finite"].text == "NO" and dq["finite"].state == "bad"
+    assert by_tensor["drift"].cells["other"].text == "0.5"
+
+
+def test_speed_rows_compute_speedup_against_the_eager_and_ulysses_siblings() -> None:
+    t = {"seq": 8192}
+    eager = C("eager", {**t, "backend": "eager"}, {"fwd_bwd_ms": M("fwd_bwd_ms", "time", 1265.0, unit="ms")})
+    triton = C("triton", {**t, "backend": "triton"}, {"fwd_bwd_ms": M("fwd_bwd_ms", "time", 100.0, unit="ms",
+                                                                     ranks=4, count=20)})
+    uly = C("uly", {"mode": "ulysses"}, {"layer_ms": M("layer_ms", "time", 114.4)})
+    p2p = C("p2p", {"mode": "p2p"}, {"layer_ms": M("layer_ms", "time", 100.0)})
+    rows = {r.case: r for r in views.speed_rows([eager, triton, uly, p2p])}
+    assert rows["triton"].speedup.text == "12.65×" and rows["triton"].speedup.mark == "faster"
+    assert rows["triton"].baseline == "vs eager (eager)" and rows["triton"].n == "20 × 4 ranks"
+    assert rows["p2p"].speedup.text == "1.144× (+14.4%)"
+    assert rows["eager"].speedup.text == "–" and rows["uly"].speedup.text == "–"
+
+
+def test_memory_rows_report_bytes_in_mib_and_the_factor_against_the_baseline() -> None:
+    mib = 1024**2
+    eager = C("e", {"backend": "eager"}, {"peak": M("peak", "memory", 0, max=384 * mib, unit="bytes")})
+    triton = C("t", {"backend": "triton"}, {"peak": M("peak", "memory", 0, max=100 * mib, unit="bytes")})
+    rows = {r.case: r for r in views.memory_rows([eager, triton])}
+    assert rows["t"].value.text == "100.0 MiB" and rows["t"].versus.text == "3.84× lower"
+
+
+def test_case_views_flag_out_of_bound_cases_with_a_word() -> None:
+    ok = C("ok", {}, {"x": _acc("x_rel_l2", 1e-3, 1e-2)})
+    bad = C("bad", {}, {"x": _acc("x_rel_l2", 1e-1, 1e-2)})
+    err = C("err", {}, status="error", error="boom")
+    out = {v.name: v for v in views.case_views([ok, bad, err])}
+    assert out["ok"].status == "passed" and out["bad"].status == "out of bound"
+    assert out["bad"].bad_metrics == ["x_rel_l2"] and out["err"].status_class == "st-error"
+
+
+def test_timing_distribution_draws_every_repetition_then_bins_large_lanes() -> None:
+    rng = np.random.default_rng(0)
+    lanes = [charts.Lane("fwd_ms", r, rng.normal(10, 1, 20)) for r in range(4)]
+    worst = np.max([lane.values for lane in lanes], axis=0)
+    svg = str(charts.timing_distribution(lanes, {"fwd_ms": worst}, title="t"))
+    assert svg.count('class="rep"') == 80 and svg.count('class="box"') == 1
+    assert "<title" in svg and "median" in svg
+    big = [charts.Lane("fwd_ms", 0, rng.normal(10, 1, 50_000))]
+    svg = str(charts.timing_distribution(big, {"fwd_ms": big[0].values}))
+    assert 'class="rep"' not in svg
+    n_bins = svg.count('class="bin"')
+    assert 0 < n_bins <= charts.BINS and "n=50000 binned" in svg
+    counts = [int(c) for c in re.findall(r"rank 0: (\d+) of 50000", svg)]
+    assert sum(counts) == 50_000  # every sample is counted in a bin
+
+
+def test_trajectory_bins_long_series_to_their_worst_value_and_marks_nonfinite_steps() -> None:
+    steps = np.arange(2000)
+    vals = np.full(2000, 1e-5)
+    vals[1234] = 3e-4
+    svg = str(charts.trajectory_chart([charts.Trajectory("loss_max_rel", steps, vals, bound=4e-4)]))
+    pts = re.search(r'class="traj" stroke="[^"]+" points="([^"]+)"', svg).group(1).split()
+    assert len(pts) <= charts.MAX_STEPS + 1 and "max per 5 steps" in svg
+    assert "worst 3.000e-04" in svg  # the spike survives the binning
+    short = np.array([1e-5, np.nan, 2e-5])
+    svg = str(charts.trajectory_chart([charts.Trajectory("gn", np.arange(3), short)]))
+    assert svg.count('class="step"') == 2 and svg.count('class="nonfinite"') == 1
+
+
+def test_history_line_and_sparkline_have_one_mark_per_commit() -> None:
+    pts = [charts.SeriesPoint(f"c{i}", 10.0 + i, 9.0 + i, 12.0 + i, 20, f"/jobs/{i}") for i in range(7)]
+    svg = str(charts.history_line(pts, unit="ms", bound=30.0))
+    assert svg.count('class="point"') == 7 and svg.count('href="/jobs/') == 7 and 'class="bound"' in svg
+    spark = str(charts.sparkline([1.0, None, 3.0], title="s"))
+    assert 'class="last"' in spark and "first 1, last 3" in spark
+
+
+def test_fmt_is_readable_at_every_scale() -> None:
+    assert charts.fmt(5.86e-3) == "5.860e-03" and charts.fmt(12.6543, "ms") == "12.65 ms"
+    assert charts.fmt(1686.321, "ms") == "1686.3 ms" and charts.fmt(float("nan")) == "NaN"
+    assert charts.fmt(None) == "–" and charts.fmt(0.0) == "0"
