@@ -1,0 +1,277 @@
+"""`capability`: can this machine run the Triton GDN backend, and does the package behave (§3).
+
+Cases:
+- `triton_available_T{T}_hqk{H}`: `is_triton_gdn_available` on the production shapes. Required
+  (bound 1) on CUDA; recorded without a bound on CPU/NPU, where Triton does not run the kernels.
+  The report took official results only after this returned True.
+- `failfast_*`: each unsupported request raises `UnsupportedGDNRequest` at once, for the right
+  reason (a wrong reason is an error, not a pass): `backend="auto"`, head_dim != 128 with Triton,
+  chunk_size != 64 with Triton, and CP `all_gather` with Triton.
+- `import_gdn_is_lazy`: `import gdn` in a fresh interpreter loads neither triton nor kernels.
+- `eager_without_triton`: with Triton made unimportable the eager backend still matches the
+  recurrent oracle, and asking for Triton raises the clear error.
+- `wheel_contains_kernels` (gate/full): the built wheel in an isolated venv has the kernels.
+
+Fresh-interpreter checks run on rank 0 only; they import the `gdn` the rank imported (the job's
+snapshot, when there is one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workers.context import RankContext
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+
+ERROR = "UnsupportedGDNRequest"
+SUBPROCESS_TIMEOUT_S = 300
+
+
+class CapabilityParams(SuiteParams):
+    batch: int = 1
+    seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536)
+    qk_heads: tuple[int, ...] = (16, 32)
+    v_heads: int = 32
+    head_dim: int = 128
+    process_checks: bool = True  # fresh-interpreter import checks
+    wheel: bool = False  # build + install the wheel (tens of seconds)
+
+
+def _gdn_tree() -> Path | None:
+    """The directory holding the `gdn` package, found without importing it (no torch here)."""
+    spec = importlib.util.find_spec("gdn")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def _has_all_gather_cp() -> bool:
+    tree = _gdn_tree()
+    init = tree / "cp" / "__init__.py" if tree else None
+    return bool(init and init.is_file() and "all_gather_gated_delta_rule" in init.read_text())
+
+
+class CapabilitySuite(Suite):
+    name = "capability"
+    description = (
+        "Triton GDN capability on the production shapes, fail-fast errors, lazy import, "
+        "eager without Triton, wheel contents"
+    )
+    params_model = CapabilityParams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {"wheel": False},
+        "gate": {"wheel": True},
+        "full": {"wheel": True},
+    }
+    metrics = (
+        Metric("triton_available", "bool", "check", "higher", bound=1.0,
+               description="is_triton_gdn_available on CUDA: must be True"),
+        Metric("triton_available_recorded", "bool", "check", "higher",
+               description="is_triton_gdn_available where Triton is not expected (CPU, NPU)"),
+        Metric("modules_loaded_by_import_gdn", "count", "check", "lower", bound=0.0,
+               description="triton/kernels modules in sys.modules after `import gdn`"),
+        Metric("eager_no_triton_max_abs", "abs", "accuracy", "lower", bound=1e-4,
+               description="eager backend vs the fp64 oracle with Triton unimportable (fp32)"),
+        Metric("eager_no_triton_failfast", "bool", "check", "higher", bound=1.0,
+               description="backend='triton' raises UnsupportedGDNRequest when Triton is missing"),
+        Metric("wheel_kernel_modules", "count", "check", "higher", bound=2.0,
+               description="kernels/*.py files in the wheel (including __init__)"),
+        Metric("wheel_installs_and_imports", "bool", "check", "higher", bound=1.0,
+               description="the wheel installs into an isolated venv and `import gdn, kernels` works there"),
+    )  # fmt: skip
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        assert isinstance(params, CapabilityParams)
+        out = [
+            Case(self.name, f"triton_available_T{t}_hqk{h}",
+                 {"check": "triton_available", "shape": [params.batch, t, h, params.v_heads,
+                                                         params.head_dim, params.head_dim]})
+            for t in params.seq_lens for h in params.qk_heads
+        ]  # fmt: skip
+        failfast = [
+            ("failfast_backend_auto", {"backend": "auto"}, "backend='auto'"),
+            ("failfast_head_dim_64_triton", {"backend": "triton", "head_dim": 64}, "head_dim"),
+            ("failfast_chunk_size_32_triton", {"backend": "triton", "chunk_size": 32}, "chunk_size"),
+        ]
+        if _has_all_gather_cp():
+            failfast.append(
+                ("failfast_all_gather_triton", {"backend": "triton", "cp": "all_gather"}, "all_gather")
+            )
+        # TODO(cp): without gdn.cp.all_gather_gated_delta_rule the all_gather+triton case is left out.
+        for name, args, reason in failfast:
+            params_ = {"check": "failfast", **args, "reason": reason}
+            out.append(Case(self.name, name, params_, expected_error=ERROR))
+        if params.process_checks:
+            out.append(Case(self.name, "import_gdn_is_lazy", {"check": "lazy_import"}))
+            out.append(Case(self.name, "eager_without_triton", {"check": "eager_without_triton"}))
+        if params.wheel:
+            out.append(Case(self.name, "wheel_contains_kernels", {"check": "wheel"}))
+        return out
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        check = case.params["check"]
+        if check == "triton_available":
+            yield from self._triton_available(ctx, case)
+        elif check == "failfast":
+            self._failfast(ctx, case)
+        elif ctx.rank != 0:
+            return  # fresh-interpreter checks: once per job
+        elif check == "lazy_import":
+            loaded = _fresh_python(_LAZY_IMPORT)["loaded"]
+            if loaded:
+                print(f"import gdn loaded {loaded}", file=sys.stderr)
+            yield Sample(case.name, "modules_loaded_by_import_gdn", float(len(loaded)), rank=ctx.rank)
+        elif check == "eager_without_triton":
+            res = _fresh_python(_EAGER_WITHOUT_TRITON)
+            yield Sample(case.name, "eager_no_triton_max_abs", float(res["max_abs"]), rank=ctx.rank)
+            ok = res["error_type"] == ERROR and not res["triton_loaded"] and not res["triton_found"]
+            yield Sample(case.name, "eager_no_triton_failfast", 1.0 if ok else 0.0, rank=ctx.rank)
+        elif check == "wheel":
+            yield from self._wheel(ctx, case)
+        else:
+            raise ValueError(f"unknown capability check {check!r}")
+
+    def _triton_available(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        from gdn import GDNShape, is_triton_gdn_available
+
+        shape = GDNShape(*case.params["shape"])
+        ok = is_triton_gdn_available(shape, device=ctx.device)
+        metric = "triton_available" if ctx.device_kind == "cuda" else "triton_available_recorded"
+        yield Sample(case.name, metric, 1.0 if ok else 0.0, rank=ctx.rank)
+
+    def _failfast(self, ctx: RankContext, case: Case) -> None:
+        import torch
+
+        from gdn import UnsupportedGDNRequest, gated_delta_rule
+
+        p = case.params
+        d = int(p.get("head_dim", 128))
+        dtype = torch.bfloat16 if ctx.device_kind != "cpu" else torch.float32
+        T, H = 64, 2
+        q = torch.randn(1, T, H, d, device=ctx.device, dtype=dtype)
+        k = torch.nn.functional.normalize(torch.randn(1, T, H, d, device=ctx.device, dtype=dtype), dim=-1)
+        v = torch.randn(1, T, H, d, device=ctx.device, dtype=dtype)
+        g = -torch.rand(1, T, H, device=ctx.device, dtype=torch.float32)
+        beta = torch.rand(1, T, H, device=ctx.device, dtype=torch.float32)
+        try:
+            if p.get("cp") == "all_gather":
+                _all_gather_triton(ctx, q, k, v, g, beta)
+            else:
+                chunk = int(p.get("chunk_size", 64))
+                gated_delta_rule(q, k, v, g, beta, backend=p["backend"], chunk_size=chunk)
+        except UnsupportedGDNRequest as exc:
+            if p["reason"] not in str(exc):
+                raise AssertionError(
+                    f"raised {type(exc).__name__} for the wrong reason: expected the message to name "
+                    f"{p['reason']!r}, got: {exc}"
+                ) from exc
+            raise
+
+    def _wheel(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        from workers.packaging_check import check_wheel
+
+        root = _source_root()
+        with tempfile.TemporaryDirectory(prefix="gdnval-wheel-") as work:
+            result = check_wheel(root, work)
+        for problem in result.problems:
+            print(f"wheel check: {problem}", file=sys.stderr)
+        yield Sample(case.name, "wheel_kernel_modules", float(len(result.kernel_files)), rank=ctx.rank)
+        yield Sample(case.name, "wheel_installs_and_imports", 1.0 if result.ok else 0.0, rank=ctx.rank)
+        if not result.ok:
+            raise RuntimeError("wheel check failed: " + "; ".join(result.problems))
+
+
+def _all_gather_triton(ctx: RankContext, q: Any, k: Any, v: Any, g: Any, beta: Any) -> None:
+    """CP all_gather with backend='triton' through the real entry, on a 1-rank group if needed."""
+    import torch.distributed as dist
+
+    from gdn.cp import CPConfig, all_gather_gated_delta_rule
+
+    if dist.is_initialized():
+        cp = CPConfig(mode="all_gather", group=ctx.group)
+        all_gather_gated_delta_rule(q, k, v, g, beta, cp, backend="triton")
+        return
+    with tempfile.TemporaryDirectory(prefix="gdnval-pg-") as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            all_gather_gated_delta_rule(q, k, v, g, beta, CPConfig(mode="all_gather"), backend="triton")
+        finally:
+            dist.destroy_process_group()
+
+
+def _source_root() -> Path:
+    """The tree this rank imports `gdn` from: the job's snapshot or the installed source."""
+    import gdn
+
+    return Path(gdn.__file__).resolve().parent.parent
+
+
+def _fresh_python(code: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(_source_root()), *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"fresh interpreter failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_LAZY_IMPORT = """
+import json, sys
+import gdn
+print(json.dumps({"loaded": sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'kernels'))}))
+"""
+
+_EAGER_WITHOUT_TRITON = """
+import importlib.util, json, sys
+
+class HideTriton:
+    # Wraps every finder so that `triton` is simply not found, as if it were not installed.
+    def __init__(self, inner):
+        self.inner = inner
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'triton':
+            return None
+        find = getattr(self.inner, 'find_spec', None)
+        return find(name, path, target) if find else None
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+sys.meta_path[:] = [HideTriton(f) for f in sys.meta_path]
+import torch
+import gdn
+from gdn.reference import recurrent_gated_delta_rule
+torch.manual_seed(0)
+B, T, H, D = 1, 100, 2, 16
+q = torch.randn(B, T, H, D)
+k = torch.nn.functional.normalize(torch.randn(B, T, H, D), dim=-1)
+v = torch.randn(B, T, H, D)
+g = -torch.rand(B, T, H) * 0.5
+beta = torch.rand(B, T, H)
+o, _ = gdn.gated_delta_rule(q, k, v, g, beta, backend='eager', output_final_state=True)
+ref, _ = recurrent_gated_delta_rule(q.double(), k.double(), v.double(), g.double(), beta.double())
+error_type = None
+try:
+    gdn.gated_delta_rule(q, k, v, g, beta, backend='triton')
+except Exception as exc:
+    error_type = type(exc).__name__
+print(json.dumps({
+    "max_abs": (o.double() - ref).abs().max().item(),
+    "error_type": error_type,
+    "triton_loaded": 'triton' in sys.modules,
+    "triton_found": importlib.util.find_spec('triton') is not None,
+}))
+"""
+
+SUITE = CapabilitySuite()
