@@ -1,0 +1,108 @@
+"""Store benchmarks: bulk sample ingest rate and the summary time of a 1M-sample job.
+
+    python benchmarks/store_bench.py [--samples 1000000] [--ranks 8] [--db PATH]
+
+Writes into a fresh SQLite file (WAL, synchronous=NORMAL, as the service does) through the same
+functions the dispatcher's sink and the API use, and prints one line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from service.db import make_engine, session_factory, upgrade
+from service.models import Job
+from service.store import (
+    case_summaries,
+    compute_summary,
+    ensure_cases,
+    ensure_metrics,
+    insert_samples,
+    store_summary,
+)
+from workers.suite import Case, Metric
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--metrics", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=10_000, help="samples per sink call (one transaction)")
+    ap.add_argument("--db", type=Path, default=None)
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory()
+    db = args.db or Path(tmp.name) / "bench.db"
+    engine = make_engine(f"sqlite:///{db}")
+    upgrade(engine)
+    metrics = [
+        Metric(f"m{i}", "ms", "time", "higher" if i % 2 else "lower") for i in range(args.metrics)
+    ]
+    cases = [Case("bench", f"case{i}", {"i": i}) for i in range(args.cases)]
+    Session = session_factory(engine)
+    with Session.begin() as s:
+        mids = ensure_metrics(s, "bench", metrics)
+        cids = ensure_cases(s, cases, "cpu", args.ranks)
+        job = Job(suite="bench", preset="quick", device="cpu", world_size=args.ranks, status="running")
+        s.add(job)
+        s.flush()
+        job_id = job.id
+
+    per_idx = args.cases * args.metrics * args.ranks
+    n_idx = max(1, args.samples // per_idx)
+    rng = np.random.default_rng(0)
+    values = rng.random(n_idx * per_idx).tolist()
+    rows = []
+    k = 0
+    for c in cids.values():
+        for m in mids.values():
+            for idx in range(n_idx):
+                for r in range(args.ranks):
+                    rows.append((c, m, r, idx, values[k]))
+                    k += 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load {load:.2f}, "
+          f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}")
+    print(f"samples={len(rows)} cases={args.cases} metrics={args.metrics} ranks={args.ranks} idx={n_idx}")
+
+    t0 = time.perf_counter()
+    for start in range(0, len(rows), args.batch):
+        insert_samples(engine, job_id, rows[start : start + args.batch])
+    dt = time.perf_counter() - t0
+    print(f"ingest: {len(rows)} samples in {dt:.2f} s = {len(rows) / dt:,.0f} samples/s "
+          f"(batches of {args.batch}, one transaction each)")
+
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        with Session() as s:
+            live = compute_summary(s, job_id)
+        dt = time.perf_counter() - t0
+        print(f"summary computed from raw samples [{attempt}]: {len(live)} (case, metric) pairs "
+              f"from {len(rows)} samples in {dt:.3f} s")
+    t0 = time.perf_counter()
+    with Session.begin() as s:
+        s.get(Job, job_id).status = "succeeded"
+        store_summary(s, job_id)
+    print(f"store_summary at job end: {time.perf_counter() - t0:.3f} s")
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        with Session() as s:
+            summary = case_summaries(s, job_id)
+        dt = time.perf_counter() - t0
+        print(f"case_summaries of the finished job [{attempt}]: {len(summary)} cases x "
+              f"{len(summary[0].metrics)} metrics in {dt:.3f} s")
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Engine, sessions and migrations of the results store.
+
+SQLite is the default store, shared by the API, the dispatcher and (in tests) a second process.
+Two things make that safe: WAL (readers never block the writer) with a busy timeout, and
+taking over transaction control from pysqlite (SQLAlchemy's documented recipe): pysqlite
+otherwise delays BEGIN until the first write, so a "read then update" claim would not be atomic.
+Write transactions that must see a stable snapshot (`write_tx`) start with BEGIN IMMEDIATE,
+which takes the write lock up front instead of failing on lock upgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+BUSY_TIMEOUT_MS = 30_000
+_IMMEDIATE = "gdnval_begin_immediate"
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for `url`; SQLite files get WAL, foreign keys, busy timeout and explicit BEGIN."""
+    if not is_sqlite(url):
+        return create_engine(url, pool_pre_ping=True, **kwargs)
+    u = make_url(url)
+    if u.database and u.database != ":memory:":
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}, **kwargs
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get(_IMMEDIATE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def write_tx(engine: Engine) -> Iterator[Session]:
+    """A session whose transaction holds the write lock from its start (SQLite: BEGIN IMMEDIATE).
+
+    Use it for read-modify-write steps (claims, idempotent submits) so two processes cannot both
+    read the same state and act on it. Commits on success, rolls back on error.
+    """
+    immediate = engine.execution_options(**{_IMMEDIATE: True})
+    with Session(immediate, expire_on_commit=False) as session, session.begin():
+        yield session
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Any:
+    """Alembic configured in code (no alembic.ini), so migrations run from an installed wheel."""
+    from alembic.config import Config
+
+    import migrations
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).resolve().parent))
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision` (the service calls this on start)."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()

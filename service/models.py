@@ -1,0 +1,253 @@
+"""The results store's ORM (SQLAlchemy 2 typed). The schema changes only through migrations/.
+
+Samples are one row per (job, case, metric, rank, idx): raw per rank, never pre-aggregated, so
+any statistic (rank-max, median, p90) is derived later and a series across commits is the
+samples of one case fingerprint.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+CASE_STATUSES: tuple[str, ...] = ("passed", "failed", "error", "expected_error", "skipped")
+
+# Deterministic constraint names: batch migrations on SQLite need them to alter tables.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON}
+
+
+class Commit(Base):
+    """A code version jobs ran against: a sha or a ref as submitted, plus what we know about it."""
+
+    __tablename__ = "commit"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha: Mapped[str] = mapped_column(String(255), unique=True)
+    repo: Mapped[str | None] = mapped_column(String(500))
+    branch: Mapped[str | None] = mapped_column(String(255))
+    parent: Mapped[str | None] = mapped_column(String(255))
+    message: Mapped[str | None] = mapped_column(Text)
+    committed_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "job"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    suite: Mapped[str] = mapped_column(String(100), index=True)
+    preset: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    commit_id: Mapped[int | None] = mapped_column(ForeignKey("commit.id", ondelete="SET NULL"), index=True)
+    device: Mapped[str] = mapped_column(String(10))
+    world_size: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20), default="queued")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    progress_message: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str | None] = mapped_column(Text)
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    commit: Mapped[Commit | None] = relationship(lazy="joined")
+
+    __table_args__ = (
+        # the dispatcher's claim scan: queued jobs by priority, then age
+        Index("ix_job_status_priority", "status", "priority", "id"),
+    )
+
+    @property
+    def commit_sha(self) -> str | None:
+        return self.commit.sha if self.commit else None
+
+
+class JobEvent(Base):
+    """Status changes, progress and log lines of a job, in order (id)."""
+
+    __tablename__ = "job_event"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(20))  # status | progress | log | info | artifact
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    __table_args__ = (Index("ix_job_event_job_id_id", "job_id", "id"),)
+
+
+class Case(Base):
+    """A case as a series identity: its fingerprint covers suite, params, device kind, world size."""
+
+    __tablename__ = "case"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    suite: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(300))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    device: Mapped[str] = mapped_column(String(10))
+    world_size: Mapped[int] = mapped_column(Integer)
+    expected_error: Mapped[str | None] = mapped_column(String(200))
+
+    __table_args__ = (Index("ix_case_suite_name", "suite", "name"),)
+
+
+class CaseResult(Base):
+    """The outcome of one case in one job (the executor's verdict, not a metric comparison)."""
+
+    __tablename__ = "case_result"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(20))
+    error: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("job_id", "case_id"),)
+
+
+class MetricDef(Base):
+    """A suite's metric declaration, stored so summaries know each metric's direction and bound."""
+
+    __tablename__ = "metric"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    suite: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    unit: Mapped[str] = mapped_column(String(50), default="")
+    kind: Mapped[str] = mapped_column(String(20), default="check")
+    direction: Mapped[str] = mapped_column(String(10), default="lower")
+    bound: Mapped[float | None] = mapped_column(Float)
+    description: Mapped[str] = mapped_column(Text, default="")
+    min_effect: Mapped[float] = mapped_column(Float, default=0.05)
+
+    __table_args__ = (UniqueConstraint("suite", "name"),)
+
+
+class SampleRow(Base):
+    """One measured value. The job index covers the summary query (no table lookups)."""
+
+    __tablename__ = "sample"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"))
+    metric_id: Mapped[int] = mapped_column(ForeignKey("metric.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    idx: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Float)  # NULL = NaN (SQLite stores NaN as NULL)
+
+    __table_args__ = (
+        Index("ix_sample_job", "job_id", "case_id", "metric_id", "idx", "rank", "value"),
+        Index("ix_sample_case", "case_id", "metric_id", "job_id"),
+    )
+
+
+class SummaryRow(Base):
+    """A finished job's per-case, per-metric statistics (worst rank applied), stored once at its end.
+
+    Samples of a finished job never change, so pages and compare read these rows instead of
+    re-aggregating up to millions of samples on every request.
+    """
+
+    __tablename__ = "summary"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"))
+    metric_id: Mapped[int] = mapped_column(ForeignKey("metric.id", ondelete="CASCADE"))
+    count: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    ranks: Mapped[int] = mapped_column(Integer)
+    median: Mapped[float | None] = mapped_column(Float)  # NULL = NaN
+    p90: Mapped[float | None] = mapped_column(Float)
+    min: Mapped[float | None] = mapped_column(Float)
+    max: Mapped[float | None] = mapped_column(Float)
+    mean: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("job_id", "case_id", "metric_id"),)
+
+
+class Artifact(Base):
+    """A file a job produced; stored on disk under the artifacts directory (`path`) or inline."""
+
+    __tablename__ = "artifact"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(300))
+    media_type: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str | None] = mapped_column(String(1000))
+    blob: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+
+class Baseline(Base):
+    """A named reference point for comparisons: a commit, or one specific job."""
+
+    __tablename__ = "baseline"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    commit_id: Mapped[int | None] = mapped_column(ForeignKey("commit.id", ondelete="SET NULL"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("job.id", ondelete="SET NULL"))
+    note: Mapped[str] = mapped_column(Text, default="")
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    commit: Mapped[Commit | None] = relationship(lazy="joined")

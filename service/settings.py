@@ -1,0 +1,65 @@
+"""Service settings: `GDNVAL_*` environment variables, overridable by CLI flags.
+
+One object carries everything the store, dispatcher and API need, so a test or the CLI can build
+an isolated service by constructing `Settings(...)` instead of mutating the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
+BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray", "inprocess")
+_FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class Settings(BaseSettings):
+    """Everything configurable about one service process."""
+
+    model_config = SettingsConfigDict(env_prefix="GDNVAL_", extra="ignore")
+
+    db_url: str = Field("sqlite:///gdnval.db", description="SQLAlchemy URL of the results store")
+    api_token: SecretStr | None = Field(None, description="bearer token required by write calls")
+    protect_reads: bool = Field(False, description="also require the token for read calls")
+    executor: str = Field(
+        "local",
+        description="executor kind: local | ray | inprocess, or a 'module:factory' path (plugins, tests)",
+    )
+    ray_address: str | None = Field(None, description="Ray cluster address for the ray executor")
+    device_limits: dict[str, int] = Field(
+        default_factory=lambda: {"cuda": 1, "npu": 1, "cpu": 1},
+        description="max concurrently running jobs per device kind (JSON in the environment)",
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1, description="largest accepted request body")
+    artifacts_dir: Path = Field(Path("gdnval-artifacts"), description="where job artifacts are written")
+    dispatch: bool = Field(True, description="run a dispatcher in the service process")
+    poll_interval_s: float = Field(0.5, gt=0, description="how often the dispatcher looks for work")
+    lease_s: float = Field(30.0, gt=0, description="a running job whose heartbeat is older is orphaned")
+    max_attempts: int = Field(2, ge=1, description="runs of a job before an interruption fails it")
+    job_deadline_s: float | None = Field(None, gt=0, description="wall-clock limit per job")
+    server: str = Field("http://127.0.0.1:8000", description="base URL the CLI clients talk to")
+
+    @field_validator("executor")
+    @classmethod
+    def _check_executor(cls, value: str) -> str:
+        if value not in BUILTIN_EXECUTORS and not _FACTORY_PATH.match(value):
+            raise ValueError(
+                f"unknown executor {value!r}; expected one of {list(BUILTIN_EXECUTORS)} "
+                "or a 'package.module:factory' path"
+            )
+        return value
+
+    @field_validator("device_limits")
+    @classmethod
+    def _check_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in value.items() if k not in DEVICES or v < 0}
+        if bad:
+            raise ValueError(f"bad device limits {bad}; expected keys in {list(DEVICES)} with values >= 0")
+        return {**{d: 1 for d in DEVICES}, **value}
+
+    def token(self) -> str | None:
+        return self.api_token.get_secret_value() if self.api_token else None

@@ -1,0 +1,642 @@
+"""Data access of the results store: the functions the API, pages, compare and gate share.
+
+Writes that are hot (samples) go through SQLAlchemy Core executemany in one transaction per
+batch, so a batch is either fully stored or absent. Summaries apply the worst rank first (per
+idx: max over ranks for lower-is-better metrics, min for higher-is-better), then take statistics
+in numpy over the rows SQL already grouped, never per-row Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, Text, cast, delete, func, insert, select
+from sqlalchemy import case as sa_case
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.models import (
+    FINAL_STATUSES,
+    Artifact,
+    Baseline,
+    Case,
+    CaseResult,
+    Commit,
+    Job,
+    JobEvent,
+    MetricDef,
+    SampleRow,
+    SummaryRow,
+)
+from workers.suite import Case as SuiteCase
+from workers.suite import Metric
+
+SAMPLE_BATCH = 20_000  # rows per executemany; bounds memory, keeps each batch one transaction
+
+# ---------------------------------------------------------------------------------------- writes
+
+
+def ensure_commit(session: Session, sha: str | None, **fields: Any) -> Commit | None:
+    """The commit row for `sha` (a hex sha or a ref, as submitted), created on first use."""
+    if not sha:
+        return None
+    row = session.scalar(select(Commit).where(Commit.sha == sha))
+    if row is None:
+        try:
+            with session.begin_nested():
+                row = Commit(sha=sha, **fields)
+                session.add(row)
+        except IntegrityError:  # created concurrently
+            row = session.scalar(select(Commit).where(Commit.sha == sha))
+    else:
+        for key, value in fields.items():
+            if value is not None:
+                setattr(row, key, value)
+    return row
+
+
+def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> dict[str, int]:
+    """Store (or refresh) a suite's metric declarations; returns name -> metric id."""
+    existing = {m.name: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == suite))}
+    for m in metrics:
+        row = existing.get(m.name)
+        if row is None:
+            row = MetricDef(suite=suite, name=m.name)
+            session.add(row)
+            existing[m.name] = row
+        row.unit, row.kind, row.direction, row.bound = m.unit, m.kind, m.direction, m.bound
+        row.description, row.min_effect = m.description, m.min_effect
+    session.flush()
+    return {name: row.id for name, row in existing.items()}
+
+
+def ensure_cases(
+    session: Session, cases: Iterable[SuiteCase], device: str, world_size: int
+) -> dict[str, int]:
+    """Case rows (one per fingerprint) for a job's matrix; returns case name -> case id."""
+    out: dict[str, int] = {}
+    for c in cases:
+        fp = c.fingerprint(device, world_size)
+        row = session.scalar(select(Case).where(Case.fingerprint == fp))
+        if row is None:
+            row = Case(
+                fingerprint=fp,
+                suite=c.suite,
+                name=c.name,
+                params=dict(c.params),
+                device=device,
+                world_size=world_size,
+                expected_error=c.expected_error,
+            )
+            session.add(row)
+            session.flush()
+        out[c.name] = row.id
+    return out
+
+
+def insert_samples(
+    engine: Engine, job_id: int, rows: Sequence[tuple[int, int, int, int, float]]
+) -> int:
+    """Store `(case_id, metric_id, rank, idx, value)` rows of one job in one transaction."""
+    if not rows:
+        return 0
+    table = SampleRow.__table__
+    with engine.begin() as conn:
+        raw = conn.dialect.paramstyle == "qmark"  # pysqlite: skip per-row dict building
+        for start in range(0, len(rows), SAMPLE_BATCH):
+            chunk = rows[start : start + SAMPLE_BATCH]
+            if raw:
+                conn.exec_driver_sql(_QMARK_INSERT, [(job_id, c, m, r, i, v) for c, m, r, i, v in chunk])
+                continue
+            conn.execute(
+                insert(table),
+                [
+                    {"job_id": job_id, "case_id": c, "metric_id": m, "rank": r, "idx": i, "value": v}
+                    for c, m, r, i, v in chunk
+                ],
+            )
+    return len(rows)
+
+
+_QMARK_INSERT = "INSERT INTO sample (job_id, case_id, metric_id, rank, idx, value) VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def add_event(
+    session: Session, job_id: int, kind: str, message: str = "", data: Mapping[str, Any] | None = None
+) -> JobEvent:
+    ev = JobEvent(job_id=job_id, kind=kind, message=message, data=dict(data) if data else None)
+    session.add(ev)
+    return ev
+
+
+def set_case_result(session: Session, job_id: int, case_id: int, status: str, error: str | None) -> None:
+    """Record (or overwrite, if reported again) a case's outcome in a job."""
+    row = session.scalar(
+        select(CaseResult).where(CaseResult.job_id == job_id, CaseResult.case_id == case_id)
+    )
+    if row is None:
+        session.add(CaseResult(job_id=job_id, case_id=case_id, status=status, error=error))
+    else:
+        row.status, row.error = status, error
+
+
+def save_artifact(
+    session: Session, job_id: int, name: str, media_type: str, data: bytes, artifacts_dir: Path
+) -> Artifact:
+    """Write the artifact to `artifacts_dir/<job>/<safe name>` and record it (replaces same name)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).lstrip(".") or "artifact"
+    folder = artifacts_dir / str(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / safe
+    tmp = path.with_suffix(path.suffix + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written artifact under its name
+    row = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+    if row is None:
+        row = Artifact(job_id=job_id, name=name, media_type=media_type, size=len(data), path=str(path))
+        session.add(row)
+    else:
+        row.media_type, row.size, row.path, row.blob = media_type, len(data), str(path), None
+    return row
+
+
+# ----------------------------------------------------------------------------------------- reads
+
+
+def get_job(session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def list_jobs(
+    session: Session,
+    *,
+    status: str | None = None,
+    suite: str | None = None,
+    commit: str | None = None,
+    device: str | None = None,
+    label: tuple[str, str] | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> tuple[list[Job], int | None]:
+    """Newest first. Returns the page and the cursor (an id) for the next page, or None."""
+    q = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if status:
+        q = q.where(Job.status == status)
+    if suite:
+        q = q.where(Job.suite == suite)
+    if device:
+        q = q.where(Job.device == device)
+    if commit:
+        q = q.join(Commit, Job.commit_id == Commit.id).where(Commit.sha.startswith(commit, autoescape=True))
+    if before_id is not None:
+        q = q.where(Job.id < before_id)
+    rows = list(session.scalars(q).unique())
+    if label is not None:  # labels are JSON; filter in Python over the (bounded) page
+        rows = [j for j in rows if str((j.labels or {}).get(label[0])) == label[1]]
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+def job_events(
+    session: Session, job_id: int, *, after_id: int = 0, limit: int = 200, kind: str | None = None
+) -> tuple[list[JobEvent], int | None]:
+    """Oldest first from `after_id`; returns the page and the next cursor (an event id) or None."""
+    q = (
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.id > after_id)
+        .order_by(JobEvent.id)
+        .limit(limit + 1)
+    )
+    if kind:
+        q = q.where(JobEvent.kind == kind)
+    rows = list(session.scalars(q))
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+@dataclass
+class MetricSummary:
+    """Statistics of one metric of one case in one job, after the worst-rank reduction."""
+
+    metric: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None
+    count: int  # number of idx values (after the rank reduction)
+    samples: int  # raw rows (all ranks)
+    ranks: int
+    median: float
+    p90: float
+    min: float
+    max: float
+    mean: float
+    passes: bool | None  # the bound applied to the median (None when the metric has no bound)
+
+
+@dataclass
+class CaseSummary:
+    case_id: int
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str | None  # None: no result reported (yet)
+    error: str | None
+    expected_error: str | None
+    metrics: dict[str, MetricSummary] = field(default_factory=dict)
+
+
+def _stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
+    if values.size == 0:
+        nan = math.nan
+        return nan, nan, nan, nan, nan
+    if np.isnan(values).any():  # a NaN anywhere is the worst possible outcome: keep it visible
+        nan = math.nan
+        return nan, nan, nan, nan, nan
+    return (
+        float(np.median(values)),
+        float(np.percentile(values, 90)),
+        float(values.min()),
+        float(values.max()),
+        float(values.mean()),
+    )
+
+
+def worst_rank_arrays(
+    session: Session, job_id: int, *, case_id: int | None = None, metric_id: int | None = None
+) -> dict[tuple[int, int], WorstRank]:
+    """(case_id, metric_id) -> the job's values after the worst-rank reduction (unordered).
+
+    SQL reduces ranks per idx (max for lower-is-better, min for higher-is-better metrics; NULL,
+    i.e. NaN, on any rank makes the idx NaN) and, on SQLite/PostgreSQL, string-aggregates each
+    (case, metric) group so only one row per group crosses into Python, parsed by numpy in C.
+    """
+    q = select(MetricDef.id, MetricDef.direction).where(
+        MetricDef.id.in_(select(SampleRow.metric_id).where(SampleRow.job_id == job_id).distinct())
+    )
+    if metric_id is not None:
+        q = q.where(MetricDef.id == metric_id)
+    directions = dict(session.execute(q).all())
+    out: dict[tuple[int, int], WorstRank] = {}
+    for direction in ("lower", "higher"):
+        ids = [m for m, d in directions.items() if (d == "higher") == (direction == "higher")]
+        if ids:
+            out.update(_worst_rank(session, job_id, ids, direction, case_id))
+    return out
+
+
+@dataclass(frozen=True)
+class WorstRank:
+    values: np.ndarray  # one value per idx (unordered); NaN where any rank reported NaN
+    samples: int  # raw rows across ranks
+    ranks: int  # the most rows any idx has (= ranks reporting)
+
+
+def _worst_rank(
+    session: Session, job_id: int, metric_ids: list[int], direction: str, case_id: int | None
+) -> dict[tuple[int, int], WorstRank]:
+    s = SampleRow
+    dialect = session.get_bind().dialect.name
+    job = session.get(Job, job_id)
+    if job is not None and job.world_size == 1 and dialect in ("sqlite", "mysql", "mariadb"):
+        # one rank: nothing to reduce, aggregate the raw rows directly (twice as fast)
+        q = (
+            select(
+                s.case_id,
+                s.metric_id,
+                func.count(s.id),
+                func.count(s.id) - func.count(s.value),
+                func.group_concat(s.value),
+            )
+            .where(s.job_id == job_id, s.metric_id.in_(metric_ids))
+            .group_by(s.case_id, s.metric_id)
+        )
+        if case_id is not None:
+            q = q.where(s.case_id == case_id)
+        out1: dict[tuple[int, int], WorstRank] = {}
+        for c, m, total, nans, text in session.execute(q):
+            values = np.fromstring(text, sep=",") if text else np.empty(0)
+            if nans:
+                values = np.concatenate((values, np.full(int(nans), np.nan)))
+            out1[(c, m)] = WorstRank(values, int(total), 1)
+        return out1
+    pick = func.max(s.value) if direction == "lower" else func.min(s.value)
+    n = func.count(s.id)
+    inner_q = (
+        select(
+            s.case_id.label("case_id"),
+            s.metric_id.label("metric_id"),
+            n.label("n"),
+            sa_case((func.count(s.value) < n, None), else_=pick).label("w"),
+        )
+        .where(s.job_id == job_id, s.metric_id.in_(metric_ids))
+        .group_by(s.case_id, s.metric_id, s.idx)
+    )
+    if case_id is not None:
+        inner_q = inner_q.where(s.case_id == case_id)
+    inner = inner_q.subquery()
+    if dialect in ("sqlite", "mysql", "mariadb"):
+        agg = func.group_concat(inner.c.w)
+    elif dialect == "postgresql":
+        agg = func.string_agg(cast(inner.c.w, Text), ",")
+    else:
+        agg = None
+    cols = [
+        inner.c.case_id,
+        inner.c.metric_id,
+        func.sum(inner.c.n),
+        func.max(inner.c.n),
+        func.count() - func.count(inner.c.w),
+    ]
+    out: dict[tuple[int, int], WorstRank] = {}
+    if agg is not None:
+        q = select(*cols, agg).group_by(inner.c.case_id, inner.c.metric_id)
+        for c, m, total, ranks, nans, text in session.execute(q):
+            values = np.fromstring(text, sep=",") if text else np.empty(0)
+            if nans:
+                values = np.concatenate((values, np.full(int(nans), np.nan)))
+            out[(c, m)] = WorstRank(values, int(total), int(ranks))
+        return out
+    # portable fallback: one row per (case, metric, idx)
+    rows = session.execute(select(inner.c.case_id, inner.c.metric_id, inner.c.n, inner.c.w)).all()
+    groups: dict[tuple[int, int], list[tuple[int, float | None]]] = {}
+    for c, m, cnt, w in rows:
+        groups.setdefault((c, m), []).append((cnt, w))
+    for key, items in groups.items():
+        values = np.array([np.nan if w is None else w for _, w in items], dtype=np.float64)
+        out[key] = WorstRank(values, sum(i[0] for i in items), max(i[0] for i in items))
+    return out
+
+
+def _passes(m: MetricDef, med: float) -> bool | None:
+    if m.bound is None:
+        return None
+    if med != med:
+        return False
+    return med <= m.bound if m.direction == "lower" else med >= m.bound
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def compute_summary(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
+    """Summaries computed from the raw samples (for running jobs, and to store at a job's end)."""
+    arrays = worst_rank_arrays(session, job_id)
+    if not arrays:
+        return {}
+    metric_ids = {m for _, m in arrays}
+    metrics = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.id.in_(metric_ids)))}
+    out: dict[tuple[int, int], MetricSummary] = {}
+    for key, wr in arrays.items():
+        m = metrics[key[1]]
+        values = wr.values
+        med, p90, lo, hi, mean = _stats(values)
+        passes = _passes(m, med)
+        n, ranks = wr.samples, wr.ranks
+        out[key] = MetricSummary(
+            metric=m.name, unit=m.unit, kind=m.kind, direction=m.direction, bound=m.bound,
+            count=int(values.size), samples=n, ranks=ranks,
+            median=med, p90=p90, min=lo, max=hi, mean=mean, passes=passes,
+        )
+    return out
+
+
+def store_summary(session: Session, job_id: int) -> int:
+    """Compute and store a finished job's summaries (replacing any earlier ones); returns rows."""
+    session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id))
+    summary = compute_summary(session, job_id)
+    session.add_all(
+        SummaryRow(
+            job_id=job_id, case_id=c, metric_id=m, count=ms.count, samples=ms.samples, ranks=ms.ranks,
+            median=_none(ms.median), p90=_none(ms.p90), min=_none(ms.min), max=_none(ms.max),
+            mean=_none(ms.mean),
+        )
+        for (c, m), ms in summary.items()
+    )
+    session.flush()
+    return len(summary)
+
+
+def _none(v: float) -> float | None:
+    return None if v != v else v
+
+
+def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
+    """(case_id, metric_id) -> summary for every case and metric with samples in the job.
+
+    A finished job's stored summaries are read as they are; otherwise they are computed live.
+    """
+    job = session.get(Job, job_id)
+    if job is None:
+        return {}
+    if job.status in FINAL_STATUSES:
+        rows = session.execute(
+            select(SummaryRow, MetricDef)
+            .join(MetricDef, MetricDef.id == SummaryRow.metric_id)
+            .where(SummaryRow.job_id == job_id)
+        ).all()
+        if rows:
+            return {
+                (r.case_id, r.metric_id): MetricSummary(
+                    metric=m.name, unit=m.unit, kind=m.kind, direction=m.direction, bound=m.bound,
+                    count=r.count, samples=r.samples, ranks=r.ranks, median=_nan(r.median),
+                    p90=_nan(r.p90), min=_nan(r.min), max=_nan(r.max), mean=_nan(r.mean),
+                    passes=_passes(m, _nan(r.median)),
+                )
+                for r, m in rows
+            }
+    return compute_summary(session, job_id)
+
+
+def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
+    """Every case of the job (with a result or samples), its status and per-metric summaries."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return []
+    results = {
+        r.case_id: r for r in session.scalars(select(CaseResult).where(CaseResult.job_id == job_id))
+    }
+    summaries = summarize_job(session, job_id)
+    case_ids = set(results) | {c for c, _ in summaries}
+    cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(case_ids)))}
+    out: list[CaseSummary] = []
+    for cid in sorted(case_ids):
+        c = cases[cid]
+        r = results.get(cid)
+        cs = CaseSummary(
+            case_id=cid, name=c.name, fingerprint=c.fingerprint, params=dict(c.params or {}),
+            status=r.status if r else None, error=r.error if r else None,
+            expected_error=c.expected_error,
+        )
+        for (case_id, _), ms in sorted(summaries.items()):
+            if case_id == cid:
+                cs.metrics[ms.metric] = ms
+        out.append(cs)
+    return out
+
+
+@dataclass(frozen=True)
+class SampleView:
+    id: int
+    case: str
+    fingerprint: str
+    metric: str
+    rank: int
+    idx: int
+    value: float
+
+
+def _samples_query(
+    job_id: int, case: str | None, metric: str | None, rank: int | None, after_id: int
+) -> Any:
+    q = (
+        select(
+            SampleRow.id, Case.name, Case.fingerprint, MetricDef.name, SampleRow.rank, SampleRow.idx,
+            SampleRow.value,
+        )
+        .join(Case, Case.id == SampleRow.case_id)
+        .join(MetricDef, MetricDef.id == SampleRow.metric_id)
+        .where(SampleRow.job_id == job_id, SampleRow.id > after_id)
+        .order_by(SampleRow.id)
+    )
+    if case is not None:
+        q = q.where(Case.name == case)
+    if metric is not None:
+        q = q.where(MetricDef.name == metric)
+    if rank is not None:
+        q = q.where(SampleRow.rank == rank)
+    return q
+
+
+def _view(row: Any) -> SampleView:
+    value = row[6]
+    return SampleView(row[0], row[1], row[2], row[3], row[4], row[5], math.nan if value is None else value)
+
+
+def list_samples(
+    session: Session,
+    job_id: int,
+    *,
+    case: str | None = None,
+    metric: str | None = None,
+    rank: int | None = None,
+    after_id: int = 0,
+    limit: int = 1000,
+) -> tuple[list[SampleView], int | None]:
+    """Raw samples of a job (optionally of one case/metric/rank) in id order, one page."""
+    rows = session.execute(_samples_query(job_id, case, metric, rank, after_id).limit(limit + 1)).all()
+    page = [_view(r) for r in rows[:limit]]
+    return page, (page[-1].id if len(rows) > limit else None)
+
+
+def iter_samples(
+    engine: Engine,
+    job_id: int,
+    *,
+    case: str | None = None,
+    metric: str | None = None,
+    rank: int | None = None,
+    chunk: int = 5000,
+) -> Iterator[list[SampleView]]:
+    """All matching samples in chunks, each chunk its own short read (for streamed downloads)."""
+    after = 0
+    while True:
+        with Session(engine) as session:
+            rows = session.execute(_samples_query(job_id, case, metric, rank, after).limit(chunk)).all()
+        if not rows:
+            return
+        views = [_view(r) for r in rows]
+        yield views
+        after = views[-1].id
+        if len(rows) < chunk:
+            return
+
+
+def fingerprint_series(
+    session: Session, fingerprint: str, metric: str, *, statuses: Sequence[str] = ("succeeded",)
+) -> list[tuple[Job, WorstRank]]:
+    """Jobs (oldest first) that measured `metric` for the case `fingerprint`, with worst-rank values.
+
+    This is the history of one series across commits (the history page, compare by commit).
+    """
+    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    if case is None:
+        return []
+    mdef = session.scalar(select(MetricDef).where(MetricDef.suite == case.suite, MetricDef.name == metric))
+    if mdef is None:
+        return []
+    job_ids = session.scalars(
+        select(SampleRow.job_id)
+        .where(SampleRow.case_id == case.id, SampleRow.metric_id == mdef.id)
+        .distinct()
+    ).all()
+    jobs = session.scalars(
+        select(Job).where(Job.id.in_(job_ids), Job.status.in_(statuses)).order_by(Job.id)
+    ).unique()
+    out = []
+    for job in jobs:
+        arrays = worst_rank_arrays(session, job.id, case_id=case.id, metric_id=mdef.id)
+        out.append((job, arrays.get((case.id, mdef.id), WorstRank(np.empty(0), 0, 0))))
+    return out
+
+
+def list_artifacts(session: Session, job_id: int) -> list[Artifact]:
+    return list(session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)))
+
+
+def get_artifact(session: Session, job_id: int, name: str) -> Artifact | None:
+    return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+
+
+def latest_job_for_commit(
+    session: Session, sha: str, suite: str, *, device: str | None = None, preset: str | None = None
+) -> Job | None:
+    """The newest succeeded job of `suite` at commit `sha` (prefix allowed): reuse by the gate."""
+    q = (
+        select(Job)
+        .join(Commit, Job.commit_id == Commit.id)
+        .where(Commit.sha.startswith(sha, autoescape=True), Job.suite == suite, Job.status == "succeeded")
+        .order_by(Job.id.desc())
+        .limit(1)
+    )
+    if device:
+        q = q.where(Job.device == device)
+    if preset:
+        q = q.where(Job.preset == preset)
+    return session.scalars(q).unique().first()
+
+
+# ------------------------------------------------------------------------------------- baselines
+
+
+def list_baselines(session: Session) -> list[Baseline]:
+    return list(session.scalars(select(Baseline).order_by(Baseline.name)).unique())
+
+
+def get_baseline(session: Session, name: str) -> Baseline | None:
+    return session.scalars(select(Baseline).where(Baseline.name == name)).unique().first()
+
+
+def set_baseline(
+    session: Session, name: str, *, commit: str | None = None, job_id: int | None = None, note: str = ""
+) -> Baseline:
+    """Point baseline `name` at a commit or a job (exactly one); creates or moves it."""
+    if (commit is None) == (job_id is None):
+        raise ValueError("a baseline needs exactly one of commit or job_id")
+    row = get_baseline(session, name)
+    if row is None:
+        row = Baseline(name=name)
+        session.add(row)
+    crow = ensure_commit(session, commit) if commit else None
+    row.commit_id = crow.id if crow else None
+    row.commit = crow
+    row.job_id = job_id
+    row.note = note
+    session.flush()
+    return row
