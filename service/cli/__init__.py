@@ -11,6 +11,7 @@ from workers.provenance import installed_version, source_commit
 # module -> name of the click command (or group) object it defines
 COMMAND_MODULES: dict[str, str] = {
     "service.cli.data": "data",
+    "service.cli.run": "run",
 }
 
 

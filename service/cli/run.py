@@ -1,0 +1,291 @@
+"""`gdnval run SUITE`: run a suite here, without the service, through the local executor.
+
+This is how suites run on the device machine and how benchmarks are taken. It needs only torch,
+triton, numpy, click, rich and pydantic: nothing on this path imports fastapi, sqlalchemy,
+httpx, uvicorn or ray.
+
+`--json FILE` writes (format "gdnval-run/1"):
+    {format, suite, preset, overrides, params, device, world_size, commit, status, error,
+     exit_code, started_at, finished_at, duration_s, info,
+     cases:   [{name, status, error, expected_error, params, fingerprint}],
+     summary: [{case, metric, unit, kind, direction, bound, count, median, p90, min, max, passed}],
+     samples: [{case, metric, rank, idx, value}],
+     logs:    [str]}
+Summary statistics apply the worst rank first (per idx: max over ranks for lower-is-better
+metrics, min for higher-is-better), then take median/p90/min/max over the idx. Non-finite
+values are written as NaN/Infinity (Python's json).
+Exit code: 0 every case passed (or raised its expected error), 1 some case failed or errored,
+2 the job could not run (failed, cancelled) or the input was invalid.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from workers.executor import JobOutcome, JobSpec
+from workers.suite import Sample, Suite, UnknownSuiteInput
+
+PASSING = ("passed", "expected_error", "skipped")
+
+
+class CollectingSink:
+    """Keeps everything the executor reports and drives the progress bar."""
+
+    def __init__(self, progress: Progress | None = None, console: Console | None = None) -> None:
+        self.samples_: list[Sample] = []
+        self.cases: dict[str, tuple[str, str | None]] = {}
+        self.info_: dict[str, Any] = {}
+        self.logs: list[str] = []
+        self.artifacts: list[tuple[str, str, int]] = []
+        self._progress = progress
+        self._console = console
+        self._task: Any = None
+        self._lock = threading.Lock()
+
+    def samples(self, batch: Sequence[Sample]) -> None:
+        with self._lock:
+            self.samples_.extend(batch)
+
+    def case_result(self, case: str, status: str, error: str | None = None) -> None:
+        with self._lock:
+            self.cases[case] = (status, error)
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        if self._progress is None:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task(message or "running", total=total)
+        self._progress.update(self._task, completed=done, total=total, description=message[:60])
+
+    def info(self, info: Mapping[str, Any]) -> None:
+        self.info_ = dict(info)
+
+    def log(self, line: str) -> None:
+        self.logs.append(line)
+        if self._console is not None:
+            self._console.print(f"[dim]{line}[/dim]", highlight=False)
+
+    def artifact(self, name: str, media_type: str, data: bytes) -> None:
+        self.artifacts.append((name, media_type, len(data)))
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarise(suite: Suite, samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    """Per (case, metric): worst rank per idx, then median/p90/min/max and the bound verdict."""
+    by_key: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        by_key[(s.case, s.metric)][s.idx].append(s.value)
+    rows = []
+    for (case, name), per_idx in by_key.items():
+        try:
+            metric = suite.metric(name)
+        except KeyError:
+            continue
+        pick = max if metric.direction == "lower" else min
+        worst = sorted(
+            pick(vals, key=lambda x: math.inf if math.isnan(x) else x) for _, vals in sorted(per_idx.items())
+        )
+        finite = [v for v in worst if not math.isnan(v)]
+        rows.append(
+            {
+                "case": case,
+                "metric": name,
+                "unit": metric.unit,
+                "kind": metric.kind,
+                "direction": metric.direction,
+                "bound": metric.bound,
+                "count": len(worst),
+                "median": _quantile(finite, 0.5),
+                "p90": _quantile(finite, 0.9),
+                "min": finite[0] if finite else math.nan,
+                "max": finite[-1] if finite else math.nan,
+                "passed": all(metric.passes(v) for v in worst),
+            }
+        )
+    return rows
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return f"{value:.4g}"
+
+
+def _parse_params(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--param")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw  # a bare string
+    return out
+
+
+def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink) -> None:
+    summary = summarise(suite, sink.samples_)
+    by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in summary:
+        by_case[row["case"]].append(row)
+    table = Table(title=f"{suite.name}", show_lines=False)
+    for col in ("case", "status", "metric", "median", "p90", "min", "n", "bound", "ok"):
+        numeric = col in ("median", "p90", "min", "n", "bound")
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col in ("case", "metric"))
+    colors = {"passed": "green", "expected_error": "green", "failed": "red", "error": "red"}
+    for case in cases:
+        status, _ = sink.cases.get(case.name, ("not run", None))
+        styled = f"[{colors.get(status, 'yellow')}]{status}[/]"
+        rows = by_case.get(case.name) or [None]
+        for i, row in enumerate(rows):
+            if row is None:
+                table.add_row(case.name, styled, "", "", "", "", "", "", "")
+                continue
+            op = "<=" if row["direction"] == "lower" else ">="
+            bound = f"{op} {_fmt(row['bound'])}" if row["bound"] is not None else "-"
+            ok = "[green]yes[/]" if row["passed"] else "[red]no[/]"
+            table.add_row(
+                case.name if i == 0 else "", styled if i == 0 else "",
+                f"{row['metric']} ({row['unit']})", _fmt(row["median"]), _fmt(row["p90"]), _fmt(row["min"]),
+                str(row["count"]), bound, ok,
+            )  # fmt: skip
+    console.print(table)
+    for case in cases:
+        status, error = sink.cases.get(case.name, ("not run", None))
+        if status in ("failed", "error") and error:
+            console.print(f"[red]{case.name}[/] ({status}):", highlight=False)
+            console.print("\n".join(error.splitlines()[-12:]), highlight=False, markup=False)
+
+
+@click.command("run")
+@click.argument("suite_name", metavar="SUITE")
+@click.option("--preset", default="quick", show_default=True, help="quick | gate | full")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "npu"]))
+@click.option("--world-size", default=1, show_default=True, type=click.IntRange(min=1), help="ranks")
+@click.option("--param", "param_items", multiple=True, metavar="KEY=VALUE",
+              help="override a suite parameter; VALUE is JSON (e.g. [8192,16384]) or a bare string")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="write all samples and case results to this file")
+@click.option("--deadline", type=float, default=None, help="fail the job after this many seconds")
+@click.option("--deterministic", is_flag=True, help="deterministic algorithms and collectives")
+@click.option("--repo", type=click.Path(file_okay=False, exists=True), default=None,
+              help="git repository: run --commit's snapshot instead of the installed code")
+@click.option("--commit", default=None, help="commit to run (needs --repo)")
+def run(
+    suite_name: str,
+    preset: str,
+    device: str,
+    world_size: int,
+    param_items: tuple[str, ...],
+    json_path: Path | None,
+    deadline: float | None,
+    deterministic: bool,
+    repo: str | None,
+    commit: str | None,
+) -> None:
+    """Run SUITE on this machine through the local executor and print its results."""
+    from workers.executors.local import LocalExecutor
+    from workers.registry import get_suite
+
+    overrides = _parse_params(param_items)
+    try:
+        suite = get_suite(suite_name)
+        params = suite.resolve_params(preset, overrides)
+    except UnknownSuiteInput as exc:
+        raise click.UsageError(str(exc)) from exc
+    if commit and not repo:
+        raise click.UsageError("--commit needs --repo (the git repository to take the commit from)")
+    cases = suite.cases(params)
+    console = Console(stderr=True)
+    spec = JobSpec(
+        job_id=0, suite=suite_name, preset=preset, params=overrides, device=device,
+        world_size=world_size, commit=commit, deadline_s=deadline, deterministic=deterministic,
+    )  # fmt: skip
+    executor = LocalExecutor(repo=repo)
+    cancel = threading.Event()
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    outcome: list[JobOutcome] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        sink = CollectingSink(progress, console)
+        worker = threading.Thread(
+            target=lambda: outcome.append(executor.run(spec, sink, cancel)), daemon=True
+        )
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+        except KeyboardInterrupt:
+            cancel.set()
+            worker.join(30)
+    result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
+    out = Console(width=None if sys.stdout.isatty() else 200)  # logs and CI: never truncate names
+    _render(out, suite, cases, sink)
+    case_ok = all(sink.cases.get(c.name, ("not run",))[0] in PASSING for c in cases)
+    exit_code = 0 if result.status == "succeeded" and case_ok else (1 if result.status == "succeeded" else 2)
+    if result.status != "succeeded":
+        out.print(f"[red]job {result.status}[/]: {result.error or ''}", highlight=False)
+    passed = sum(1 for c in cases if sink.cases.get(c.name, ("",))[0] in PASSING)
+    out.print(f"{passed}/{len(cases)} cases passed; {len(sink.samples_)} samples; exit {exit_code}")
+    if json_path is not None:
+        doc = {
+            "format": "gdnval-run/1",
+            "suite": suite_name,
+            "preset": preset,
+            "overrides": overrides,
+            "params": params.model_dump(mode="json"),
+            "device": device,
+            "world_size": world_size,
+            "commit": sink.info_.get("commit"),
+            "status": result.status,
+            "error": result.error,
+            "exit_code": exit_code,
+            "started_at": started.isoformat(),
+            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+            "duration_s": round(time.monotonic() - t0, 3),
+            "info": sink.info_,
+            "cases": [
+                {
+                    "name": c.name,
+                    "status": sink.cases.get(c.name, ("not run", None))[0],
+                    "error": sink.cases.get(c.name, ("not run", None))[1],
+                    "expected_error": c.expected_error,
+                    "params": dict(c.params),
+                    "fingerprint": c.fingerprint(device, world_size),
+                }
+                for c in cases
+            ],
+            "summary": summarise(suite, sink.samples_),
+            "samples": [
+                {"case": s.case, "metric": s.metric, "rank": s.rank, "idx": s.idx, "value": s.value}
+                for s in sink.samples_
+            ],
+            "logs": sink.logs,
+        }
+        json_path.write_text(json.dumps(doc, indent=1, default=str))
+    raise SystemExit(exit_code)
