@@ -183,8 +183,8 @@ def test_trajectory_nan_fails_and_differences_are_evidence() -> None:
 
 
 def test_added_removed_and_errored_cases_are_listed_and_errors_kept_out_of_statistics() -> None:
-    base_recs = timing("same", 10, 0.02, 20, 1) + timing("gone", 10, 0.02, 20, 2) + timing("boom", 10, 0.02, 20, 3)
-    base_recs += timing("baseboom", 10, 0.02, 20, 4)
+    base_recs = timing("same", 10, 0.02, 20, 1) + timing("gone", 10, 0.02, 20, 2)
+    base_recs += timing("boom", 10, 0.02, 20, 3) + timing("baseboom", 10, 0.02, 20, 4)
     head_recs = timing("same", 10, 0.02, 20, 5) + timing("new", 10, 0.02, 20, 6)
     head_recs += [("boom", "fwd_ms", 0, i, 1000.0) for i in range(20)]  # partial samples before the error
     head_recs += [("baseboom", "o_rel_l2", 0, 0, 0.5)]
@@ -213,7 +213,8 @@ def test_added_removed_and_errored_cases_are_listed_and_errors_kept_out_of_stati
 
 def test_head_case_failed_status_fails_even_without_failing_metric() -> None:
     b = side(timing("c", 10, 0.02, 20, 1))
-    h = side(timing("c", 10, 0.02, 20, 2), {"c": CaseInfo("c", "c", status="failed", error="token order wrong")})
+    failed = CaseInfo("c", "c", status="failed", error="token order wrong")
+    h = side(timing("c", 10, 0.02, 20, 2), {"c": failed})
     (c,) = compare(b, h).cases
     assert c.verdict == "failed" and "token order" in c.reason
 
@@ -240,7 +241,7 @@ def test_to_dict_is_strict_json() -> None:
 
 
 def test_config_rejects_bad_values() -> None:
-    with pytest.raises(ValueError, match="alpha=1.5"):
+    with pytest.raises(ValueError, match=r"alpha=1\.5"):
         CompareConfig(alpha=1.5)
     with pytest.raises(ValueError, match="bootstrap=10"):
         CompareConfig(bootstrap=10)

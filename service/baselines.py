@@ -1,0 +1,245 @@
+"""From the store to the compare engine: load a job as a `JobSide`, find the job of a commit, and
+resolve what a head is compared against (explicit base, named baseline, or the parent commit).
+
+Kept apart from `service.compare` so the engine stays database-free; SQLAlchemy is imported here
+(service code, never by the CLI at start-up).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow
+from workers.suite import Metric
+
+
+class NotFound(LookupError):
+    """A job, commit, baseline or job of a commit that is not in the store; the message names it."""
+
+
+def job_ref(job: Job) -> JobRef:
+    return JobRef(
+        job_id=job.id,
+        suite=job.suite,
+        preset=job.preset,
+        commit=job.commit_sha,
+        device=job.device,
+        world_size=job.world_size,
+        status=job.status,
+    )
+
+
+def metric_of(row: MetricDef) -> Metric:
+    return Metric(
+        name=row.name,
+        unit=row.unit or "",
+        kind=row.kind,  # type: ignore[arg-type]
+        direction=row.direction,  # type: ignore[arg-type]
+        bound=row.bound,
+        description=row.description or "",
+        min_effect=row.min_effect if row.min_effect is not None else 0.05,
+    )
+
+
+def load_side(session: Session, job_id: int) -> JobSide:
+    """A job's cases, metric definitions and raw samples, as the compare engine wants them."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id} in the store")
+    metric_rows = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == job.suite))}
+    rows = session.execute(
+        select(SampleRow.case_id, SampleRow.metric_id, SampleRow.rank, SampleRow.idx, SampleRow.value).where(
+            SampleRow.job_id == job_id
+        )
+    ).all()
+    arr = np.array(rows, dtype=np.float64).reshape(-1, 5)  # NULL (stored NaN) -> NaN
+    results = session.execute(
+        select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(CaseResult.job_id == job_id)
+    ).all()
+    case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
+    metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)
+    all_case_ids = set(case_ids_s.tolist()) | {r[0] for r in results}
+    case_rows = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(all_case_ids)))}
+    missing = set(metric_ids_s.tolist()) - set(metric_rows)
+    if missing:  # a metric of another suite name (renamed suite): still load its definition
+        extra = session.scalars(select(MetricDef).where(MetricDef.id.in_(missing)))
+        metric_rows.update({m.id: m for m in extra})
+    by_result = {cid: (status, error) for cid, status, error in results}
+    cases: dict[str, CaseInfo] = {}
+    for cid in sorted(all_case_ids):
+        c = case_rows[cid]
+        status, error = by_result.get(cid, (None, None))
+        cases[c.fingerprint] = CaseInfo(c.fingerprint, c.name, dict(c.params or {}), status, error)  # type: ignore[arg-type]
+    table = SampleTable(
+        case=case_codes.reshape(-1),
+        metric=metric_codes.reshape(-1),
+        rank=arr[:, 2].astype(np.int64),
+        idx=arr[:, 3].astype(np.int64),
+        value=arr[:, 4],
+        case_keys=[case_rows[c].fingerprint for c in case_ids_s.tolist()],
+        metric_keys=[metric_rows[m].name for m in metric_ids_s.tolist()],
+    )
+    metrics = {m.name: metric_of(m) for m in metric_rows.values()}
+    return JobSide(job_ref(job), cases, metrics, table)
+
+
+def compare_jobs(
+    session: Session, base_job: int, head_job: int, config: CompareConfig | None = None
+) -> Comparison:
+    """Compare two stored jobs; they must be of the same suite (a cross-suite diff is meaningless)."""
+    base, head = load_side(session, base_job), load_side(session, head_job)
+    if base.ref.suite != head.ref.suite:
+        raise ValueError(
+            f"job {base_job} is suite {base.ref.suite!r} but job {head_job} is {head.ref.suite!r}; "
+            "expected two jobs of one suite"
+        )
+    return compare(base, head, config)
+
+
+def find_commit_job(
+    session: Session,
+    sha: str,
+    suite: str,
+    *,
+    preset: str | None = None,
+    device: str | None = None,
+    world_size: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    statuses: tuple[str, ...] = ("succeeded",),
+) -> Job | None:
+    """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
+    submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
+    q = (
+        select(Job)
+        .join(Commit, Job.commit_id == Commit.id)
+        .where(Job.suite == suite, Job.status.in_(statuses))
+        .order_by(Job.id.desc())
+    )
+    q = q.where(Commit.sha.startswith(sha, autoescape=True)) if len(sha) >= 7 else q.where(Commit.sha == sha)
+    if preset is not None:
+        q = q.where(Job.preset == preset)
+    if device is not None:
+        q = q.where(Job.device == device)
+    if world_size is not None:
+        q = q.where(Job.world_size == world_size)
+    want = dict(params or {})
+    for job in session.scalars(q.limit(50)).unique():
+        if params is None or dict(job.params or {}) == want:
+            return job
+    return None
+
+
+def compare_commits(
+    session: Session,
+    base_sha: str,
+    head_sha: str,
+    suite: str,
+    *,
+    preset: str | None = None,
+    device: str | None = None,
+    world_size: int | None = None,
+    config: CompareConfig | None = None,
+) -> Comparison:
+    """Compare the latest successful jobs of `suite` (same preset/device/world size) at two commits."""
+    jobs = []
+    for sha in (base_sha, head_sha):
+        job = find_commit_job(session, sha, suite, preset=preset, device=device, world_size=world_size)
+        if job is None:
+            raise NotFound(
+                f"no succeeded job of suite {suite!r} (preset {preset or 'any'}, device {device or 'any'}) "
+                f"at commit {sha!r}"
+            )
+        jobs.append(job.id)
+    return compare_jobs(session, jobs[0], jobs[1], config)
+
+
+# ------------------------------------------------------------------------------ what is the base
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """What the head is compared against: one job, or a commit (its jobs per suite)."""
+
+    kind: Literal["job", "commit"]
+    value: str  # job id as text, or a commit sha/ref
+    source: str  # how it was found, for the report ("--base", "baseline 'main'", "parent of ...")
+
+    @property
+    def job_id(self) -> int | None:
+        return int(self.value) if self.kind == "job" else None
+
+
+def parse_job_ref(ref: str) -> int | None:
+    """'job:12', '#12' or 'job/12' -> 12; anything else (a commit) -> None."""
+    for prefix in ("job:", "#", "job/"):
+        if ref.startswith(prefix) and ref[len(prefix):].isdigit():
+            return int(ref[len(prefix):])
+    return None
+
+
+def git_rev_parse(repo: str | Path, ref: str) -> str | None:
+    """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and len(sha) == 40 else None
+
+
+def resolve_base(
+    session: Session | None,
+    head: str,
+    *,
+    base: str | None = None,
+    baseline: str | None = None,
+    repo: str | Path | None = None,
+) -> BaseRef:
+    """The base of a comparison: `base` (a commit or 'job:N'), else the named `baseline` from the
+    store, else the parent of `head` in `repo` (or, without a repo, the parent the store recorded)."""
+    if base and baseline:
+        raise ValueError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
+    if base:
+        job = parse_job_ref(base)
+        if job is not None:
+            return BaseRef("job", str(job), f"job {job} (--base)")
+        sha = git_rev_parse(repo, base) if repo else None
+        return BaseRef("commit", sha or base, f"commit {base} (--base)")
+    if baseline:
+        if session is None:
+            raise ValueError(f"baseline {baseline!r} needs the store")
+        row = session.scalars(select(Baseline).where(Baseline.name == baseline)).unique().first()
+        if row is None:
+            names = sorted(session.scalars(select(Baseline.name)))
+            raise NotFound(f"no baseline named {baseline!r}; expected one of {names}")
+        if row.job_id is not None:
+            return BaseRef("job", str(row.job_id), f"baseline {baseline!r} (job {row.job_id})")
+        if row.commit is not None:
+            return BaseRef("commit", row.commit.sha, f"baseline {baseline!r} (commit {row.commit.sha[:12]})")
+        raise NotFound(f"baseline {baseline!r} points at nothing (its commit or job was deleted)")
+    if repo:
+        parent = git_rev_parse(repo, f"{head}^")
+        if parent:
+            return BaseRef("commit", parent, f"parent of {head[:12]} in the repository")
+    if session is not None:
+        crow = session.scalars(select(Commit).where(Commit.sha.startswith(head, autoescape=True))).first()
+        if crow is not None and crow.parent:
+            return BaseRef("commit", crow.parent, f"parent of {head[:12]} recorded in the store")
+    raise NotFound(
+        f"cannot find the parent of {head!r}: no repository {'at ' + str(repo) if repo else 'configured'} "
+        "knows it and the store has no parent recorded; give --base or --baseline"
+    )
