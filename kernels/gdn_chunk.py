@@ -41,6 +41,19 @@ import triton.language as tl
 BT = 64  # chunk size
 D = 128  # head dim (dk = dv)
 
+# Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py sweeps them.
+TUNING: dict[str, int] = {
+    "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
+    "state_warps": 4,
+    "state_stages": 2,
+    "intra_warps": 4,
+    "output_warps": 8,
+    "dvl_warps": 4,
+    "dqk_warps": 8,
+    "dqk_bv": 64,
+    "wy_warps": 8,
+}
+
 
 def _dot_precision(dtype: torch.dtype) -> str:
     """Precision of dots on fp32 operands: exact fp32 for fp32 inputs, tf32 otherwise."""
@@ -286,7 +299,7 @@ def intra_solve(
         k, v if v is not None else k, beta, gamma, w, u if u is not None else w, tm if tm is not None else w,
         T, Hqk, Hv, Hv // Hqk,
         STORE_U=v is not None, STORE_T=store_t, PREC=_dot_precision(k.dtype), BT=BT, D=D,
-        num_warps=4,
+        num_warps=TUNING["intra_warps"],
     )  # fmt: skip
     return w, u, tm
 
@@ -353,14 +366,15 @@ def state_forward(
     s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
     ht = torch.empty(B, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
-    BV = 32
+    BV = TUNING["state_bv"]
     h0 = initial_state.contiguous() if initial_state is not None else None
     _state_fwd_kernel[(D // BV, B * Hv)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
         T, NT, Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
-        STORE_HT=store_final, BT=BT, D=D, BV=BV, num_warps=4,
+        STORE_HT=store_final, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
+        num_stages=TUNING["state_stages"],
     )  # fmt: skip
     return s, vn, ht
 
@@ -403,7 +417,8 @@ def output(
     Hv = num_v_heads
     o = torch.empty(B, T, Hv, D, device=q.device, dtype=out_dtype)
     _output_kernel[(_num_chunks(T), B * Hv)](
-        q, k, vn, s, gamma, o, scale, T, _num_chunks(T), Hqk, Hv, Hv // Hqk, BT=BT, D=D, num_warps=8
+        q, k, vn, s, gamma, o, scale, T, _num_chunks(T), Hqk, Hv, Hv // Hqk, BT=BT, D=D,
+        num_warps=TUNING["output_warps"],
     )
     return o
 
@@ -488,15 +503,18 @@ def state_backward(
     Hv, NT = do.shape[2], _num_chunks(T)
     R = Hv // Hqk
     dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
-    _dvn_local_kernel[(NT, B * Hv)](q, k, do, gamma, dvl, scale, T, Hqk, Hv, R, BT=BT, D=D, num_warps=4)
+    _dvn_local_kernel[(NT, B * Hv)](
+        q, k, do, gamma, dvl, scale, T, Hqk, Hv, R, BT=BT, D=D, num_warps=TUNING["dvl_warps"]
+    )
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
     dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
-    BV = 32
+    BV = TUNING["state_bv"]
     _state_bwd_kernel[(D // BV, B * Hv)](
         q, k, w, do, dvl, gamma, dht if dht is not None else w, ds, dvn, dh0 if dh0 is not None else w,
         scale, T, NT, Hqk, Hv, R,
-        HAS_DHT=dht is not None, STORE_DH0=want_dh0, BT=BT, D=D, BV=BV, num_warps=4,
+        HAS_DHT=dht is not None, STORE_DH0=want_dh0, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
+        num_stages=TUNING["state_stages"],
     )  # fmt: skip
     return ds, dvn, dh0
 
@@ -644,7 +662,7 @@ def chunk_backward(
     dgam = torch.empty(B * Hv, T, device=dev, dtype=torch.float32)
     _bwd_dqk_kernel[(NT, B * Hv)](
         q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
-        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BV=64, num_warps=8,
+        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BV=TUNING["dqk_bv"], num_warps=TUNING["dqk_warps"],
     )  # fmt: skip
     del s, ds, vn
     dk = torch.empty(B, T, heads, D, device=dev, dtype=gdt)
@@ -653,7 +671,7 @@ def chunk_backward(
     dg = torch.empty(B, T, Hv, device=dev, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
         k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads, PREC=_dot_precision(q.dtype), BT=BT, D=D, num_warps=8,
+        T, Hqk, Hv, R, heads, PREC=_dot_precision(q.dtype), BT=BT, D=D, num_warps=TUNING["wy_warps"],
     )  # fmt: skip
     if R > 1:
         dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)

@@ -10,6 +10,7 @@ from workers.suite import Suite, UnknownSuiteInput
 SUITE_MODULES: dict[str, str] = {
     # name -> module defining `SUITE`, an instance of workers.suite.Suite
     "capability": "workers.suites.capability",
+    "gdn-op": "workers.suites.gdn_op",
 }
 
 

@@ -1,0 +1,112 @@
+"""Drive the `gdn-op` suite on one device without the service: print a table, write JSON.
+
+    python benchmarks/run_gdn_op.py --preset full --device cuda --out gdn_op.json \
+        [--set eager_repeat=5] [--only T16384_stateful]
+
+Builds a one-rank `RankContext`, runs every case of the preset (or those whose name contains an
+`--only` string) and writes all raw samples plus per-case medians. A case that raises is recorded
+with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workers.context import RankContext
+from workers.suites.gdn_op import SUITE
+
+COLUMNS = [
+    ("triton_fwd_ms", "tri fwd"), ("triton_fwd_bwd_ms", "tri f+b"), ("fla_fwd_bwd_ms", "fla f+b"),
+    ("eager_fwd_bwd_ms", "eag f+b"), ("ratio_to_fla", "/fla"), ("speedup_vs_eager", "x eager"),
+    ("triton_tflops", "TF/s"), ("peak_ratio_to_fla", "mem/fla"), ("triton_peak_bytes", "tri GiB"),
+    ("fla_peak_bytes", "fla GiB"),
+]  # fmt: skip
+
+
+def _parse_set(items: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="full")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default="gdn_op.json")
+    ap.add_argument("--set", action="append", default=[], help="parameter override key=value")
+    ap.add_argument("--only", action="append", default=[], help="run cases whose name contains this")
+    args = ap.parse_args()
+
+    import torch
+
+    from gdn import device as devices
+
+    params = SUITE.resolve_params(args.preset, _parse_set(args.set))
+    cases = [c for c in SUITE.cases(params) if not args.only or any(s in c.name for s in args.only)]
+    dev = devices.get_device(args.device)
+    ctx = RankContext(rank=0, world_size=1, device=dev, device_kind=args.device)
+    info = devices.device_info(dev)
+    try:
+        from importlib.metadata import version
+
+        info["fla"] = version("flash-linear-attention")
+    except Exception:
+        info["fla"] = None
+    result: dict[str, object] = {"preset": args.preset, "params": params.model_dump(), "info": info,
+                                 "command": " ".join(sys.argv), "cases": {}}  # fmt: skip
+    rows = []
+    for case in cases:
+        t0 = time.time()
+        samples, error = [], None
+        try:
+            samples = list(SUITE.run(ctx, case))
+        except Exception as exc:  # record and go on
+            error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        by_metric: dict[str, list[float]] = defaultdict(list)
+        for s in samples:
+            by_metric[s.metric].append(s.value)
+        med = {m: statistics.median(v) for m, v in by_metric.items()}
+        worst = {m: max(v) for m, v in by_metric.items() if m.endswith("_rel_l2")}
+        result["cases"][case.name] = {  # type: ignore[index]
+            "params": dict(case.params), "error": error, "seconds": time.time() - t0,
+            "samples": [[s.metric, s.idx, s.value] for s in samples], "median": med, "worst_rel_l2": worst,
+        }  # fmt: skip
+        rows.append((case.name, med, worst, error))
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        print(f"[{time.time() - t0:6.1f}s] {case.name} {'ERROR ' + error if error else ''}", flush=True)
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+
+    print(f"\n{info}")
+    print("case".ljust(34) + "".join(h.rjust(9) for _, h in COLUMNS) + "  worst triton rel_l2 / fla")
+    for name, med, worst, error in rows:
+        cells = []
+        for key, _ in COLUMNS:
+            v = med.get(key)
+            if v is not None and key.endswith("_bytes"):
+                v = v / 2**30
+            cells.append(f"{v:9.3f}" if v is not None else " " * 8 + "-")
+        tri = max((v for m, v in worst.items() if m.startswith("triton_")), default=float("nan"))
+        fla = max((v for m, v in worst.items() if m.startswith("fla_")), default=float("nan"))
+        print(name.ljust(34) + "".join(cells) + f"  {tri:.2e} / {fla:.2e}" + (" ERROR" if error else ""))
+    return 1 if any(r[3] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
