@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 from workers.context import RankContext
@@ -83,3 +84,78 @@ class ProbeSuite(Suite):
 
 
 SUITE = ProbeSuite()
+
+
+# --------------------------------------------------------------------------- shared test helpers
+
+
+class RecordingSink:
+    """A JobSink that keeps everything (thread-safe enough for the executors' single reader)."""
+
+    def __init__(self) -> None:
+        self.samples_: list[Sample] = []
+        self.cases: dict[str, tuple[str, str | None]] = {}
+        self.infos: list[dict] = []
+        self.logs: list[str] = []
+        self.progress_: list[tuple[int, int, str]] = []
+        self.artifacts: list[tuple[str, str, bytes]] = []
+
+    def samples(self, batch) -> None:
+        self.samples_.extend(batch)
+
+    def case_result(self, case: str, status: str, error: str | None = None) -> None:
+        self.cases[case] = (status, error)
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        self.progress_.append((done, total, message))
+
+    def info(self, info: dict) -> None:
+        self.infos.append(dict(info))
+
+    def log(self, line: str) -> None:
+        self.logs.append(line)
+
+    def artifact(self, name: str, media_type: str, data: bytes) -> None:
+        self.artifacts.append((name, media_type, data))
+
+    def values(self, case: str, metric: str) -> dict[int, list[float]]:
+        """rank -> values of one metric of one case."""
+        out: dict[int, list[float]] = {}
+        for s in self.samples_:
+            if s.case == case and s.metric == metric:
+                out.setdefault(s.rank, []).append(s.value)
+        return out
+
+
+def make_marker_repo(root: Path) -> tuple[Path, list[str]]:
+    """A git repository holding this project's packages, committed twice: MARKER = 1.0, then 2.0.
+
+    A job for either commit must report that commit's MARKER (the code under test is the commit).
+    """
+    import shutil
+    import subprocess
+
+    source = Path(__file__).resolve().parent.parent
+    repo = root / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in ("gdn", "kernels", "workers"):
+        shutil.copytree(source / pkg, repo / pkg, ignore=ignore)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    text = (source / "tests" / "suites_for_tests.py").read_text()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    shas = []
+    for marker in ("1.0", "2.0"):
+        module = text.replace("MARKER = 1.0", f"MARKER = {marker}", 1)
+        (repo / "tests" / "suites_for_tests.py").write_text(module)
+        git("add", "-A")
+        git("commit", "-qm", f"marker {marker}")
+        shas.append(git("rev-parse", "HEAD"))
+    return repo, shas

@@ -319,6 +319,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
             "platform": platform.platform(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "source_root": str(Path(__file__).resolve().parent.parent),  # the snapshot, for a commit job
             "visible_devices": os.environ.get(visible) if visible else None,
             "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
         }

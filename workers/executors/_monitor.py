@@ -64,6 +64,7 @@ class JobMonitor:
         self._infos: dict[int, dict[str, Any]] = {}
         self._info_sent = False
         self._failures: list[_Failure] = []
+        self._told_why: set[int] = set()  # ranks that sent a `fatal` message before exiting
         self.sample_count = 0
 
     # -- messages -----------------------------------------------------------------------------
@@ -92,6 +93,7 @@ class JobMonitor:
         elif kind == "log":
             self.sink.log(f"[rank {rank}] {msg['line']}")
         elif kind == "fatal":
+            self._told_why.add(rank)
             failed = int(msg.get("failed_rank", rank))
             cause = msg.get("cause", "raised")
             self._fail(cause, failed, str(msg["error"]))
@@ -125,7 +127,7 @@ class JobMonitor:
         """A rank's process (or actor) is gone; a clean end sent `done` first."""
         if rank in self._finished_ranks and returncode == 0:
             return
-        if any(f.rank == rank and f.cause in ("raised", "died") for f in self._failures):
+        if rank in self._told_why and (returncode is None or returncode >= 0):
             return  # it told us why before it exited
         where = self._where(rank)
         tail = f"\n--- output tail of rank {rank} ---\n{output_tail}" if output_tail.strip() else ""

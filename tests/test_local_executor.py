@@ -1,0 +1,122 @@
+"""LocalExecutor: ranks as local processes; success, faults, cancel, and the job's commit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.suites_for_tests import RecordingSink, make_marker_repo
+from workers.executor import JobSpec
+from workers.executors.local import LocalExecutor
+from workers.registry import SUITE_MODULES
+
+pytestmark = pytest.mark.slow
+DEADLINE_S = 15.0  # the hang test's deadline: long enough to reach the faulty case on a busy machine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def probe_suite():
+    SUITE_MODULES["probe"] = "tests.suites_for_tests"
+    yield
+    SUITE_MODULES.pop("probe", None)
+
+
+def _run(executor: LocalExecutor, cancel: threading.Event | None = None, **kw):
+    sink = RecordingSink()
+    spec = JobSpec(job_id=1, suite="probe", deadline_s=kw.pop("deadline_s", 120.0), **kw)
+    t0 = time.monotonic()
+    outcome = executor.run(spec, sink, cancel or threading.Event())
+    return outcome, sink, time.monotonic() - t0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("raise", "RuntimeError: probe fault on rank 1"),
+        ("kill", "rank 1 killed by SIGKILL during case 'fault'"),
+        ("hang", f"job deadline of {DEADLINE_S:g} s exceeded: rank 1 in case 'fault'"),
+    ],
+)
+def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason: str) -> None:
+    deadline = DEADLINE_S if fault == "hang" else 60.0
+    params = {"fault": fault, "repeats": 1}
+    outcome, sink, elapsed = _run(LocalExecutor(), params=params, world_size=2, deadline_s=deadline)
+    assert outcome.status == "failed"
+    assert outcome.error.startswith("rank 1") and reason in outcome.error
+    assert elapsed < (DEADLINE_S + 10 if fault == "hang" else 30)
+    assert sink.cases["collective"][0] == "passed"  # cases before the fault were reported
+    assert "after_fault" not in sink.cases
+    pids = [r["pid"] for r in sink.infos[0]["ranks"]]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+def test_cancel_kills_the_ranks() -> None:
+    cancel = threading.Event()
+    threading.Timer(6.0, cancel.set).start()
+    outcome, sink, elapsed = _run(
+        LocalExecutor(), cancel, params={"fault": "hang"}, world_size=2, deadline_s=60
+    )
+    assert outcome.status == "cancelled"
+    assert elapsed < 15
+    assert all(_gone(r["pid"]) for r in sink.infos[0]["ranks"])
+
+
+def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:
+    outcome, sink, _ = _run(LocalExecutor(), world_size=2, params={"repeats": 3})
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.values("collective", "allreduce_sum") == {0: [3.0, 3.0, 3.0], 1: [3.0, 3.0, 3.0]}
+    assert sink.cases == {
+        "collective": ("passed", None),
+        "bounded": ("passed", None),
+        "expects_value_error": ("expected_error", "rank 0: ValueError: raised on purpose"),
+        "fault": ("passed", None),
+        "after_fault": ("passed", None),
+    }
+    assert sink.progress_[0] == (0, 5, "started") and sink.progress_[-1][:2] == (5, 5)
+    info = sink.infos[0]
+    assert info["world_size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]
+    assert info["device_kind"] == "cpu" and info["torch"] and info["commit"]
+
+
+def test_every_rank_raising_records_a_case_error_and_the_job_goes_on() -> None:
+    outcome, sink, _ = _run(LocalExecutor(), world_size=2, params={"fault": "case_error", "repeats": 1})
+    assert outcome.status == "succeeded", outcome.error
+    status, error = sink.cases["fault"]
+    assert status == "error" and "RuntimeError: probe fault on rank" in error
+    assert sink.cases["after_fault"] == ("passed", None)
+
+
+def test_bad_specs_fail_at_once_with_the_reason() -> None:
+    ex = LocalExecutor(cpu_max_world_size=2)
+    outcome, _, elapsed = _run(ex, world_size=3)
+    assert outcome.status == "failed" and "world_size 3 exceeds the 2 cpu rank(s)" in outcome.error
+    outcome, _, _ = _run(ex, device="tpu")
+    assert outcome.status == "failed" and "unknown device kind 'tpu'" in outcome.error
+    outcome, _, _ = _run(ex, preset="nightly")
+    assert outcome.status == "failed" and "unknown preset 'nightly'" in outcome.error
+    assert elapsed < 1
+
+
+def test_a_job_runs_the_code_of_its_commit(tmp_path: Path) -> None:
+    repo, shas = make_marker_repo(tmp_path)
+    ex = LocalExecutor(repo=repo, cache_dir=tmp_path / "cache")
+    seen = {}
+    for sha in shas:
+        outcome, sink, _ = _run(ex, commit=sha[:12], params={"repeats": 1})
+        assert outcome.status == "succeeded", outcome.error
+        seen[sha] = sink.values("collective", "marker")[0]
+        assert sink.infos[0]["commit"] == sha
+        assert sink.infos[0]["source_root"] == str(tmp_path / "cache" / sha)
+    assert seen == {shas[0]: [1.0], shas[1]: [2.0]}

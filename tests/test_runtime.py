@@ -1,0 +1,224 @@
+"""Rank runtime pieces in-process: environment, case verdicts, rank combination, failure choice,
+snapshots, the executor factory and the run summary (no rank processes here: see the executor tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from service.cli.run import summarise
+from workers.context import RankContext
+from workers.executor import JobSpec
+from workers.executors import make_executor
+from workers.executors._monitor import JobMonitor, combine_case_statuses
+from workers.runtime import CaseOutcome, env_libstdcxx_dir, rank_environment, run_case
+from workers.snapshot import COMMIT_FILE, SnapshotCache, SnapshotError
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+
+# --------------------------------------------------------------------------- environment
+
+
+def test_env_libstdcxx_goes_first_once(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libstdc++.so.6").write_bytes(b"")
+    lib = str(tmp_path / "lib")
+    env = rank_environment("cuda", base_env={"LD_LIBRARY_PATH": f"/usr/lib:{lib}"}, prefixes=[str(tmp_path)])
+    assert env["LD_LIBRARY_PATH"] == f"{lib}:/usr/lib"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env_libstdcxx_dir([str(tmp_path / "nothing")]) is None
+    assert "LD_LIBRARY_PATH" not in rank_environment("cpu", base_env={}, prefixes=[str(tmp_path / "x")])
+
+
+def test_deterministic_and_cpu_thread_variables() -> None:
+    env = rank_environment("cpu", deterministic=True, world_size=2, base_env={}, prefixes=[], cpu_count=8)
+    assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert env["HCCL_DETERMINISTIC"] == "true"
+    assert env["OMP_NUM_THREADS"] == "4"
+    plain = rank_environment("cpu", base_env={"OMP_NUM_THREADS": "3"}, prefixes=[])
+    assert "CUBLAS_WORKSPACE_CONFIG" not in plain and "OMP_NUM_THREADS" not in plain
+
+
+# --------------------------------------------------------------------------- case verdicts
+
+
+class _Params(SuiteParams):
+    pass
+
+
+class _VerdictSuite(Suite):
+    name = "verdicts"
+    description = "in-process verdict cases"
+    params_model = _Params
+    presets: ClassVar = {"quick": {}}
+    metrics = (
+        Metric("err", "abs", "accuracy", "lower", bound=1e-2),
+        Metric("speedup", "x", "time", "higher", bound=2.0),
+    )
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        return []
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        kind = case.params["kind"]
+        if kind == "good":
+            yield Sample(case.name, "err", 1e-3)  # rank left at the default: the runtime stamps it
+            yield Sample(case.name, "speedup", 3.0, idx=1)
+        elif kind == "bad":
+            yield Sample(case.name, "err", 5e-2)
+            yield Sample(case.name, "speedup", float("nan"))
+        elif kind == "raise_lookup":
+            yield Sample(case.name, "err", 0.0)
+            raise KeyError("missing")
+        elif kind == "undeclared":
+            yield Sample(case.name, "nope", 0.0)
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+
+    def add(self, s: Sample) -> None:
+        self.samples.append(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def _verdict(kind: str, expected_error: str | None = None) -> tuple[CaseOutcome, list[Sample]]:
+    ctx = RankContext(rank=3, world_size=4, device="cpu", device_kind="cpu")  # type: ignore[arg-type]
+    buf = _Buffer()
+    out = run_case(_VerdictSuite(), ctx, Case("verdicts", "c", {"kind": kind}, expected_error), buf)  # type: ignore[arg-type]
+    return out, buf.samples
+
+
+def test_case_passes_when_every_sample_is_within_its_bound() -> None:
+    out, samples = _verdict("good")
+    assert (out.status, out.error, out.raised) == ("passed", None, False)
+    assert [s.rank for s in samples] == [3, 3]
+
+
+def test_case_fails_on_a_bound_violation_or_nan_and_names_it() -> None:
+    out, _ = _verdict("bad")
+    assert out.status == "failed"
+    assert "err[idx 0] = 0.05 on rank 3, expected <= 0.01" in out.error
+    assert "speedup[idx 0] = nan" in out.error
+
+
+def test_expected_error_matches_the_class_or_a_base_class() -> None:
+    assert _verdict("raise_lookup", "KeyError")[0].status == "expected_error"
+    assert _verdict("raise_lookup", "LookupError")[0].status == "expected_error"
+    other = _verdict("raise_lookup", "ValueError")[0]
+    assert other.status == "error" and "KeyError" in other.error and other.raised
+    missing = _verdict("good", "ValueError")[0]
+    assert missing.status == "failed" and "expected ValueError" in missing.error
+
+
+def test_unexpected_exception_and_undeclared_metric_are_errors() -> None:
+    out, samples = _verdict("raise_lookup")
+    assert out.status == "error" and "KeyError: 'missing'" in out.error
+    assert len(samples) == 1  # samples before the raise are kept
+    out, _ = _verdict("undeclared")
+    assert out.status == "error" and "declares no metric 'nope'" in out.error
+
+
+# --------------------------------------------------------------------------- ranks combined
+
+
+def test_worst_rank_wins_and_names_itself() -> None:
+    assert combine_case_statuses({0: ("passed", None), 1: ("passed", None)}) == ("passed", None)
+    assert combine_case_statuses({0: ("passed", None), 1: ("failed", "x too big")}) == (
+        "failed",
+        "rank 1: x too big",
+    )
+    assert combine_case_statuses({0: ("failed", "a"), 1: ("error", "tb")})[0] == "error"
+    status, err = combine_case_statuses({0: ("expected_error", "E"), 1: ("passed", None)})
+    assert status == "failed" and "rank(s) [0] only" in err
+    assert combine_case_statuses({0: ("error", "tb")}) == ("error", "tb")
+
+
+class _NullSink:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: self.calls.append((name, a))
+
+
+def test_monitor_prefers_a_dead_rank_over_its_peers_complaints() -> None:
+    mon = JobMonitor(JobSpec(1, "s", world_size=2), _NullSink())  # type: ignore[arg-type]
+    mon.handle(1, {"t": "case_start", "case": "c"})
+    mon.handle(0, {"t": "fatal", "error": "peer went away", "failed_rank": 0, "cause": "peer"})
+    assert mon.failure() is None  # a grace period for the more telling reason
+    mon.rank_exited(1, "rank 1 killed by SIGKILL", -9, "last words")
+    reason = mon.failure(settle=True)
+    assert reason.startswith("rank 1 killed by SIGKILL during case 'c'") and "last words" in reason
+    time.sleep(0.6)
+    assert mon.failure() == reason
+
+
+def test_monitor_reports_a_case_once_every_rank_ended_it() -> None:
+    sink = _NullSink()
+    mon = JobMonitor(JobSpec(1, "s", world_size=2), sink)  # type: ignore[arg-type]
+    mon.handle(0, {"t": "cases", "total": 1, "names": ["c"]})
+    mon.handle(0, {"t": "case_end", "case": "c", "status": "passed", "error": None})
+    assert not [c for c in sink.calls if c[0] == "case_result"]
+    mon.handle(1, {"t": "case_end", "case": "c", "status": "failed", "error": "bound"})
+    assert ("case_result", ("c", "failed", "rank 1: bound")) in sink.calls
+    assert ("progress", (1, 1, "c: failed")) in sink.calls
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_snapshot_per_commit_is_cached_by_sha(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    shas = []
+    for value in ("1", "2"):
+        (repo / "value.txt").write_text(value)
+        _git(repo, "add", "value.txt")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", value)
+        shas.append(_git(repo, "rev-parse", "HEAD").strip())
+    cache = SnapshotCache(repo, tmp_path / "cache")
+    first = cache.path(shas[0][:10])
+    assert first.name == shas[0] and (first / "value.txt").read_text() == "1"
+    assert (first / COMMIT_FILE).read_text().strip() == shas[0]
+    assert (cache.path("HEAD") / "value.txt").read_text() == "2"
+    (first / "value.txt").write_text("changed")  # proves the second call reuses the cached tree
+    assert (cache.path(shas[0]) / "value.txt").read_text() == "changed"
+    with pytest.raises(SnapshotError, match="deadbeef"):
+        cache.path("deadbeef")
+
+
+def test_make_executor_names_the_valid_kinds() -> None:
+    with pytest.raises(ValueError, match=r"unknown executor kind 'slurm'; expected one of local, ray"):
+        make_executor("slurm")
+    local = make_executor("local", cpu_max_world_size=3)
+    assert local.max_world_size("cpu") == 3
+    with pytest.raises(ValueError, match="unknown device kind 'tpu'"):
+        local.max_world_size("tpu")
+
+
+# --------------------------------------------------------------------------- run summary
+
+
+def test_summary_takes_the_worst_rank_per_repetition_first() -> None:
+    samples = [
+        Sample("c", "err", 1.0, rank=0, idx=0), Sample("c", "err", 3.0, rank=1, idx=0),
+        Sample("c", "err", 2.0, rank=0, idx=1), Sample("c", "err", 0.5, rank=1, idx=1),
+        Sample("c", "speedup", 4.0, rank=0), Sample("c", "speedup", 1.5, rank=1),
+    ]  # fmt: skip
+    rows = {r["metric"]: r for r in summarise(_VerdictSuite(), samples)}
+    assert rows["err"]["count"] == 2 and rows["err"]["min"] == 2.0 and rows["err"]["median"] == 2.5
+    assert rows["err"]["passed"] is False
+    assert rows["speedup"]["median"] == 1.5 and rows["speedup"]["passed"] is False  # worst = min
