@@ -182,19 +182,24 @@ class MetricDef(Base):
 
 
 class SampleRow(Base):
-    """One measured value. The job index covers the summary query (no table lookups)."""
+    """One measured value. The job index covers the summary query (no table lookups).
+
+    `attempt` is the job's run that produced it: a job re-queued after a crash keeps what its
+    interrupted run reported, and summaries read only the latest attempt.
+    """
 
     __tablename__ = "sample"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"))
     metric_id: Mapped[int] = mapped_column(ForeignKey("metric.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)  # a re-queued job's earlier runs stay
     rank: Mapped[int] = mapped_column(Integer)
     idx: Mapped[int] = mapped_column(Integer)
     value: Mapped[float | None] = mapped_column(Float)  # NULL = NaN (SQLite stores NaN as NULL)
 
     __table_args__ = (
-        Index("ix_sample_job", "job_id", "case_id", "metric_id", "idx", "rank", "value"),
+        Index("ix_sample_job", "job_id", "attempt", "case_id", "metric_id", "idx", "rank", "value"),
         Index("ix_sample_case", "case_id", "metric_id", "job_id"),
     )
 

@@ -100,9 +100,9 @@ def ensure_cases(
 
 
 def insert_samples(
-    engine: Engine, job_id: int, rows: Sequence[tuple[int, int, int, int, float]]
+    engine: Engine, job_id: int, rows: Sequence[tuple[int, int, int, int, float]], attempt: int = 1
 ) -> int:
-    """Store `(case_id, metric_id, rank, idx, value)` rows of one job in one transaction."""
+    """Store `(case_id, metric_id, rank, idx, value)` rows of one job's run in one transaction."""
     if not rows:
         return 0
     table = SampleRow.__table__
@@ -111,19 +111,31 @@ def insert_samples(
         for start in range(0, len(rows), SAMPLE_BATCH):
             chunk = rows[start : start + SAMPLE_BATCH]
             if raw:
-                conn.exec_driver_sql(_QMARK_INSERT, [(job_id, c, m, r, i, v) for c, m, r, i, v in chunk])
+                conn.exec_driver_sql(
+                    _QMARK_INSERT, [(job_id, attempt, c, m, r, i, v) for c, m, r, i, v in chunk]
+                )
                 continue
             conn.execute(
                 insert(table),
                 [
-                    {"job_id": job_id, "case_id": c, "metric_id": m, "rank": r, "idx": i, "value": v}
+                    {
+                        "job_id": job_id,
+                        "attempt": attempt,
+                        "case_id": c,
+                        "metric_id": m,
+                        "rank": r,
+                        "idx": i,
+                        "value": v,
+                    }
                     for c, m, r, i, v in chunk
                 ],
             )
     return len(rows)
 
 
-_QMARK_INSERT = "INSERT INTO sample (job_id, case_id, metric_id, rank, idx, value) VALUES (?, ?, ?, ?, ?, ?)"
+_QMARK_INSERT = (
+    "INSERT INTO sample (job_id, attempt, case_id, metric_id, rank, idx, value) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def add_event(
@@ -136,9 +148,7 @@ def add_event(
 
 def set_case_result(session: Session, job_id: int, case_id: int, status: str, error: str | None) -> None:
     """Record (or overwrite, if reported again) a case's outcome in a job."""
-    row = session.scalar(
-        select(CaseResult).where(CaseResult.job_id == job_id, CaseResult.case_id == case_id)
-    )
+    row = session.scalar(select(CaseResult).where(CaseResult.job_id == job_id, CaseResult.case_id == case_id))
     if row is None:
         session.add(CaseResult(job_id=job_id, case_id=case_id, status=status, error=error))
     else:
@@ -276,8 +286,16 @@ def worst_rank_arrays(
     i.e. NaN, on any rank makes the idx NaN) and, on SQLite/PostgreSQL, string-aggregates each
     (case, metric) group so only one row per group crosses into Python, parsed by numpy in C.
     """
+    job = session.get(Job, job_id)
+    if job is None:
+        return {}
+    attempt = max(1, job.attempts)
     q = select(MetricDef.id, MetricDef.direction).where(
-        MetricDef.id.in_(select(SampleRow.metric_id).where(SampleRow.job_id == job_id).distinct())
+        MetricDef.id.in_(
+            select(SampleRow.metric_id)
+            .where(SampleRow.job_id == job_id, SampleRow.attempt == attempt)
+            .distinct()
+        )
     )
     if metric_id is not None:
         q = q.where(MetricDef.id == metric_id)
@@ -286,7 +304,7 @@ def worst_rank_arrays(
     for direction in ("lower", "higher"):
         ids = [m for m, d in directions.items() if (d == "higher") == (direction == "higher")]
         if ids:
-            out.update(_worst_rank(session, job_id, ids, direction, case_id))
+            out.update(_worst_rank(session, job, attempt, ids, direction, case_id))
     return out
 
 
@@ -298,12 +316,12 @@ class WorstRank:
 
 
 def _worst_rank(
-    session: Session, job_id: int, metric_ids: list[int], direction: str, case_id: int | None
+    session: Session, job: Job, attempt: int, metric_ids: list[int], direction: str, case_id: int | None
 ) -> dict[tuple[int, int], WorstRank]:
     s = SampleRow
+    job_id = job.id
     dialect = session.get_bind().dialect.name
-    job = session.get(Job, job_id)
-    if job is not None and job.world_size == 1 and dialect in ("sqlite", "mysql", "mariadb"):
+    if job.world_size == 1 and dialect in ("sqlite", "mysql", "mariadb"):
         # one rank: nothing to reduce, aggregate the raw rows directly (twice as fast)
         q = (
             select(
@@ -313,7 +331,7 @@ def _worst_rank(
                 func.count(s.id) - func.count(s.value),
                 func.group_concat(s.value),
             )
-            .where(s.job_id == job_id, s.metric_id.in_(metric_ids))
+            .where(s.job_id == job_id, s.attempt == attempt, s.metric_id.in_(metric_ids))
             .group_by(s.case_id, s.metric_id)
         )
         if case_id is not None:
@@ -334,7 +352,7 @@ def _worst_rank(
             n.label("n"),
             sa_case((func.count(s.value) < n, None), else_=pick).label("w"),
         )
-        .where(s.job_id == job_id, s.metric_id.in_(metric_ids))
+        .where(s.job_id == job_id, s.attempt == attempt, s.metric_id.in_(metric_ids))
         .group_by(s.case_id, s.metric_id, s.idx)
     )
     if case_id is not None:
@@ -400,9 +418,20 @@ def compute_summary(session: Session, job_id: int) -> dict[tuple[int, int], Metr
         passes = _passes(m, med)
         n, ranks = wr.samples, wr.ranks
         out[key] = MetricSummary(
-            metric=m.name, unit=m.unit, kind=m.kind, direction=m.direction, bound=m.bound,
-            count=int(values.size), samples=n, ranks=ranks,
-            median=med, p90=p90, min=lo, max=hi, mean=mean, passes=passes,
+            metric=m.name,
+            unit=m.unit,
+            kind=m.kind,
+            direction=m.direction,
+            bound=m.bound,
+            count=int(values.size),
+            samples=n,
+            ranks=ranks,
+            median=med,
+            p90=p90,
+            min=lo,
+            max=hi,
+            mean=mean,
+            passes=passes,
         )
     return out
 
@@ -413,8 +442,16 @@ def store_summary(session: Session, job_id: int) -> int:
     summary = compute_summary(session, job_id)
     session.add_all(
         SummaryRow(
-            job_id=job_id, case_id=c, metric_id=m, count=ms.count, samples=ms.samples, ranks=ms.ranks,
-            median=_none(ms.median), p90=_none(ms.p90), min=_none(ms.min), max=_none(ms.max),
+            job_id=job_id,
+            case_id=c,
+            metric_id=m,
+            count=ms.count,
+            samples=ms.samples,
+            ranks=ms.ranks,
+            median=_none(ms.median),
+            p90=_none(ms.p90),
+            min=_none(ms.min),
+            max=_none(ms.max),
             mean=_none(ms.mean),
         )
         for (c, m), ms in summary.items()
@@ -444,9 +481,19 @@ def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], Metric
         if rows:
             return {
                 (r.case_id, r.metric_id): MetricSummary(
-                    metric=m.name, unit=m.unit, kind=m.kind, direction=m.direction, bound=m.bound,
-                    count=r.count, samples=r.samples, ranks=r.ranks, median=_nan(r.median),
-                    p90=_nan(r.p90), min=_nan(r.min), max=_nan(r.max), mean=_nan(r.mean),
+                    metric=m.name,
+                    unit=m.unit,
+                    kind=m.kind,
+                    direction=m.direction,
+                    bound=m.bound,
+                    count=r.count,
+                    samples=r.samples,
+                    ranks=r.ranks,
+                    median=_nan(r.median),
+                    p90=_nan(r.p90),
+                    min=_nan(r.min),
+                    max=_nan(r.max),
+                    mean=_nan(r.mean),
                     passes=_passes(m, _nan(r.median)),
                 )
                 for r, m in rows
@@ -459,9 +506,7 @@ def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
     job = session.get(Job, job_id)
     if job is None:
         return []
-    results = {
-        r.case_id: r for r in session.scalars(select(CaseResult).where(CaseResult.job_id == job_id))
-    }
+    results = {r.case_id: r for r in session.scalars(select(CaseResult).where(CaseResult.job_id == job_id))}
     summaries = summarize_job(session, job_id)
     case_ids = set(results) | {c for c, _ in summaries}
     cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(case_ids)))}
@@ -470,8 +515,12 @@ def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
         c = cases[cid]
         r = results.get(cid)
         cs = CaseSummary(
-            case_id=cid, name=c.name, fingerprint=c.fingerprint, params=dict(c.params or {}),
-            status=r.status if r else None, error=r.error if r else None,
+            case_id=cid,
+            name=c.name,
+            fingerprint=c.fingerprint,
+            params=dict(c.params or {}),
+            status=r.status if r else None,
+            error=r.error if r else None,
             expected_error=c.expected_error,
         )
         for (case_id, _), ms in sorted(summaries.items()):
@@ -484,6 +533,7 @@ def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
 @dataclass(frozen=True)
 class SampleView:
     id: int
+    attempt: int
     case: str
     fingerprint: str
     metric: str
@@ -493,11 +543,22 @@ class SampleView:
 
 
 def _samples_query(
-    job_id: int, case: str | None, metric: str | None, rank: int | None, after_id: int
+    job_id: int,
+    case: str | None,
+    metric: str | None,
+    rank: int | None,
+    after_id: int,
+    attempt: int | None = None,
 ) -> Any:
     q = (
         select(
-            SampleRow.id, Case.name, Case.fingerprint, MetricDef.name, SampleRow.rank, SampleRow.idx,
+            SampleRow.id,
+            SampleRow.attempt,
+            Case.name,
+            Case.fingerprint,
+            MetricDef.name,
+            SampleRow.rank,
+            SampleRow.idx,
             SampleRow.value,
         )
         .join(Case, Case.id == SampleRow.case_id)
@@ -511,12 +572,14 @@ def _samples_query(
         q = q.where(MetricDef.name == metric)
     if rank is not None:
         q = q.where(SampleRow.rank == rank)
+    if attempt is not None:
+        q = q.where(SampleRow.attempt == attempt)
     return q
 
 
 def _view(row: Any) -> SampleView:
-    value = row[6]
-    return SampleView(row[0], row[1], row[2], row[3], row[4], row[5], math.nan if value is None else value)
+    value = row[7]
+    return SampleView(*row[:7], math.nan if value is None else value)
 
 
 def list_samples(
@@ -526,11 +589,13 @@ def list_samples(
     case: str | None = None,
     metric: str | None = None,
     rank: int | None = None,
+    attempt: int | None = None,
     after_id: int = 0,
     limit: int = 1000,
 ) -> tuple[list[SampleView], int | None]:
-    """Raw samples of a job (optionally of one case/metric/rank) in id order, one page."""
-    rows = session.execute(_samples_query(job_id, case, metric, rank, after_id).limit(limit + 1)).all()
+    """Raw samples of a job (optionally of one case/metric/rank/attempt) in id order, one page."""
+    q = _samples_query(job_id, case, metric, rank, after_id, attempt).limit(limit + 1)
+    rows = session.execute(q).all()
     page = [_view(r) for r in rows[:limit]]
     return page, (page[-1].id if len(rows) > limit else None)
 
@@ -542,13 +607,15 @@ def iter_samples(
     case: str | None = None,
     metric: str | None = None,
     rank: int | None = None,
+    attempt: int | None = None,
     chunk: int = 5000,
 ) -> Iterator[list[SampleView]]:
     """All matching samples in chunks, each chunk its own short read (for streamed downloads)."""
     after = 0
     while True:
         with Session(engine) as session:
-            rows = session.execute(_samples_query(job_id, case, metric, rank, after).limit(chunk)).all()
+            q = _samples_query(job_id, case, metric, rank, after, attempt).limit(chunk)
+            rows = session.execute(q).all()
         if not rows:
             return
         views = [_view(r) for r in rows]

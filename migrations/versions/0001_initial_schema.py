@@ -173,6 +173,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.Integer(), nullable=False),
         sa.Column("case_id", sa.Integer(), nullable=False),
         sa.Column("metric_id", sa.Integer(), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("rank", sa.Integer(), nullable=False),
         sa.Column("idx", sa.Integer(), nullable=False),
         sa.Column("value", sa.Float(), nullable=True),
@@ -190,7 +191,9 @@ def upgrade() -> None:
     with op.batch_alter_table("sample", schema=None) as batch_op:
         batch_op.create_index("ix_sample_case", ["case_id", "metric_id", "job_id"], unique=False)
         batch_op.create_index(
-            "ix_sample_job", ["job_id", "case_id", "metric_id", "idx", "rank", "value"], unique=False
+            "ix_sample_job",
+            ["job_id", "attempt", "case_id", "metric_id", "idx", "rank", "value"],
+            unique=False,
         )
 
     op.create_table(

@@ -12,6 +12,10 @@ from workers.provenance import installed_version, source_commit
 COMMAND_MODULES: dict[str, str] = {
     "service.cli.data": "data",
     "service.cli.run": "run",
+    "service.cli.serve": "serve",
+    "service.cli.submit": "submit",
+    "service.cli.jobs": "jobs",
+    "service.cli.db": "db",
 }
 
 

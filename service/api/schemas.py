@@ -1,0 +1,209 @@
+"""Pydantic v2 models of the REST API (`/api/v1`): requests are strict, responses are plain.
+
+Floats that are NaN or infinite are served as null (JSON has no NaN); the raw values are in
+the CSV download.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from service.models import Job
+
+Device = Literal["cuda", "npu", "cpu"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+HEX_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
+SAFE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+REF_RULE = (
+    "a hex sha of 7-40 characters, or a ref of letters, digits and . _ / - starting with a letter "
+    "or digit (at most 200 characters; no '..', '//', trailing '/' or '.', no '.lock' ending)"
+)
+T = TypeVar("T")
+LabelKey = Annotated[str, Field(min_length=1, max_length=100)]
+LabelValue = Annotated[str, Field(max_length=500)]
+
+
+def check_commit(value: str) -> str:
+    """The commit as given when it is a hex sha or a safe ref; ValueError naming the rule otherwise."""
+    if HEX_SHA.match(value):
+        return value.lower()
+    ok = (
+        SAFE_REF.match(value)
+        and ".." not in value
+        and "//" not in value
+        and not value.endswith(("/", ".", ".lock"))
+    )
+    if not ok:
+        raise ValueError(f"commit must be {REF_RULE}; got {value!r}")
+    return value
+
+
+class JobCreate(BaseModel):
+    """POST /api/v1/jobs. Unknown fields are an error, so a typo never silently runs defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = Field(min_length=1, max_length=100, examples=["capability"])
+    preset: str = Field("quick", min_length=1, max_length=50)
+    params: dict[str, JsonValue] = Field(default_factory=dict, description="overrides of the preset")
+    commit: str | None = Field(None, description=f"code to test: {REF_RULE}; null = the installed code")
+    device: Device = "cpu"
+    world_size: int = Field(1, ge=1, le=4096)
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=50)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, value: str | None) -> str | None:
+        return None if value is None else check_commit(value)
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+class Progress(BaseModel):
+    done: int
+    total: int
+    message: str
+
+
+class JobOut(BaseModel):
+    id: int
+    status: JobStatus
+    suite: str
+    preset: str
+    params: dict[str, Any]
+    commit: str | None
+    device: Device
+    world_size: int
+    priority: int
+    labels: dict[str, Any]
+    idempotency_key: str | None
+    progress: Progress
+    error: str | None
+    info: dict[str, Any]
+    attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            id=job.id, status=job.status, suite=job.suite, preset=job.preset, params=job.params or {},
+            commit=job.commit_sha, device=job.device, world_size=job.world_size, priority=job.priority,
+            labels=job.labels or {}, idempotency_key=job.idempotency_key,
+            progress=Progress(done=job.progress_done, total=job.progress_total,
+                              message=job.progress_message or ""),
+            error=job.error, info=job.info or {}, attempts=job.attempts,
+            cancel_requested=job.cancel_requested, created_at=job.created_at,
+            started_at=job.started_at, finished_at=job.finished_at,
+        )  # fmt: skip
+
+
+class Page(BaseModel, Generic[T]):
+    """Every list endpoint: the items and the cursor of the next page (null on the last)."""
+
+    items: list[T]
+    next: str | None
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+
+
+class MetricSummaryOut(BaseModel):
+    metric: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None
+    count: int = Field(description="values after the worst-rank reduction (one per idx)")
+    samples: int = Field(description="raw samples over all ranks")
+    ranks: int
+    median: float | None
+    p90: float | None
+    min: float | None
+    max: float | None
+    mean: float | None
+    passes: bool | None = Field(description="the median within the bound; null without a bound")
+
+    @field_validator("median", "p90", "min", "max", "mean", "bound", mode="before")
+    @classmethod
+    def _nan_null(cls, v: float | None) -> float | None:
+        return _finite(v)
+
+
+class CaseOut(BaseModel):
+    case_id: int
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str | None
+    error: str | None
+    expected_error: str | None
+    metrics: dict[str, MetricSummaryOut]
+
+
+class SampleOut(BaseModel):
+    id: int
+    attempt: int
+    case: str
+    fingerprint: str
+    metric: str
+    rank: int
+    idx: int
+    value: float | None
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _nan_null(cls, v: float | None) -> float | None:
+        return _finite(v)
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    media_type: str
+    size: int
+    created_at: datetime
+    url: str
+
+
+class BaselineSet(BaseModel):
+    """PUT /api/v1/baselines/{name}: exactly one of `commit` or `job_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    commit: str | None = None
+    job_id: int | None = Field(None, ge=1, le=2**62)
+    note: str = Field("", max_length=2000)
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, value: str | None) -> str | None:
+        return None if value is None else check_commit(value)
+
+
+class BaselineOut(BaseModel):
+    name: str
+    commit: str | None
+    job_id: int | None
+    note: str
+    updated_at: datetime
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,173 @@
+"""The FastAPI application: store, dispatcher, API and (when present) the web pages.
+
+`create_app(settings)` builds everything from one `Settings`; the lifespan upgrades the schema,
+starts the dispatcher and, with `demo`, queues a quick job into an empty store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import db
+from service.settings import Settings
+from workers.provenance import installed_version
+
+log = logging.getLogger("gdnval.service")
+DEMO_SUITE = "capability"
+
+
+class BodyLimit:
+    """Reject request bodies over `limit` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._reject(send, length.decode("latin-1"))
+            return
+        seen = 0
+        too_big = False
+
+        async def limited() -> Message:
+            nonlocal seen, too_big
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    too_big = True
+                    raise _TooLarge
+            return message
+
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send, f">{self.limit}")
+        if too_big and not started:
+            return
+
+    async def _reject(self, send: Send, size: str) -> None:
+        body = (
+            f'{{"detail": "request body of {size} bytes exceeds the limit of {self.limit} bytes"}}'
+        ).encode()
+        await send({
+            "type": "http.response.start", "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        })  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _demo_job(app: FastAPI) -> None:
+    """Queue one quick CPU job when the store has none, so the pages have something to show."""
+    from service import queue
+    from service.models import Job
+    from workers.registry import suite_names
+
+    state = app.state
+    with Session(state.engine) as s:
+        if s.scalar(select(func.count()).select_from(Job)):
+            return
+    names = suite_names()
+    if not names:
+        log.warning("--demo: no suites are registered; nothing queued")
+        return
+    suite = DEMO_SUITE if DEMO_SUITE in names else names[0]
+    body = {"suite": suite, "preset": "quick", "device": "cpu", "labels": {"demo": "true"}}
+    try:
+        job, _ = queue.submit_checked(state.engine, state.settings, body, state.executor)
+        log.warning("--demo: queued job %s (%s, quick, cpu)", job.id, suite)
+    except Exception as exc:
+        log.warning("--demo: could not queue a %s job: %s", suite, exc)
+
+
+def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastAPI:
+    """The service application for `settings` (default: from the environment)."""
+    settings = settings or Settings()
+    engine = db.make_engine(settings.db_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from service.dispatcher import Dispatcher
+        from service.executors import close_executors, get_executor
+
+        db.upgrade(engine)
+        try:
+            app.state.executor = get_executor(settings)
+        except Exception as exc:  # the API still serves results; /readyz says what is wrong
+            log.error("executor %r unavailable: %s", settings.executor, exc)
+            app.state.executor = None
+            app.state.executor_error = f"{settings.executor}: {exc}"
+        if settings.dispatch and app.state.executor is not None:
+            app.state.dispatcher = Dispatcher(settings, engine, app.state.executor)
+            app.state.dispatcher.start()
+        if demo:
+            _demo_job(app)
+        try:
+            yield
+        finally:
+            if app.state.dispatcher is not None:
+                app.state.dispatcher.stop()
+            close_executors()
+            engine.dispose()
+
+    app = FastAPI(
+        title="gdnval",
+        version=installed_version(),
+        description="Validation service for fused Gated DeltaNet kernels and their CP layouts.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.executor = None
+    app.state.executor_error = None
+    app.state.dispatcher = None
+
+    @app.exception_handler(OperationalError)
+    async def _store_busy(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("store error on %s: %s", request.url.path, exc)
+        return JSONResponse({"detail": "the results store is busy or unreachable; retry"}, status_code=503)
+
+    from service.api.routes import api, probes
+
+    app.include_router(probes)
+    app.include_router(api)
+    if importlib.util.find_spec("service.web.routes") is not None:
+        from service.web.routes import router as web_router
+
+        app.include_router(web_router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app
+
+
+def app_from_env() -> Any:
+    """Factory for `uvicorn --factory service.app:app_from_env`."""
+    return create_app()

@@ -1,0 +1,46 @@
+"""`gdnval jobs`: list the service's jobs (newest first)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from service.cli.client import client, fail_on_error, server_option, token_option
+
+
+@click.command()
+@click.option(
+    "--status", default=None, type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"])
+)
+@click.option("--suite", default=None)
+@click.option("--commit", default=None, help="sha prefix or ref")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--json", "as_json", is_flag=True, help="print the API's JSON")
+@server_option
+@token_option
+def jobs(
+    status: str | None, suite: str | None, commit: str | None, limit: int, as_json: bool, server: str,
+    token: str | None,
+) -> None:  # fmt: skip
+    """List jobs with their status and progress."""
+    params = {
+        k: v for k, v in {"status": status, "suite": suite, "commit": commit, "limit": limit}.items() if v
+    }
+    with client(server, token) as http:
+        page = fail_on_error(http.get("/api/v1/jobs", params=params))
+    if as_json:
+        click.echo(json.dumps(page, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "status", "suite", "preset", "device", "commit", "progress", "created")
+    for j in page["items"]:
+        p = j["progress"]
+        table.add_row(
+            str(j["id"]), j["status"], j["suite"], j["preset"], f"{j['device']}x{j['world_size']}",
+            (j["commit"] or "-")[:12], f"{p['done']}/{p['total']}" if p["total"] else "-",
+            j["created_at"][:19].replace("T", " "),
+        )  # fmt: skip
+    Console().print(table)

@@ -1,0 +1,52 @@
+"""`gdnval serve`: the service (API, dispatcher, pages) under uvicorn.
+
+fastapi, uvicorn, sqlalchemy and pydantic-settings are imported inside the command only: the
+CLI also runs on device machines that have none of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="interface to listen on")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--db-url", default=None, help="SQLAlchemy URL [env GDNVAL_DB_URL; sqlite:///gdnval.db]")
+@click.option("--api-token", default=None, help="bearer token for writes [env GDNVAL_API_TOKEN]")
+@click.option("--executor", default=None, help="local | ray | inprocess [env GDNVAL_EXECUTOR; local]")
+@click.option("--ray-address", default=None, help="Ray cluster address [env GDNVAL_RAY_ADDRESS]")
+@click.option(
+    "--artifacts-dir", default=None, type=click.Path(path_type=Path), help="[env GDNVAL_ARTIFACTS_DIR]"
+)
+@click.option("--max-body-bytes", default=None, type=click.IntRange(1), help="[env GDNVAL_MAX_BODY_BYTES]")
+@click.option("--no-dispatch", is_flag=True, help="serve results only; run no jobs in this process")
+@click.option("--demo", is_flag=True, help="queue a quick CPU job when the store has no jobs")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
+def serve(
+    host: str, port: int, db_url: str | None, api_token: str | None, executor: str | None,
+    ray_address: str | None, artifacts_dir: Path | None, max_body_bytes: int | None, no_dispatch: bool,
+    demo: bool, log_level: str,
+) -> None:  # fmt: skip
+    """Serve the API and pages; upgrades the store's schema and starts the dispatcher on start."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    flags = {
+        "db_url": db_url, "api_token": api_token, "executor": executor, "ray_address": ray_address,
+        "artifacts_dir": artifacts_dir, "max_body_bytes": max_body_bytes,
+        "dispatch": False if no_dispatch else None,
+    }  # fmt: skip
+    try:
+        settings = Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if settings.token() is None:
+        click.echo("warning: no API token set (GDNVAL_API_TOKEN / --api-token): writes are open", err=True)
+    uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level)

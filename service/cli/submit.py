@@ -1,0 +1,82 @@
+"""`gdnval submit SUITE`: queue a job on a running service and optionally wait for it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from service.cli.client import client, fail_on_error, parse_pairs, server_option, token_option
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@click.command()
+@click.argument("suite")
+@click.option("--preset", default="quick", show_default=True)
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "npu", "cpu"]))
+@click.option("--world-size", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--commit", default=None, help="sha (7-40 hex) or ref; default: the service's installed code")
+@click.option("--param", "params", multiple=True, metavar="K=V", help="parameter override (JSON value)")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="free-form label")
+@click.option("--priority", default=0, show_default=True, type=int)
+@click.option("--idempotency-key", default=None, help="resubmitting with the same key returns the same job")
+@click.option(
+    "--wait", is_flag=True, help="wait for the job with a progress bar; exit 0 only if it succeeded"
+)
+@click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds (exit 3)")
+@server_option
+@token_option
+def submit(
+    suite: str, preset: str, device: str, world_size: int, commit: str | None, params: tuple[str, ...],
+    labels: tuple[str, ...], priority: int, idempotency_key: str | None, wait: bool, timeout: float | None,
+    server: str, token: str | None,
+) -> None:  # fmt: skip
+    """Submit SUITE to the service; prints the job id (and, with --wait, its outcome)."""
+    body: dict[str, Any] = {
+        "suite": suite, "preset": preset, "device": device, "world_size": world_size,
+        "params": parse_pairs(params, "--param", as_json=True),
+        "labels": parse_pairs(labels, "--label", as_json=False), "priority": priority,
+    }  # fmt: skip
+    if commit:
+        body["commit"] = commit
+    if idempotency_key:
+        body["idempotency_key"] = idempotency_key
+    with client(server, token) as http:
+        job = fail_on_error(http.post("/api/v1/jobs", json=body))
+        click.echo(f"job {job['id']} {job['status']} ({server.rstrip('/')}/jobs/{job['id']})")
+        if not wait:
+            return
+        job = _wait(http, job, timeout)
+        click.echo(f"job {job['id']} {job['status']}" + (f": {job['error']}" if job.get("error") else ""))
+        cases = fail_on_error(http.get(f"/api/v1/jobs/{job['id']}/cases"))["items"]
+        counts: dict[str, int] = {}
+        for c in cases:
+            counts[c["status"] or "no result"] = counts.get(c["status"] or "no result", 0) + 1
+        if counts:
+            click.echo("cases: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    raise SystemExit(0 if job["status"] == "succeeded" else 1)
+
+
+def _wait(http: Any, job: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.monotonic()
+    columns = (TextColumn("job {task.fields[job]} {task.fields[status]}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[message]}"))  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("job", total=None, job=job["id"], status=job["status"], message="")
+        while job["status"] not in FINAL:
+            if timeout is not None and time.monotonic() - start > timeout:
+                bar.stop()
+                click.echo(f"gave up after {timeout:g} s; job {job['id']} is {job['status']}", err=True)
+                raise SystemExit(3)
+            time.sleep(0.5)
+            job = fail_on_error(http.get(f"/api/v1/jobs/{job['id']}"))
+            p = job["progress"]
+            bar.update(task, completed=p["done"], total=p["total"] or None, status=job["status"],
+                       message=p["message"][:60])  # fmt: skip
+        p = job["progress"]
+        bar.update(task, completed=p["done"], total=p["total"] or None, status=job["status"])
+    return job

@@ -1,0 +1,273 @@
+"""The dispatcher: claims queued jobs, hands them to the executor, stores what comes back.
+
+`StoreSink` writes every report as it arrives, each call one transaction (a sample batch is
+stored whole or not at all), so pages see progress live and a crash loses nothing already
+reported. The dispatcher thread heartbeats its running jobs (a dead dispatcher's jobs are
+found by the next one), forwards cancel requests to the executor's cancel event, and settles
+orphans left by a crash at start and periodically.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from service import queue, store
+from service.models import CASE_STATUSES, Job, MetricDef
+from service.settings import Settings
+from workers.executor import Executor, JobOutcome, JobSpec
+from workers.provenance import installed_version, source_commit
+from workers.registry import get_suite
+from workers.suite import Case as SuiteCase
+from workers.suite import Sample
+
+log = logging.getLogger("gdnval.dispatcher")
+MAX_LOG_LINE = 10_000
+
+
+class StoreSink:
+    """The `workers.executor.JobSink` of one job run: thread-safe, writes through at once."""
+
+    def __init__(self, engine: Engine, job: Job, artifacts_dir: Path) -> None:
+        self.engine = engine
+        self.job_id = job.id
+        self.attempt = max(1, job.attempts)
+        self.suite = job.suite
+        self.device, self.world_size = job.device, job.world_size
+        self.artifacts_dir = artifacts_dir
+        self._lock = threading.Lock()
+        self.samples_written = 0
+        self.case_ids: dict[str, int] = {}
+        self.metric_ids: dict[str, int] = {}
+        with Session(engine) as s, s.begin():
+            try:
+                suite = get_suite(job.suite)
+                cases = suite.cases(suite.resolve_params(job.preset, job.params))
+                self.metric_ids = store.ensure_metrics(s, suite.name, suite.metrics)
+            except Exception as exc:  # the executor reports the real failure; keep the sink usable
+                cases = []
+                store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
+            self.case_ids = store.ensure_cases(s, cases, job.device, job.world_size)
+
+    # -- ids for names the suite did not declare up front (kept, and said so in the log)
+    def _case_id(self, s: Session, name: str) -> int:
+        if name not in self.case_ids:
+            self.case_ids.update(
+                store.ensure_cases(s, [SuiteCase(self.suite, name, {"undeclared": name})], self.device,
+                                   self.world_size)
+            )  # fmt: skip
+            store.add_event(
+                s, self.job_id, "log", f"case {name!r} is not in the suite's matrix; stored anyway"
+            )
+        return self.case_ids[name]
+
+    def _metric_id(self, s: Session, name: str) -> int:
+        if name not in self.metric_ids:
+            row = MetricDef(suite=self.suite, name=name)
+            s.add(row)
+            s.flush()
+            self.metric_ids[name] = row.id
+            store.add_event(
+                s, self.job_id, "log", f"metric {name!r} is not declared by the suite; stored anyway"
+            )
+        return self.metric_ids[name]
+
+    def samples(self, batch: Sequence[Sample]) -> None:
+        if not batch:
+            return
+        with self._lock:
+            missing_c = {b.case for b in batch} - set(self.case_ids)
+            missing_m = {b.metric for b in batch} - set(self.metric_ids)
+            if missing_c or missing_m:
+                with Session(self.engine) as s, s.begin():
+                    for c in sorted(missing_c):
+                        self._case_id(s, c)
+                    for m in sorted(missing_m):
+                        self._metric_id(s, m)
+            cids, mids = self.case_ids, self.metric_ids
+            rows = [(cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value)) for b in batch]
+            store.insert_samples(self.engine, self.job_id, rows, self.attempt)
+            self.samples_written += len(rows)
+
+    def case_result(self, case: str, status: str, error: str | None = None) -> None:
+        with self._lock, Session(self.engine) as s, s.begin():
+            if status not in CASE_STATUSES:
+                error = f"executor reported unknown status {status!r}; {error or ''}".strip()
+                status = "error"
+            store.set_case_result(s, self.job_id, self._case_id(s, case), status, error)
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        with self._lock, Session(self.engine) as s, s.begin():
+            job = s.get(Job, self.job_id)
+            if job is None:
+                return
+            job.progress_done, job.progress_total, job.progress_message = done, total, message[:1000]
+            store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
+
+    def info(self, info: Mapping[str, Any]) -> None:
+        with self._lock, Session(self.engine) as s, s.begin():
+            job = s.get(Job, self.job_id)
+            if job is None:
+                return
+            job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
+            store.add_event(s, self.job_id, "info", "", dict(info))
+
+    def log(self, line: str) -> None:
+        with self._lock, Session(self.engine) as s, s.begin():
+            store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
+
+    def artifact(self, name: str, media_type: str, data: bytes) -> None:
+        with self._lock, Session(self.engine) as s, s.begin():
+            store.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
+            store.add_event(s, self.job_id, "artifact", name, {"media_type": media_type, "size": len(data)})
+
+
+class Dispatcher:
+    """One per service process; several (even in several processes) may share a store."""
+
+    def __init__(self, settings: Settings, engine: Engine, executor: Executor) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.executor = executor
+        self.owner = queue.dispatcher_id()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._running: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._lock = threading.Lock()
+        self.last_loop = 0.0
+
+    # -- lifecycle
+    def start(self) -> None:
+        for job_id, status in queue.settle_orphans(
+            self.engine, self.owner, self.settings.lease_s, self.settings.max_attempts
+        ):
+            log.warning("job %s was left running by a crash; now %s", job_id, status)
+        self._thread = threading.Thread(target=self._loop, name="gdnval-dispatcher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look for work now (called after a submit)."""
+        self._wake.set()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop claiming; cancel running jobs and re-queue them (a restart is not the job's fault).
+
+        The re-run is a new attempt (its samples are kept apart from the interrupted run's)."""
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            running = list(self._running.values())
+        for _, cancel in running:
+            cancel.set()
+        deadline = time.monotonic() + timeout
+        for thread, _ in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread:
+            self._thread.join(max(0.1, deadline - time.monotonic()))
+
+    @property
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._running)
+
+    # -- the loop
+    def _loop(self) -> None:
+        last_settle = time.monotonic()
+        while not self._stop.is_set():
+            self.last_loop = time.monotonic()
+            try:
+                self._tick()
+                if time.monotonic() - last_settle > self.settings.lease_s / 2:
+                    queue.settle_orphans(
+                        self.engine, self.owner, self.settings.lease_s, self.settings.max_attempts
+                    )
+                    last_settle = time.monotonic()
+            except Exception:  # keep dispatching; the store may be briefly locked or unreachable
+                log.exception("dispatcher tick failed")
+            self._wake.wait(self.settings.poll_interval_s)
+            self._wake.clear()
+
+    def _tick(self) -> None:
+        with self._lock:
+            ids = list(self._running)
+        for job_id in queue.heartbeat(self.engine, self.owner, ids):
+            with self._lock:
+                entry = self._running.get(job_id)
+            if entry:
+                entry[1].set()
+        while not self._stop.is_set():
+            job = queue.claim(self.engine, self.owner, self.settings.device_limits)
+            if job is None:
+                return
+            cancel = threading.Event()
+            thread = threading.Thread(target=self._run_job, args=(job, cancel), name=f"gdnval-job-{job.id}",
+                                      daemon=True)  # fmt: skip
+            with self._lock:
+                self._running[job.id] = (thread, cancel)
+            thread.start()
+
+    def _run_job(self, job: Job, cancel: threading.Event) -> None:
+        try:
+            outcome = self._execute(job, cancel)
+            if self._stop.is_set() and outcome.status == "cancelled":
+                self._requeue(job.id)
+                return
+            try:
+                with Session(self.engine) as s, s.begin():
+                    store.store_summary(s, job.id)
+            except Exception:
+                log.exception("storing the summary of job %s failed", job.id)
+            if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):
+                log.warning("job %s was settled elsewhere while it ran; its outcome is dropped", job.id)
+        except Exception:
+            log.exception("job %s: the dispatcher failed", job.id)
+            queue.finish(self.engine, job.id, self.owner, "failed", traceback.format_exc(limit=5)[-4000:])
+        finally:
+            with self._lock:
+                self._running.pop(job.id, None)
+            self._wake.set()
+
+    def _execute(self, job: Job, cancel: threading.Event) -> JobOutcome:
+        spec = JobSpec(
+            job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
+            device=job.device, world_size=job.world_size, commit=job.commit_sha,
+            deadline_s=self.settings.job_deadline_s,
+        )  # fmt: skip
+        try:
+            sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
+            sink.info({
+                "commit": job.commit_sha or source_commit(), "gdnval": installed_version(),
+                "executor": self.executor.kind, "attempt": sink.attempt,
+            })  # fmt: skip
+            return self.executor.run(spec, sink, cancel)
+        except Exception as exc:
+            return JobOutcome(
+                "failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)[-3000:]}"
+            )
+
+    def _requeue(self, job_id: int) -> None:
+        from sqlalchemy import update
+
+        from service.db import write_tx
+
+        with write_tx(self.engine) as s:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.claimed_by == self.owner, Job.status == "running")
+                .values(status="queued", claimed_by=None, heartbeat_at=None)
+                .execution_options(synchronize_session=False)
+            )
+            if res.rowcount == 1:
+                store.add_event(s, job_id, "status", "queued", {"reason": "service shut down while it ran"})

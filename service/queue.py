@@ -1,0 +1,336 @@
+"""The durable job queue: jobs are rows, and every state change is one short write transaction.
+
+Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE) and the status flip is a conditional
+UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in two processes on one file,
+can never both run a job. A dispatcher identifies itself as `host:pid:nonce`; a running job
+whose dispatcher is gone (same host, dead pid) or silent past the lease is an orphan and is
+settled: re-queued while it has attempts left, failed with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from service.db import write_tx
+from service.models import FINAL_STATUSES, Job, utcnow
+from service.store import add_event, ensure_commit
+from workers.executor import Executor
+from workers.registry import get_suite
+from workers.suite import UnknownSuiteInput
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job {job_id}")
+        self.job_id = job_id
+
+
+class JobConflict(RuntimeError):
+    """The request is valid but contradicts the job's state (cancel a finished job, key reuse)."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated submission (the API checks suite, preset, params, device, world size)."""
+
+    suite: str
+    preset: str = "quick"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    commit: str | None = None
+    device: str = "cpu"
+    world_size: int = 1
+    priority: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+
+    def same_as(self, job: Job) -> bool:
+        return (
+            job.suite == self.suite
+            and job.preset == self.preset
+            and dict(job.params or {}) == dict(self.params)
+            and job.commit_sha == self.commit
+            and job.device == self.device
+            and job.world_size == self.world_size
+        )
+
+
+def dispatcher_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
+    """Queue a job; returns (job, created). A known idempotency key returns its job unchanged.
+
+    Raises JobConflict when the key is reused for a different request (suite, preset, params,
+    commit, device or world size differ), rather than silently returning an unrelated job.
+    """
+    for _ in range(3):
+        try:
+            with write_tx(engine) as s:
+                if req.idempotency_key:
+                    job = s.scalars(select(Job).where(Job.idempotency_key == req.idempotency_key)).first()
+                    if job is not None:
+                        if not req.same_as(job):
+                            raise JobConflict(
+                                f"idempotency key {req.idempotency_key!r} already names job {job.id} "
+                                f"({job.suite}/{job.preset} on {job.device}x{job.world_size}) with "
+                                "different parameters; use a new key"
+                            )
+                        return job, False
+                commit = ensure_commit(s, req.commit)
+                job = Job(
+                    suite=req.suite,
+                    preset=req.preset,
+                    params=dict(req.params),
+                    commit=commit,
+                    device=req.device,
+                    world_size=req.world_size,
+                    priority=req.priority,
+                    labels=dict(req.labels),
+                    idempotency_key=req.idempotency_key,
+                    status="queued",
+                )
+                s.add(job)
+                s.flush()
+                add_event(s, job.id, "status", "queued")
+                return job, True
+        except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
+            continue
+    raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
+
+
+def claim(engine: Engine, owner: str, limits: Mapping[str, int]) -> Job | None:
+    """Atomically move the best queued job to `running` for `owner`, within per-device limits.
+
+    Best = highest priority, then oldest. Returns None when nothing may start now.
+    """
+    with write_tx(engine) as s:
+        running = dict(
+            s.execute(
+                select(Job.device, func.count()).where(Job.status == "running").group_by(Job.device)
+            ).all()
+        )
+        open_devices = [d for d, limit in limits.items() if running.get(d, 0) < limit]
+        if not open_devices:
+            return None
+        job = s.scalars(
+            select(Job)
+            .where(Job.status == "queued", Job.device.in_(open_devices))
+            .order_by(Job.priority.desc(), Job.id)
+            .limit(1)
+        ).first()
+        if job is None:
+            return None
+        now = utcnow()
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == "queued")
+            .values(
+                status="running",
+                claimed_by=owner,
+                started_at=now,
+                heartbeat_at=now,
+                attempts=Job.attempts + 1,
+                cancel_requested=False,
+                error=None,
+                progress_done=0,
+                progress_total=0,
+                progress_message="",
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:  # another dispatcher took it (possible on non-SQLite stores)
+            return None
+        add_event(s, job.id, "status", "running", {"owner": owner, "attempt": job.attempts + 1})
+        s.flush()
+        s.refresh(job)
+        return job
+
+
+def cancel(engine: Engine, job_id: int) -> Job:
+    """Cancel a queued job at once; ask a running one's executor to stop (its dispatcher sets
+    the cancel event and records `cancelled` when the executor returns)."""
+    with write_tx(engine) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        if job.status == "queued":
+            job.status, job.finished_at = "cancelled", utcnow()
+            add_event(s, job.id, "status", "cancelled", {"reason": "cancelled while queued"})
+        elif job.status == "running":
+            if not job.cancel_requested:
+                job.cancel_requested = True
+                add_event(s, job.id, "status", "cancel requested")
+        else:
+            raise JobConflict(
+                f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled"
+            )
+        s.flush()
+        return job
+
+
+def finish(engine: Engine, job_id: int, owner: str, status: str, error: str | None = None) -> bool:
+    """Record the end of `owner`'s run; False when the job is no longer `owner`'s running job
+    (settled as an orphan meanwhile), in which case nothing changes."""
+    if status not in FINAL_STATUSES:
+        raise ValueError(f"final status must be one of {sorted(FINAL_STATUSES)}, got {status!r}")
+    with write_tx(engine) as s:
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "running", Job.claimed_by == owner)
+            .values(status=status, error=error, finished_at=utcnow(), cancel_requested=False)
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:
+            return False
+        add_event(s, job_id, "status", status, {"error": error} if error else None)
+    return True
+
+
+def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
+    """Refresh the lease of `owner`'s running jobs; returns those whose cancel was requested."""
+    if not job_ids:
+        return set()
+    with write_tx(engine) as s:
+        s.execute(
+            update(Job)
+            .where(Job.id.in_(job_ids), Job.claimed_by == owner, Job.status == "running")
+            .values(heartbeat_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        return set(
+            s.scalars(
+                select(Job.id).where(
+                    Job.id.in_(job_ids),
+                    (Job.cancel_requested.is_(True)) | (Job.status != "running") | (Job.claimed_by != owner),
+                )
+            )
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _orphan_reason(job: Job, owner: str, lease_s: float) -> str | None:
+    if job.claimed_by == owner:
+        return None
+    host, _, rest = (job.claimed_by or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+        return f"its dispatcher (pid {pid}) exited while it ran"
+    if job.heartbeat_at is None or utcnow() - job.heartbeat_at > timedelta(seconds=lease_s):
+        return f"its dispatcher {job.claimed_by} sent no heartbeat for {lease_s:g} s"
+    return None
+
+
+def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int) -> list[tuple[int, str]]:
+    """Settle running jobs whose dispatcher died: re-queue while attempts remain, else fail.
+
+    Returns (job id, new status) for every job settled. Samples already stored stay (they are
+    kept per attempt); the re-run starts a new attempt.
+    """
+    settled: list[tuple[int, str]] = []
+    with write_tx(engine) as s:
+        for job in s.scalars(select(Job).where(Job.status == "running")).unique():
+            reason = _orphan_reason(job, owner, lease_s)
+            if reason is None:
+                continue
+            if job.cancel_requested:
+                job.status, job.finished_at = "cancelled", utcnow()
+                job.error = f"cancelled; {reason}"
+                add_event(s, job.id, "status", "cancelled", {"reason": reason})
+            elif job.attempts < max_attempts:
+                job.status, job.claimed_by, job.heartbeat_at = "queued", None, None
+                add_event(
+                    s, job.id, "status", "queued",
+                    {"reason": f"re-queued after attempt {job.attempts} was interrupted: {reason}"},
+                )  # fmt: skip
+            else:
+                job.status, job.finished_at = "failed", utcnow()
+                job.error = f"interrupted {job.attempts} time(s); last: {reason}"
+                add_event(s, job.id, "status", "failed", {"reason": job.error})
+            settled.append((job.id, job.status))
+    return settled
+
+
+class InvalidJob(ValueError):
+    """A submission the service can never run; the message names the bad value and the choices."""
+
+
+def validate_request(body: Any, executor: Executor | None) -> JobRequest:
+    """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor.
+
+    Unknown suite/preset/parameter, a device the suite does not run on, and a world size no
+    device pool can ever give all raise `InvalidJob` (the API answers 422 with the message).
+    """
+    from service.api.schemas import JobCreate
+
+    req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body)
+    try:
+        suite = get_suite(req.suite)
+        params = suite.resolve_params(req.preset, req.params)
+    except UnknownSuiteInput as exc:
+        raise InvalidJob(str(exc)) from exc
+    if req.device not in suite.devices:
+        raise InvalidJob(f"suite {suite.name!r} runs on {list(suite.devices)}, not on device {req.device!r}")
+    if req.world_size < suite.min_world_size:
+        raise InvalidJob(
+            f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
+        )
+    if executor is not None:
+        try:
+            most = executor.max_world_size(req.device)
+        except ValueError as exc:
+            raise InvalidJob(str(exc)) from exc
+        if req.world_size > most:
+            raise InvalidJob(
+                f"world_size {req.world_size} on {req.device!r} can never be satisfied: the "
+                f"{executor.kind} executor offers at most {most} {req.device} rank(s)"
+            )
+    del params  # validated; the job stores the overrides as given, the preset fills the rest at run time
+    return JobRequest(
+        suite=suite.name,
+        preset=req.preset,
+        params=dict(req.params),
+        commit=req.commit,
+        device=req.device,
+        world_size=req.world_size,
+        priority=req.priority,
+        labels=dict(req.labels),
+        idempotency_key=req.idempotency_key,
+    )
+
+
+def submit_checked(
+    engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
+) -> tuple[Job, bool]:
+    """Validate and queue; returns (job, created). The API and the web form share this path."""
+    if executor is None:
+        from service.executors import get_executor
+
+        executor = get_executor(settings)
+    return submit(engine, validate_request(body, executor))
+
+
+def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> Job:
+    """Validate and queue a submission (a dict of the `POST /api/v1/jobs` fields); returns the job."""
+    return submit_checked(engine, settings, body, executor)[0]
