@@ -1,0 +1,142 @@
+"""One CP layer case against the no-CP reference, on every rank of a CP group.
+
+Both sides are built from the same seed on every rank: the reference runs the full sequence, the
+candidate this rank's shard. Parameter gradients of the candidate are summed over the group (what
+FSDP's reduce does) before they are compared with the reference's. Used by the tests and by the
+`cp-layer` suite, so both check exactly the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gdn.cp.config import CPConfig, shard_sequence
+from gdn.layer import GatedDeltaNet, GDNLayerConfig, gdn_layer_init_
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    """Inputs of one comparison. Row 0 of the batch is all valid; rows >= 1 hold `valid_len` tokens."""
+
+    config: GDNLayerConfig
+    mode: str
+    backend: str = "eager"
+    ref_backend: str = "eager"
+    dtype: torch.dtype = torch.float64
+    batch: int = 1
+    seq_len: int = 64
+    valid_len: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class LayerComparison:
+    """(actual, expected) pairs on this rank: local output and input grad, full parameter grads."""
+
+    output: tuple[torch.Tensor, torch.Tensor]
+    input_grad: tuple[torch.Tensor, torch.Tensor]
+    param_grads: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    grad_norm: tuple[float, float] = (0.0, 0.0)
+    padding_max_abs: float = 0.0  # largest |output| at padded positions of this shard (must be 0)
+
+
+def make_inputs(
+    case: LayerCase, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(x [B, T, hidden], mask [B, T] or None, dy [B, T, hidden]) from the case's seed, on `device`."""
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    B, T, Hd = case.batch, case.seq_len, case.config.hidden_size
+    x = torch.randn(B, T, Hd, generator=gen, dtype=torch.float64)
+    dy = torch.randn(B, T, Hd, generator=gen, dtype=torch.float64) / (B * T) ** 0.5
+    mask = None
+    if case.valid_len is not None:
+        if not 0 < case.valid_len <= T:
+            raise ValueError(f"valid_len must be in [1, seq_len={T}], got {case.valid_len}")
+        mask = torch.ones(B, T, dtype=case.dtype)
+        mask[1:, case.valid_len :] = 0
+        mask = mask.to(device)
+    return x.to(device, case.dtype), mask, dy.to(device, case.dtype)
+
+
+def build_layer(case: LayerCase, cp: CPConfig | None, backend: str, device: torch.device) -> GatedDeltaNet:
+    layer = GatedDeltaNet(case.config, backend=backend, cp=cp)
+    return gdn_layer_init_(layer, case.seed).to(device=device, dtype=case.dtype)
+
+
+def reference_layer_step(
+    case: LayerCase, device: torch.device
+) -> tuple[GatedDeltaNet, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The no-CP layer on the full sequence: (layer with grads, output, input grad, mask)."""
+    x, mask, dy = make_inputs(case, device)
+    ref = build_layer(case, None, case.ref_backend, device)
+    x = x.clone().requires_grad_(True)
+    y = ref(x, mask)
+    y.backward(dy)
+    return ref, y.detach(), x.grad, mask  # type: ignore[return-value]
+
+
+def cp_layer_step(
+    case: LayerCase, cp: CPConfig, device: torch.device
+) -> tuple[GatedDeltaNet, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The CP layer on this rank's shard.
+
+    Returns (layer with group-summed grads, local output, local input grad, local mask).
+    """
+    x, mask, dy = make_inputs(case, device)
+    layer = build_layer(case, cp, case.backend, device)
+    x_loc = shard_sequence(x, cp, 1).clone().requires_grad_(True)
+    m_loc = None if mask is None else shard_sequence(mask, cp, 1)
+    y = layer(x_loc, m_loc)
+    y.backward(shard_sequence(dy, cp, 1))
+    sum_param_grads(layer, cp)
+    return layer, y.detach(), x_loc.grad, m_loc  # type: ignore[return-value]
+
+
+def sum_param_grads(layer: torch.nn.Module, cp: CPConfig) -> None:
+    """Sum every parameter's gradient over the CP group (each rank holds its shard's contribution)."""
+    if not cp.enabled:
+        return
+    for p in layer.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=cp.group)
+
+
+def grad_norm(layer: torch.nn.Module) -> float:
+    return float(
+        torch.sqrt(sum(p.grad.double().pow(2).sum() for p in layer.parameters() if p.grad is not None))
+    )
+
+
+def compare_layer(case: LayerCase, cp: CPConfig, device: torch.device) -> LayerComparison:
+    """Run the reference and the candidate on this rank and pair their tensors."""
+    ref, y_ref, dx_ref, _ = reference_layer_step(case, device)
+    cand, y, dx, m_loc = cp_layer_step(case, cp, device)
+    out = LayerComparison(
+        output=(y, shard_sequence(y_ref, cp, 1)),
+        input_grad=(dx, shard_sequence(dx_ref, cp, 1)),
+        grad_norm=(grad_norm(cand), grad_norm(ref)),
+    )
+    ref_params = dict(ref.named_parameters())
+    for name, p in cand.named_parameters():
+        out.param_grads[name] = (p.grad, ref_params[name].grad)  # type: ignore[assignment]
+    if m_loc is not None:
+        pad = (m_loc == 0).unsqueeze(-1).expand_as(y)
+        out.padding_max_abs = float(y[pad].abs().max()) if pad.any() else 0.0
+    return out
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    n = b.norm().item()
+    return (a - b).norm().item() / n if n > 0 else float((a - b).norm().item())
+
+
+def worst_rel_l2(cmp: LayerComparison) -> dict[str, float]:
+    """Relative-L2 of every tensor of one comparison, by name (output, input_grad, param:<name>)."""
+    errs = {"output": rel_l2(*cmp.output), "input_grad": rel_l2(*cmp.input_grad)}
+    for name, (a, b) in cmp.param_grads.items():
+        errs[f"param:{name}"] = rel_l2(a, b)
+    return errs

@@ -1,0 +1,183 @@
+"""P2P and AllGather context parallelism for the gated delta rule core (sequence-sharded inputs).
+
+P2P, per rank r of P (every rank holds all heads and T/P tokens):
+  forward   r = 0      : one pass from a zero state gives (o_0, S_out_0); S_out_0 goes to rank 1.
+            0 < r < P-1: summary (M_r, S_ext_r) at once (no wait), then receive S_in, send
+                         S_out = M_r·S_in + S_ext_r, then the shard's pass with initial_state=S_in
+                         (the send overlaps this pass).
+            r = P-1    : no summary (nobody needs its end state); receive S_in, run its pass.
+  backward  each rank runs its pass's backward (giving G_r = ∂L/∂S_in|local) at once; then the
+            reverse chain: receive A_{r+1} = total ∂L/∂S_out, send A_r = G_r + M_rᵀ·A_{r+1} to
+            r−1, and hand dM_r = A_{r+1}·S_inᵀ, dS_ext_r = A_{r+1} to the summary's backward.
+The critical path is two shard passes plus P−1 small hops each way; the chain's matmuls and
+messages are in fp32 (fp64 for fp64 inputs).
+
+AllGather (eager): every rank computes its summary, all ranks gather all summaries and fold the
+prefix locally; the gather's backward is an all-reduce of the summary gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn.cp.comm import PendingSend, all_gather, recv_checked, send_checked, wait_sends
+from gdn.cp.config import CPConfig
+from gdn.cp.summary import apply_transition, merge_prefix, state_dtype, state_summary
+from gdn.ops import gated_delta_rule
+
+
+class _ChainHop(torch.autograd.Function):
+    """Ranks 1..P-1: (M, S_ext | None, anchor) -> S_in received from the previous rank.
+
+    `anchor` is any input that requires grad (g): it keeps the node in the graph on the last rank,
+    which has no summary but must still send its state gradient backwards.
+    """
+
+    @staticmethod
+    def forward(ctx, m, ext, anchor, cp: CPConfig, like: torch.Tensor, pending, pending_bwd):  # type: ignore[override]
+        ctx.cp, ctx.pending_bwd = cp, pending_bwd
+        rank, size = cp.rank, cp.world_size
+        s_in = recv_checked(like, cp, rank - 1, "state_fwd")
+        has_next = rank + 1 < size
+        if has_next:
+            pending.append(send_checked(apply_transition(m, s_in, ext), cp, rank + 1, "state_fwd"))
+        ctx.has_next = has_next
+        ctx.save_for_backward(m, s_in)
+        return s_in
+
+    @staticmethod
+    def backward(ctx, g_in: torch.Tensor):  # type: ignore[override]
+        cp: CPConfig = ctx.cp
+        m, s_in = ctx.saved_tensors
+        rank = cp.rank
+        d_m = d_ext = None
+        a = g_in.contiguous()
+        if ctx.has_next:
+            a_next = recv_checked(g_in, cp, rank + 1, "state_bwd")
+            a = a + m.transpose(-1, -2) @ a_next
+            d_m = a_next @ s_in.transpose(-1, -2)
+            d_ext = a_next
+        sent = send_checked(a, cp, rank - 1, "state_bwd")
+        if ctx.pending_bwd is None:
+            wait_sends([sent], cp)
+        else:  # the caller waits later (the layer: in the halo backward), overlapping the summary backward
+            ctx.pending_bwd.append(sent)
+        return d_m, d_ext, None, None, None, None, None
+
+
+class _ChainHead(torch.autograd.Function):
+    """Rank 0: (o, S_out) -> o; sends S_out to rank 1, and in backward receives its gradient."""
+
+    @staticmethod
+    def forward(ctx, o, s_out, cp: CPConfig, pending: list[PendingSend]):  # type: ignore[override]
+        ctx.cp = cp
+        pending.append(send_checked(s_out, cp, 1, "state_fwd"))
+        ctx.meta = (s_out.shape, s_out.dtype, s_out.device)
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, d_o: torch.Tensor):  # type: ignore[override]
+        shape, dtype, device = ctx.meta
+        d_s_out = recv_checked(torch.empty(shape, dtype=dtype, device=device), ctx.cp, 1, "state_bwd")
+        return d_o, d_s_out, None, None
+
+
+def p2p_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cp: CPConfig,
+    *,
+    backend: str = "eager",
+    chunk_size: int = 64,
+    pending: list[PendingSend] | None = None,
+    pending_bwd: list[PendingSend] | None = None,
+) -> torch.Tensor:
+    """The gated delta rule over a sequence sharded on the CP group, states passed rank to rank.
+
+    Inputs are this rank's shard ([B, T_local, H, D], [B, T_local, Hv]); returns its output.
+    `pending`/`pending_bwd` collect forward/backward sends in flight; when omitted they are waited
+    before return (forward) or at the end of this call's backward.
+    """
+    size, rank = cp.world_size, cp.rank
+    if size == 1:
+        o, _ = gated_delta_rule(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
+        return o
+    own_pending = pending is None
+    pending = [] if pending is None else pending
+    B, _, Hv, dv = v.shape
+    dk = k.shape[-1]
+    if rank == 0:
+        o, s_out = gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            output_final_state=True,
+            backend=backend,
+            chunk_size=chunk_size,  # type: ignore[arg-type]
+        )
+        o = _ChainHead.apply(o, s_out, cp, pending)
+    else:
+        m = ext = None
+        if rank + 1 < size:
+            m, ext = state_summary(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)
+        like = torch.empty(B, Hv, dk, dv, dtype=state_dtype(v), device=v.device)
+        s_in = _ChainHop.apply(m, ext, g, cp, like, pending, pending_bwd)
+        o, _ = gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=s_in,
+            backend=backend,
+            chunk_size=chunk_size,  # type: ignore[arg-type]
+        )
+    if own_pending:
+        wait_sends(pending, cp)
+    return o
+
+
+def all_gather_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cp: CPConfig,
+    *,
+    backend: str = "eager",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """AllGather CP: gather every shard's (M, S_ext), fold the prefix locally, run this shard."""
+    cp.check_backend(backend)
+    size, rank = cp.world_size, cp.rank
+    if size == 1:
+        o, _ = gated_delta_rule(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
+        return o
+    B, _, Hv, dv = v.shape
+    dk = k.shape[-1]
+    sdt = state_dtype(v)
+    if rank + 1 < size:
+        m, ext = state_summary(
+            q, k, v, g, beta, backend=backend, chunk_size=chunk_size, need_transition=rank > 0
+        )
+        if m is None:  # rank 0: nobody folds M_0 (S_in of rank 0 is zero)
+            m = ext.new_zeros(B, Hv, dk, dk)
+    else:  # the last shard's summary is never used; contribute zeros
+        m = torch.zeros(B, Hv, dk, dk, dtype=sdt, device=v.device)
+        ext = torch.zeros(B, Hv, dk, dv, dtype=sdt, device=v.device)
+    gathered = all_gather(torch.cat([m, ext], dim=-1), cp, g)  # [P, B, Hv, dk, dk+dv]
+    if rank == 0:
+        # Keep the gather in rank 0's graph (zero gradient) so its backward all-reduce runs here too.
+        s_in = torch.zeros(B, Hv, dk, dv, dtype=sdt, device=v.device) + 0.0 * gathered.sum()
+    else:
+        ms = [gathered[j, ..., :dk] for j in range(rank)]
+        exts = [gathered[j, ..., dk:] for j in range(rank)]
+        s_in = merge_prefix(ms, exts)
+    o, _ = gated_delta_rule(q, k, v, g, beta, initial_state=s_in, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
+    return o
