@@ -60,6 +60,16 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def immediate(engine: Engine) -> Engine:
+    """`engine` whose transactions begin with BEGIN IMMEDIATE on SQLite (a no-op elsewhere).
+
+    In WAL mode a deferred transaction that reads and then writes fails at once with
+    "database is locked" when another writer committed in between; taking the lock at BEGIN
+    makes it wait (busy timeout) instead.
+    """
+    return engine.execution_options(**{_IMMEDIATE: True})
+
+
 @contextmanager
 def write_tx(engine: Engine) -> Iterator[Session]:
     """A session whose transaction holds the write lock from its start (SQLite: BEGIN IMMEDIATE).
@@ -67,8 +77,7 @@ def write_tx(engine: Engine) -> Iterator[Session]:
     Use it for read-modify-write steps (claims, idempotent submits) so two processes cannot both
     read the same state and act on it. Commits on success, rolls back on error.
     """
-    immediate = engine.execution_options(**{_IMMEDIATE: True})
-    with Session(immediate, expire_on_commit=False) as session, session.begin():
+    with Session(immediate(engine), expire_on_commit=False) as session, session.begin():
         yield session
 
 

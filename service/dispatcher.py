@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from service import queue, store
+from service.db import write_tx
 from service.models import CASE_STATUSES, Job, MetricDef
 from service.settings import Settings
 from workers.executor import Executor, JobOutcome, JobSpec
@@ -47,7 +48,7 @@ class StoreSink:
         self.samples_written = 0
         self.case_ids: dict[str, int] = {}
         self.metric_ids: dict[str, int] = {}
-        with Session(engine) as s, s.begin():
+        with write_tx(engine) as s:
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params))
@@ -87,7 +88,7 @@ class StoreSink:
             missing_c = {b.case for b in batch} - set(self.case_ids)
             missing_m = {b.metric for b in batch} - set(self.metric_ids)
             if missing_c or missing_m:
-                with Session(self.engine) as s, s.begin():
+                with write_tx(self.engine) as s:
                     for c in sorted(missing_c):
                         self._case_id(s, c)
                     for m in sorted(missing_m):
@@ -98,14 +99,14 @@ class StoreSink:
             self.samples_written += len(rows)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
-        with self._lock, Session(self.engine) as s, s.begin():
+        with self._lock, write_tx(self.engine) as s:
             if status not in CASE_STATUSES:
                 error = f"executor reported unknown status {status!r}; {error or ''}".strip()
                 status = "error"
             store.set_case_result(s, self.job_id, self._case_id(s, case), status, error)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
-        with self._lock, Session(self.engine) as s, s.begin():
+        with self._lock, write_tx(self.engine) as s:
             job = s.get(Job, self.job_id)
             if job is None:
                 return
@@ -113,7 +114,7 @@ class StoreSink:
             store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
 
     def info(self, info: Mapping[str, Any]) -> None:
-        with self._lock, Session(self.engine) as s, s.begin():
+        with self._lock, write_tx(self.engine) as s:
             job = s.get(Job, self.job_id)
             if job is None:
                 return
@@ -121,11 +122,11 @@ class StoreSink:
             store.add_event(s, self.job_id, "info", "", dict(info))
 
     def log(self, line: str) -> None:
-        with self._lock, Session(self.engine) as s, s.begin():
+        with self._lock, write_tx(self.engine) as s:
             store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
 
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
-        with self._lock, Session(self.engine) as s, s.begin():
+        with self._lock, write_tx(self.engine) as s:
             store.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
             store.add_event(s, self.job_id, "artifact", name, {"media_type": media_type, "size": len(data)})
 
@@ -225,8 +226,10 @@ class Dispatcher:
                 self._requeue(job.id)
                 return
             try:
-                with Session(self.engine) as s, s.begin():
-                    store.store_summary(s, job.id)
+                with Session(self.engine) as s:  # compute outside the write lock
+                    summary = store.compute_summary(s, job.id)
+                with write_tx(self.engine) as s:
+                    store.store_summary(s, job.id, summary)
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):
@@ -259,8 +262,6 @@ class Dispatcher:
 
     def _requeue(self, job_id: int) -> None:
         from sqlalchemy import update
-
-        from service.db import write_tx
 
         with write_tx(self.engine) as s:
             res = s.execute(

@@ -20,6 +20,7 @@ from sqlalchemy import case as sa_case
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.db import immediate
 from service.models import (
     FINAL_STATUSES,
     Artifact,
@@ -106,7 +107,7 @@ def insert_samples(
     if not rows:
         return 0
     table = SampleRow.__table__
-    with engine.begin() as conn:
+    with immediate(engine).begin() as conn:
         raw = conn.dialect.paramstyle == "qmark"  # pysqlite: skip per-row dict building
         for start in range(0, len(rows), SAMPLE_BATCH):
             chunk = rows[start : start + SAMPLE_BATCH]
@@ -436,10 +437,13 @@ def compute_summary(session: Session, job_id: int) -> dict[tuple[int, int], Metr
     return out
 
 
-def store_summary(session: Session, job_id: int) -> int:
-    """Compute and store a finished job's summaries (replacing any earlier ones); returns rows."""
+def store_summary(
+    session: Session, job_id: int, summary: dict[tuple[int, int], MetricSummary] | None = None
+) -> int:
+    """Store a finished job's summaries (computed here unless given), replacing earlier ones."""
+    if summary is None:
+        summary = compute_summary(session, job_id)
     session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id))
-    summary = compute_summary(session, job_id)
     session.add_all(
         SummaryRow(
             job_id=job_id,
