@@ -18,10 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SWEEP: dict[str, list[tuple[str, list[int]]]] = {
     "intra": [("intra_warps", [2, 4, 8])],
     "state_fwd": [("state_bv", [16, 32, 64]), ("state_warps", [2, 4, 8]), ("state_stages", [1, 2, 3])],
-    "output": [("output_warps", [4, 8])],
+    "output": [("output_warps", [4, 8]), ("out_bv", [64, 128])],
     "state_bwd": [("state_bv", [16, 32, 64]), ("state_warps", [2, 4, 8]), ("state_stages", [1, 2, 3]),
                   ("dvl_warps", [4, 8])],
-    "chunk_bwd": [("dqk_warps", [4, 8]), ("dqk_bv", [32, 64]), ("wy_warps", [4, 8])],
+    "chunk_bwd": [("dqk_warps", [4, 8]), ("dqk_bv", [32, 64]), ("wy_warps", [4, 8]), ("wy_bd", [32, 64])],
 }  # fmt: skip
 
 
