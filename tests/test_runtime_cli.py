@@ -1,0 +1,53 @@
+"""`gdnval run` end to end on a 2-rank gloo job: table, JSON document and exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from service.cli import main
+from workers.registry import SUITE_MODULES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def probe_suite():
+    SUITE_MODULES["probe"] = "tests.suites_for_tests"
+    yield
+    SUITE_MODULES.pop("probe", None)
+
+
+def test_run_reports_a_bound_violation_with_exit_1_and_writes_every_sample(tmp_path: Path) -> None:
+    report = tmp_path / "probe.json"
+    args = ["run", "probe", "--world-size", "2", "--param", "bound_violation=true", "--param", "repeats=2",
+            "--json", str(report)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "bounded" in result.output and "4/5 cases passed" in result.output
+    doc = json.loads(report.read_text())
+    assert doc["status"] == "succeeded" and doc["exit_code"] == 1 and doc["world_size"] == 2
+    assert doc["overrides"] == {"bound_violation": True, "repeats": 2}
+    cases = {c["name"]: c for c in doc["cases"]}
+    assert cases["bounded"]["status"] == "failed"
+    assert "value[idx 0] = 2 on rank 0, expected <= 1.0" in cases["bounded"]["error"]
+    assert cases["collective"]["status"] == "passed" and len(cases["collective"]["fingerprint"]) == 20
+    reduced = [s for s in doc["samples"] if s["metric"] == "allreduce_sum"]
+    per_rank = sorted((s["rank"], s["idx"], s["value"]) for s in reduced)
+    assert per_rank == [(0, 0, 3.0), (0, 1, 3.0), (1, 0, 3.0), (1, 1, 3.0)]
+    summary = {(r["case"], r["metric"]): r for r in doc["summary"]}
+    assert summary[("bounded", "value")]["passed"] is False and summary[("bounded", "value")]["count"] == 1
+    assert summary[("collective", "allreduce_sum")]["median"] == 3.0
+    assert [r["rank"] for r in doc["info"]["ranks"]] == [0, 1]
+
+
+def test_run_rejects_unknown_input_before_starting_ranks() -> None:
+    result = CliRunner().invoke(main, ["run", "probe", "--preset", "nightly"])
+    assert result.exit_code == 2 and "unknown preset 'nightly'" in result.output
+    result = CliRunner().invoke(main, ["run", "nosuch"])
+    assert result.exit_code == 2 and "unknown suite 'nosuch'" in result.output
+    result = CliRunner().invoke(main, ["run", "probe", "--param", "novalue"])
+    assert result.exit_code == 2 and "expected KEY=VALUE" in result.output
