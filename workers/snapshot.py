@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+REPO_ENV = "GDNVAL_REPO"  # default git repository of the executors (jobs with a commit run its snapshot)
 COMPLETE_MARKER = ".gdnval-snapshot"
 COMMIT_FILE = "GDNVAL_COMMIT"
 

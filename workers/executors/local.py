@@ -21,7 +21,7 @@ from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
-from workers.snapshot import SnapshotCache, SnapshotError
+from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
 
 DEVICE_KINDS = ("cuda", "npu", "cpu")
 _VISIBLE_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}  # = gdn.device
@@ -89,6 +89,7 @@ class LocalExecutor(Executor):
         python: str = sys.executable,
         poll_s: float = 0.2,
     ) -> None:
+        repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python

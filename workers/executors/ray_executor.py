@@ -31,7 +31,7 @@ from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
 from workers.provenance import source_commit
-from workers.snapshot import SnapshotCache, SnapshotError
+from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
 
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
@@ -142,6 +142,7 @@ class RayExecutor(Executor):
             )
         self.address = address or os.environ.get(RAY_ADDRESS_ENV) or None
         self.placement_strategy = placement_strategy
+        repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
         self.cache_dir = str(cache_dir) if cache_dir else None
         self.cpus_per_rank = cpus_per_rank
