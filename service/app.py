@@ -160,6 +160,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
 
     app.include_router(probes)
     app.include_router(api)
+    app.include_router(importlib.import_module("service.api.gate").router)  # gate, compare, report
     if importlib.util.find_spec("service.web.routes") is not None:
         from service.web.routes import router as web_router
 

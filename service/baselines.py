@@ -56,11 +56,13 @@ def load_side(session: Session, job_id: int) -> JobSide:
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     metric_rows = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == job.suite))}
-    rows = session.execute(
-        select(SampleRow.case_id, SampleRow.metric_id, SampleRow.rank, SampleRow.idx, SampleRow.value).where(
-            SampleRow.job_id == job_id
-        )
-    ).all()
+    q = select(SampleRow.case_id, SampleRow.metric_id, SampleRow.rank, SampleRow.idx, SampleRow.value).where(
+        SampleRow.job_id == job_id
+    )
+    attempt_col = getattr(SampleRow, "attempt", None)
+    if attempt_col is not None:  # a re-queued job keeps its interrupted run's samples: read the latest run
+        q = q.where(attempt_col == max(1, job.attempts or 0))
+    rows = session.execute(q).all()
     arr = np.array(rows, dtype=np.float64).reshape(-1, 5)  # NULL (stored NaN) -> NaN
     results = session.execute(
         select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(CaseResult.job_id == job_id)

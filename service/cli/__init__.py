@@ -16,6 +16,8 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.submit": "submit",
     "service.cli.jobs": "jobs",
     "service.cli.db": "db",
+    "service.cli.gate": "gate",
+    "service.cli.report": "report",
 }
 
 

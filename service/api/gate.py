@@ -1,0 +1,86 @@
+"""Gate, compare and report endpoints under /api/v1 (mounted by `service.app.create_app`).
+
+- `POST /api/v1/gate`: one step of the gate (`service.gate.evaluate_gate`): finds or submits the
+  jobs and answers the state; call again with the same body (same `run_id`) until `phase` is
+  `done`. Writes jobs, so it needs the bearer token when one is configured.
+- `GET /api/v1/compare?base=JOB&head=JOB`: the compare engine's result as JSON.
+- `GET /api/v1/jobs/{id}/report?base=JOB`: the Markdown test report.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import PlainTextResponse
+from sqlalchemy.orm import Session
+
+from service.api.routes import get_session, require_read, require_write
+from service.gate import GateInputError, GateRequest, default_submit, evaluate_gate
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
+SessionDep = Annotated[Session, Depends(get_session)]
+JobQuery = Annotated[int, Query(ge=1, le=2**62, description="job id")]
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+@router.post("/gate", dependencies=[Depends(require_write)])
+def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
+    """Advance the gate; `exit_code` is set once `phase` is `done` (0 pass, 1 fail, 2 could not run)."""
+    state = request.app.state
+    dispatcher = getattr(state, "dispatcher", None)
+    if state.executor is None:
+        return {
+            "phase": "done", "exit_code": 2, "verdict": "error", "head": body.head, "base": None,
+            "base_source": "", "jobs": [], "confirmations": [], "comparisons": [],
+            "reason": f"could not run: the service has no executor ({state.executor_error})",
+            "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- the service has no executor "
+                        f"({state.executor_error})\n",
+        }  # fmt: skip
+    wake = dispatcher.wake if dispatcher is not None else None
+    submit = default_submit(state.engine, state.settings, state.executor, wake)
+    try:
+        result = evaluate_gate(state.engine, body, submit)
+    except GateInputError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    if result.markdown is not None:
+        from service.report import gate_markdown
+
+        result.markdown = gate_markdown(result, _base_url(request))
+    return result.to_dict()
+
+
+@router.get("/compare")
+def compare_endpoint(base: JobQuery, head: JobQuery, session: SessionDep) -> dict[str, Any]:
+    """Compare two jobs of one suite, case by case and metric by metric."""
+    from service.baselines import NotFound, compare_jobs
+
+    try:
+        return compare_jobs(session, base, head).to_dict()
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+
+
+@router.get("/jobs/{job_id}/report", response_class=PlainTextResponse)
+def report_endpoint(
+    job_id: int,
+    request: Request,
+    session: SessionDep,
+    base: Annotated[list[int] | None, Query(description="base job(s), one per suite")] = None,
+) -> PlainTextResponse:
+    """The Markdown test report of a job, compared with `base` when given."""
+    from service.baselines import NotFound
+    from service.report import build_report
+
+    try:
+        text, _ = build_report(session, [job_id], base or [], _base_url(request))
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")

@@ -1,0 +1,138 @@
+"""`gdnval gate --head REF`: gate a commit on a running service; exit 0 pass, 1 fail, 2 could not run.
+
+The CLI resolves refs to full shas in the local repository (`--repo`, default: the current
+directory) so the service needs no checkout, then steps `POST /api/v1/gate` until the gate is
+done, drawing one progress bar per job. The Markdown report goes to stdout, the machine-readable
+verdict to `--json FILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from service.cli.client import server_option, token_option
+
+EXIT_INFRA = 2
+
+
+def _resolve(repo: str, ref: str) -> str:
+    """The full sha of `ref` in `repo`, or `ref` unchanged (the service may know it)."""
+    from service.baselines import git_rev_parse, parse_job_ref
+
+    if parse_job_ref(ref) is not None:
+        return ref
+    return git_rev_parse(repo, ref) or ref
+
+
+@click.command()
+@click.option("--head", required=True, help="the commit to gate (sha or ref, resolved in --repo)")
+@click.option(
+    "--base", default=None, help="compare with this commit (or 'job:N'); default: the head's parent"
+)
+@click.option("--baseline", default=None, help="compare with this named baseline of the store")
+@click.option(
+    "--suite", "suites", multiple=True, help="suite to gate (repeat); default: every registered suite"
+)
+@click.option("--preset", default="gate", show_default=True)
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "npu", "cpu"]))
+@click.option("--world-size", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--confirm", is_flag=True, help="re-run time regressions once; fail only on confirmed ones")
+@click.option(
+    "--repo", default=".", show_default=True, help="git repository that resolves refs and the parent"
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the machine-readable verdict here")  # fmt: skip
+@click.option(
+    "--timeout", default=6 * 3600.0, show_default=True, type=float, help="seconds before giving up (exit 2)"
+)
+@click.option("--poll", default=1.0, show_default=True, type=float, help="seconds between gate steps")
+@server_option
+@token_option
+def gate(
+    head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str, device: str,
+    world_size: int, confirm: bool, repo: str, json_path: Path | None, timeout: float, poll: float,
+    server: str, token: str | None,
+) -> None:  # fmt: skip
+    """Run or reuse jobs for HEAD and its base, compare them, print the Markdown report."""
+    if base and baseline:
+        raise click.UsageError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
+    head_sha = _resolve(repo, head)
+    base_ref = _resolve(repo, base) if base else None
+    if not base and not baseline:
+        from service.baselines import git_rev_parse
+
+        base_ref = git_rev_parse(repo, f"{head_sha}^")  # None: the service tries the parent it recorded
+    body: dict[str, Any] = {
+        "head": head_sha, "base": base_ref, "baseline": baseline, "suites": list(suites), "preset": preset,
+        "device": device, "world_size": world_size, "confirm": confirm, "run_id": uuid.uuid4().hex[:16],
+    }  # fmt: skip
+    state = _run(server, token, body, timeout, poll)
+    if state.get("markdown"):
+        click.echo(state["markdown"])
+    else:
+        click.echo(f"gate: {state.get('reason')}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(state, indent=1, allow_nan=False))
+    raise SystemExit(int(state.get("exit_code") if state.get("exit_code") is not None else EXIT_INFRA))
+
+
+def _infra(reason: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A could-not-run verdict made on this side (server down, refused request)."""
+    return {
+        "phase": "done", "exit_code": EXIT_INFRA, "verdict": "error", "reason": reason,
+        "head": body["head"], "base": body.get("base"), "base_source": "", "jobs": [], "confirmations": [],
+        "comparisons": [], "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- {reason}\n",
+    }  # fmt: skip
+
+
+def _run(server: str, token: str | None, body: dict[str, Any], timeout: float, poll: float) -> dict[str, Any]:
+    import httpx
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from service.cli.client import client
+
+    start = time.monotonic()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[message]}"))  # fmt: skip
+    tasks: dict[int, Any] = {}
+    busy = 0
+    with client(server, token) as http, Progress(*columns, console=Console(stderr=True)) as bar:
+        while True:
+            try:
+                resp = http.post("/api/v1/gate", json=body)
+            except httpx.HTTPError as exc:
+                return _infra(f"could not run: the service at {server} is unreachable ({exc})", body)
+            if resp.status_code == 503 and busy < 10:  # the store is busy: retry a few times
+                busy += 1
+                time.sleep(poll)
+                continue
+            if resp.status_code >= 300:
+                try:
+                    detail = resp.json().get("detail")
+                except (ValueError, AttributeError):
+                    detail = resp.text
+                return _infra(
+                    f"could not run: the service refused the gate ({resp.status_code}): {detail}", body
+                )
+            busy = 0
+            state = resp.json()
+            for j in state.get("jobs", []):
+                key = j["job_id"]
+                desc = f"{j['role']:<7} {j['suite']} #{key} {j['status']}"
+                total = j["progress_total"] or None
+                if key not in tasks:
+                    tasks[key] = bar.add_task(desc, total=total, message="")
+                bar.update(tasks[key], description=desc, completed=j["progress_done"], total=total,
+                           message=(j.get("message") or "")[:50])  # fmt: skip
+            if state["phase"] == "done":
+                return state
+            if time.monotonic() - start > timeout:
+                return _infra(f"could not run: gave up after {timeout:g} s ({state.get('reason')})", body)
+            time.sleep(poll)

@@ -1,0 +1,78 @@
+"""`gdnval report JOB [JOB...] [--base JOB]`: the Markdown test report of stored jobs.
+
+Reads the store named by GDNVAL_DB_URL (or `--db`), or asks a running service (`--server`).
+Numbers link to the job pages at `--link-base` (default: the server URL).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("jobs", nargs=-1, required=True, type=click.IntRange(1))
+@click.option(
+    "--base", "bases", multiple=True, type=click.IntRange(1), help="base job to compare with (one per suite)"
+)
+@click.option("--db", "db_url", envvar="GDNVAL_DB_URL", default=None, help="store URL [env GDNVAL_DB_URL]")
+@click.option(
+    "--server", envvar="GDNVAL_SERVER", default=None, help="ask this service instead of opening the store"
+)
+@click.option("--token", envvar="GDNVAL_API_TOKEN", default=None, help="bearer token [env GDNVAL_API_TOKEN]")
+@click.option("--link-base", default=None, help="URL prefix of the job pages the numbers link to")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write here, not stdout"
+)
+def report(
+    jobs: tuple[int, ...], bases: tuple[int, ...], db_url: str | None, server: str | None, token: str | None,
+    link_base: str | None, out: Path | None,
+) -> None:  # fmt: skip
+    """Render the test report of JOBS (one per suite), compared with --base jobs when given."""
+    if server:
+        text = _from_server(server, token, jobs, bases)
+    else:
+        text = _from_store(db_url, jobs, bases, link_base)
+    if out is not None:
+        out.write_text(text)
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text)
+
+
+def _from_store(
+    db_url: str | None, jobs: tuple[int, ...], bases: tuple[int, ...], link_base: str | None
+) -> str:
+    from sqlalchemy.orm import Session
+
+    from service.baselines import NotFound
+    from service.db import make_engine
+    from service.report import build_report
+    from service.settings import Settings
+
+    settings = Settings(**({"db_url": db_url} if db_url else {}))
+    engine = make_engine(settings.db_url)
+    try:
+        with Session(engine) as s:
+            text, _ = build_report(
+                s, list(jobs), list(bases), link_base if link_base is not None else settings.server
+            )
+    except (NotFound, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        engine.dispose()
+    return text
+
+
+def _from_server(server: str, token: str | None, jobs: tuple[int, ...], bases: tuple[int, ...]) -> str:
+    from service.cli.client import client
+
+    parts = []
+    with client(server, token) as http:
+        for job in jobs:
+            resp = http.get(f"/api/v1/jobs/{job}/report", params=[("base", b) for b in bases])
+            if resp.status_code >= 300:
+                raise click.ClickException(f"report of job {job}: {resp.status_code} {resp.text[:500]}")
+            parts.append(resp.text)
+    return "\n".join(parts)

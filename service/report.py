@@ -1,0 +1,384 @@
+"""The Markdown test report, in the shape of the user's hand-written one, and the gate's report.
+
+Sections (VALIDATION_MATRIX): environment (device, driver, torch/Triton, commit), verdicts,
+capability checks, the GDN accuracy matrix per tensor (relative-L2, max abs, max rel, finite),
+speed with speed-ups (Triton vs eager), memory, CP tables (P2P vs Ulysses), trajectory
+summaries, and, with a base, the comparison. Every number links to its case on the job page
+(`/jobs/{id}#case-{fingerprint}`, the web page's anchor), so a reader can open the samples.
+
+The tables use the web page's view models (`service.web.views`): the same worst-rank numbers,
+the same bound judgements, the same baseline pairing for speed-ups, in both places.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from service.compare import Comparison, MetricResult
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from service.gate import GateState
+
+VERDICT_MARK = {
+    "regressed": "🔴 regressed",
+    "failed": "🔴 failed",
+    "worsened": "🟠 worsened",
+    "errored": "🔴 errored",
+    "inconclusive": "⚪ inconclusive",
+    "improved": "🟢 improved",
+    "unchanged": "unchanged",
+    "added": "➕ added",
+    "removed": "➖ removed",
+    "skipped": "skipped",
+}
+
+
+def md_escape(text: Any) -> str:
+    """A table cell: pipes escaped, newlines flattened."""
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def link(text: str, url: str | None) -> str:
+    return f"[{md_escape(text)}]({url})" if url else md_escape(text)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = list(rows)
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def case_url(base_url: str, job_id: int | None, fingerprint: str) -> str | None:
+    if job_id is None:
+        return None
+    return f"{base_url.rstrip('/')}/jobs/{job_id}#case-{fingerprint}"
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    """The web page's number format (4 significant digits, scientific when tiny or huge)."""
+    from service.web.charts import fmt as web_fmt
+
+    return web_fmt(value, unit)
+
+
+# ------------------------------------------------------------------------------------ comparisons
+
+
+def _stat(m: MetricResult, side: str) -> float | None:
+    s = getattr(m, side)
+    if s is None:
+        return None
+    return s.median if m.kind == "time" else s.worst
+
+
+def comparison_markdown(
+    cmp: Comparison, base_url: str = "", *, all_rows: bool = False, level: int = 3
+) -> str:
+    """A comparison as Markdown: verdict counts, then one row per metric that is not unchanged
+    (every row with `all_rows`), and one row per case without metrics (errored/added/removed)."""
+    h = "#" * level
+    counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n)
+    head_link = link(f"#{cmp.head.job_id}", _job_url(base_url, cmp.head.job_id))
+    base_link = link(f"#{cmp.base.job_id}", _job_url(base_url, cmp.base.job_id))
+    title = (
+        f"{h} {cmp.suite}: job {head_link} (head {_short(cmp.head.commit)}) "
+        f"vs job {base_link} (base {_short(cmp.base.commit)})"
+    )
+    lines = [title, "", f"Cases: {counts or 'none'}. " + ("**PASS**" if cmp.passed else "**FAIL**"), ""]
+    rows = []
+    for c in cmp.cases:
+        hurl = case_url(base_url, cmp.head.job_id, c.fingerprint)
+        burl = case_url(base_url, cmp.base.job_id, c.fingerprint)
+        shown = [m for m in c.metrics if all_rows or m.verdict != "unchanged"]
+        if not c.metrics or (not shown and c.verdict != "unchanged"):
+            rows.append([link(c.name, hurl if c.head_status else burl), "(case)", VERDICT_MARK[c.verdict],
+                         "–", "–", "–", "–", "–", md_escape(c.reason)])  # fmt: skip
+        for m in shown:
+            b, hv = _stat(m, "base"), _stat(m, "head")
+            has_ci = m.ci_low is not None and m.ci_high is not None
+            ci = f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if has_ci else "–"
+            ratio = f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–"
+            p = f"{m.p_value:.2g}" if m.p_value is not None else "–"
+            rows.append([
+                link(c.name, hurl), md_escape(m.metric), VERDICT_MARK[m.verdict],
+                link(fmt(b, m.unit), burl) if b is not None else "–",
+                link(fmt(hv, m.unit), hurl) if hv is not None else "–",
+                ratio, ci, p, md_escape(m.reason),
+            ])  # fmt: skip
+    if rows:
+        lines.append(table(["case", "metric", "verdict", "base", "head", "ratio", "CI", "p", "why"], rows))
+    else:
+        lines.append("Every metric of every case is unchanged.")
+    return "\n".join(lines) + "\n"
+
+
+def _job_note(j: Any) -> str:
+    if j.reused:
+        return "reused"
+    return ("error: " + md_escape(j.error))[:200] if j.error else ""
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] if sha else "unknown"
+
+
+def _job_url(base_url: str, job_id: int | None) -> str | None:
+    return f"{base_url.rstrip('/')}/jobs/{job_id}" if job_id is not None else None
+
+
+def gate_markdown(state: GateState, base_url: str = "") -> str:
+    """The gate's report: decision, jobs, confirmations, then each suite's comparison."""
+    word = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}.get(state.verdict or "", "…")
+    lines = [
+        f"## gdnval gate: {word} (exit {state.exit_code})",
+        "",
+        f"- head: `{state.head}`",
+        f"- base: `{state.base or 'unknown'}` ({state.base_source or 'unresolved'})",
+        f"- {md_escape(state.reason)}",
+        "",
+    ]
+    if state.jobs:
+        lines += ["### Jobs", ""]
+        lines.append(table(
+            ["role", "suite", "job", "commit", "status", "note"],
+            [[j.role, j.suite, link(f"#{j.job_id}", _job_url(base_url, j.job_id)), f"`{_short(j.commit)}`",
+              j.status, _job_note(j)]
+             for j in state.jobs],
+        ))  # fmt: skip
+        lines.append("")
+    if state.confirmations:
+        lines += ["### Confirmation re-runs", ""]
+        lines.append(table(
+            ["suite", "case", "metric", "first run", "re-run", "counted"],
+            [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
+              md_escape(c.first_reason),
+              f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
+              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
+             for c in state.confirmations],
+        ))  # fmt: skip
+        lines.append("")
+    for cmp in state.comparisons:
+        lines.append(comparison_markdown(cmp, base_url))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------- job reports
+
+
+@dataclass
+class JobData:
+    """What the report needs of one job (read from the store by `load_job_data`)."""
+
+    job_id: int
+    suite: str
+    preset: str
+    status: str
+    commit: str | None
+    device: str
+    world_size: int
+    error: str | None
+    info: Mapping[str, Any]
+    cases: list[Any]  # store.CaseSummary (fits service.web.views.CaseStats)
+    started: Any = None
+    finished: Any = None
+
+
+def load_job_data(session: Session, job_id: int) -> JobData:
+    from service import store
+    from service.baselines import NotFound
+
+    job = store.get_job(session, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id} in the store")
+    return JobData(
+        job.id, job.suite, job.preset, job.status, job.commit_sha, job.device, job.world_size, job.error,
+        dict(job.info or {}), store.case_summaries(session, job_id), job.started_at, job.finished_at,
+    )  # fmt: skip
+
+
+def _cell(cell: Any, url: str | None) -> str:
+    """A judged cell from the view models: the number linked, its ✓/✗ mark after it."""
+    text = link(cell.text, url) if cell.text not in ("", "–") else (cell.text or "–")
+    return f"{text} {cell.mark}".strip() if cell.mark else text
+
+
+def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
+    def one(key: str, j: JobData) -> str:
+        v = j.info.get(key)
+        return md_escape(v) if v not in (None, "") else "–"
+
+    rows = []
+    for j in jobs:
+        rows.append([
+            link(f"#{j.job_id}", _job_url(base_url, j.job_id)), md_escape(j.suite), md_escape(j.preset),
+            f"`{_short(j.commit or j.info.get('commit'))}`",
+            f"{one('device_name', j)} ({j.device} × {j.world_size})", one("driver", j),
+            one("torch", j), one("triton", j), one("python", j), md_escape(j.status),
+        ])  # fmt: skip
+    return rows
+
+
+def _is_cp(case: Any) -> bool:
+    return "mode" in (case.params or {}) or "cp" in (case.params or {})
+
+
+def job_report_markdown(
+    jobs: Sequence[JobData],
+    comparisons: Sequence[Comparison] = (),
+    base_url: str = "",
+    title: str | None = None,
+) -> str:
+    """The test report for one or more jobs (one per suite), with optional comparisons."""
+    from service.web import views
+
+    commits = sorted({_short(j.commit) for j in jobs})
+    suites = ", ".join(j.suite for j in jobs)
+    lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
+    lines += ["## Environment", ""]
+    lines.append(table(["job", "suite", "preset", "commit", "device", "driver", "torch", "Triton", "Python",
+                        "status"], _env_rows(jobs, base_url)))  # fmt: skip
+    lines.append("")
+
+    # verdicts first: what a reader wants to know
+    lines += ["## Verdicts", ""]
+    vrows = []
+    for j in jobs:
+        counts: dict[str, int] = {}
+        for cv in views.case_views(j.cases):
+            counts[cv.status] = counts.get(cv.status, 0) + 1
+        verdict, _ = views.job_verdict(j.status, _status_counts(j))
+        case_text = ", ".join(f"{n} {w}" for w, n in sorted(counts.items())) or "no cases"
+        vrows.append([link(f"#{j.job_id}", _job_url(base_url, j.job_id)), md_escape(j.suite),
+                      md_escape(verdict), md_escape(case_text),
+                      md_escape(_first_line(j.error)) if j.error else ""])  # fmt: skip
+    lines.append(table(["job", "suite", "verdict", "cases", "job error"], vrows))
+    for cmp in comparisons:
+        lines.append("")
+        lines.append(f"Against base job #{cmp.base.job_id} ({_short(cmp.base.commit)}): "
+                     + ("**pass**" if cmp.passed else "**FAIL**") + " — "
+                     + ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n))  # fmt: skip
+    lines.append("")
+
+    def cases_of(pred: Any = lambda c: True) -> list[tuple[JobData, Any]]:
+        return [(j, c) for j in jobs for c in j.cases if pred(c)]
+
+    # capability checks: check-kind metrics
+    lines += ["## Capability checks", ""]
+    rows = []
+    for j, c in cases_of():
+        for r in views.value_rows([c], "check"):
+            url = case_url(base_url, j.job_id, c.fingerprint)
+            bound = md_escape(r.value.title or "–")
+            rows.append([link(c.name, url), md_escape(r.metric), _cell(r.value, url), bound])
+    lines.append(
+        table(["case", "check", "value", "bound"], rows) if rows else "_No check metrics in these jobs._"
+    )
+    lines.append("")
+
+    # accuracy matrix per tensor
+    lines += ["## GDN accuracy matrix", "", "Worst rank; relative-L2 = ‖a−b‖/‖b‖ against the reference.", ""]
+    rows = []
+    for j, c in cases_of():
+        url = case_url(base_url, j.job_id, c.fingerprint)
+        for r in views.accuracy_rows([c]):
+            cells = [_cell(r.cells[k], url) if k in r.cells else "–" for k, _ in views.ACCURACY_COLUMNS]
+            other = _cell(r.cells["other"], url) if "other" in r.cells else ""
+            rows.append([link(c.name, url), md_escape(r.tensor), *cells, other])
+    head = ["case", "tensor", *(label for _, label in views.ACCURACY_COLUMNS), "other"]
+    lines.append(table(head, rows) if rows else "_No accuracy metrics in these jobs._")
+    lines.append("")
+
+    # speed and memory: single-device tables, then CP tables
+    for title_, pred in (("Speed and memory", lambda c: not _is_cp(c)), ("CP tables", _is_cp)):
+        lines += [f"## {title_}", ""]
+        srows, mrows = [], []
+        for j in jobs:
+            chosen = [c for c in j.cases if pred(c)]
+            for r in views.speed_rows(chosen):
+                url = case_url(base_url, j.job_id, r.fingerprint)
+                srows.append([link(r.case, url), md_escape(r.metric), _cell(r.median, url), md_escape(r.p90),
+                              md_escape(r.min), md_escape(r.n), _cell(r.speedup, url), md_escape(r.baseline)])
+            for r in views.memory_rows(chosen):
+                url = case_url(base_url, j.job_id, r.fingerprint)
+                mrows.append([link(r.case, url), md_escape(r.metric), _cell(r.value, url),
+                              _cell(r.versus, url), md_escape(r.baseline)])  # fmt: skip
+        lines.append(table(["case", "metric", "median", "p90", "min", "n", "speed-up", "vs"], srows)
+                     if srows else "_No timings in these jobs._")  # fmt: skip
+        lines.append("")
+        lines.append(table(["case", "metric", "peak", "vs baseline", "baseline"], mrows)
+                     if mrows else "_No memory readings in these jobs._")  # fmt: skip
+        lines.append("")
+
+    # trajectories
+    lines += ["## Trajectories", "", "Worst value over steps and ranks against the bound; NaN/Inf fails.", ""]
+    rows = []
+    for j, c in cases_of():
+        url = case_url(base_url, j.job_id, c.fingerprint)
+        for r in views.value_rows([c], "trajectory"):
+            m = c.metrics[r.metric]
+            rows.append([link(c.name, url), md_escape(r.metric), _cell(r.value, url), str(r.steps),
+                         link(fmt(m.median), url), link(fmt(m.min), url)])  # fmt: skip
+    lines.append(table(["case", "metric", "worst", "steps", "median", "min"], rows)
+                 if rows else "_No trajectories in these jobs._")  # fmt: skip
+    lines.append("")
+
+    # case outcomes that need attention
+    lines += ["## Case outcomes", ""]
+    rows = []
+    for j in jobs:
+        for cv in views.case_views(j.cases):
+            url = case_url(base_url, j.job_id, cv.fingerprint)
+            note = md_escape(_first_line(cv.error)) if cv.error else (", ".join(cv.bad_metrics) or "")
+            if cv.expected_error:
+                note = (note + f" (expects {cv.expected_error})").strip()
+            rows.append([link(cv.name, url), md_escape(j.suite), md_escape(cv.status), note])
+    lines.append(table(["case", "suite", "outcome", "note"], rows) if rows else "_No cases._")
+    lines.append("")
+
+    for cmp in comparisons:
+        lines += ["## Comparison with the base", ""]
+        lines.append(comparison_markdown(cmp, base_url))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _status_counts(j: JobData) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in j.cases:
+        key = c.status or "none"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def build_report(
+    session: Session, job_ids: Sequence[int], base_ids: Sequence[int] = (), base_url: str = ""
+) -> tuple[str, list[Comparison]]:
+    """Markdown report of stored jobs; with base jobs, each head job is compared with the base
+    job of the same suite. Returns (markdown, comparisons)."""
+    from service.baselines import compare_jobs
+
+    jobs = [load_job_data(session, j) for j in job_ids]
+    bases = [load_job_data(session, b) for b in base_ids]
+    by_suite = {b.suite: b for b in bases}
+    comparisons: list[Comparison] = []
+    for j in jobs:
+        b = by_suite.get(j.suite)
+        if b is not None:
+            comparisons.append(compare_jobs(session, b.job_id, j.job_id))
+    unmatched = [b for b in bases if b.suite not in {j.suite for j in jobs}]
+    if unmatched:
+        raise ValueError(
+            f"base job(s) {[b.job_id for b in unmatched]} ran suite(s) {[b.suite for b in unmatched]}, "
+            f"expected one of the reported suites {[j.suite for j in jobs]}"
+        )
+    return job_report_markdown(jobs, comparisons, base_url), comparisons
