@@ -140,7 +140,9 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
     assert (tmp_path / "art" / str(ok) / "report.txt").read_bytes() == b"fake report\n"
     assert _status(engine, bad).error == "rank 0: asked to fail"
     with Session(engine) as s:
-        kinds = [e.kind for e in s.scalars(select(JobEvent).where(JobEvent.job_id == ok).order_by(JobEvent.id))]
+        kinds = [
+            e.kind for e in s.scalars(select(JobEvent).where(JobEvent.job_id == ok).order_by(JobEvent.id))
+        ]
     assert kinds[:2] == ["status", "status"] and kinds[-1] == "status"
     assert {"info", "progress", "log", "artifact"} <= set(kinds)
 
@@ -222,9 +224,7 @@ def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) 
             .where(JobEvent.kind == "status", JobEvent.message == "running")
             .group_by(JobEvent.job_id)
         ).all()
-        samples = dict(
-            s.execute(select(SampleRow.job_id, func.count()).group_by(SampleRow.job_id)).all()
-        )
+        samples = dict(s.execute(select(SampleRow.job_id, func.count()).group_by(SampleRow.job_id)).all())
         claimed_by = {j.claimed_by for j in jobs}
     assert all(j.status == "succeeded" and j.attempts == 1 for j in jobs), [(j.id, j.status) for j in jobs]
     assert dict(runs) == {i: 1 for i in ids}  # every job started exactly once

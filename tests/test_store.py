@@ -36,7 +36,9 @@ def _job(engine, world_size: int = 2, cases: int = 1) -> tuple[int, dict[str, in
     with Session(engine) as s, s.begin():
         mids = store.ensure_metrics(s, "s", METRICS)
         cids = store.ensure_cases(s, [Case("s", f"c{i}", {"i": i}) for i in range(cases)], "cpu", world_size)
-        job = Job(suite="s", preset="quick", device="cpu", world_size=world_size, status="running", attempts=1)
+        job = Job(
+            suite="s", preset="quick", device="cpu", world_size=world_size, status="running", attempts=1
+        )
         s.add(job)
         s.flush()
         return job.id, cids, mids
@@ -48,7 +50,17 @@ def test_migrations_up_down_up_and_orm_matches(tmp_path: Path) -> None:
     db.upgrade(eng)
     assert db.current_revision(eng) == db.head_revision() is not None
     tables = set(inspect(eng).get_table_names())
-    assert {"job", "job_event", "case", "case_result", "sample", "metric", "artifact", "baseline", "commit"} <= tables
+    assert {
+        "job",
+        "job_event",
+        "case",
+        "case_result",
+        "sample",
+        "metric",
+        "artifact",
+        "baseline",
+        "commit",
+    } <= tables
     db.downgrade(eng, "base")
     assert set(inspect(eng).get_table_names()) <= {"alembic_version"}
     db.upgrade(eng)
@@ -142,7 +154,9 @@ def test_stored_summary_equals_live_and_is_read_for_finished_jobs(engine) -> Non
 
 def test_summaries_read_only_the_latest_attempt(engine) -> None:
     job_id, cids, mids = _job(engine, world_size=1)
-    store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 100.0) for i in range(5)], attempt=1)
+    store.insert_samples(
+        engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 100.0) for i in range(5)], attempt=1
+    )
     with Session(engine) as s, s.begin():
         s.get(Job, job_id).attempts = 2
     store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 1.0) for i in range(5)], attempt=2)
