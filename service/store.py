@@ -206,9 +206,9 @@ def list_jobs(
         q = q.join(Commit, Job.commit_id == Commit.id).where(Commit.sha.startswith(commit, autoescape=True))
     if before_id is not None:
         q = q.where(Job.id < before_id)
+    if label is not None:
+        q = q.where(Job.labels[label[0]].as_string() == label[1])
     rows = list(session.scalars(q).unique())
-    if label is not None:  # labels are JSON; filter in Python over the (bounded) page
-        rows = [j for j in rows if str((j.labels or {}).get(label[0])) == label[1]]
     nxt = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], nxt
 

@@ -187,8 +187,14 @@ def test_50_concurrent_submissions_make_50_jobs(http: httpx.Client, server: Serv
     assert [s for s, _ in results] == [201] * 50
     ids = {i for _, i in results}
     assert len(ids) == 50
-    listed = http.get("/api/v1/jobs", params={"suite": FAKE, "limit": 500}).json()["items"]
-    assert ids <= {j["id"] for j in listed}
+    listed = http.get("/api/v1/jobs", params={"label": "batch=c50", "limit": 500}).json()
+    assert {j["id"] for j in listed["items"]} == ids and listed["next"] is None
+    first = http.get("/api/v1/jobs", params={"label": "batch=c50", "limit": 30}).json()
+    rest = http.get(
+        "/api/v1/jobs", params={"label": "batch=c50", "limit": 30, "cursor": first["next"]}
+    ).json()
+    assert len(first["items"]) == 30 and len(rest["items"]) == 20 and rest["next"] is None
+    assert {j["id"] for j in first["items"] + rest["items"]} == ids
 
 
 def test_repeated_idempotency_key_makes_one_job(server: Server) -> None:

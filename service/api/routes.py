@@ -134,16 +134,24 @@ def list_jobs(
     suite: Annotated[str | None, Query(max_length=100)] = None,
     commit: Annotated[str | None, Query(max_length=255, description="sha prefix or ref")] = None,
     device: Literal["cuda", "npu", "cpu"] | None = None,
+    label: Annotated[str | None, Query(max_length=600, description="KEY=VALUE")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=40)] = None,
 ) -> Page[JobOut]:
     """Newest first; pass `next` back as `cursor` for the following page."""
+    pair = None
+    if label is not None:
+        key, sep, val = label.partition("=")
+        if not sep or not key:
+            raise HTTPException(422, f"label must be KEY=VALUE, got {label!r}")
+        pair = (key, val)
     jobs, nxt = store.list_jobs(
         session,
         status=status,
         suite=suite,
         commit=commit.lower() if commit and HEX_SHA.match(commit) else commit,
         device=device,
+        label=pair,
         before_id=_cursor(cursor),
         limit=limit,
     )

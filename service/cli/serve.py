@@ -22,14 +22,16 @@ import click
     "--artifacts-dir", default=None, type=click.Path(path_type=Path), help="[env GDNVAL_ARTIFACTS_DIR]"
 )
 @click.option("--max-body-bytes", default=None, type=click.IntRange(1), help="[env GDNVAL_MAX_BODY_BYTES]")
+@click.option("--device-limit", "device_limits", multiple=True, metavar="KIND=N",
+              help="concurrent jobs per device kind, e.g. cuda=2 [env GDNVAL_DEVICE_LIMITS as JSON]")
 @click.option("--no-dispatch", is_flag=True, help="serve results only; run no jobs in this process")
 @click.option("--demo", is_flag=True, help="queue a quick CPU job when the store has no jobs")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 def serve(
     host: str, port: int, db_url: str | None, api_token: str | None, executor: str | None,
-    ray_address: str | None, artifacts_dir: Path | None, max_body_bytes: int | None, no_dispatch: bool,
-    demo: bool, log_level: str,
+    ray_address: str | None, artifacts_dir: Path | None, max_body_bytes: int | None,
+    device_limits: tuple[str, ...], no_dispatch: bool, demo: bool, log_level: str,
 ) -> None:  # fmt: skip
     """Serve the API and pages; upgrades the store's schema and starts the dispatcher on start."""
     import uvicorn
@@ -42,6 +44,7 @@ def serve(
         "db_url": db_url, "api_token": api_token, "executor": executor, "ray_address": ray_address,
         "artifacts_dir": artifacts_dir, "max_body_bytes": max_body_bytes,
         "dispatch": False if no_dispatch else None,
+        "device_limits": _limits(device_limits) if device_limits else None,
     }  # fmt: skip
     try:
         settings = Settings(**{k: v for k, v in flags.items() if v is not None})
@@ -50,3 +53,13 @@ def serve(
     if settings.token() is None:
         click.echo("warning: no API token set (GDNVAL_API_TOKEN / --api-token): writes are open", err=True)
     uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level)
+
+
+def _limits(pairs: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pair in pairs:
+        kind, sep, n = pair.partition("=")
+        if not sep or not n.strip().isdigit():
+            raise click.BadParameter(f"expected KIND=N (e.g. cuda=2), got {pair!r}", "--device-limit")
+        out[kind.strip()] = int(n)
+    return out
