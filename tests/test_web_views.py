@@ -72,13 +72,37 @@ def test_speed_rows_compute_speedup_against_the_eager_and_ulysses_siblings() -> 
     eager = C("eager", {**t, "backend": "eager"}, {"fwd_bwd_ms": M("fwd_bwd_ms", "time", 1265.0, unit="ms")})
     triton = C("triton", {**t, "backend": "triton"}, {"fwd_bwd_ms": M("fwd_bwd_ms", "time", 100.0, unit="ms",
                                                                      ranks=4, count=20)})
-    uly = C("uly", {"mode": "ulysses"}, {"layer_ms": M("layer_ms", "time", 114.4)})
-    p2p = C("p2p", {"mode": "p2p"}, {"layer_ms": M("layer_ms", "time", 100.0)})
+    uly = C("uly", {"mode": "ulysses"}, {"layer_ms": M("layer_ms", "time", 114.4, unit="ms")})
+    p2p = C("p2p", {"mode": "p2p"}, {"layer_ms": M("layer_ms", "time", 100.0, unit="ms")})
     rows = {r.case: r for r in views.speed_rows([eager, triton, uly, p2p])}
     assert rows["triton"].speedup.text == "12.65×" and rows["triton"].speedup.mark == "faster"
     assert rows["triton"].baseline == "vs eager (eager)" and rows["triton"].n == "20 × 4 ranks"
     assert rows["p2p"].speedup.text == "1.144× (+14.4%)"
     assert rows["eager"].speedup.text == "–" and rows["uly"].speedup.text == "–"
+
+
+def test_one_case_with_every_backend_compares_metrics_by_prefix() -> None:
+    """gdn-op measures eager, triton and fla in one case: 'triton_x' is judged against 'eager_x'."""
+    mib = 1024**2
+    case = C("T8k", {"seq_len": 8192}, {
+        "eager_fwd_bwd_ms": M("eager_fwd_bwd_ms", "time", 1265.0, unit="ms"),
+        "triton_fwd_bwd_ms": M("triton_fwd_bwd_ms", "time", 100.0, unit="ms"),
+        "speedup_vs_eager": M("speedup_vs_eager", "time", 12.65, unit="x", direction="higher"),
+        "eager_peak_bytes": M("eager_peak_bytes", "memory", 0, max=384 * mib, unit="bytes"),
+        "triton_peak_bytes": M("triton_peak_bytes", "memory", 0, max=100 * mib, unit="bytes"),
+        "triton_o_rel_l2": _acc("triton_o_rel_l2", 1e-3, 5e-3),
+        "triton_o_finite": M("triton_o_finite", "check", 1.0, 1.0, 1.0, direction="higher", bound=1.0),
+        "import_ok": M("import_ok", "check", 1.0, 1.0, 1.0, direction="higher", bound=1.0),
+    })  # fmt: skip
+    speed = {r.metric: r for r in views.speed_rows([case])}
+    assert speed["triton_fwd_bwd_ms"].speedup.text == "12.65×"
+    assert speed["triton_fwd_bwd_ms"].baseline == "vs eager_fwd_bwd_ms"
+    assert speed["speedup_vs_eager"].speedup.text == "–" and speed["eager_fwd_bwd_ms"].speedup.text == "–"
+    mem = {r.metric: r for r in views.memory_rows([case])}
+    assert mem["triton_peak_bytes"].versus.text == "3.84× lower"
+    acc = views.accuracy_rows([case])
+    assert [(r.tensor, sorted(r.cells)) for r in acc] == [("triton_o", ["finite", "rel_l2"])]
+    assert [r.metric for r in views.value_rows([case], "check")] == ["import_ok"]
 
 
 def test_memory_rows_report_bytes_in_mib_and_the_factor_against_the_baseline() -> None:

@@ -134,29 +134,39 @@ def timing_distribution(
     title: str = "Timing distribution",
     width: int = 640,
 ) -> Markup:
-    """A strip per metric with one lane per rank (every repetition a dot) and a box over the
-    worst-rank values (box p25–p75, median line, whiskers min–max, p90 tick), so both the spread
-    across repetitions and the slowest rank are visible. Lanes with more than MAX_POINTS values
-    are drawn as histogram bins with their count printed."""
+    """A block per metric, each on its own axis: one lane per rank (every repetition a dot) and a
+    box over the worst-rank values (box p25–p75, median line, whiskers min–max, p90 tick), so both
+    the spread across repetitions and the slowest rank are visible. Lanes with more than
+    MAX_POINTS values are drawn as histogram bins with their count printed."""
     metrics = list(dict.fromkeys([lane.metric for lane in lanes] + list(worst)))
-    ranks_per = {m: sorted({lane.rank for lane in lanes if lane.metric == m}) for m in metrics}
-    lane_h, box_h, gap, left, right, top = 9, 14, 12, 150, 16, 8
-    all_vals = [np.asarray(lane.values, dtype=float) for lane in lanes]
-    all_vals += [np.asarray(v, dtype=float) for v in worst.values()]
-    x = Scale.fit(np.concatenate(all_vals) if all_vals else np.empty(0), left, width - right)
-    body: list[str] = []
-    y = top
-    desc: list[str] = []
     by_key = {(lane.metric, lane.rank): np.asarray(lane.values, dtype=float) for lane in lanes}
-    for m_i, metric in enumerate(metrics):
-        ranks = ranks_per[metric]
-        y0 = y
-        body.append(_text(4, y0 + 11, metric, css="lbl strong"))
+    left, right, top, box_h, gap = 44, 16, 4, 14, 10
+    body: list[str] = []
+    desc: list[str] = []
+    y = float(top)
+    for metric in metrics:
+        ranks = sorted(r for (m, r) in by_key if m == metric)
+        lane_h = 9.0 if len(ranks) <= 16 else max(2.0, 144 / len(ranks))
+        w = np.asarray(worst.get(metric, []), dtype=float)
+        w = w[np.isfinite(w)]
+        vals_all = [by_key[(metric, r)] for r in ranks] + [w]
+        x = Scale.fit(np.concatenate(vals_all) if vals_all else np.empty(0), left, width - right)
+        head = metric
+        if w.size:
+            head += f": median {fmt(float(np.median(w)), unit)}, p90 {fmt(float(np.quantile(w, 0.9)), unit)}"
+        body.append(_text(4, y + 11, head, css="lbl strong"))
+        y += 16
+        block_top = y
+        block_h = lane_h * len(ranks) + (box_h if w.size else 0)
+        ticks = x.ticks(5)
+        for t in ticks:
+            body.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{block_top:.1f}" '
+                        f'y2="{block_top + block_h:.1f}" class="grid"/>')
         for rank in ranks:
             vals = by_key[(metric, rank)]
             color = PALETTE[rank % len(PALETTE)]
             cy = y + lane_h / 2
-            if len(ranks) > 1 and len(ranks) <= 16:
+            if 1 < len(ranks) <= 16:
                 body.append(_text(left - 6, cy + 3, f"r{rank}", anchor="end", css="lbl small"))
             fin = vals[np.isfinite(vals)]
             if fin.size > MAX_POINTS:
@@ -173,21 +183,20 @@ def timing_distribution(
                         f"<title>rank {rank}: {c} of {fin.size} in {fmt(float(e0))}–{fmt(float(e1), unit)}"
                         "</title></rect>"
                     )
-                body.append(_text(width - right, cy + 3, f"n={fin.size} binned", anchor="end",
-                                  css="lbl small"))
+                if len(ranks) <= 16 or rank == ranks[0]:
+                    body.append(_text(width - right, cy + 3, f"n={fin.size} binned", anchor="end",
+                                      css="lbl small"))
             else:
                 for i, v in enumerate(vals):
                     if not math.isfinite(v):
                         continue
-                    jitter = ((i * 7919) % 5 - 2) * 0.9
+                    jitter = ((i * 7919) % 5 - 2) * lane_h / 10
                     body.append(
                         f'<circle class="rep" cx="{x(float(v)):.1f}" cy="{cy + jitter:.1f}" r="2.2" '
                         f'fill="{color}" fill-opacity="0.6"><title>rank {rank} rep {i}: {fmt(float(v), unit)}'
                         "</title></circle>"
                     )
             y += lane_h
-        w = np.asarray(worst.get(metric, []), dtype=float)
-        w = w[np.isfinite(w)]
         if w.size:
             mn, q1, med, q3, p90, mx = _quantiles(w)
             cy = y + box_h / 2
@@ -208,18 +217,12 @@ def timing_distribution(
             desc.append(f"{metric}: median {fmt(med, unit)}, p90 {fmt(p90, unit)}, min {fmt(mn, unit)}"
                         f" over {w.size} repetitions and {len(ranks)} rank(s)")
             y += box_h
-        if m_i < len(metrics) - 1:
-            sy = y + gap / 2
-            body.append(f'<line x1="0" x2="{width}" y1="{sy:.1f}" y2="{sy:.1f}" class="sep"/>')
-        y += gap
-    axis_y = y
-    body.append(f'<line x1="{left}" x2="{width - right}" y1="{axis_y:.1f}" y2="{axis_y:.1f}" class="axis"/>')
-    for t in x.ticks(5):
-        px = x(t)
-        body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{axis_y:.1f}" class="grid"/>')
-        body.append(_text(px, axis_y + 13, fmt(t), anchor="middle", css="lbl small"))
-    body.append(_text(width - right, axis_y + 26, unit, anchor="end", css="lbl small"))
-    return _svg(width, int(axis_y + 32), title, "; ".join(desc) or "no finite samples", body)
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" class="axis"/>')
+        for t in ticks:
+            body.append(_text(x(t), y + 12, fmt(t), anchor="middle", css="lbl small"))
+        body.append(_text(width - 2, y + 12, unit, anchor="end", css="lbl small"))
+        y += 14 + gap
+    return _svg(width, int(y), title, "; ".join(desc) or "no finite samples", body)
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,10 @@ def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per st
         if s.bound is not None:
             by = ys(s.bound)
             body.append(f'<line x1="{left}" x2="{width - right}" y1="{by:.1f}" y2="{by:.1f}" class="bound" '
-                        f'stroke="{color}"/>')
+                        f'style="stroke: {color}"><title>{escape(s.name)} bound {fmt(s.bound, unit)}</title>'
+                        "</line>")
+            body.append(_text(width - right, by - 3, f"bound {fmt(s.bound, unit)}", anchor="end",
+                              css="lbl small"))
         # legend below the axis: a short line, the name, and the binning if any
         lx = left + (i % 3) * ((width - left) / 3)
         ly = height - bottom + 40 + (i // 3) * 12

@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import Case, CaseResult, Job, MetricDef, SampleRow
+from service.models import Case, CaseResult, Job, MetricDef, SampleRow, SummaryRow
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -49,17 +49,18 @@ class Group:
     worst: np.ndarray
 
 
-def plot_groups(session: Session, job_id: int, metrics: dict[int, tuple[str, str]]) -> list[Group]:
-    """Raw samples of the given metrics (id -> (name, direction)) of one job, grouped for plots.
-
-    One query in the order of the covering index (job, case, metric, idx, rank): no sort in SQL.
-    """
+def plot_groups(
+    session: Session, job_id: int, attempt: int, metrics: dict[int, tuple[str, str]]
+) -> list[Group]:
+    """Raw samples of the given metrics (id -> (name, direction)) of one run (`attempt`) of a job,
+    grouped for plots. One query in the order of the covering index (job, attempt, case, metric,
+    idx, rank): no sort in SQL, no per-row Python objects."""
     if not metrics:
         return []
     s = SampleRow
     q = (
         select(s.case_id, s.metric_id, s.idx, s.rank, s.value)
-        .where(s.job_id == job_id, s.metric_id.in_(list(metrics)))
+        .where(s.job_id == job_id, s.attempt == attempt, s.metric_id.in_(list(metrics)))
         .order_by(s.case_id, s.metric_id, s.idx, s.rank)
     )
     rows = session.connection().execute(q).all()
@@ -117,7 +118,8 @@ def suite_overview(
     last: int = 20,
 ) -> list[OverviewSeries]:
     """Per case and metric of `kind`, the worst-rank median in each of the last `last` succeeded
-    jobs of `suite` (one grouped query; medians in numpy)."""
+    jobs of `suite`, read from the summaries stored when each job finished (one query, no
+    re-aggregation of raw samples)."""
     jq = select(Job.id).where(Job.suite == suite, Job.status == "succeeded")
     if device:
         jq = jq.where(Job.device == device)
@@ -128,30 +130,19 @@ def suite_overview(
     mdefs = {m.id: m for m in session.scalars(mq)}
     if not job_ids or not mdefs:
         return []
-    s = SampleRow
+    r = SummaryRow
     q = (
-        select(s.case_id, s.metric_id, s.job_id, func.max(s.value), func.min(s.value),
-               func.count(s.id) - func.count(s.value))
-        .where(s.job_id.in_(job_ids), s.metric_id.in_(list(mdefs)))
-        .group_by(s.case_id, s.metric_id, s.job_id, s.idx)
-        .order_by(s.case_id, s.metric_id, s.job_id)
-    )  # fmt: skip
-    rows = session.execute(q).all()
-    if not rows:
-        return []
-    arr = np.array(rows, dtype=np.float64)
-    higher = np.array([mdefs[int(m)].direction == "higher" for m in arr[:, 1]])
-    worst = np.where(higher, arr[:, 4], arr[:, 3])
-    worst[arr[:, 5] > 0] = np.nan
-    key = arr[:, 0] * 1e12 + arr[:, 1] * 1e6 + arr[:, 2]
-    cut = np.r_[0, np.flatnonzero(np.diff(key)) + 1, len(key)]
+        select(r.case_id, r.metric_id, r.job_id, r.median)
+        .where(r.job_id.in_(job_ids), r.metric_id.in_(list(mdefs)))
+        .order_by(r.case_id, r.metric_id, r.job_id)
+    )
     per: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
-    for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-        vals = worst[a:b]
-        med = float("nan") if np.isnan(vals).any() else float(np.median(vals))
-        jobs, meds = per.setdefault((int(arr[a, 0]), int(arr[a, 1])), ([], []))
-        jobs.append(int(arr[a, 2]))
-        meds.append(med)
+    for cid, mid, jid, med in session.execute(q):
+        jobs, meds = per.setdefault((cid, mid), ([], []))
+        jobs.append(jid)
+        meds.append(float("nan") if med is None else med)
+    if not per:
+        return []
     cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_({c for c, _ in per})))}
     out = []
     for (cid, mid), (jobs, meds) in sorted(per.items(), key=lambda kv: (cases[kv[0][0]].name, kv[0][1])):

@@ -57,8 +57,7 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
 
 
 def _error(request: Request, status_code: int, title: str, detail: str) -> HTMLResponse:
-    return _page(request, "error.html", status_code, nav="", status_code=status_code, title=title,
-                 detail=detail)
+    return _page(request, "error.html", status_code, nav="", code=status_code, title=title, detail=detail)
 
 
 def _when(value: datetime | None) -> str | None:
@@ -142,7 +141,8 @@ def jobs_page(request: Request, status: str | None = None, suite: str | None = N
     ctx = _jobs_context(session, status, suite, commit, before)
     known = sorted(set(_suite_names()) | set(queries.suites_with_results(session)))
     return _page(request, "jobs.html", nav="jobs", statuses=JOB_STATUSES, suites=known,
-                 presets=PRESETS, devices=DEVICES, form={}, form_open=False, message=None, **ctx)
+                 presets=PRESETS, devices=DEVICES, form={"device": "cpu", "preset": "quick"}, form_open=False,
+                 message=None, **ctx)
 
 
 @router.get("/jobs/rows", response_class=HTMLResponse)
@@ -193,18 +193,22 @@ def submit_job(
         }  # fmt: skip
     except json.JSONDecodeError as exc:
         return again(422, f"Parameters and labels must be JSON objects: {exc}")
-    try:
-        job_id = _submit(request, body)
-    except ValueError as exc:
+    from pydantic import ValidationError
+
+    from service import queue
+
+    state = request.app.state
+    try:  # the API's own submit path: same validation, same queue
+        job, _ = queue.submit_checked(state.engine, state.settings, body, state.executor)
+    except ValidationError as exc:
+        return again(422, "Not submitted: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()))
+    except (queue.InvalidJob, queue.JobConflict, ValueError) as exc:
         return again(422, f"Not submitted: {exc}")
-    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
-
-
-def _submit(request: Request, body: dict[str, Any]) -> int:
-    """Create the job through the service's own submit path (validation, idempotency, queue)."""
-    from service.queue import submit_job as submit  # the API's submit path
-
-    return int(submit(request.app.state.engine, _settings(request), body).id)
+    dispatcher = getattr(state, "dispatcher", None)
+    if dispatcher is not None:
+        dispatcher.wake()
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 
 # ------------------------------------------------------------------------------------- job page
@@ -234,7 +238,8 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
     ).all()
     if not mdefs:
         return {}
-    groups = queries.plot_groups(session, job.id, {m.id: (m.name, m.direction) for m in mdefs})
+    attempt = max(1, job.attempts)
+    groups = queries.plot_groups(session, job.id, attempt, {m.id: (m.name, m.direction) for m in mdefs})
     by_name = {m.name: m for m in mdefs}
     fp_of = {c.case_id: c.fingerprint for c in cases}
     name_of = {c.case_id: c.name for c in cases}
@@ -247,7 +252,8 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
         if fp is None:
             continue
         plots = out.setdefault(fp, [])
-        timed = [g for g in gs if by_name[g.metric].kind == "time"]
+        timed = [g for g in gs if by_name[g.metric].kind == "time"
+                 and by_name[g.metric].unit in views.TIME_UNITS]
         if timed:
             unit = by_name[timed[0].metric].unit or "ms"
             lanes = [charts.Lane(g.metric, r, v) for g in timed for r, v in sorted(g.lanes.items())]
@@ -302,8 +308,38 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
         artifacts=artifacts, history_metrics=history_metrics,
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
-                   "report": f"/api/v1/jobs/{job_id}/report"},
+                   "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip
+
+
+@router.get("/jobs/{job_id}/report.md")
+def job_report(request: Request, job_id: int, session: Session = Depends(get_session)) -> Response:
+    """The job's Markdown test report (the same text `gdnval report` prints)."""
+    from service.report import build_report
+
+    if store.get_job(session, job_id) is None:
+        raise HTTPException(404, f"no job #{job_id}")
+    text, _ = build_report(session, [job_id], base_url=str(request.base_url).rstrip("/"))
+    return Response(text, media_type="text/markdown; charset=utf-8",
+                    headers={"Content-Disposition": f'inline; filename="gdnval-job-{job_id}.md"'})
+
+
+@router.get("/compare/report.md")
+def compare_report(
+    request: Request, base: int, head: int, session: Session = Depends(get_session)
+) -> Response:
+    """The Markdown report of `head` compared with `base` (job ids)."""
+    from service.report import build_report
+
+    for job_id in (base, head):
+        if store.get_job(session, job_id) is None:
+            raise HTTPException(404, f"no job #{job_id}")
+    try:
+        text, _ = build_report(session, [head], [base], base_url=str(request.base_url).rstrip("/"))
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    return Response(text, media_type="text/markdown; charset=utf-8",
+                    headers={"Content-Disposition": f'inline; filename="gdnval-{base}-vs-{head}.md"'})
 
 
 @router.get("/jobs/{job_id}/progress")
@@ -412,10 +448,14 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
         if base_job.suite != head_job.suite:
             raise LookupError(f"job #{base_job.id} ran {base_job.suite!r} but job #{head_job.id} ran "
                               f"{head_job.suite!r}: compare jobs of one suite")
-        cmp = _compare(session, base_job.id, head_job.id)
     except LookupError as exc:
         ctx["error"] = str(exc)
         return _page(request, "compare.html", 404, **ctx)
+    try:
+        cmp = _compare(session, base_job.id, head_job.id)
+    except ValueError as exc:  # the engine refuses these inputs: say why instead of a bare 500
+        ctx["error"] = f"Could not compare job #{base_job.id} with job #{head_job.id}: {exc}"
+        return _page(request, "compare.html", 422, **ctx)
     q = {k: v for k, v in form.items() if v and k != "only"}
     ctx.update(
         cmp=cmp, rows=_compare_rows(cmp, only == "regressions"),
@@ -456,7 +496,8 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     points: list[charts.SeriesPoint] = []
     rows: list[dict[str, Any]] = []
     prev: float | None = None
-    for job, values in history:
+    for job, worst in history:
+        values = worst.values
         fin = values[~(values != values)] if values.size else values
         ok = values.size > 0 and fin.size == values.size
         med = float(_median(values)) if ok else None
@@ -543,7 +584,8 @@ def suites_page(request: Request) -> HTMLResponse:
         for m in d["metrics"]:
             bound = m.get("bound")
             rel = "≤" if m.get("direction") == "lower" else "≥"
-            m["bound_text"] = f"{rel} {charts.fmt(bound, m.get('unit', ''))}" if bound is not None else "–"
+            unit = views.shown_unit(m.get("unit", ""))
+            m["bound_text"] = f"{rel} {charts.fmt(bound, unit)}" if bound is not None else "–"
         for p in d["presets"].values():
             for c in p["cases"]:
                 c["short"] = views.short_params(c["params"], limit=12)

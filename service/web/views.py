@@ -77,16 +77,25 @@ def worst(m: MetricStats) -> float:
     return m.max if m.direction == "lower" else m.min
 
 
+QUIET_UNITS = frozenset({"", "ratio", "abs", "bool", "count", "unit"})
+
+
+def shown_unit(unit: str) -> str:
+    """Units worth printing beside a number ('ms', 'x'); 'ratio', 'bool' and the like are noise."""
+    return "" if unit.strip().lower() in QUIET_UNITS else unit
+
+
 def judge(value: float, m: MetricStats, unit: str | None = None) -> Cell:
     """The value with ✓/✗ against the metric's bound; NaN/Inf always fails."""
-    text = fmt(value, m.unit if unit is None else unit)
+    unit = shown_unit(m.unit) if unit is None else unit
+    text = fmt(value, unit)
     if value != value or math.isinf(value):
         return Cell(text, "bad", "✗ not finite", "not a finite number")
     if m.bound is None:
         return Cell(text)
     rel = "≤" if m.direction == "lower" else "≥"
     ok = value <= m.bound if m.direction == "lower" else value >= m.bound
-    title = f"bound {rel} {fmt(m.bound, m.unit)}"
+    title = f"bound {rel} {fmt(m.bound, unit)}"
     over = ">" if m.direction == "lower" else "<"
     return Cell(text, "ok" if ok else "bad", "✓" if ok else f"✗ {over} bound", title)
 
@@ -125,6 +134,16 @@ class AccuracyRow:
     span: int = 0  # >0 on the first row of a case: rowspan of the case cell
 
 
+def in_accuracy_table(m: MetricStats, metrics: Mapping[str, Any]) -> bool:
+    """Accuracy metrics, and `<tensor>_finite` checks whose tensor has error metrics (suites may
+    declare 'finite' as a check): they belong in the tensor's row, not in the checks table."""
+    if m.kind == "accuracy":
+        return True
+    tensor, col = split_accuracy_metric(m.metric)
+    return m.kind == "check" and col == "finite" and any(
+        f"{tensor}_{suffix}" in metrics for suffix in ("rel_l2", "max_abs", "max_rel"))
+
+
 def accuracy_rows(cases: Sequence[CaseStats]) -> list[AccuracyRow]:
     """One row per (case, tensor); columns rel-L2 / max abs / max rel / finite, each judged by
     its bound on the worst rank. Accuracy metrics without a known suffix get a row of their own
@@ -133,7 +152,7 @@ def accuracy_rows(cases: Sequence[CaseStats]) -> list[AccuracyRow]:
     for c in cases:
         tensors: dict[str, dict[str, Cell]] = {}
         for m in c.metrics.values():
-            if m.kind != "accuracy":
+            if not in_accuracy_table(m, c.metrics):
                 continue
             tensor, col = split_accuracy_metric(m.metric)
             if col is None:
@@ -164,6 +183,35 @@ def find_baseline(case: CaseStats, by_params: Mapping[str, CaseStats]) -> tuple[
         if other is not None:
             return other, f"vs {base}"
     return None
+
+
+def baseline_metric(name: str, metrics: Mapping[str, Any]) -> str | None:
+    """For a per-backend (or per-mode) metric '<x>_<rest>' of a case that measures several, the
+    same measure of the baseline: 'triton_fwd_bwd_ms' -> 'eager_fwd_bwd_ms', 'p2p_layer_ms' ->
+    'ulysses_layer_ms'. None when the case has no such sibling."""
+    token, _, rest = name.partition("_")
+    if not rest:
+        return None
+    for _, base in BASELINE_PARAMS:
+        other = f"{base}_{rest}"
+        if token != base and other in metrics:
+            return other
+    return None
+
+
+def _baseline_of(c: CaseStats, m: MetricStats,
+                 case_base: tuple[CaseStats, str] | None) -> tuple[MetricStats, str] | None:
+    """The value this metric is measured against: the same metric of the baseline case (eager
+    backend / Ulysses mode), else the baseline's metric in the same case."""
+    if case_base is not None and m.metric in case_base[0].metrics:
+        return case_base[0].metrics[m.metric], f"{case_base[1]} ({case_base[0].name})"
+    other = baseline_metric(m.metric, c.metrics)
+    if other is not None:
+        return c.metrics[other], f"vs {other}"
+    return None
+
+
+TIME_UNITS = frozenset({"ns", "us", "µs", "ms", "s"})
 
 
 def speedup_text(base_ms: float, this_ms: float) -> Cell:
@@ -203,9 +251,10 @@ def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
             if m.kind != "time":
                 continue
             sp, label = Cell("–"), ""
-            if base is not None and m.metric in base[0].metrics:
-                sp = speedup_text(base[0].metrics[m.metric].median, m.median)
-                label = f"{base[1]} ({base[0].name})"
+            against = _baseline_of(c, m, base) if m.unit in TIME_UNITS else None
+            if against is not None:
+                sp = speedup_text(against[0].median, m.median)
+                label = against[1]
             n = f"{m.count}" + (f" × {m.ranks} ranks" if m.ranks > 1 else "")
             rows.append(SpeedRow(c.name, c.fingerprint, m.metric, m.unit, judge(m.median, m), fmt(m.p90),
                                  fmt(m.min), n, sp, label))
@@ -251,13 +300,14 @@ def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
             cell = judge(v, m, unit="")
             cell = Cell(human_bytes(v, m.unit), cell.state, cell.mark, cell.title)
             versus, label = Cell("–"), ""
-            if base is not None and m.metric in base[0].metrics:
-                bv = worst(base[0].metrics[m.metric])
+            against = _baseline_of(c, m, base) if m.unit.lower() in BYTE_UNITS else None
+            if against is not None:
+                bv = worst(against[0])
                 if v > 0 and bv > 0:
                     r = bv / v
                     versus = Cell(f"{r:.2f}× lower" if r >= 1 else f"{1 / r:.2f}× higher",
                                   "ok" if r >= 1 else "bad", "", f"baseline {human_bytes(bv, m.unit)}")
-                    label = f"{base[1]} ({base[0].name})"
+                    label = against[1]
             rows.append(MemoryRow(c.name, c.fingerprint, m.metric, cell, versus, label))
         if len(rows) > first:
             rows[first].span = len(rows) - first
@@ -281,7 +331,7 @@ def value_rows(cases: Sequence[CaseStats], kind: str) -> list[ValueRow]:
     for c in cases:
         first = len(rows)
         for m in c.metrics.values():
-            if m.kind == kind:
+            if m.kind == kind and not in_accuracy_table(m, c.metrics):
                 rows.append(ValueRow(c.name, c.fingerprint, m.metric, judge(worst(m), m), m.count))
         if len(rows) > first:
             rows[first].span = len(rows) - first
@@ -319,7 +369,7 @@ def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
         for m in c.metrics.values():
             if m.kind == "time":
                 cell = judge(m.median, m)
-            elif m.kind == "accuracy" and split_accuracy_metric(m.metric)[1] == "finite":
+            elif in_accuracy_table(m, c.metrics) and split_accuracy_metric(m.metric)[1] == "finite":
                 cell = Cell("", "ok" if worst(m) == 1.0 else "bad")
             else:
                 cell = judge(worst(m), m)
