@@ -21,20 +21,26 @@ def probe_suite():
     SUITE_MODULES.pop("probe", None)
 
 
-def test_run_reports_a_bound_violation_with_exit_1_and_writes_every_sample(tmp_path: Path) -> None:
+def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sample(tmp_path: Path) -> None:
+    """A bound violation fails its case; a case that raises on every rank is an error and the job
+    goes on to the next case."""
     report = tmp_path / "probe.json"
     args = ["run", "probe", "--world-size", "2", "--param", "bound_violation=true", "--param", "repeats=2",
-            "--json", str(report)]  # fmt: skip
+            "--param", "fault=case_error", "--json", str(report)]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1, result.output
-    assert "bounded" in result.output and "4/5 cases passed" in result.output
+    assert "bounded" in result.output and "3/5 cases passed" in result.output
+    assert "RuntimeError: probe fault on rank" in result.output
     doc = json.loads(report.read_text())
     assert doc["status"] == "succeeded" and doc["exit_code"] == 1 and doc["world_size"] == 2
-    assert doc["overrides"] == {"bound_violation": True, "repeats": 2}
+    assert doc["overrides"] == {"bound_violation": True, "repeats": 2, "fault": "case_error"}
     cases = {c["name"]: c for c in doc["cases"]}
     assert cases["bounded"]["status"] == "failed"
     assert "value[idx 0] = 2 on rank 0, expected <= 1.0" in cases["bounded"]["error"]
     assert cases["collective"]["status"] == "passed" and len(cases["collective"]["fingerprint"]) == 20
+    assert cases["fault"]["status"] == "error"
+    assert "RuntimeError: probe fault on rank" in cases["fault"]["error"]
+    assert cases["after_fault"]["status"] == "passed"
     reduced = [s for s in doc["samples"] if s["metric"] == "allreduce_sum"]
     per_rank = sorted((s["rank"], s["idx"], s["value"]) for s in reduced)
     assert per_rank == [(0, 0, 3.0), (0, 1, 3.0), (1, 0, 3.0), (1, 1, 3.0)]

@@ -199,7 +199,9 @@ class RayExecutor(Executor):
 
     # -- placement ----------------------------------------------------------------------------
 
-    def _acquire(self, device: str, world_size: int, timeout_s: float) -> tuple[Any, list[Any]]:
+    def _acquire(
+        self, device: str, world_size: int, timeout_s: float, cancel: threading.Event | None = None
+    ) -> tuple[Any, list[Any]]:
         """A ready placement group and one actor per bundle; raises TimeoutError naming the need."""
         ray = self._ray()
         from ray.util.placement_group import placement_group
@@ -209,7 +211,12 @@ class RayExecutor(Executor):
         pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=self.placement_strategy)
         actors: list[Any] = []
         try:
-            if not pg.wait(timeout_seconds=max(1, int(timeout_s))):
+            end = time.monotonic() + timeout_s
+            while not pg.wait(timeout_seconds=1):  # in steps, so a cancel is not stuck behind it
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled()
+                if time.monotonic() < end:
+                    continue
                 raise TimeoutError(
                     f"could not place {world_size} rank(s) of {bundle} with {self.placement_strategy} "
                     f"within {timeout_s:g} s; cluster resources: {ray.cluster_resources()}"
@@ -297,9 +304,11 @@ class RayExecutor(Executor):
         if spec.deadline_s:
             timeout = min(timeout, spec.deadline_s)
         try:
-            pg, actors = self._acquire(spec.device, spec.world_size, timeout)
+            pg, actors = self._acquire(spec.device, spec.world_size, timeout, cancel)
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
+        except _Cancelled:
+            return JobOutcome("cancelled", "cancelled while waiting for resources")
         monitor = JobMonitor(spec, sink)
         try:
             if cancel.is_set():
@@ -368,6 +377,10 @@ class RayExecutor(Executor):
                 monitor.deadline_passed(spec.deadline_s)
                 return JobOutcome("failed", monitor.failure(settle=True))
             cancel.wait(self.poll_s)
+
+
+class _Cancelled(Exception):
+    pass
 
 
 def _short(exc: BaseException, limit: int = 600) -> str:
