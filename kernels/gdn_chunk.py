@@ -47,10 +47,13 @@ TUNING: dict[str, int] = {
     "state_warps": 4,
     "state_stages": 2,
     "intra_warps": 4,
+    "intra_split": 1,
+    "wu_warps": 4,
     "output_warps": 4,
     "dvl_warps": 4,
-    "dqk_warps": 8,
+    "dqk_warps": 4,
     "dqk_bv": 64,
+    "dqk_bk": 64,
     "wy_warps": 4,
     "wy_bd": 64,
     "out_bv": 64,
@@ -157,7 +160,7 @@ def _a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
 def _intra_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    STORE_U: tl.constexpr, STORE_T: tl.constexpr, PREC: tl.constexpr,
+    STORE_U: tl.constexpr, STORE_T: tl.constexpr, STORE_WU: tl.constexpr, PREC: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
@@ -241,53 +244,80 @@ def _intra_kernel(
         tl.store(tm_base + t3[:, None] * BT + 32 + s[None, :], t32, mask=m3[:, None])
         tl.store(tm_base + t3[:, None] * BT + 48 + s[None, :], x3, mask=m3[:, None])
 
-    # Wk_I = Σ_J T_IJ·(β e^γ K)_J, in fp32 operands.
-    w_base = w_ptr + bh * T * D
-    xk0 = k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]
-    xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
-    xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
-    xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
-    w0 = tl.dot(x0, xk0, input_precision=PREC)
-    w1 = tl.dot(t10, xk0, input_precision=PREC) + tl.dot(x1, xk1, input_precision=PREC)
-    w2 = (
-        tl.dot(t20, xk0, input_precision=PREC)
-        + tl.dot(t21, xk1, input_precision=PREC)
-        + tl.dot(x2, xk2, input_precision=PREC)
-    )
-    w3 = (
-        tl.dot(t30, xk0, input_precision=PREC)
-        + tl.dot(t31, xk1, input_precision=PREC)
-        + tl.dot(t32, xk2, input_precision=PREC)
-        + tl.dot(x3, xk3, input_precision=PREC)
-    )
-    tl.store(w_base + t0[:, None] * D + d[None, :], w0.to(w_ptr.dtype.element_ty), mask=m0[:, None])
-    tl.store(w_base + t1[:, None] * D + d[None, :], w1.to(w_ptr.dtype.element_ty), mask=m1[:, None])
-    tl.store(w_base + t2[:, None] * D + d[None, :], w2.to(w_ptr.dtype.element_ty), mask=m2[:, None])
-    tl.store(w_base + t3[:, None] * D + d[None, :], w3.to(w_ptr.dtype.element_ty), mask=m3[:, None])
+    if STORE_WU:
+        # Wk_I = Σ_J T_IJ·(β e^γ K)_J, in fp32 operands.
+        w_base = w_ptr + bh * T * D
+        xk0 = k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]
+        xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
+        xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
+        xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
+        w0 = tl.dot(x0, xk0, input_precision=PREC)
+        w1 = tl.dot(t10, xk0, input_precision=PREC) + tl.dot(x1, xk1, input_precision=PREC)
+        w2 = (
+            tl.dot(t20, xk0, input_precision=PREC)
+            + tl.dot(t21, xk1, input_precision=PREC)
+            + tl.dot(x2, xk2, input_precision=PREC)
+        )
+        w3 = (
+            tl.dot(t30, xk0, input_precision=PREC)
+            + tl.dot(t31, xk1, input_precision=PREC)
+            + tl.dot(t32, xk2, input_precision=PREC)
+            + tl.dot(x3, xk3, input_precision=PREC)
+        )
+        tl.store(w_base + t0[:, None] * D + d[None, :], w0.to(w_ptr.dtype.element_ty), mask=m0[:, None])
+        tl.store(w_base + t1[:, None] * D + d[None, :], w1.to(w_ptr.dtype.element_ty), mask=m1[:, None])
+        tl.store(w_base + t2[:, None] * D + d[None, :], w2.to(w_ptr.dtype.element_ty), mask=m2[:, None])
+        tl.store(w_base + t3[:, None] * D + d[None, :], w3.to(w_ptr.dtype.element_ty), mask=m3[:, None])
 
+        if STORE_U:
+            u_base = u_ptr + bh * T * D
+            xv0 = _load_rows(v_base, t0, m0, HV * D, D).to(tl.float32) * b0[:, None]
+            xv1 = _load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
+            xv2 = _load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
+            xv3 = _load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
+            u0 = tl.dot(x0, xv0, input_precision=PREC)
+            u1 = tl.dot(t10, xv0, input_precision=PREC) + tl.dot(x1, xv1, input_precision=PREC)
+            u2 = (
+                tl.dot(t20, xv0, input_precision=PREC)
+                + tl.dot(t21, xv1, input_precision=PREC)
+                + tl.dot(x2, xv2, input_precision=PREC)
+            )
+            u3 = (
+                tl.dot(t30, xv0, input_precision=PREC)
+                + tl.dot(t31, xv1, input_precision=PREC)
+                + tl.dot(t32, xv2, input_precision=PREC)
+                + tl.dot(x3, xv3, input_precision=PREC)
+            )
+            tl.store(u_base + t0[:, None] * D + d[None, :], u0.to(u_ptr.dtype.element_ty), mask=m0[:, None])
+            tl.store(u_base + t1[:, None] * D + d[None, :], u1.to(u_ptr.dtype.element_ty), mask=m1[:, None])
+            tl.store(u_base + t2[:, None] * D + d[None, :], u2.to(u_ptr.dtype.element_ty), mask=m2[:, None])
+            tl.store(u_base + t3[:, None] * D + d[None, :], u3.to(u_ptr.dtype.element_ty), mask=m3[:, None])
+
+
+@triton.jit
+def _wu_kernel(
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
+    PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Wk = T·(β e^γ K) and U = T·(β V) as two 64-wide products from the stored T."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    i = tl.arange(0, BT)
+    t = c * BT + i
+    m = t < T
+    beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+    gam, _, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
+    tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
+    kc = _load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D).to(tl.float32)
+    w = tl.dot(tm, kc * (beta * tl.exp(gam))[:, None], input_precision=PREC)
+    _store_rows(w_ptr + bh * T * D, w, t, m, D, D)
     if STORE_U:
-        u_base = u_ptr + bh * T * D
-        xv0 = _load_rows(v_base, t0, m0, HV * D, D).to(tl.float32) * b0[:, None]
-        xv1 = _load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
-        xv2 = _load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
-        xv3 = _load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
-        u0 = tl.dot(x0, xv0, input_precision=PREC)
-        u1 = tl.dot(t10, xv0, input_precision=PREC) + tl.dot(x1, xv1, input_precision=PREC)
-        u2 = (
-            tl.dot(t20, xv0, input_precision=PREC)
-            + tl.dot(t21, xv1, input_precision=PREC)
-            + tl.dot(x2, xv2, input_precision=PREC)
-        )
-        u3 = (
-            tl.dot(t30, xv0, input_precision=PREC)
-            + tl.dot(t31, xv1, input_precision=PREC)
-            + tl.dot(t32, xv2, input_precision=PREC)
-            + tl.dot(x3, xv3, input_precision=PREC)
-        )
-        tl.store(u_base + t0[:, None] * D + d[None, :], u0.to(u_ptr.dtype.element_ty), mask=m0[:, None])
-        tl.store(u_base + t1[:, None] * D + d[None, :], u1.to(u_ptr.dtype.element_ty), mask=m1[:, None])
-        tl.store(u_base + t2[:, None] * D + d[None, :], u2.to(u_ptr.dtype.element_ty), mask=m2[:, None])
-        tl.store(u_base + t3[:, None] * D + d[None, :], u3.to(u_ptr.dtype.element_ty), mask=m3[:, None])
+        vc = _load_rows(v_ptr + b * T * HV * D + h * D, t, m, HV * D, D).to(tl.float32)
+        u = tl.dot(tm, vc * beta[:, None], input_precision=PREC)
+        _store_rows(u_ptr + bh * T * D, u, t, m, D, D)
 
 
 def intra_solve(
@@ -299,19 +329,31 @@ def intra_solve(
     *,
     store_t: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked."""
+    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked.
+
+    TUNING["intra_split"] = 1 writes T first and forms Wk, U in a second kernel with 64-wide
+    products; 0 forms them from the 16×16 blocks in registers (no T round trip)."""
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
+    split = bool(TUNING["intra_split"])
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
-    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if store_t else None
-    _intra_kernel[(_num_chunks(T), B * Hv)](
+    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if (store_t or split) else None
+    grid = (_num_chunks(T), B * Hv)
+    prec = _dot_precision(k.dtype)
+    _intra_kernel[grid](
         k, v if v is not None else k, beta, gamma, w, u if u is not None else w, tm if tm is not None else w,
         T, Hqk, Hv, Hv // Hqk,
-        STORE_U=v is not None, STORE_T=store_t, PREC=_dot_precision(k.dtype), BT=BT, D=D,
+        STORE_U=v is not None, STORE_T=tm is not None, STORE_WU=not split, PREC=prec, BT=BT, D=D,
         num_warps=TUNING["intra_warps"],
     )  # fmt: skip
-    return w, u, tm
+    if split:
+        _wu_kernel[grid](
+            k, v if v is not None else k, beta, gamma, tm, w, u if u is not None else w,
+            T, Hqk, Hv, Hv // Hqk, STORE_U=v is not None, PREC=prec, BT=BT, D=D,
+            num_warps=TUNING["wu_warps"],
+        )  # fmt: skip
+    return w, u, tm if store_t else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,6 +550,19 @@ def _state_bwd_kernel(
         tl.store(dh0_ptr + bh * D * D + dk[:, None] * D + dv[None, :], dS)
 
 
+def dvn_local(
+    q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The intra-chunk part of dVn, [B·Hv, T, D] in q's dtype."""
+    B, T, Hqk, _ = q.shape
+    Hv = do.shape[2]
+    dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
+    _dvn_local_kernel[(_num_chunks(T), B * Hv)](
+        q, k, do, gamma, dvl, scale, T, Hqk, Hv, Hv // Hqk, BT=BT, D=D, num_warps=TUNING["dvl_warps"]
+    )
+    return dvl
+
+
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool,
@@ -516,10 +571,7 @@ def state_backward(
     B, T, Hqk, _ = q.shape
     Hv, NT = do.shape[2], _num_chunks(T)
     R = Hv // Hqk
-    dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
-    _dvn_local_kernel[(NT, B * Hv)](
-        q, k, do, gamma, dvl, scale, T, Hqk, Hv, R, BT=BT, D=D, num_warps=TUNING["dvl_warps"]
-    )
+    dvl = dvn_local(q, k, do, gamma, scale)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
     dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
@@ -541,32 +593,35 @@ def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk. Every γ-gradient term is linear in
+    the column split, so each program writes its own dγ partial (summed by the WY stage)."""
     c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    ik = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
-    d = tl.arange(0, D)
+    dkc = ik * BK + tl.arange(0, BK)
     i = tl.arange(0, BT)
     t = c * BT + i
     m = t < T
     qk_off = b * T * HQK * D + hk * D
-    q = _load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-    kc = _load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+    q = tl.load(q_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
+    kc = tl.load(k_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
     dt = q.dtype
     gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
-    dq_acc = tl.zeros([BT, D], dtype=tl.float32)  # dO·Sᵀ
-    dk_acc = tl.zeros([BT, D], dtype=tl.float32)  # Vn·dS'ᵀ
-    dw_acc = tl.zeros([BT, D], dtype=tl.float32)  # dVn·Sᵀ
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dO·Sᵀ
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)  # Vn·dS'ᵀ
+    dw_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dVn·Sᵀ
     dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO·Vnᵀ
-    sds = tl.zeros([D], dtype=tl.float32)  # row sums of S ⊙ dS'
+    sds = tl.zeros([BK], dtype=tl.float32)  # row sums of S ⊙ dS'
     s_base = s_ptr + (bh * NT + c) * D * D
     ds_base = ds_ptr + (bh * NT + c) * D * D
     for iv in range(D // BV):
         dv = iv * BV + tl.arange(0, BV)
-        S = tl.load(s_base + d[:, None] * D + dv[None, :])  # [D, BV]
-        dS = tl.load(ds_base + d[:, None] * D + dv[None, :])
+        S = tl.load(s_base + dkc[:, None] * D + dv[None, :])  # [BK, BV]
+        dS = tl.load(ds_base + dkc[:, None] * D + dv[None, :])
         vn = tl.load(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         dvn = tl.load(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
@@ -579,7 +634,7 @@ def _bwd_dqk_kernel(
     causal = i[:, None] >= i[None, :]
     e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
     dpm = dp * e * scale
-    qk = tl.dot(q, tl.trans(kc))
+    qk = tl.dot(q, tl.trans(kc))  # this program's column share of Q·Kᵀ
     eg = tl.exp(gam)
     ekd = tl.exp(g_last - gam)
     dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
@@ -591,12 +646,13 @@ def _bwd_dqk_kernel(
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
     # dq goes straight to [B, T, Hqk, D] when R == 1, else to a per-value-head fp32 buffer.
     if DQ_HEADS == HQK:
-        _store_rows(dq_ptr + b * T * HQK * D + hk * D, dq, t, m, HQK * D, D)
+        dq_off = ((b * T + t[:, None]) * HQK + hk) * D + dkc[None, :]
     else:
-        _store_rows(dq_ptr + b * T * HV * D + h * D, dq, t, m, HV * D, D)
-    tl.store(dk_ptr + (bh * T + t[:, None]) * D + d[None, :], dk, mask=m[:, None])
-    tl.store(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], -dw_acc, mask=m[:, None])
-    tl.store(dgam_ptr + bh * T + t, dgam, mask=m)
+        dq_off = ((b * T + t[:, None]) * HV + h) * D + dkc[None, :]
+    tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+    tl.store(dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :], dk, mask=m[:, None])
+    tl.store(dw_ptr + (bh * T + t[:, None]) * D + dkc[None, :], -dw_acc, mask=m[:, None])
+    tl.store(dgam_ptr + (ik * (tl.num_programs(2)) + bh) * T + t, dgam, mask=m)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -607,7 +663,7 @@ def _bwd_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
-    PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
 ):  # fmt: skip
     """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
     over D), the second applies Tᵀ and writes dk, dv slice by slice."""
@@ -645,7 +701,9 @@ def _bwd_wy_kernel(
     dae = tl.where(strict, da * e, 0.0)
     dbeta = tl.sum(dae * kk, axis=1)
     z = dae * kk * beta[:, None]
-    dgam = tl.load(dgam_ptr + bh * T + t, mask=m, other=0.0) + tl.sum(z, axis=1) - tl.sum(z, axis=0)
+    dgam = tl.sum(z, axis=1) - tl.sum(z, axis=0)
+    for ik in tl.static_range(NK):
+        dgam += tl.load(dgam_ptr + (ik * tl.num_programs(1) + bh) * T + t, mask=m, other=0.0)
     bd = dae * beta[:, None]
     bdt = tl.trans(bd)
     for s0 in range(0, D, BD):
@@ -690,10 +748,11 @@ def chunk_backward(
     dq = torch.empty(B, T, heads, D, device=dev, dtype=gdt)
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
     dw = torch.empty_like(dkp)
-    dgam = torch.empty(B * Hv, T, device=dev, dtype=torch.float32)
-    _bwd_dqk_kernel[(NT, B * Hv)](
+    BK = TUNING["dqk_bk"]
+    dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
+    _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
         q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
-        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BV=TUNING["dqk_bv"], num_warps=TUNING["dqk_warps"],
+        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BK=BK, BV=TUNING["dqk_bv"], num_warps=TUNING["dqk_warps"],
     )  # fmt: skip
     del s, ds, vn
     dk = torch.empty(B, T, heads, D, device=dev, dtype=gdt)
@@ -702,7 +761,7 @@ def chunk_backward(
     dg = torch.empty(B, T, Hv, device=dev, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
         k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads, PREC=_dot_precision(q.dtype), BT=BT, D=D, BD=TUNING["wy_bd"],
+        T, Hqk, Hv, R, heads, PREC=_dot_precision(q.dtype), BT=BT, D=D, BD=TUNING["wy_bd"], NK=D // BK,
         num_warps=TUNING["wy_warps"],
     )  # fmt: skip
     if R > 1:
