@@ -366,6 +366,8 @@ def _state_fwd_kernel(
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
     STORE_HT: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """The chain S -> Vn -> S' is the only serial work; chunk c+1's tiles are loaded before chunk
+    c's products are issued, so their memory latency hides behind the chain."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
@@ -378,21 +380,33 @@ def _state_fwd_kernel(
         S = tl.load(h0_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
+    t = tl.arange(0, BT)
+    m = t < T
+    wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+    kc = _load_rows(k_base, t, m, HQK * D, D)
+    if HAS_U:
+        uc = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
     for c in range(NT):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
         t = c * BT + tl.arange(0, BT)
         m = t < T
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
+        tn = t + BT
+        mn = tn < T
+        wk_n = tl.load(w_ptr + (bh * T + tn[:, None]) * D + dk[None, :], mask=mn[:, None], other=0.0)
+        kc_n = _load_rows(k_base, tn, mn, HQK * D, D)
         vn = -tl.dot(wk, S.to(dt))
         if HAS_U:
-            vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+            un = tl.load(u_ptr + (bh * T + tn[:, None]) * D + dv[None, :], mask=mn[:, None], other=0.0)
+            vn += uc
+            uc = un
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
-        gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
-        kc = _load_rows(k_base, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
+        wk = wk_n
+        kc = kc_n
     if STORE_HT:
         tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
 
@@ -518,34 +532,52 @@ def _state_bwd_kernel(
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """Reverse chain; the previous chunk's tiles are loaded before this chunk's products."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
-    qk_off = b * T * HQK * D + hk * D
+    qk_base = q_ptr + b * T * HQK * D + hk * D
+    kk_base = k_ptr + b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     if HAS_DHT:
         dS = tl.load(dht_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
+    t = (NT - 1) * BT + tl.arange(0, BT)
+    m = t < T
+    kc = _load_rows(kk_base, t, m, HQK * D, D)
+    qc = _load_rows(qk_base, t, m, HQK * D, D)
+    wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+    do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+    dvl = tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
     for j in range(NT):
         c = NT - 1 - j
         tl.store(ds_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], dS.to(dt))
         t = c * BT + tl.arange(0, BT)
         m = t < T
         gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
-        kc = _load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+        tp = t - BT
+        mp = (tp >= 0) & (tp < T)
+        kc_p = _load_rows(kk_base, tp, mp, HQK * D, D)
+        qc_p = _load_rows(qk_base, tp, mp, HQK * D, D)
+        wk_p = tl.load(w_ptr + (bh * T + tp[:, None]) * D + dk[None, :], mask=mp[:, None], other=0.0)
+        do_p = tl.load(
+            do_ptr + ((b * T + tp[:, None]) * HV + h) * D + dv[None, :], mask=mp[:, None], other=0.0
+        )
+        dvl_p = tl.load(dvl_ptr + (bh * T + tp[:, None]) * D + dv[None, :], mask=mp[:, None], other=0.0)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-        dvn = tl.dot(kd, dS.to(dt))
-        dvn += tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        dvn = tl.dot(kd, dS.to(dt)) + dvl
         tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
-        q = _load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-        qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
-        do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        qg = (qc * (tl.exp(gam) * scale)[:, None]).to(dt)
         dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
+        kc = kc_p
+        qc = qc_p
+        wk = wk_p
+        do = do_p
+        dvl = dvl_p
     if STORE_DH0:
         tl.store(dh0_ptr + bh * D * D + dk[:, None] * D + dv[None, :], dS)
 
