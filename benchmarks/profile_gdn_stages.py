@@ -15,14 +15,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SWEEP: dict[str, list[tuple[str, list[int]]]] = {
-    "intra": [("intra_warps", [2, 4, 8])],
-    "state_fwd": [("state_bv", [16, 32, 64]), ("state_warps", [2, 4, 8]), ("state_stages", [1, 2, 3])],
-    "output": [("output_warps", [4, 8]), ("out_bv", [64, 128])],
-    "state_bwd": [("state_bv", [16, 32, 64]), ("state_warps", [2, 4, 8]), ("state_stages", [1, 2, 3]),
-                  ("dvl_warps", [4, 8])],
-    "chunk_bwd": [("dqk_warps", [4, 8]), ("dqk_bv", [32, 64]), ("wy_warps", [4, 8]), ("wy_bd", [32, 64])],
-}  # fmt: skip
+# (stage timed, knob, values). Knobs are tried one after another, each keeping the best so far;
+# state_bv is shared by both sequential passes, so it is judged on state_fwd + state_bwd.
+SWEEP: list[tuple[str, str, list[int]]] = [
+    ("intra", "intra_split", [0, 1]),
+    ("intra", "intra_warps", [4, 8]),
+    ("state_both", "state_bv", [16, 32, 64]),
+    ("state_both", "state_warps", [4, 8]),
+    ("state_both", "state_stages", [1, 2]),
+    ("output", "output_warps", [4, 8]),
+    ("output", "out_bv", [64, 128]),
+    ("dvn_local", "dvl_warps", [4, 8]),
+    ("chunk_bwd", "dqk_bk", [64, 128]),
+    ("chunk_bwd", "dqk_warps", [4, 8]),
+    ("chunk_bwd", "wy_warps", [4, 8]),
+]
 
 
 def main() -> None:
@@ -32,6 +39,7 @@ def main() -> None:
     ap.add_argument("--v-heads", type=int, default=32)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--write-tuning", default=None, help="write the best TUNING found as JSON here")
     args = ap.parse_args()
 
     import torch
@@ -64,6 +72,7 @@ def main() -> None:
         "state_fwd": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
                                              store_final=True),
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
+        "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True),
         "chunk_bwd": lambda: K.chunk_backward(q, k, v, beta, g.dtype, gamma, tm, s, ds, vn, dvn, do, scale),
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
@@ -99,19 +108,24 @@ def main() -> None:
 
         print(f"  fla fwd+bwd    {bench(fla_fb):8.3f} ms")
     if args.sweep:
-        base = dict(K.TUNING)
-        for stage, knobs in SWEEP.items():
-            for knob, values in knobs:
-                res = []
-                for val in values:
-                    K.TUNING.update(base)
-                    K.TUNING[knob] = val
-                    try:
-                        res.append((bench(stages[stage]), val))
-                    except Exception as exc:  # e.g. out of shared memory
-                        print(f"  {stage} {knob}={val}: {type(exc).__name__}: {str(exc)[:120]}")
-                print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res))
-        K.TUNING.update(base)
+        stages["state_both"] = lambda: (stages["state_fwd"](), stages["state_bwd"]())
+        for stage, knob, values in SWEEP:
+            res = []
+            keep = K.TUNING[knob]
+            for val in values:
+                K.TUNING[knob] = val
+                try:
+                    res.append((bench(stages[stage]), val))
+                except Exception as exc:  # e.g. out of shared memory
+                    print(f"  {stage} {knob}={val}: {type(exc).__name__}: {str(exc)[:120]}")
+            K.TUNING[knob] = min(res)[1] if res else keep
+            print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res)
+                  + f"  -> {K.TUNING[knob]}", flush=True)  # fmt: skip
+        print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {K.TUNING}")
+        if args.write_tuning:
+            import json
+
+            Path(args.write_tuning).write_text(json.dumps(K.TUNING))
 
 
 if __name__ == "__main__":

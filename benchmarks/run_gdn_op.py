@@ -51,9 +51,17 @@ def main() -> int:
     ap.add_argument("--out", default="gdn_op.json")
     ap.add_argument("--set", action="append", default=[], help="parameter override key=value")
     ap.add_argument("--only", action="append", default=[], help="run cases whose name contains this")
+    ap.add_argument("--tuning", default=None, help="JSON of kernels.gdn_chunk.TUNING overrides")
     args = ap.parse_args()
 
     import torch
+
+    tuning = None
+    if args.tuning and Path(args.tuning).is_file():
+        import kernels.gdn_chunk as kernels_gdn
+
+        tuning = json.loads(Path(args.tuning).read_text())
+        kernels_gdn.TUNING.update(tuning)
 
     from gdn import device as devices
 
@@ -69,7 +77,7 @@ def main() -> int:
     except Exception:
         info["fla"] = None
     result: dict[str, object] = {"preset": args.preset, "params": params.model_dump(), "info": info,
-                                 "command": " ".join(sys.argv), "cases": {}}  # fmt: skip
+                                 "command": " ".join(sys.argv), "tuning": tuning, "cases": {}}  # fmt: skip
     rows = []
     for case in cases:
         t0 = time.time()
