@@ -45,9 +45,7 @@ def main() -> None:
     db = args.db or Path(tmp.name) / "bench.db"
     engine = make_engine(f"sqlite:///{db}")
     upgrade(engine)
-    metrics = [
-        Metric(f"m{i}", "ms", "time", "higher" if i % 2 else "lower") for i in range(args.metrics)
-    ]
+    metrics = [Metric(f"m{i}", "ms", "time", "higher" if i % 2 else "lower") for i in range(args.metrics)]
     cases = [Case("bench", f"case{i}", {"i": i}) for i in range(args.cases)]
     Session = session_factory(engine)
     with Session.begin() as s:
@@ -71,24 +69,33 @@ def main() -> None:
                     rows.append((c, m, r, idx, values[k]))
                     k += 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load {load:.2f}, "
-          f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, load {load:.2f}, "
+        f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}"
+    )
     print(f"samples={len(rows)} cases={args.cases} metrics={args.metrics} ranks={args.ranks} idx={n_idx}")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for start in range(0, len(rows), args.batch):
         insert_samples(engine, job_id, rows[start : start + args.batch])
-    dt = time.perf_counter() - t0
-    print(f"ingest: {len(rows)} samples in {dt:.2f} s = {len(rows) / dt:,.0f} samples/s "
-          f"(batches of {args.batch}, one transaction each)")
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(f"ingest cpu: {cpu:.2f} s of this process = {len(rows) / cpu:,.0f} samples per cpu-second")
+    print(
+        f"ingest: {len(rows)} samples in {dt:.2f} s = {len(rows) / dt:,.0f} samples/s "
+        f"(batches of {args.batch}, one transaction each)"
+    )
+
+    sink_ingest(engine, args.ranks, args.batch, min(len(rows), 200_000))
 
     for attempt in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with Session() as s:
             live = compute_summary(s, job_id)
-        dt = time.perf_counter() - t0
-        print(f"summary computed from raw samples [{attempt}]: {len(live)} (case, metric) pairs "
-              f"from {len(rows)} samples in {dt:.3f} s")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(
+            f"summary computed from raw samples [{attempt}]: {len(live)} (case, metric) pairs "
+            f"from {len(rows)} samples in {dt:.3f} s (cpu {cpu:.3f} s)"
+        )
     t0 = time.perf_counter()
     with Session.begin() as s:
         s.get(Job, job_id).status = "succeeded"
@@ -99,9 +106,32 @@ def main() -> None:
         with Session() as s:
             summary = case_summaries(s, job_id)
         dt = time.perf_counter() - t0
-        print(f"case_summaries of the finished job [{attempt}]: {len(summary)} cases x "
-              f"{len(summary[0].metrics)} metrics in {dt:.3f} s")
+        print(
+            f"case_summaries of the finished job [{attempt}]: {len(summary)} cases x "
+            f"{len(summary[0].metrics)} metrics in {dt:.3f} s"
+        )
     engine.dispose()
+
+
+def sink_ingest(engine, ranks: int, batch: int, n: int) -> None:
+    """The dispatcher's path: `Sample` objects through `StoreSink.samples` (names -> ids, insert)."""
+    from service.dispatcher import StoreSink
+    from workers.suite import Sample
+
+    with session_factory(engine).begin() as s:
+        job = Job(suite="bench-sink", preset="quick", device="cpu", world_size=ranks, status="running",
+                  attempts=1)  # fmt: skip
+        s.add(job)
+    sink = StoreSink(engine, job, Path(tempfile.gettempdir()))
+    samples = [Sample(f"case{i % 50}", f"m{i % 4}", float(i), rank=i % ranks, idx=i // 200) for i in range(n)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for start in range(0, n, batch):
+        sink.samples(samples[start : start + batch])
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(
+        f"sink ingest: {n} Sample objects through StoreSink.samples in {dt:.2f} s = {n / dt:,.0f} samples/s "
+        f"(cpu {cpu:.2f} s = {n / cpu:,.0f} per cpu-second)"
+    )
 
 
 if __name__ == "__main__":

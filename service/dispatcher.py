@@ -93,9 +93,12 @@ class StoreSink:
                         self._case_id(s, c)
                     for m in sorted(missing_m):
                         self._metric_id(s, m)
-            cids, mids = self.case_ids, self.metric_ids
-            rows = [(cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value)) for b in batch]
-            store.insert_samples(self.engine, self.job_id, rows, self.attempt)
+            cids, mids, job, att = self.case_ids, self.metric_ids, self.job_id, self.attempt
+            rows = [
+                (job, att, cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value))
+                for b in batch
+            ]
+            store.insert_sample_rows(self.engine, rows)
             self.samples_written += len(rows)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:

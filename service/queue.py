@@ -276,6 +276,10 @@ class InvalidJob(ValueError):
     """A submission the service can never run; the message names the bad value and the choices."""
 
 
+class SuiteUnavailable(RuntimeError):
+    """A registered suite whose module fails to load: the service's fault, not the request's."""
+
+
 def validate_request(body: Any, executor: Executor | None) -> JobRequest:
     """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor.
 
@@ -290,6 +294,8 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
         params = suite.resolve_params(req.preset, req.params)
     except UnknownSuiteInput as exc:
         raise InvalidJob(str(exc)) from exc
+    except Exception as exc:
+        raise SuiteUnavailable(f"suite {req.suite!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
     if req.device not in suite.devices:
         raise InvalidJob(f"suite {suite.name!r} runs on {list(suite.devices)}, not on device {req.device!r}")
     if req.world_size < suite.min_world_size:

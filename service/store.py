@@ -104,33 +104,26 @@ def insert_samples(
     engine: Engine, job_id: int, rows: Sequence[tuple[int, int, int, int, float]], attempt: int = 1
 ) -> int:
     """Store `(case_id, metric_id, rank, idx, value)` rows of one job's run in one transaction."""
+    return insert_sample_rows(engine, [(job_id, attempt, c, m, r, i, v) for c, m, r, i, v in rows])
+
+
+SAMPLE_COLUMNS: tuple[str, ...] = ("job_id", "attempt", "case_id", "metric_id", "rank", "idx", "value")
+
+
+def insert_sample_rows(engine: Engine, rows: Sequence[tuple[int, int, int, int, int, int, float]]) -> int:
+    """Store full `SAMPLE_COLUMNS` tuples in one transaction (the sink's hot path: no re-packing)."""
     if not rows:
         return 0
-    table = SampleRow.__table__
     with immediate(engine).begin() as conn:
         raw = conn.dialect.paramstyle == "qmark"  # pysqlite: skip per-row dict building
         for start in range(0, len(rows), SAMPLE_BATCH):
             chunk = rows[start : start + SAMPLE_BATCH]
             if raw:
-                conn.exec_driver_sql(
-                    _QMARK_INSERT, [(job_id, attempt, c, m, r, i, v) for c, m, r, i, v in chunk]
+                conn.exec_driver_sql(_QMARK_INSERT, chunk)
+            else:
+                conn.execute(
+                    insert(SampleRow.__table__), [dict(zip(SAMPLE_COLUMNS, r, strict=True)) for r in chunk]
                 )
-                continue
-            conn.execute(
-                insert(table),
-                [
-                    {
-                        "job_id": job_id,
-                        "attempt": attempt,
-                        "case_id": c,
-                        "metric_id": m,
-                        "rank": r,
-                        "idx": i,
-                        "value": v,
-                    }
-                    for c, m, r, i, v in chunk
-                ],
-            )
     return len(rows)
 
 

@@ -117,6 +117,8 @@ def create_job(body: JobCreate, request: Request, response: Response) -> JobOut:
         raise HTTPException(422, str(exc)) from exc
     except queue.JobConflict as exc:
         raise HTTPException(409, str(exc)) from exc
+    except queue.SuiteUnavailable as exc:
+        raise HTTPException(503, str(exc)) from exc
     if created:
         dispatcher = getattr(state, "dispatcher", None)
         if dispatcher is not None:
@@ -323,7 +325,13 @@ def job_artifact(job_id: JobId, name: Annotated[str, Path(max_length=300)], sess
 @api.get("/suites", response_model=Page[dict[str, Any]])
 def list_suites() -> Page[dict[str, Any]]:
     """The suite catalogue: presets with their resolved params and cases, params schema, metrics."""
-    return Page[dict[str, Any]](items=[get_suite(n).describe() for n in suite_names()], next=None)
+    items: list[dict[str, Any]] = []
+    for n in suite_names():
+        try:
+            items.append(get_suite(n).describe())
+        except Exception as exc:  # one broken suite module must not hide the others
+            items.append({"name": n, "error": f"{type(exc).__name__}: {exc}"})
+    return Page[dict[str, Any]](items=items, next=None)
 
 
 @api.get("/suites/{name}", response_model=dict[str, Any])
@@ -332,6 +340,8 @@ def get_suite_entry(name: Annotated[str, Path(max_length=100)]) -> dict[str, Any
         return get_suite(name).describe()
     except UnknownSuiteInput as exc:
         raise HTTPException(404, str(exc)) from exc
+    except Exception as exc:
+        raise HTTPException(503, f"suite {name!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------- baselines
