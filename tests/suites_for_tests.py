@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,9 @@ class ProbeSuite(Suite):
                     dist.all_reduce(t, group=ctx.group)
                 yield Sample(case.name, "allreduce_sum", float(t.item()), rank=ctx.rank, idx=i)
             yield Sample(case.name, "marker", MARKER, rank=ctx.rank)
+            if ctx.rank == 0 and ctx.artifacts_dir is not None:
+                (ctx.artifacts_dir / "note.txt").write_text(f"world {ctx.world_size}")
+            print(f"probe output from rank {ctx.rank}", flush=True)
         elif case.name == "bounded":
             value = 2.0 if p["bound_violation"] else 0.5
             yield Sample(case.name, "value", value, rank=ctx.rank)
@@ -92,7 +96,9 @@ SUITE = ProbeSuite()
 class RecordingSink:
     """A JobSink that keeps everything (thread-safe enough for the executors' single reader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cancel_after_case: str | None = None) -> None:
+        self.cancel = threading.Event()  # set once `cancel_after_case` has a result
+        self._cancel_after = cancel_after_case
         self.samples_: list[Sample] = []
         self.cases: dict[str, tuple[str, str | None]] = {}
         self.infos: list[dict] = []
@@ -105,6 +111,8 @@ class RecordingSink:
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
         self.cases[case] = (status, error)
+        if case == self._cancel_after:
+            self.cancel.set()
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         self.progress_.append((done, total, message))

@@ -63,13 +63,13 @@ def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason
 
 
 def test_cancel_kills_the_ranks() -> None:
-    cancel = threading.Event()
-    threading.Timer(6.0, cancel.set).start()
-    outcome, sink, elapsed = _run(
-        LocalExecutor(), cancel, params={"fault": "hang"}, world_size=2, deadline_s=60
-    )
+    sink = RecordingSink(cancel_after_case="expects_value_error")  # the next case hangs
+    spec = JobSpec(1, "probe", params={"fault": "hang"}, world_size=2, deadline_s=120, deterministic=True)
+    t0 = time.monotonic()
+    outcome = LocalExecutor().run(spec, sink, sink.cancel)
     assert outcome.status == "cancelled"
-    assert elapsed < 15
+    assert time.monotonic() - t0 < 60
+    assert sink.infos[0]["deterministic"] is True  # the flags reached the ranks
     assert all(_gone(r["pid"]) for r in sink.infos[0]["ranks"])
 
 
@@ -85,7 +85,11 @@ def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:
         "after_fault": ("passed", None),
     }
     assert sink.progress_[0] == (0, 5, "started") and sink.progress_[-1][:2] == (5, 5)
+    assert sink.artifacts == [("rank0/note.txt", "text/plain", b"world 2")]
+    assert "[rank 1] probe output from rank 1" in sink.logs  # rank output arrives as job log lines
     info = sink.infos[0]
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // 2))
+    assert info["deterministic"] is False and info["torch_threads"] == threads  # ranks share the cores
     assert info["world_size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]
     assert info["device_kind"] == "cpu" and info["torch"] and info["commit"]
 

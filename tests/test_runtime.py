@@ -200,6 +200,17 @@ def test_snapshot_per_commit_is_cached_by_sha(tmp_path: Path) -> None:
         cache.path("deadbeef")
 
 
+def test_executor_device_tables_agree_with_gdn_device() -> None:
+    """The executors keep torch out of the service, so they carry copies of these two facts."""
+    from gdn import device as devices
+    from workers.executors.local import _VISIBLE_ENV, DEVICE_KINDS
+    from workers.executors.ray_executor import _VISIBLE
+
+    assert DEVICE_KINDS == devices.DEVICE_KINDS
+    for kind in ("cuda", "npu"):
+        assert _VISIBLE_ENV[kind] == _VISIBLE[kind][1] == devices.visible_devices_env(kind)
+
+
 def test_make_executor_names_the_valid_kinds() -> None:
     with pytest.raises(ValueError, match=r"unknown executor kind 'slurm'; expected one of local, ray"):
         make_executor("slurm")

@@ -306,6 +306,8 @@ def load_suite(name: str, module: str | None) -> Suite:
 
 
 def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
+    import torch
+
     from gdn import device as devices
     from workers.provenance import installed_version, source_commit
 
@@ -322,6 +324,8 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
             "source_root": str(Path(__file__).resolve().parent.parent),  # the snapshot, for a commit job
             "visible_devices": os.environ.get(visible) if visible else None,
             "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "torch_threads": torch.get_num_threads(),
         }
     )
     try:

@@ -21,17 +21,7 @@ from typing import Any
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV
 
 OUTPUT_TAIL_LINES = 40
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: the rank gets SIGKILL when the process (thread) that started it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    os.setsid()  # own process group: killing the rank also kills what it started
+OUTPUT_LOG_LINES = 2000  # output lines per rank forwarded as job log lines; the rest only in the tail
 
 
 def describe_exit(returncode: int) -> str:
@@ -60,6 +50,8 @@ class RankProcess:
         self.rank = rank
         self._messages: collections.deque[dict[str, Any]] = collections.deque()
         self._output: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self._log_lines: collections.deque[str] = collections.deque()
+        self._logged = 0
         self._wakeup = wakeup or threading.Event()
         self._exited = threading.Event()
         self.returncode: int | None = None
@@ -74,7 +66,10 @@ class RankProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,),
-                preexec_fn=_set_parent_death_signal,
+                # Own session: killing the rank's group also kills what it started. No preexec_fn
+                # (unsafe in threaded parents such as the service and Ray workers); a rank whose
+                # parent dies notices through its parent-watch thread and exits.
+                start_new_session=True,
             )
         finally:
             os.close(write_fd)
@@ -90,7 +85,13 @@ class RankProcess:
     def _read_output(self) -> None:
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
-            self._output.append(raw.decode("utf-8", "replace").rstrip("\n"))
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._output.append(line)
+            self._logged += 1
+            if self._logged <= OUTPUT_LOG_LINES:
+                self._log_lines.append(line)
+            elif self._logged == OUTPUT_LOG_LINES + 1:
+                self._log_lines.append(f"... more output not forwarded (limit {OUTPUT_LOG_LINES} lines)")
 
     def _read_channel(self) -> None:
         for line in self._channel:
@@ -106,9 +107,12 @@ class RankProcess:
         self._wakeup.set()
 
     def drain(self) -> list[dict[str, Any]]:
+        """Channel messages, then the rank's output lines as `log` messages, since the last call."""
         out: list[dict[str, Any]] = []
         while self._messages:
             out.append(self._messages.popleft())
+        while self._log_lines:
+            out.append({"t": "log", "rank": self.rank, "line": self._log_lines.popleft()})
         return out
 
     @property
