@@ -123,7 +123,16 @@ def sink_ingest(engine, ranks: int, batch: int, n: int) -> None:
                   attempts=1)  # fmt: skip
         s.add(job)
     sink = StoreSink(engine, job, Path(tempfile.gettempdir()))
-    samples = [Sample(f"case{i % 50}", f"m{i % 4}", float(i), rank=i % ranks, idx=i // 200) for i in range(n)]
+    # the order a suite reports in: case by case, metric by metric, idx by idx, every rank
+    per_case = max(1, n // (50 * 4 * ranks))
+    samples = [
+        Sample(f"case{c}", f"m{m}", float(i + r), rank=r, idx=i)
+        for c in range(50)
+        for m in range(4)
+        for i in range(per_case)
+        for r in range(ranks)
+    ]
+    n = len(samples)
     t0, c0 = time.perf_counter(), time.process_time()
     for start in range(0, n, batch):
         sink.samples(samples[start : start + batch])
