@@ -11,6 +11,9 @@ SUITE_MODULES: dict[str, str] = {
     # name -> module defining `SUITE`, an instance of workers.suite.Suite
     "capability": "workers.suites.capability",
     "gdn-op": "workers.suites.gdn_op",
+    "network": "workers.suites.network",
+    "stability": "workers.suites.stability",
+    "profile": "workers.suites.profile",
 }
 
 

@@ -1,0 +1,301 @@
+"""`network`: the whole hybrid Qwen3.5-style network with FSDP over the CP group (VALIDATION_MATRIX §6).
+
+Case families (one case per mode x activation checkpoint where it applies):
+- `traj/<mode>/ckpt-<c>`: optimizer trajectory of the candidate (the case's CP mode and backend,
+  FSDP over the CP group) against the single-device eager reference from the same weights, data,
+  padding, valid-label count and AdamW state. Per step (idx = step): the reference and candidate
+  loss and global grad-norm, and their abs and rel errors; per case: max abs and max rel of each,
+  tracked independently. Bounds depend on the precision, so the metric names carry it
+  (`fp32_*`: loss rel <= 1e-5, grad-norm rel <= 1e-4; `bf16_*`: < 4e-4 and < 4e-3, the report's).
+- `speed/<mode>/ckpt-<c>`: forward; loss + full backward (incl. the FSDP backward hooks and
+  reduce-scatter); the full optimizer step (zero_grad + forward + loss + backward + reduce +
+  AdamW.step); warm-up then repeat via `time_repeats`; full-process peak allocated/reserved of one
+  optimizer step after the warm-up.
+- `determinism/<mode>`: under deterministic mode, checkpoint off vs full over
+  `determinism_steps`: loss, grad-norm and final parameters must be bit-identical.
+
+Mode "none" runs the candidate on each rank without CP (a single-device backend comparison, e.g.
+Triton vs eager on one GPU); a CP mode needs world size >= 2. Tokens: `token_file`, or a file
+built on each rank from the sample text shipped in `gdn/data/`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from workers.context import RankContext
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+
+CP_MODES = ("none", "ulysses", "p2p", "all_gather")
+CHECKPOINTS = ("off", "full")
+PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
+# (loss rel, grad-norm rel) per precision: the CPU acceptance (fp32) and the report's GPU figures.
+BOUNDS = {"fp32": (1e-5, 1e-4), "bf16": (4e-4, 4e-3)}
+
+
+class NetworkParams(SuiteParams):
+    model: str = "tiny"  # a name in gdn.model.MODEL_CONFIGS
+    seq_len: int = 128  # global sequence length (split over the CP ranks)
+    batch_size: int = 2
+    valid_lengths: tuple[int, ...] | None = (128, 77)  # tail padding per batch row; None = none
+    dtype: str = "float32"  # float32 | bfloat16 (autocast over fp32 master weights)
+    backend: str = "eager"  # candidate backend
+    reference_backend: str = "eager"
+    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
+    checkpoints: tuple[str, ...] = CHECKPOINTS
+    fsdp: bool = True
+    steps: int = 20
+    lr: float = 1e-3
+    seed: int = 0
+    trajectory: bool = True
+    speed: bool = True
+    warmup: int = 5
+    repeat: int = 20
+    determinism: bool = True
+    determinism_modes: tuple[str, ...] = ("p2p",)
+    determinism_steps: int = 10
+    token_file: str | None = None
+
+
+def _metrics() -> tuple[Metric, ...]:
+    out: list[Metric] = []
+    for p, (loss_b, gn_b) in BOUNDS.items():
+        for what, bound in (("loss", loss_b), ("grad_norm", gn_b)):
+            out += [
+                Metric(f"{p}_{what}_rel_err", "ratio", "trajectory", bound=bound,
+                       description=f"|cand-ref|/|ref| of the {what} per step ({p} run)"),
+                Metric(f"{p}_{what}_abs_err", "abs", "trajectory",
+                       description=f"|cand-ref| of the {what} per step ({p} run)"),
+                Metric(f"{p}_{what}_max_rel", "ratio", "trajectory", bound=bound,
+                       description=f"max over steps of the {what} rel error ({p} run)"),
+                Metric(f"{p}_{what}_max_abs", "abs", "trajectory",
+                       description=f"max over steps of the {what} abs error ({p} run)"),
+            ]  # fmt: skip
+    for side in ("ref", "cand"):
+        out += [
+            Metric(f"{side}_loss", "nats", "trajectory", description=f"{side} loss per step"),
+            Metric(f"{side}_grad_norm", "norm", "trajectory",
+                   description=f"{side} global grad-norm per step"),
+        ]
+    out += [
+        Metric("finite", "bool", "check", "higher", bound=1.0,
+               description="1 when every loss and grad-norm of both sides was finite"),
+        Metric("fwd_ms", "ms", "time", description="forward (with autograd), every repetition"),
+        Metric("fwd_bwd_ms", "ms", "time",
+               description="forward + loss + full backward incl. FSDP hooks/reduce, every repetition"),
+        Metric("step_ms", "ms", "time",
+               description="zero_grad + forward + loss + backward + reduce + AdamW.step, every repetition"),
+        Metric("bwd_estimate_ms", "ms", "time",
+               description="median(fwd_bwd) - median(fwd): a macro split, not a separate timing"),
+        Metric("peak_allocated_bytes", "bytes", "memory",
+               description="full-process peak allocated, one step"),
+        Metric("peak_reserved_bytes", "bytes", "memory", description="full-process peak reserved, one step"),
+        Metric("det_loss_identical", "bool", "check", "higher", bound=1.0,
+               description="checkpoint off vs full: every loss bit-identical"),
+        Metric("det_grad_norm_identical", "bool", "check", "higher", bound=1.0,
+               description="checkpoint off vs full: every grad-norm bit-identical"),
+        Metric("det_params_identical", "bool", "check", "higher", bound=1.0,
+               description="checkpoint off vs full: final parameters bit-identical"),
+        Metric("det_max_param_diff", "abs", "accuracy", bound=0.0,
+               description="checkpoint off vs full: max |param difference| after the last step"),
+    ]  # fmt: skip
+    return tuple(out)
+
+
+def _check(params: NetworkParams) -> None:
+    bad = sorted(set(params.modes) - set(CP_MODES)) + sorted(set(params.determinism_modes) - set(CP_MODES))
+    if bad:
+        raise ValueError(f"unknown CP mode(s) {bad}; expected a subset of {CP_MODES}")
+    bad = sorted(set(params.checkpoints) - set(CHECKPOINTS))
+    if bad:
+        raise ValueError(f"unknown activation checkpoint mode(s) {bad}; expected a subset of {CHECKPOINTS}")
+    if params.dtype not in PRECISION:
+        raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
+
+
+class NetworkSuite(Suite):
+    name = "network"
+    description = (
+        "hybrid GDN/attention network, FSDP over the CP group: trajectories, speed, memory, determinism"
+    )
+    params_model = NetworkParams
+    min_world_size = 1
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        # CPU/CI on 2 gloo ranks: tiny model, fp32, eager, 20 steps, tail padding in one row.
+        "quick": {"warmup": 1, "repeat": 3},
+        # Per-commit GPU check on one device: the report's 4-layer model, Triton vs eager, bf16.
+        "gate": {
+            "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
+            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50,
+            "determinism_modes": ("none",),
+        },
+        # The report's run: 200 steps, checkpoint off and full; on a multi-GPU job add CP modes
+        # with modes=["ulysses","p2p"] (and model "qwen35-8l" for the 8-layer network).
+        "full": {
+            "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
+            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200,
+            "determinism_modes": ("none",),
+        },
+    }  # fmt: skip
+    metrics = _metrics()
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        assert isinstance(params, NetworkParams)
+        _check(params)
+        base = params.model_dump(exclude={"modes", "checkpoints", "determinism_modes"})
+        out: list[Case] = []
+        for mode in params.modes:
+            for ckpt in params.checkpoints:
+                p = {**base, "mode": mode, "checkpoint": ckpt}
+                if params.trajectory:
+                    out.append(Case(self.name, f"traj/{mode}/ckpt-{ckpt}", {**p, "kind": "trajectory"}))
+                if params.speed:
+                    out.append(Case(self.name, f"speed/{mode}/ckpt-{ckpt}", {**p, "kind": "speed"}))
+        if params.determinism:
+            for mode in params.determinism_modes:
+                p = {**base, "mode": mode, "checkpoint": "off", "kind": "determinism"}
+                out.append(Case(self.name, f"determinism/{mode}", p))
+        return out
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        kind = case.params["kind"]
+        if kind == "trajectory":
+            yield from run_trajectory_case(ctx, case)
+        elif kind == "speed":
+            yield from run_speed_case(ctx, case)
+        else:
+            yield from run_determinism_case(ctx, case)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rank side: torch is imported inside the functions.
+# ------------------------------------------------------------------------------------------------
+_TOKEN_FILES: dict[str, str] = {}
+
+
+def token_file_for(params: dict[str, Any]) -> str:
+    """The case's token file, or one built once per process from the shipped sample text."""
+    if params.get("token_file"):
+        return str(params["token_file"])
+    if "sample" not in _TOKEN_FILES:
+        import tempfile
+        from pathlib import Path
+
+        from gdn.data import build_sample_token_file
+
+        path = Path(tempfile.mkdtemp(prefix="gdnval-tokens-")) / "sample.bin"
+        build_sample_token_file(path)
+        _TOKEN_FILES["sample"] = str(path)
+    return _TOKEN_FILES["sample"]
+
+
+def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any):  # -> TrajectoryConfig
+    """TrajectoryConfig of a case; a CP mode needs more than one rank."""
+    from gdn.trajectory import TrajectoryConfig
+
+    mode = params["mode"]
+    if mode != "none" and not ctx.distributed:
+        raise ValueError(
+            f"CP mode {mode!r} needs a job with world size >= 2 (got {ctx.world_size}); "
+            "use mode 'none' on one rank"
+        )
+    vl = params.get("valid_lengths")
+    fields = dict(
+        model=params["model"], steps=params.get("steps", 1), lr=params.get("lr", 1e-3),
+        seq_len=params["seq_len"], batch_size=params["batch_size"],
+        valid_lengths=tuple(vl) if vl else None, dtype=params["dtype"], seed=params.get("seed", 0),
+        reference_backend=params.get("reference_backend", "eager"), backend=params["backend"],
+        cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
+    )  # fmt: skip
+    fields.update(overrides)
+    return TrajectoryConfig(**fields)
+
+
+def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    from gdn.trajectory import run_trajectory
+
+    p = case.params
+    cfg = trajectory_config(ctx, p)
+    cmp = run_trajectory(cfg, token_file_for(p), ctx.device, ctx.group if cfg.cp_mode != "none" else None)
+    prec = PRECISION[cfg.dtype]
+    name, r = case.name, ctx.rank
+    for i, (ref, cand) in enumerate(zip(cmp.reference, cmp.candidate, strict=True)):
+        yield Sample(name, "ref_loss", ref.loss, rank=r, idx=i)
+        yield Sample(name, "cand_loss", cand.loss, rank=r, idx=i)
+        yield Sample(name, "ref_grad_norm", ref.grad_norm, rank=r, idx=i)
+        yield Sample(name, "cand_grad_norm", cand.grad_norm, rank=r, idx=i)
+    for what in ("loss", "grad_norm"):
+        abs_err, rel_err = cmp.errors(what)
+        for i, (a, b) in enumerate(zip(abs_err, rel_err, strict=True)):
+            yield Sample(name, f"{prec}_{what}_abs_err", a, rank=r, idx=i)
+            yield Sample(name, f"{prec}_{what}_rel_err", b, rank=r, idx=i)
+        yield Sample(name, f"{prec}_{what}_max_abs", max(abs_err), rank=r)
+        yield Sample(name, f"{prec}_{what}_max_rel", max(rel_err), rank=r)
+    yield Sample(name, "finite", 1.0, rank=r)  # a NaN/Inf raises NonFiniteTrajectory instead
+
+
+def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    from gdn.trajectory import candidate_trainer
+    from workers.measure import measure_peak_memory, time_repeats, time_samples
+
+    p = case.params
+    cfg = trajectory_config(ctx, p)
+    group = ctx.group if cfg.cp_mode != "none" else None
+    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, group)
+    batch = trainer.batch(0)
+
+    def fwd() -> None:
+        trainer.forward_loss(batch)
+
+    def fwd_bwd() -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.backward(trainer.forward_loss(batch))
+
+    def step() -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.backward(trainer.forward_loss(batch))
+        trainer.optimizer.step()
+
+    w, n = p["warmup"], p["repeat"]
+    t_fwd = time_repeats(ctx, fwd, warmup=w, repeat=n)
+    t_fb = time_repeats(ctx, fwd_bwd, warmup=w, repeat=n)
+    t_step = time_repeats(ctx, step, warmup=w, repeat=n)
+    yield from time_samples(ctx, case.name, "fwd_ms", t_fwd)
+    yield from time_samples(ctx, case.name, "fwd_bwd_ms", t_fb)
+    yield from time_samples(ctx, case.name, "step_ms", t_step)
+    bwd = statistics.median(t_fb) - statistics.median(t_fwd)
+    yield Sample(case.name, "bwd_estimate_ms", bwd, rank=ctx.rank)
+    mem = measure_peak_memory(ctx, step, incremental=False)
+    yield Sample(case.name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
+    yield Sample(case.name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
+
+
+def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    import torch
+
+    from gdn.parallel import set_deterministic
+    from gdn.trajectory import run_determinism_pair
+
+    p = case.params
+    cfg = trajectory_config(ctx, p, steps=p["determinism_steps"])
+    was_on = torch.are_deterministic_algorithms_enabled()
+    set_deterministic(ctx.device_kind, True)
+    try:
+        res = run_determinism_pair(
+            cfg, token_file_for(p), ctx.device, ctx.group if cfg.cp_mode != "none" else None
+        )
+    finally:
+        set_deterministic(ctx.device_kind, was_on)
+    r = ctx.rank
+    yield Sample(case.name, "det_loss_identical", float(res.losses_identical), rank=r)
+    yield Sample(case.name, "det_grad_norm_identical", float(res.grad_norms_identical), rank=r)
+    yield Sample(case.name, "det_params_identical", float(res.params_identical), rank=r)
+    yield Sample(case.name, "det_max_param_diff", res.max_param_diff, rank=r)
+    for i, (a, b) in enumerate(zip(res.off, res.full, strict=True)):
+        yield Sample(case.name, "ref_loss", a.loss, rank=r, idx=i)
+        yield Sample(case.name, "cand_loss", b.loss, rank=r, idx=i)
+
+
+SUITE = NetworkSuite()

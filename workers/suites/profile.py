@@ -1,0 +1,107 @@
+"""`profile`: one `torch.profiler` trace per CP mode of one forward+backward of the network (§7).
+
+The trace (Chrome JSON, without shapes or stacks to keep it small) is written into the rank's
+`ctx.artifacts_dir`, which the executor ships with the job as a downloadable artifact. It is not a
+timing: warm-up passes run first and nothing here is compared across commits except that a trace
+was written and how many events it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from workers.context import RankContext
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suites.network import CP_MODES, PRECISION
+
+
+class ProfileParams(SuiteParams):
+    model: str = "tiny"
+    seq_len: int = 128
+    batch_size: int = 1
+    valid_lengths: tuple[int, ...] | None = None
+    dtype: str = "float32"
+    backend: str = "eager"
+    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
+    fsdp: bool = True
+    checkpoint: str = "off"
+    warmup: int = 1
+    seed: int = 0
+    token_file: str | None = None
+
+
+class ProfileSuite(Suite):
+    name = "profile"
+    description = "one torch.profiler trace per CP mode (forward+backward), kept as a job artifact"
+    params_model = ProfileParams
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {},
+        "gate": {"model": "qwen35-4l", "seq_len": 16384, "dtype": "bfloat16", "backend": "triton",
+                 "modes": ("ulysses", "p2p"), "warmup": 2},
+        "full": {"model": "qwen35-4l", "seq_len": 65536, "dtype": "bfloat16", "backend": "triton",
+                 "modes": ("ulysses", "p2p"), "warmup": 2},
+    }  # fmt: skip
+    metrics = (
+        Metric("trace_written", "bool", "check", "higher", bound=1.0,
+               description="1 when this rank wrote its trace into the artifacts directory"),
+        Metric("trace_events", "count", "check", "higher", description="events in this rank's trace"),
+        Metric("trace_bytes", "bytes", "memory", description="size of this rank's trace file"),
+    )  # fmt: skip
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        assert isinstance(params, ProfileParams)
+        bad = sorted(set(params.modes) - set(CP_MODES))
+        if bad:
+            raise ValueError(f"unknown CP mode(s) {bad}; expected a subset of {CP_MODES}")
+        if params.dtype not in PRECISION:
+            raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
+        base = params.model_dump(exclude={"modes"})
+        return [Case(self.name, f"trace/{m}", {**base, "mode": m}) for m in params.modes]
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        yield from run_profile_case(ctx, case)
+
+
+def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from gdn import device as devices
+    from gdn.trajectory import candidate_trainer
+    from workers.suites.network import token_file_for, trajectory_config
+
+    p = case.params
+    cfg = trajectory_config(ctx, p)
+    group = ctx.group if cfg.cp_mode != "none" else None
+    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, group)
+    batch = trainer.batch(0)
+
+    def fwd_bwd() -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.backward(trainer.forward_loss(batch))
+
+    for _ in range(p["warmup"]):
+        fwd_bwd()
+    devices.synchronize(ctx.device)
+    activities = [ProfilerActivity.CPU]
+    if ctx.device_kind == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+        fwd_bwd()
+        devices.synchronize(ctx.device)
+    out_dir = ctx.artifacts_dir or Path(tempfile.mkdtemp(prefix="gdnval-profile-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{case.name.replace('/', '-')}.trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text()).get("traceEvents", [])
+    written = path.is_file() and ctx.artifacts_dir is not None
+    yield Sample(case.name, "trace_written", float(written), rank=ctx.rank)
+    yield Sample(case.name, "trace_events", float(len(events)), rank=ctx.rank)
+    yield Sample(case.name, "trace_bytes", float(path.stat().st_size), rank=ctx.rank)
+
+
+SUITE = ProfileSuite()

@@ -1,0 +1,130 @@
+"""`stability`: each distributed mode runs many consecutive forward+backward passes (§7).
+
+Per pass (idx = pass): the global loss, whether it and the grad-norm are finite, the pass time and
+the full-process peak allocated (peak reset before each pass). Per case: the peak growth from
+pass 2 to the last pass (bound 1 MiB: a leak of buffers or autograd graphs grows it), and the
+number of point-to-point order checks the CP layer made. A message out of order raises the CP
+layer's `CPCommError`; a hang becomes a `CPCommError` after `timeout_s` (the CP transfer timeout),
+so the case fails with the reason instead of stalling the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from workers.context import RankContext
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suites.network import CP_MODES, PRECISION
+
+MIB = 1 << 20
+
+
+class StabilityParams(SuiteParams):
+    model: str = "tiny"
+    seq_len: int = 128
+    batch_size: int = 2
+    valid_lengths: tuple[int, ...] | None = (128, 77)
+    dtype: str = "float32"
+    backend: str = "eager"
+    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
+    fsdp: bool = True
+    checkpoint: str = "off"
+    passes: int = 20
+    timeout_s: float = 120.0
+    seed: int = 0
+    token_file: str | None = None
+
+
+class StabilitySuite(Suite):
+    name = "stability"
+    description = "consecutive fwd+bwd passes per CP mode: order, deadlock, NaN/Inf and memory growth"
+    params_model = StabilityParams
+    min_world_size = 2
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {},
+        "gate": {"model": "qwen35-4l", "seq_len": 16384, "batch_size": 1, "valid_lengths": None,
+                 "dtype": "bfloat16", "backend": "triton", "modes": ("ulysses", "p2p")},
+        "full": {"model": "qwen35-4l", "seq_len": 65536, "batch_size": 1, "valid_lengths": None,
+                 "dtype": "bfloat16", "backend": "triton", "modes": ("ulysses", "p2p"), "passes": 50},
+    }  # fmt: skip
+    metrics = (
+        Metric("loss", "nats", "trajectory", description="global loss of each pass"),
+        Metric("finite", "bool", "check", "higher", bound=1.0,
+               description="loss and grad-norm finite, per pass"),
+        Metric("pass_ms", "ms", "time", description="wall time of each fwd+bwd pass"),
+        Metric("peak_allocated_bytes", "bytes", "memory",
+               description="full-process peak allocated, per pass"),
+        Metric("memory_growth_bytes", "bytes", "memory", bound=float(MIB),
+               description="peak allocated of the last pass minus that of pass 2 (bound 1 MiB)"),
+        Metric("order_checks", "count", "check", "higher",
+               description="point-to-point messages whose sequence number the CP layer checked"),
+        Metric("passes_done", "count", "check", "higher",
+               description="consecutive passes completed (the case's `passes` when it passes)"),
+    )  # fmt: skip
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        assert isinstance(params, StabilityParams)
+        bad = sorted(set(params.modes) - set(CP_MODES[1:]))
+        if bad:
+            raise ValueError(f"unknown distributed CP mode(s) {bad}; expected a subset of {CP_MODES[1:]}")
+        if params.passes < 2:
+            raise ValueError(f"passes must be >= 2 (growth is measured from pass 2), got {params.passes}")
+        if params.dtype not in PRECISION:
+            raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
+        base = params.model_dump(exclude={"modes"})
+        return [Case(self.name, f"passes/{m}", {**base, "mode": m}) for m in params.modes]
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        yield from run_stability_case(ctx, case)
+
+
+def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    import math
+    import time
+
+    from gdn import device as devices
+    from gdn.trajectory import candidate_trainer
+    from workers.suites.network import token_file_for, trajectory_config
+
+    p = case.params
+    cfg = trajectory_config(ctx, p)
+    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, ctx.group)
+    cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}
+    for cp in cps.values():
+        cp.timeout = replace_timeout(cp.timeout, p["timeout_s"])
+    name, r = case.name, ctx.rank
+    peaks: list[int] = []
+    for i in range(p["passes"]):
+        devices.synchronize(ctx.device)
+        devices.reset_peak_memory(ctx.device)
+        t0 = time.perf_counter()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss = trainer.forward_loss(trainer.batch(i))
+        trainer.backward(loss)
+        devices.synchronize(ctx.device)
+        dt = (time.perf_counter() - t0) * 1e3
+        value, gn = trainer.global_loss(loss), trainer.grad_norm()
+        del loss
+        peaks.append(devices.memory_stats(ctx.device).peak_allocated)
+        finite = math.isfinite(value) and math.isfinite(gn)
+        yield Sample(name, "loss", value, rank=r, idx=i)
+        yield Sample(name, "finite", float(finite), rank=r, idx=i)
+        yield Sample(name, "pass_ms", dt, rank=r, idx=i)
+        yield Sample(name, "peak_allocated_bytes", float(peaks[-1]), rank=r, idx=i)
+        if not finite:
+            break  # the finite sample fails the case; further passes would only repeat it
+    yield Sample(name, "passes_done", float(len(peaks)), rank=r)
+    yield Sample(name, "memory_growth_bytes", float(peaks[-1] - peaks[min(1, len(peaks) - 1)]), rank=r)
+    checks = sum(cp.stats.order_checks for cp in cps.values())
+    yield Sample(name, "order_checks", float(checks), rank=r)
+
+
+def replace_timeout(current: Any, seconds: float) -> Any:
+    """A timedelta of `seconds` (the CP config keeps its limit as a timedelta)."""
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds) if isinstance(current, timedelta) else seconds
+
+
+SUITE = StabilitySuite()
