@@ -39,8 +39,10 @@ def test_deterministic_and_cpu_thread_variables() -> None:
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert env["HCCL_DETERMINISTIC"] == "true"
     assert env["OMP_NUM_THREADS"] == "4"
-    plain = rank_environment("cpu", base_env={"OMP_NUM_THREADS": "3"}, prefixes=[])
+    assert env["TRITON_INTERPRET"] == "1"  # the only way Triton runs on a CPU rank
+    plain = rank_environment("cpu", base_env={"OMP_NUM_THREADS": "3", "TRITON_INTERPRET": "0"}, prefixes=[])
     assert "CUBLAS_WORKSPACE_CONFIG" not in plain and "OMP_NUM_THREADS" not in plain
+    assert "TRITON_INTERPRET" not in plain and "TRITON_INTERPRET" not in rank_environment("cuda", base_env={})
 
 
 # --------------------------------------------------------------------------- case verdicts

@@ -112,6 +112,8 @@ def rank_environment(
         env["PYTHONHASHSEED"] = "0"
     if device == "cuda":
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # a failed collective aborts instead of hanging
+    if device == "cpu" and "TRITON_INTERPRET" not in base:
+        env["TRITON_INTERPRET"] = "1"  # compiled Triton cannot run on a CPU rank; its interpreter can
     if device == "cpu" and "OMP_NUM_THREADS" not in base:
         cores = cpu_count or os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, world_size)))  # ranks share the cores
