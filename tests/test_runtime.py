@@ -235,3 +235,12 @@ def test_summary_takes_the_worst_rank_per_repetition_first() -> None:
     assert rows["err"]["count"] == 2 and rows["err"]["min"] == 2.0 and rows["err"]["median"] == 2.5
     assert rows["err"]["passed"] is False
     assert rows["speedup"]["median"] == 1.5 and rows["speedup"]["passed"] is False  # worst = min
+
+
+def test_a_crash_after_a_rank_finished_is_logged_not_failed() -> None:
+    sink = _NullSink()
+    mon = JobMonitor(JobSpec(1, "s", world_size=1), sink)  # type: ignore[arg-type]
+    mon.handle(0, {"t": "done"})
+    mon.rank_exited(0, "rank 0 killed by SIGSEGV", -11, "")
+    assert mon.failure(settle=True) is None and mon.all_done
+    assert ("log", ("[rank 0] rank 0 killed by SIGSEGV after finishing its cases",)) in sink.calls

@@ -125,7 +125,9 @@ class JobMonitor:
 
     def rank_exited(self, rank: int, description: str, returncode: int | None, output_tail: str) -> None:
         """A rank's process (or actor) is gone; a clean end sent `done` first."""
-        if rank in self._finished_ranks and returncode == 0:
+        if rank in self._finished_ranks:  # every result is in; a crash at shutdown only gets logged
+            if returncode not in (0, None):
+                self.sink.log(f"[rank {rank}] {description} after finishing its cases")
             return
         if rank in self._told_why and (returncode is None or returncode >= 0):
             return  # it told us why before it exited

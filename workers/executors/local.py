@@ -156,6 +156,8 @@ class LocalExecutor(Executor):
                 env = self.rank_env(spec, rank, root, port)
                 procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
+        except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
+            return JobOutcome("failed", f"local executor error: {type(exc).__name__}: {exc}")
         finally:
             for p in procs:
                 p.kill()

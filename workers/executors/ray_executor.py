@@ -328,6 +328,8 @@ class RayExecutor(Executor):
                 starts.append(actor.start.remote(rank, payload, env, snap_ref, self.cache_dir))
             self._get_starts(ray, starts, monitor)
             return self._watch(ray, spec, actors, monitor, cancel, start)
+        except Exception as exc:  # e.g. rank 0's actor died before it published its address
+            return JobOutcome("failed", monitor.failure(settle=True) or f"ray executor error: {_short(exc)}")
         finally:
             self._release(pg, actors)
             monitor.flush_info()
