@@ -17,14 +17,20 @@ Channel messages (one JSON object per line, `"t"` says which; every message has 
     samples     {"samples": [[case, metric, value, rank, idx], ...]}   batched
     case_end    {"case": name, "status": CaseStatus, "error": str | None}
     artifact    {"name": ..., "media_type": ..., "data": base64}
-    log         {"line": ...}
+    log         {"line": ...}                      (executors also turn the rank's stdout/stderr into these)
     fatal       {"error": str, "failed_rank": int, "cause": "raised" | "peer"}
     done        {}
 
 Pass/fail of a case on one rank: `expected_error` set -> `expected_error` when an exception
 whose class (or a base class) has that name is raised, `failed` when nothing is raised, `error`
 for any other exception. Otherwise `error` when the case raises, `failed` when any sample is
-outside its metric's bound, else `passed`. The executor combines ranks (worst rank wins).
+outside its metric's bound (NaN never passes), else `passed`. Samples of undeclared metrics
+make the case an `error`; the runtime stamps each sample with this rank. The executor combines
+ranks (worst rank wins: error > failed > expected_error > skipped > passed).
+
+Environment handled here (`rank_environment`, applied by the executors when they start a rank):
+the Python environment's own libstdc++ first on LD_LIBRARY_PATH (Triton), deterministic flags on
+request, TRITON_INTERPRET=1 and a share of the cores (OMP_NUM_THREADS) on CPU ranks.
 
 In a distributed job a case that raised on some ranks but not on others leaves the process
 group out of step (the others may wait in a collective forever), so after every case the ranks
