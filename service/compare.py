@@ -777,12 +777,22 @@ def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray,
 
 
 def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+    """Bytes: > 1 MiB and > 1 %. A memory metric in another unit (a ratio of two peaks) has no
+    absolute scale, so only the relative rule applies to it."""
     assert mr.base is not None and mr.head is not None
-    scale = unit_bytes(metric.unit)
     b, h = mr.base.worst, mr.head.worst
     grow = (h - b) if metric.direction == "lower" else (b - h)
-    grow_bytes = grow * scale
     rel = grow / abs(b) if b else (math.inf if grow > 0 else 0.0)
+    if metric.unit.strip().lower() not in _UNIT_BYTES:
+        why = f"{b:.4g} -> {h:.4g} ({rel:+.1%}, {metric.unit or 'no unit'})"
+        if rel > cfg.memory_rel:
+            mr.verdict, mr.reason = "regressed", why
+        elif -rel > cfg.memory_rel:
+            mr.verdict, mr.reason = "improved", why
+        else:
+            mr.verdict, mr.reason = "unchanged", f"{b:.4g} -> {h:.4g} ({rel:+.1%}) within 1%"
+        return
+    grow_bytes = grow * unit_bytes(metric.unit)
     mib = grow_bytes / MIB
     if grow_bytes > cfg.memory_abs_bytes and rel > cfg.memory_rel:
         mr.verdict, mr.reason = "regressed", f"grew {mib:+.2f} MiB ({rel:+.1%})"

@@ -198,6 +198,15 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
     return submit
 
 
+def _service_repo() -> str | None:
+    """The executors' repository (GDNVAL_REPO): it knows the head's parent when the client did not say."""
+    import os
+
+    from workers.snapshot import REPO_ENV
+
+    return os.environ.get(REPO_ENV) or None
+
+
 def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
     """One step of the gate: find or submit every job, and decide once all are final."""
     from sqlalchemy.orm import Session
@@ -208,7 +217,7 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     suites = _suites_for(req)
     with Session(engine) as s:
         try:
-            base = resolve_base(s, req.head, base=req.base, baseline=req.baseline)
+            base = resolve_base(s, req.head, base=req.base, baseline=req.baseline, repo=_service_repo())
         except NotFound as exc:
             return GateState("done", EXIT_INFRA, "error", str(exc), req.head, None, "")
         if base.kind == "job" and len(suites) > 1:

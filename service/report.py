@@ -224,8 +224,13 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     return rows
 
 
+CP_MODES = frozenset({"ulysses", "p2p", "all_gather"})
+
+
 def _is_cp(case: Any) -> bool:
-    return "mode" in (case.params or {}) or "cp" in (case.params or {})
+    """A context-parallel case: a CP mode among its parameters (P2P vs Ulysses tables)."""
+    params = case.params or {}
+    return any(isinstance(v, str) and v in CP_MODES for v in params.values()) or "cp_mode" in params
 
 
 def job_report_markdown(
@@ -237,7 +242,7 @@ def job_report_markdown(
     """The test report for one or more jobs (one per suite), with optional comparisons."""
     from service.web import views
 
-    commits = sorted({_short(j.commit) for j in jobs})
+    commits = sorted({_short(j.commit or j.info.get("commit")) for j in jobs})
     suites = ", ".join(j.suite for j in jobs)
     lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
     lines += ["## Environment", ""]

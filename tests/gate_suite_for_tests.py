@@ -9,8 +9,11 @@ and is slow once (a one-off noisy run that `--confirm` must not count).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 from workers.context import RankContext
@@ -18,6 +21,8 @@ from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
 SLOW_FACTOR = 1.0  # rewritten by the gate tests in a temporary repository
 NOISE_ENV = "GDNVAL_TEST_NOISE_FILE"
+ROOT = Path(__file__).resolve().parent.parent
+SUITE_MODULE = "tests.gate_suite_for_tests"
 
 
 class GateTimeParams(SuiteParams):
@@ -54,3 +59,41 @@ class GateTimeSuite(Suite):
 
 
 SUITE = GateTimeSuite()
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=gate@example.com", "-c", "user.name=gate", *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def make_repo(path: Path) -> dict[str, str]:
+    """The runtime's code (gdn, kernels, workers) and this suite, committed four times:
+    A; B (timing unchanged); C (`SLOW_FACTOR` 1.5: a planted slow-down); D (timing as B)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in ("gdn", "kernels", "workers"):
+        shutil.copytree(ROOT / pkg, path / pkg, ignore=ignore)
+    (path / "tests").mkdir()
+    (path / "tests" / "__init__.py").write_text("")
+    src = Path(__file__).read_text()
+    assert "SLOW_FACTOR = 1.0  #" in src
+    suite_file = path / "tests" / "gate_suite_for_tests.py"
+    suite_file.write_text(src)
+    _git(path, "init", "-q")
+    shas: dict[str, str] = {}
+
+    def commit(name: str) -> None:
+        _git(path, "add", "-A")
+        _git(path, "commit", "-q", "-m", name)
+        shas[name] = _git(path, "rev-parse", "HEAD")
+
+    commit("A")
+    (path / "NOTES.txt").write_text("B: a change that does not touch timing\n")
+    commit("B")
+    suite_file.write_text(src.replace("SLOW_FACTOR = 1.0  #", "SLOW_FACTOR = 1.5  #"))
+    commit("C")
+    suite_file.write_text(src)
+    commit("D")
+    return shas

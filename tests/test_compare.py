@@ -141,6 +141,8 @@ def test_memory_rules() -> None:
     assert verdict(120 * MIB, 100 * MIB) == "improved"
     assert verdict(100.0, 120.0, unit="MiB") == "regressed"
     assert verdict(100.0, 100.9, unit="MiB") == "unchanged"
+    assert verdict(0.90, 0.95, unit="x") == "regressed"  # a ratio of peaks: the relative rule only
+    assert verdict(0.90, 0.905, unit="x") == "unchanged"
     assert unit_bytes("GiB") == 1024 * MIB
     with pytest.raises(ValueError, match="'ms' is not a byte unit"):
         unit_bytes("ms")

@@ -1,22 +1,22 @@
-"""The gate end to end on CPU: real store, real dispatcher, local executor on commit snapshots.
+"""The gate's decisions over the real store, with jobs "run" by a fake runner that writes
+synthetic samples at submission (fast; the real executor path is tests/test_gate_http.py).
 
-A temporary git repository holds the project's runtime code plus the test-only `gatetime` suite
-(tests/gate_suite_for_tests.py) over four commits: A, B (timing unchanged), C (the suite's
-`SLOW_FACTOR` raised: a planted slow-down), D (timing unchanged, for the noisy-run case). Each job
-runs on its commit's snapshot, so the head's code really is slower.
+Commit timings are known: `SLOW` commits are 30% slower, `NOISY_ONCE` commits are slow on their
+first run only, `BROKEN` commits fail as a job (a rank died: the infrastructure).
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from service import queue, store
 from service.gate import (
     EXIT_FAIL,
     EXIT_INFRA,
@@ -24,177 +24,172 @@ from service.gate import (
     GateInputError,
     GateRequest,
     GateState,
-    default_submit,
     evaluate_gate,
 )
+from service.models import Commit, Job
+from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITE_MODULE = "tests.gate_suite_for_tests"
-
-
-def _git(repo: Path, *args: str) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.email=gate@example.com", "-c", "user.name=gate", *args],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip()
+A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
+SLOW = {C}
+NOISY_ONCE = {D}
+BROKEN = {X}
 
 
-def make_repo(path: Path) -> dict[str, str]:
-    """The runtime's code (gdn, kernels, workers) and the gatetime suite, committed four times."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for pkg in ("gdn", "kernels", "workers"):
-        shutil.copytree(ROOT / pkg, path / pkg, ignore=ignore)
-    (path / "tests").mkdir()
-    (path / "tests" / "__init__.py").write_text("")
-    suite_src = (ROOT / "tests" / "gate_suite_for_tests.py").read_text()
-    assert "SLOW_FACTOR = 1.0" in suite_src
-    (path / "tests" / "gate_suite_for_tests.py").write_text(suite_src)
-    _git(path, "init", "-q")
-    shas: dict[str, str] = {}
+class FakeRunner:
+    """A submit function: queues the job like the API, then "runs" it at once."""
 
-    def commit(name: str) -> None:
-        _git(path, "add", "-A")
-        _git(path, "commit", "-q", "-m", name)
-        shas[name] = _git(path, "rev-parse", "HEAD")
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.submitted: list[int] = []
+        self.runs: dict[str, int] = {}
+        self.run_now = True
 
-    commit("A")
-    (path / "NOTES.txt").write_text("B: a change that does not touch timing\n")
-    commit("B")
-    (path / "tests" / "gate_suite_for_tests.py").write_text(
-        suite_src.replace("SLOW_FACTOR = 1.0", "SLOW_FACTOR = 1.5")
-    )
-    commit("C")
-    (path / "tests" / "gate_suite_for_tests.py").write_text(suite_src)
-    commit("D")
-    return shas
+    def __call__(self, **kw: Any) -> int:
+        job, _ = queue.submit(self.engine, queue.JobRequest(**kw))
+        self.submitted.append(job.id)
+        if self.run_now:
+            self.run(job.id)
+        return job.id
+
+    def run(self, job_id: int) -> None:
+        with Session(self.engine) as s, s.begin():
+            job = s.get(Job, job_id)
+            sha = job.commit_sha
+            n = self.runs[sha] = self.runs.get(sha, 0) + 1
+            if sha in BROKEN:
+                job.status, job.error = "failed", "rank 0 died: killed by SIGKILL (out of memory?)"
+                return
+            params = SUITE.resolve_params(job.preset, job.params)
+            (case,) = SUITE.cases(params)
+            mids = store.ensure_metrics(s, SUITE.name, SUITE.metrics)
+            cid = store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
+            store.set_case_result(s, job_id, cid, "passed", None)
+            job.status = "succeeded"
+        factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
+        rng = np.random.default_rng(job_id)
+        rows = [(cid, mids["sleep_ms"], 0, i, 25.0 * factor * (1 + 0.01 * rng.standard_normal()))
+                for i in range(params.repeats)]  # fmt: skip
+        rows.append((cid, mids["err"], 0, 0, 1e-4))
+        store.insert_samples(self.engine, job_id, rows)
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Any, FakeRunner]]:
     from service.db import make_engine, upgrade
-    from service.dispatcher import Dispatcher
-    from service.settings import Settings
-    from workers.executors.local import LocalExecutor
     from workers.registry import SUITE_MODULES, get_suite
 
-    tmp = tmp_path_factory.mktemp("gate")
-    repo = tmp / "repo"
-    repo.mkdir()
-    shas = make_repo(repo)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(SUITE_MODULES, "gatetime", SUITE_MODULE)
         get_suite.cache_clear()
-        url = f"sqlite:///{tmp / 'gate.db'}"
-        engine = make_engine(url)
+        engine = make_engine(f"sqlite:///{tmp_path / 'gate.db'}")
         upgrade(engine)
-        # lease 60 s: the dispatcher writes heartbeats less often while jobs start
-        settings = Settings(db_url=url, artifacts_dir=tmp / "artifacts", poll_interval_s=1.0, lease_s=60.0)
-        executor = LocalExecutor(repo=repo, cache_dir=tmp / "snapshots", poll_s=0.05)
-        dispatcher = Dispatcher(settings, engine, executor)
-        dispatcher.start()
-        try:
-            yield SimpleNamespace(
-                engine=engine, dispatcher=dispatcher, shas=shas, repo=repo, tmp=tmp, mp=mp, settings=settings,
-                executor=executor,
-            )
-        finally:
-            dispatcher.stop()
-            engine.dispose()
-            get_suite.cache_clear()
+        yield engine, FakeRunner(engine)
+        engine.dispose()
+    get_suite.cache_clear()
 
 
-def run_gate(svc: SimpleNamespace, timeout: float = 150.0, **kw: object) -> GateState:
-    """Step the gate until done, as the CLI does through the API."""
-    req = GateRequest(suites=["gatetime"], **kw)
-    deadline = time.monotonic() + timeout
-    submit = default_submit(svc.engine, svc.settings, svc.executor, svc.dispatcher.wake)
-    while True:
-        state = evaluate_gate(svc.engine, req, submit)
-        if state.phase == "done":
-            return state
-        assert time.monotonic() < deadline, f"gate still waiting: {state.reason} {state.jobs}"
-        time.sleep(0.25)
+def gate(env: tuple[Any, FakeRunner], **kw: Any) -> GateState:
+    engine, runner = env
+    return evaluate_gate(engine, GateRequest(suites=["gatetime"], **kw), runner)
 
 
-def time_metric(state: GateState):
+def sleep_metric(state: GateState) -> Any:
     (cmp,) = state.comparisons
-    (case,) = cmp.cases
-    return next(m for m in case.metrics if m.metric == "sleep_ms")
+    return next(m for c in cmp.cases for m in c.metrics if m.metric == "sleep_ms")
 
 
-@pytest.mark.slow
-def test_unchanged_pair_passes_and_reuses_jobs(service: SimpleNamespace) -> None:
-    a, b = service.shas["A"], service.shas["B"]
-    state = run_gate(service, head=b, base=a, run_id="t1")
-    assert state.exit_code == EXIT_PASS, state.markdown
-    assert state.verdict == "pass"
-    # sleep timings on a shared CPU may be too noisy for "unchanged"; they must never "regress"
-    assert time_metric(state).verdict in ("unchanged", "inconclusive", "improved")
-    assert {j.role for j in state.jobs} == {"head", "base"}
-    assert all(j.status == "succeeded" for j in state.jobs)
-    assert "✅ PASS" in state.markdown and "/jobs/" in state.markdown
-    # A second gate run of the same pair reuses both jobs instead of running them again.
-    again = run_gate(service, head=b, base=a, run_id="t1-again")
-    assert [j.job_id for j in again.jobs] == [j.job_id for j in state.jobs]
-    assert all(j.reused for j in again.jobs)
+def test_unchanged_pair_passes_and_a_second_gate_reuses_the_jobs(env) -> None:
+    state = gate(env, head=B, base=A, run_id="r1")
+    assert state.exit_code == EXIT_PASS and state.verdict == "pass", state.markdown
+    assert sleep_metric(state).verdict == "unchanged"
+    assert [j.role for j in state.jobs] == ["head", "base"] and not any(j.reused for j in state.jobs)
+    again = gate(env, head=B, base=A, run_id="r2")
+    assert again.exit_code == EXIT_PASS
+    assert all(j.reused for j in again.jobs) and len(env[1].submitted) == 2
 
 
-@pytest.mark.slow
-def test_planted_slowdown_fails_with_exit_1(service: SimpleNamespace) -> None:
-    b, c = service.shas["B"], service.shas["C"]
-    state = run_gate(service, head=c, base=b, run_id="t2")
-    assert state.exit_code == EXIT_FAIL, state.markdown
-    m = time_metric(state)
-    assert m.verdict == "regressed" and m.ratio > 1.3 and m.p_value < 0.01
-    assert "❌ FAIL" in state.markdown and "regressed" in state.markdown
-    data = state.to_dict()
-    assert data["exit_code"] == 1 and data["comparisons"][0]["passed"] is False
+def test_planted_slowdown_fails(env) -> None:
+    state = gate(env, head=C, base=B)
+    assert state.exit_code == EXIT_FAIL and state.verdict == "fail"
+    m = sleep_metric(state)
+    assert m.verdict == "regressed" and 1.25 < m.ratio < 1.35 and m.p_value < 0.01
+    assert "gatetime/sleep (regressed)" in state.reason
+    assert "❌ FAIL" in state.markdown and "🔴 regressed" in state.markdown
+    d = state.to_dict()
+    assert d["exit_code"] == 1 and d["comparisons"][0]["counts"]["regressed"] == 1
 
 
-@pytest.mark.slow
-def test_confirm_turns_a_one_off_noisy_run_into_a_pass(service: SimpleNamespace) -> None:
-    b, d = service.shas["B"], service.shas["D"]
-    flag = service.tmp / "noise-once"
-    flag.write_text("slow once")
-    service.mp.setenv("GDNVAL_TEST_NOISE_FILE", str(flag))
-    state = run_gate(service, head=d, base=b, confirm=True, run_id="t3")
-    assert not flag.exists()  # the head's first run consumed it
-    assert state.exit_code == EXIT_PASS, state.markdown
-    (conf,) = state.confirmations
-    assert not conf.confirmed and conf.rerun_verdict != "regressed"
-    assert "regressed" not in {m.verdict for cmp in state.comparisons for c in cmp.cases for m in c.metrics}
-    assert "not reproduced" in state.markdown
-    assert [j.role for j in state.jobs].count("confirm") == 1
+def test_confirm_ignores_a_one_off_slow_run_and_keeps_a_real_regression(env) -> None:
+    noisy = gate(env, head=D, base=B, confirm=True)
+    assert noisy.exit_code == EXIT_PASS, noisy.markdown
+    (conf,) = noisy.confirmations
+    assert not conf.confirmed and conf.rerun_verdict == "unchanged"
+    assert sleep_metric(noisy).verdict == "inconclusive" and "not confirmed" in sleep_metric(noisy).reason
+    assert [j.role for j in noisy.jobs] == ["head", "base", "confirm"]
+    assert conf.first_reason.startswith("median +3")  # the first run did regress by ~30%
+    # a later gate of D reuses D's newest job: the re-run, not the noisy first run
+    assert gate(env, head=D, base=B).exit_code == EXIT_PASS
+    real = gate(env, head=C, base=B, confirm=True)
+    assert real.exit_code == EXIT_FAIL and real.confirmations[0].confirmed
+    assert "yes (confirmed)" in real.markdown
 
 
-@pytest.mark.slow
-def test_confirm_keeps_a_real_regression(service: SimpleNamespace) -> None:
-    b, c = service.shas["B"], service.shas["C"]
-    state = run_gate(service, head=c, base=b, confirm=True, run_id="t4")
-    assert state.exit_code == EXIT_FAIL, state.markdown
-    (conf,) = state.confirmations
-    assert conf.confirmed
+def test_waiting_until_jobs_finish(env) -> None:
+    runner = env[1]
+    runner.run_now = False
+    first = gate(env, head=B, base=A, run_id="w")
+    assert first.phase == "waiting" and first.exit_code is None and len(runner.submitted) == 2
+    second = gate(env, head=B, base=A, run_id="w")  # same run: no new jobs
+    assert second.phase == "waiting" and len(runner.submitted) == 2
+    for job_id in runner.submitted:
+        runner.run(job_id)
+    assert gate(env, head=B, base=A, run_id="w").exit_code == EXIT_PASS
 
 
-def test_executor_that_cannot_run_gives_exit_2(service: SimpleNamespace) -> None:
-    a, b = service.shas["A"], service.shas["B"]
-    state = run_gate(service, head=b, base=a, world_size=64, run_id="t5")
+def test_a_failed_job_means_could_not_run(env) -> None:
+    state = gate(env, head=X, base=A)
     assert state.exit_code == EXIT_INFRA and state.verdict == "error"
-    assert "could not run" in state.reason and "world_size 64" in state.reason
-    assert state.jobs == []  # refused at submission: nothing queued that could never run
+    assert "head job" in state.reason and "SIGKILL" in state.reason
     assert "COULD NOT RUN" in state.markdown
 
 
-def test_unknown_commit_gives_exit_2(service: SimpleNamespace) -> None:
-    state = run_gate(service, head="f" * 40, base=service.shas["A"], run_id="t6")
-    assert state.exit_code == EXIT_INFRA and "snapshot" in state.reason
+def test_cancelled_base_job_means_could_not_run(env) -> None:
+    engine, runner = env
+    runner.run_now = False
+    gate(env, head=B, base=A, run_id="c")
+    with Session(engine) as s, s.begin():
+        s.execute(update(Job).where(Job.id == runner.submitted[1]).values(status="cancelled"))
+    state = gate(env, head=B, base=A, run_id="c")
+    assert state.exit_code == EXIT_INFRA and "base job" in state.reason and "cancelled" in state.reason
 
 
-def test_bad_requests_name_the_problem(service: SimpleNamespace) -> None:
+def test_baselines_parents_and_job_bases(env) -> None:
+    engine = env[0]
+    first = gate(env, head=B, base=A)
+    base_job = next(j.job_id for j in first.jobs if j.role == "base")
+    with Session(engine) as s, s.begin():
+        store.set_baseline(s, "main", commit=A)
+        s.execute(update(Commit).where(Commit.sha == C).values(parent=B))
+        store.ensure_commit(s, E, parent=A)
+    named = gate(env, head=B, baseline="main")
+    assert named.exit_code == EXIT_PASS and "baseline 'main'" in named.base_source
+    by_job = gate(env, head=C, base=f"job:{base_job}")
+    assert by_job.exit_code == EXIT_FAIL and by_job.jobs[1].job_id == base_job
+    parent = gate(env, head=E)  # no repository: the parent the store recorded
+    assert parent.base == A and "recorded in the store" in parent.base_source
+    assert parent.exit_code == EXIT_PASS
+    missing = gate(env, head=B, base="job:999")
+    assert missing.exit_code == EXIT_INFRA and "base job 999 does not exist" in missing.reason
+
+
+def test_bad_requests_name_the_problem(env) -> None:
+    engine, runner = env
     with pytest.raises(GateInputError, match="unknown suite 'nope'"):
-        evaluate_gate(service.engine, GateRequest(head="x", base="y", suites=["nope"]))
+        evaluate_gate(engine, GateRequest(head=B, base=A, suites=["nope"]), runner)
     with pytest.raises(GateInputError, match="unknown preset 'huge'"):
-        evaluate_gate(service.engine, GateRequest(head="x", base="y", suites=["gatetime"], preset="huge"))
-    state = evaluate_gate(service.engine, GateRequest(head="0" * 40, suites=["gatetime"]))
+        gate(env, head=B, base=A, preset="huge")
+    state = gate(env, head="0" * 40)
     assert state.exit_code == EXIT_INFRA and "give --base or --baseline" in state.reason
+    with pytest.raises(ValueError, match="not both"):
+        gate(env, head=B, base=A, baseline="main")
+    assert runner.submitted == []
