@@ -65,6 +65,7 @@ def main() -> None:
     w, u, tm = K.intra_solve(k, v, beta, gamma, Hv, store_t=True)
     s, vn, _ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=True)
     ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True)
+    _, dkp, dw, dgam = K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
 
     stages = {
         "gate_cumsum": lambda: K.gate_cumsum(g),
@@ -74,6 +75,8 @@ def main() -> None:
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True),
+        "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
+        "bwd_wy": lambda: K.bwd_wy(k, v, beta, g.dtype, gamma, tm, dw, dvn, dkp, dgam),
         "chunk_bwd": lambda: K.chunk_backward(q, k, v, beta, g.dtype, gamma, tm, s, ds, vn, dvn, do, scale),
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }  # fmt: skip

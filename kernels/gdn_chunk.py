@@ -47,13 +47,13 @@ TUNING: dict[str, int] = {
     "state_warps": 4,
     "state_stages": 2,
     "intra_warps": 4,
-    "intra_split": 1,
+    "intra_split": 0,
     "wu_warps": 4,
     "output_warps": 4,
     "dvl_warps": 4,
-    "dqk_warps": 4,
+    "dqk_warps": 8,
     "dqk_bv": 64,
-    "dqk_bk": 64,
+    "dqk_bk": 128,
     "wy_warps": 4,
     "wy_bd": 64,
     "out_bv": 64,
@@ -366,8 +366,6 @@ def _state_fwd_kernel(
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
     STORE_HT: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
-    """The chain S -> Vn -> S' is the only serial work; chunk c+1's tiles are loaded before chunk
-    c's products are issued, so their memory latency hides behind the chain."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
@@ -380,33 +378,21 @@ def _state_fwd_kernel(
         S = tl.load(h0_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    t = tl.arange(0, BT)
-    m = t < T
-    wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
-    kc = _load_rows(k_base, t, m, HQK * D, D)
-    if HAS_U:
-        uc = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
     for c in range(NT):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
         t = c * BT + tl.arange(0, BT)
         m = t < T
-        gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
-        tn = t + BT
-        mn = tn < T
-        wk_n = tl.load(w_ptr + (bh * T + tn[:, None]) * D + dk[None, :], mask=mn[:, None], other=0.0)
-        kc_n = _load_rows(k_base, tn, mn, HQK * D, D)
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         vn = -tl.dot(wk, S.to(dt))
         if HAS_U:
-            un = tl.load(u_ptr + (bh * T + tn[:, None]) * D + dv[None, :], mask=mn[:, None], other=0.0)
-            vn += uc
-            uc = un
+            vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
+        gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
+        kc = _load_rows(k_base, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
-        wk = wk_n
-        kc = kc_n
     if STORE_HT:
         tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
 
@@ -532,52 +518,34 @@ def _state_bwd_kernel(
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
-    """Reverse chain; the previous chunk's tiles are loaded before this chunk's products."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
-    qk_base = q_ptr + b * T * HQK * D + hk * D
-    kk_base = k_ptr + b * T * HQK * D + hk * D
+    qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     if HAS_DHT:
         dS = tl.load(dht_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
-    t = (NT - 1) * BT + tl.arange(0, BT)
-    m = t < T
-    kc = _load_rows(kk_base, t, m, HQK * D, D)
-    qc = _load_rows(qk_base, t, m, HQK * D, D)
-    wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
-    do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
-    dvl = tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
     for j in range(NT):
         c = NT - 1 - j
         tl.store(ds_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], dS.to(dt))
         t = c * BT + tl.arange(0, BT)
         m = t < T
         gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
-        tp = t - BT
-        mp = (tp >= 0) & (tp < T)
-        kc_p = _load_rows(kk_base, tp, mp, HQK * D, D)
-        qc_p = _load_rows(qk_base, tp, mp, HQK * D, D)
-        wk_p = tl.load(w_ptr + (bh * T + tp[:, None]) * D + dk[None, :], mask=mp[:, None], other=0.0)
-        do_p = tl.load(
-            do_ptr + ((b * T + tp[:, None]) * HV + h) * D + dv[None, :], mask=mp[:, None], other=0.0
-        )
-        dvl_p = tl.load(dvl_ptr + (bh * T + tp[:, None]) * D + dv[None, :], mask=mp[:, None], other=0.0)
+        kc = _load_rows(k_ptr + qk_off, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-        dvn = tl.dot(kd, dS.to(dt)) + dvl
+        dvn = tl.dot(kd, dS.to(dt))
+        dvn += tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
-        qg = (qc * (tl.exp(gam) * scale)[:, None]).to(dt)
+        q = _load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+        qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
+        do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
-        kc = kc_p
-        qc = qc_p
-        wk = wk_p
-        do = do_p
-        dvl = dvl_p
     if STORE_DH0:
         tl.store(dh0_ptr + bh * D * D + dk[:, None] * D + dv[None, :], dS)
 
@@ -765,19 +733,18 @@ def _bwd_wy_kernel(
     tl.store(dg_ptr + (b * T + t) * HV + h, dg.to(dg_ptr.dtype.element_ty), mask=m)
 
 
-def chunk_backward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype,
-    gamma: torch.Tensor, tm: torch.Tensor, s: torch.Tensor, ds: torch.Tensor, vn: torch.Tensor,
-    dvn: torch.Tensor, do: torch.Tensor, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """dq, dk, dv, dβ, dg from the stored per-chunk states and their gradients."""
+def bwd_dqk(
+    q: torch.Tensor, k: torch.Tensor, num_v_heads: int, gamma: torch.Tensor, s: torch.Tensor,
+    ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
+    (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]."""
     B, T, Hqk, _ = q.shape
-    Hv, NT = v.shape[2], _num_chunks(T)
+    Hv, NT = num_v_heads, _num_chunks(T)
     R = Hv // Hqk
     dev = q.device
     heads = Hqk if R == 1 else Hv
-    gdt = q.dtype if R == 1 else torch.float32
-    dq = torch.empty(B, T, heads, D, device=dev, dtype=gdt)
+    dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
     dw = torch.empty_like(dkp)
     BK = TUNING["dqk_bk"]
@@ -786,16 +753,42 @@ def chunk_backward(
         q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
         T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BK=BK, BV=TUNING["dqk_bv"], num_warps=TUNING["dqk_warps"],
     )  # fmt: skip
-    del s, ds, vn
-    dk = torch.empty(B, T, heads, D, device=dev, dtype=gdt)
+    return dq, dkp, dw, dgam
+
+
+def bwd_wy(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype, gamma: torch.Tensor,
+    tm: torch.Tensor, dw: torch.Tensor, dvn: torch.Tensor, dkp: torch.Tensor, dgam: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation."""
+    B, T, Hqk, _ = k.shape
+    Hv, NT = v.shape[2], _num_chunks(T)
+    R = Hv // Hqk
+    heads = Hqk if R == 1 else Hv
+    dk = torch.empty(B, T, heads, D, device=k.device, dtype=k.dtype if R == 1 else torch.float32)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
-    dg = torch.empty(B, T, Hv, device=dev, dtype=g_dtype)
+    dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
         k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads, PREC=_dot_precision(q.dtype), BT=BT, D=D, BD=TUNING["wy_bd"], NK=D // BK,
-        num_warps=TUNING["wy_warps"],
+        T, Hqk, Hv, R, heads, PREC=_dot_precision(k.dtype), BT=BT, D=D, BD=TUNING["wy_bd"],
+        NK=dgam.shape[0], num_warps=TUNING["wy_warps"],
     )  # fmt: skip
+    return dk, dv, dbeta, dg
+
+
+def chunk_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype,
+    gamma: torch.Tensor, tm: torch.Tensor, s: torch.Tensor, ds: torch.Tensor, vn: torch.Tensor,
+    dvn: torch.Tensor, do: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq, dk, dv, dβ, dg from the stored per-chunk states and their gradients."""
+    B, T, Hqk, _ = q.shape
+    Hv = v.shape[2]
+    R = Hv // Hqk
+    dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
+    del s, ds, vn
+    dk, dv, dbeta, dg = bwd_wy(k, v, beta, g_dtype, gamma, tm, dw, dvn, dkp, dgam)
     if R > 1:
         dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
         dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
