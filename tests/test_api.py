@@ -544,7 +544,7 @@ def test_no_request_makes_a_500(server: Server, any_job: int) -> None:
     answered: Counter[tuple[str, int]] = Counter()
 
     @settings(
-        max_examples=200,
+        max_examples=120,
         deadline=None,
         database=None,
         derandomize=True,
