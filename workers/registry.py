@@ -11,6 +11,7 @@ SUITE_MODULES: dict[str, str] = {
     # name -> module defining `SUITE`, an instance of workers.suite.Suite
     "capability": "workers.suites.capability",
     "gdn-op": "workers.suites.gdn_op",
+    "cp-layer": "workers.suites.cp_layer",
     "network": "workers.suites.network",
     "stability": "workers.suites.stability",
     "profile": "workers.suites.profile",

@@ -26,6 +26,7 @@ class LayerCase:
     backend: str = "eager"
     ref_backend: str = "eager"
     dtype: torch.dtype = torch.float64
+    ref_dtype: torch.dtype | None = None  # None: the candidate's dtype
     batch: int = 1
     seq_len: int = 64
     valid_len: int | None = None
@@ -44,9 +45,14 @@ class LayerComparison:
 
 
 def make_inputs(
-    case: LayerCase, device: torch.device
+    case: LayerCase, device: torch.device, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(x [B, T, hidden], mask [B, T] or None, dy [B, T, hidden]) from the case's seed, on `device`."""
+    """(x [B, T, hidden], mask [B, T] or None, dy [B, T, hidden]) from the case's seed, on `device`.
+
+    Drawn in fp64 on the CPU and cast to `dtype` (default: the case's), so the reference and the
+    candidate see the same values up to their own precision.
+    """
+    dtype = case.dtype if dtype is None else dtype
     gen = torch.Generator().manual_seed(case.seed + 1)
     B, T, Hd = case.batch, case.seq_len, case.config.hidden_size
     x = torch.randn(B, T, Hd, generator=gen, dtype=torch.float64)
@@ -55,23 +61,27 @@ def make_inputs(
     if case.valid_len is not None:
         if not 0 < case.valid_len <= T:
             raise ValueError(f"valid_len must be in [1, seq_len={T}], got {case.valid_len}")
-        mask = torch.ones(B, T, dtype=case.dtype)
+        mask = torch.ones(B, T, dtype=dtype)
         mask[1:, case.valid_len :] = 0
         mask = mask.to(device)
-    return x.to(device, case.dtype), mask, dy.to(device, case.dtype)
+    return x.to(device, dtype), mask, dy.to(device, dtype)
 
 
-def build_layer(case: LayerCase, cp: CPConfig | None, backend: str, device: torch.device) -> GatedDeltaNet:
+def build_layer(
+    case: LayerCase, cp: CPConfig | None, backend: str, device: torch.device, dtype: torch.dtype | None = None
+) -> GatedDeltaNet:
+    """The layer with weights drawn from the case's seed (identical on every rank), in `dtype`."""
     layer = GatedDeltaNet(case.config, backend=backend, cp=cp)
-    return gdn_layer_init_(layer, case.seed).to(device=device, dtype=case.dtype)
+    return gdn_layer_init_(layer, case.seed).to(device=device, dtype=case.dtype if dtype is None else dtype)
 
 
 def reference_layer_step(
     case: LayerCase, device: torch.device
 ) -> tuple[GatedDeltaNet, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The no-CP layer on the full sequence: (layer with grads, output, input grad, mask)."""
-    x, mask, dy = make_inputs(case, device)
-    ref = build_layer(case, None, case.ref_backend, device)
+    ref_dtype = case.ref_dtype or case.dtype
+    x, mask, dy = make_inputs(case, device, ref_dtype)
+    ref = build_layer(case, None, case.ref_backend, device, ref_dtype)
     x = x.clone().requires_grad_(True)
     y = ref(x, mask)
     y.backward(dy)

@@ -9,7 +9,10 @@ state. Both come from ordinary gated-delta-rule calls, so every backend that ret
 * S_ext = final state of a run from a zero state.
 
 The eager backend does both in one call by concatenating along the value dim ([0 | v] with
-initial state [I | 0]); the Triton backend (head_dim fixed at 128) makes two calls.
+initial state [I | 0]). The Triton backend (head_dim fixed at 128) runs the kernels' forward-only
+summary (`kernels.gdn_chunk.state_summary`: no output, no per-chunk states) twice; its backward
+recomputes the two final states through the differentiable Triton op and takes their gradients,
+so the forward critical path of P2P pays no output pass for the summary.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ def state_summary(
         return s[..., :dk], s[..., dk:]
     if dk != dv:
         raise ValueError(f"the transition summary needs dk == dv on backend {backend!r}, got {dk} and {dv}")
+    if backend == "triton":
+        m, ext = _TritonSummary.apply(q, k, v, g, beta, chunk_size)
+        return m, ext
     _, m = gated_delta_rule(
         q, k, v.new_zeros(v.shape), g, beta, initial_state=eye, output_final_state=True,
         backend=backend, chunk_size=chunk_size,
@@ -67,6 +73,45 @@ def state_summary(
         q, k, v, g, beta, output_final_state=True, backend=backend, chunk_size=chunk_size
     )
     return m, ext
+
+
+class _TritonSummary(torch.autograd.Function):
+    """(M, S_ext) from the forward-only summary kernels; backward through the differentiable op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, chunk_size: int):  # type: ignore[override]
+        from kernels.gdn_chunk import state_summary as kernel_summary
+
+        B, _, Hv, _ = v.shape
+        eye = identity_state(B, Hv, k.shape[-1], torch.float32, v.device)
+        m = kernel_summary(k, v, g, beta, initial_state=eye, zero_values=True)
+        ext = kernel_summary(k, v, g, beta)
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.chunk_size = chunk_size
+        return m, ext
+
+    @staticmethod
+    def backward(ctx, d_m, d_ext):  # type: ignore[override]
+        q, k, v, g, beta = ctx.saved_tensors
+        cs = ctx.chunk_size
+        with torch.enable_grad():
+            ins = [t.detach().requires_grad_(True) for t in (q, k, v, g, beta)]
+            qi, ki, vi, gi, bi = ins
+            eye = identity_state(v.shape[0], v.shape[2], k.shape[-1], torch.float32, v.device)
+            _, m = gated_delta_rule(
+                qi, ki, vi.new_zeros(vi.shape), gi, bi, initial_state=eye, output_final_state=True,
+                backend="triton", chunk_size=cs,
+            )  # fmt: skip
+            _, ext = gated_delta_rule(
+                qi, ki, vi, gi, bi, output_final_state=True, backend="triton", chunk_size=cs
+            )
+            outs, grads = [], []
+            for t, d in ((m, d_m), (ext, d_ext)):
+                if d is not None:
+                    outs.append(t)
+                    grads.append(d)
+            got = torch.autograd.grad(outs, ins, grads, allow_unused=True)
+        return (*got, None)
 
 
 def apply_transition(m: torch.Tensor, s: torch.Tensor, ext: torch.Tensor) -> torch.Tensor:

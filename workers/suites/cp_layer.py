@@ -1,0 +1,275 @@
+"""`cp-layer`: the full GatedDeltaNet layer under context parallelism against the no-CP layer (§5).
+
+One case per (candidate = CP mode + backend, global length, batch, padding). Every rank of the
+job is one CP rank (world size = CP size; `ctx.group` is the CP group). On every rank the
+reference (no CP, `ref_backend`, `ref_dtype`) runs the full sequence from the same seed; the
+candidate runs this rank's contiguous shard; parameter gradients are summed over the group (as
+FSDP's reduce would) before they are compared.
+
+Per rank, raw samples:
+- accuracy (T <= accuracy_max_seq_len): output / input_grad / param_grad (all parameter gradients
+  as one vector) `_rel_l2`, `_max_abs`, `_max_rel`, `_finite`; `param_grad_worst_rel_l2` (the
+  worst single parameter); `fp64_worst_rel_l2` (fp64 cases, bound 1e-9); `grad_norm_rel_err`
+  (global parameter grad-norm); `padding_output_max_abs` (bound 0: padded outputs are exactly zero).
+- time: `fwd_ms`, `fwd_bwd_ms` (every repetition, after warm-up), `bwd_est_ms` = median(fwd+bwd)
+  − median(fwd) of this rank (the report's macro split).
+- memory: `peak_allocated_bytes`, `peak_reserved_bytes`: full-process peak of one fwd+bwd.
+- chain: per fwd+bwd, `hops_state_fwd`, `hops_state_bwd`, `hops_halo` (messages sent + received
+  by this rank), `hop_counts_ok` (1 = the counts this mode must produce on this rank),
+  `order_checks` (messages whose sequence number was verified; a mismatch raises),
+  `chain_wait_ms` (host time blocked receiving states). Transfers use `transfer_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from workers.context import RankContext
+from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+
+MODES = ("ulysses", "p2p", "all_gather")
+BACKENDS = ("eager", "triton")
+TENSORS = ("output", "input_grad", "param_grad")
+ACC_BOUND = 1e-2  # the report's acceptance threshold for bf16 against the eager reference
+FP64_BOUND = 1e-9  # fp64 eager CP must equal the no-CP layer to rounding (issue 4)
+
+
+class CPLayerParams(SuiteParams):
+    candidates: tuple[str, ...] = ("ulysses+triton", "p2p+triton", "all_gather+eager")
+    seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536, 131072)  # global lengths, batch 1
+    padding_cases: tuple[tuple[int, int, int], ...] = ((2, 8192, 7777),)  # (batch, global, valid)
+    hidden_size: int = 2048
+    qk_heads: int = 16
+    v_heads: int = 32
+    head_dim: int = 128
+    conv_size: int = 4
+    dtypes: tuple[str, ...] = ("bfloat16",)
+    ref_backend: str = "eager"
+    ref_dtype: str = "float32"  # "same": the candidate's dtype
+    accuracy_max_seq_len: int = 32768
+    eager_max_seq_len: int = 32768  # candidates on the eager backend stop here
+    warmup: int = 5
+    repeat: int = 20
+    timing: bool = True
+    transfer_timeout_s: float = 300.0
+
+
+def _metrics() -> tuple[Metric, ...]:
+    out: list[Metric] = []
+    for t in TENSORS:
+        out += [
+            Metric(
+                f"{t}_rel_l2", "ratio", "accuracy", bound=ACC_BOUND, description=f"{t}: ||cp-ref||/||ref||"
+            ),
+            Metric(f"{t}_max_abs", "abs", "accuracy", description=f"{t}: max |cp-ref|"),
+            Metric(f"{t}_max_rel", "ratio", "accuracy", description=f"{t}: max |cp-ref|/|ref|"),
+            Metric(f"{t}_finite", "bool", "check", "higher", bound=1.0, description=f"{t}: all finite"),
+        ]
+    out += [
+        Metric("param_grad_worst_rel_l2", "ratio", "accuracy", bound=ACC_BOUND,
+               description="largest relative-L2 of a single parameter's gradient"),
+        Metric("grad_norm_rel_err", "ratio", "accuracy", bound=ACC_BOUND,
+               description="|grad-norm cp - ref| / ref over all parameter gradients"),
+        Metric("fp64_worst_rel_l2", "ratio", "accuracy", bound=FP64_BOUND,
+               description="fp64 cases only: worst relative-L2 over output, input and parameter grads"),
+        Metric("padding_output_max_abs", "abs", "check", bound=0.0,
+               description="largest |output| at padded positions (must be exactly 0)"),
+        Metric("fwd_ms", "ms", "time", description="layer forward, every repetition"),
+        Metric("fwd_bwd_ms", "ms", "time", description="layer forward + backward, every repetition"),
+        Metric("bwd_est_ms", "ms", "time", description="median(fwd+bwd) - median(fwd) of this rank"),
+        Metric("peak_allocated_bytes", "bytes", "memory", description="full-process peak allocated"),
+        Metric("peak_reserved_bytes", "bytes", "memory", description="full-process peak reserved"),
+        Metric("hops_state_fwd", "count", "check", description="state messages sent+received, forward"),
+        Metric("hops_state_bwd", "count", "check", description="state-gradient messages sent+received"),
+        Metric("hops_halo", "count", "check", description="Conv1D halo messages sent+received, fwd+bwd"),
+        Metric("hop_counts_ok", "bool", "check", "higher", bound=1.0,
+               description="hop counts equal what the mode must send on this rank"),
+        Metric("order_checks", "count", "check", "higher",
+               description="received messages whose channel sequence number was verified"),
+        Metric("chain_wait_ms", "ms", "time", description="host time blocked receiving states, one fwd+bwd"),
+    ]  # fmt: skip
+    return tuple(out)
+
+
+class CPLayerSuite(Suite):
+    name = "cp-layer"
+    description = (
+        "GatedDeltaNet layer under Ulysses / P2P / AllGather CP vs the no-CP layer (accuracy, time, memory)"
+    )
+    params_model = CPLayerParams
+    min_world_size = 2
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        # CPU, gloo, world size 2: tiny layer, fp64 and fp32 eager, every mode, a padding case
+        # whose valid/padding boundary falls inside a chunk of the last rank (160/151 on CP2).
+        "quick": {
+            "candidates": ("ulysses+eager", "p2p+eager", "all_gather+eager"),
+            "seq_lens": (128,), "padding_cases": ((2, 160, 151),),
+            "hidden_size": 32, "qk_heads": 2, "v_heads": 4, "head_dim": 8,
+            "dtypes": ("float64", "float32"), "ref_dtype": "same",
+            "warmup": 1, "repeat": 2, "transfer_timeout_s": 60.0,
+        },
+        # Per-commit GPU check: the report's layer at 8K, and its B=2 8192/7777 padding case.
+        "gate": {"seq_lens": (8192,), "warmup": 2, "repeat": 5},
+        # The report's CP4/CP8 matrix (run with world size 4 or 8).
+        "full": {},
+    }  # fmt: skip
+    metrics = _metrics()
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        assert isinstance(params, CPLayerParams)
+        base = params.model_dump()
+        drop = ("candidates", "seq_lens", "padding_cases", "dtypes")
+        shapes = [(1, T, None) for T in params.seq_lens] + [tuple(c) for c in params.padding_cases]
+        out = []
+        for cand in params.candidates:
+            mode, _, backend = cand.partition("+")
+            if mode not in MODES or backend not in BACKENDS:
+                raise ValueError(f"bad candidate {cand!r}; expected '<mode>+<backend>' with mode in "
+                                 f"{MODES} and backend in {BACKENDS}")  # fmt: skip
+            for dtype in params.dtypes:
+                for batch, T, valid in shapes:
+                    if backend == "eager" and params.eager_max_seq_len < T:
+                        continue
+                    p = {k: v for k, v in base.items() if k not in drop}
+                    p.update(mode=mode, backend=backend, dtype=dtype, batch=batch, seq_len=T, valid_len=valid)
+                    pad = f"_valid{valid}" if valid is not None else ""
+                    dt = "" if len(params.dtypes) == 1 else f"_{dtype}"
+                    out.append(Case(self.name, f"{mode}_{backend}_T{T}_B{batch}{pad}{dt}", p))
+        return out
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        yield from _run_case(ctx, case)
+
+
+SUITE = CPLayerSuite()
+
+
+# ------------------------------------------------------------------------------------------------
+# Rank side: torch is imported inside the functions.
+# ------------------------------------------------------------------------------------------------
+def _layer_case(ctx: RankContext, p: dict[str, Any]) -> Any:
+    import torch
+
+    from gdn.cp.compare import LayerCase
+    from gdn.layer import GDNLayerConfig
+
+    cfg = GDNLayerConfig(
+        hidden_size=p["hidden_size"], num_qk_heads=p["qk_heads"], num_v_heads=p["v_heads"],
+        head_dim=p["head_dim"], conv_size=p["conv_size"],
+    )  # fmt: skip
+    dtype = getattr(torch, p["dtype"])
+    ref_dtype = dtype if p["ref_dtype"] == "same" else getattr(torch, p["ref_dtype"])
+    return LayerCase(
+        cfg, p["mode"], backend=p["backend"], ref_backend=p["ref_backend"], dtype=dtype, ref_dtype=ref_dtype,
+        batch=p["batch"], seq_len=p["seq_len"], valid_len=p["valid_len"], seed=ctx.seed,
+    )  # fmt: skip
+
+
+def expected_hops(mode: str, rank: int, size: int) -> dict[str, int]:
+    """Messages (sent + received) one fwd+bwd makes on `rank` of `size`, per kind."""
+    if size == 1 or mode == "ulysses":
+        return {"state_fwd": 0, "state_bwd": 0, "halo": 0}
+    neighbours = (rank > 0) + (rank < size - 1)
+    state = neighbours if mode == "p2p" else 0
+    return {"state_fwd": state, "state_bwd": state, "halo": 2 * neighbours}
+
+
+def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    from datetime import timedelta
+
+    from gdn import device as devices
+    from gdn.cp import CPConfig
+
+    p = dict(case.params)
+    lc = _layer_case(ctx, p)
+    cp = CPConfig(p["mode"], ctx.group, timeout=timedelta(seconds=p["transfer_timeout_s"]))
+    cp.check_world_size(ctx.world_size)
+    yield from list(_candidate(ctx, case.name, p, lc, cp))  # its tensors are freed on return
+    devices.empty_cache(ctx.device)
+    if p["seq_len"] <= p["accuracy_max_seq_len"]:
+        yield from _accuracy(ctx, case.name, lc, cp)
+
+
+def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any) -> Iterator[Sample]:
+    """Chain counts of one fwd+bwd, then timing and memory of the candidate layer alone."""
+    from gdn import device as devices
+    from gdn.cp.compare import build_layer, make_inputs
+    from gdn.cp.config import shard_sequence
+
+    layer = build_layer(lc, cp, lc.backend, ctx.device)
+    x, mask, dy = make_inputs(lc, ctx.device)
+    x_loc = shard_sequence(x, cp, 1).clone().requires_grad_(True)
+    m_loc = None if mask is None else shard_sequence(mask, cp, 1)
+    dy_loc = shard_sequence(dy, cp, 1).clone()
+    del x, mask, dy
+
+    def fwd() -> None:
+        layer(x_loc, m_loc)
+
+    def fwd_bwd() -> None:
+        layer.zero_grad(set_to_none=True)
+        x_loc.grad = None
+        layer(x_loc, m_loc).backward(dy_loc)
+
+    # One fwd+bwd with fresh counters (it is also the first call: shape check, Triton compile).
+    cp.stats.reset()
+    fwd_bwd()
+    devices.synchronize(ctx.device)
+    s, r = cp.stats.sent, cp.stats.received
+    got = {
+        "state_fwd": s.get("state_fwd", 0) + r.get("state_fwd", 0),
+        "state_bwd": s.get("state_bwd", 0) + r.get("state_bwd", 0),
+        "halo": sum(s.get(k, 0) + r.get(k, 0) for k in ("halo_fwd", "halo_bwd")),
+    }
+    yield Sample(name, "hops_state_fwd", got["state_fwd"], rank=ctx.rank)
+    yield Sample(name, "hops_state_bwd", got["state_bwd"], rank=ctx.rank)
+    yield Sample(name, "hops_halo", got["halo"], rank=ctx.rank)
+    ok = got == expected_hops(p["mode"], cp.rank, cp.world_size)
+    yield Sample(name, "hop_counts_ok", 1.0 if ok else 0.0, rank=ctx.rank)
+    yield Sample(name, "order_checks", cp.stats.order_checks, rank=ctx.rank)
+    wait = cp.stats.wait_ms.get("state_fwd", 0.0) + cp.stats.wait_ms.get("state_bwd", 0.0)
+    yield Sample(name, "chain_wait_ms", wait, rank=ctx.rank)
+    if p["timing"]:
+        yield from _timing(ctx, name, p, fwd, fwd_bwd)
+
+
+def _timing(ctx: RankContext, name: str, p: dict[str, Any], fwd: Any, fwd_bwd: Any) -> Iterator[Sample]:
+    import torch
+
+    from workers.measure import measure_peak_memory, time_repeats, time_samples
+
+    with torch.enable_grad():
+        t_fwd = time_repeats(ctx, fwd, warmup=p["warmup"], repeat=p["repeat"])
+        t_fb = time_repeats(ctx, fwd_bwd, warmup=p["warmup"], repeat=p["repeat"])
+        mem = measure_peak_memory(ctx, fwd_bwd, incremental=False)
+    yield from time_samples(ctx, name, "fwd_ms", t_fwd)
+    yield from time_samples(ctx, name, "fwd_bwd_ms", t_fb)
+    yield Sample(name, "bwd_est_ms", statistics.median(t_fb) - statistics.median(t_fwd), rank=ctx.rank)
+    if mem.tracked:
+        yield Sample(name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
+        yield Sample(name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
+
+
+def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]:
+    import torch
+
+    from gdn.cp.compare import compare_layer, rel_l2
+    from workers.measure import error_samples, tensor_error
+
+    cmp = compare_layer(lc, cp, ctx.device)
+    yield from error_samples(ctx, name, "output", tensor_error(*cmp.output))
+    yield from error_samples(ctx, name, "input_grad", tensor_error(*cmp.input_grad))
+    names = sorted(cmp.param_grads)
+    flat_a = torch.cat([cmp.param_grads[n][0].double().flatten() for n in names])
+    flat_b = torch.cat([cmp.param_grads[n][1].double().flatten() for n in names])
+    yield from error_samples(ctx, name, "param_grad", tensor_error(flat_a, flat_b))
+    worst = max(rel_l2(*cmp.param_grads[n]) for n in names)
+    yield Sample(name, "param_grad_worst_rel_l2", worst, rank=ctx.rank)
+    if lc.dtype == torch.float64 and (lc.ref_dtype or lc.dtype) == torch.float64:
+        every = max(worst, rel_l2(*cmp.output), rel_l2(*cmp.input_grad))
+        yield Sample(name, "fp64_worst_rel_l2", every, rank=ctx.rank)
+    g_cp, g_ref = cmp.grad_norm
+    yield Sample(name, "grad_norm_rel_err", abs(g_cp - g_ref) / g_ref if g_ref else abs(g_cp), rank=ctx.rank)
+    yield Sample(name, "padding_output_max_abs", cmp.padding_max_abs, rank=ctx.rank)
