@@ -274,32 +274,89 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
 def worst_rank_arrays(
     session: Session, job_id: int, *, case_id: int | None = None, metric_id: int | None = None
 ) -> dict[tuple[int, int], WorstRank]:
-    """(case_id, metric_id) -> the job's values after the worst-rank reduction (unordered).
+    """(case_id, metric_id) -> the job's latest-attempt values after the worst-rank reduction.
 
-    SQL reduces ranks per idx (max for lower-is-better, min for higher-is-better metrics; NULL,
-    i.e. NaN, on any rank makes the idx NaN) and, on SQLite/PostgreSQL, string-aggregates each
-    (case, metric) group so only one row per group crosses into Python, parsed by numpy in C.
+    One SQL pass over the job's covering index reduces ranks per idx (max for lower-is-better,
+    min for higher-is-better metrics; NULL, i.e. NaN, on any rank makes the idx NaN) and, on
+    SQLite/PostgreSQL, string-aggregates each (case, metric) group so only one row per group
+    crosses into Python, parsed by numpy in C (SQLite renders REALs with 15 significant digits).
+    Values come unordered: statistics only, not pairing by idx.
     """
     job = session.get(Job, job_id)
     if job is None:
         return {}
     attempt = max(1, job.attempts)
-    q = select(MetricDef.id, MetricDef.direction).where(
-        MetricDef.id.in_(
-            select(SampleRow.metric_id)
-            .where(SampleRow.job_id == job_id, SampleRow.attempt == attempt)
-            .distinct()
+    # metric rows are per suite (undeclared ones too, see StoreSink), so no scan of samples here
+    higher = list(
+        session.scalars(
+            select(MetricDef.id).where(MetricDef.suite == job.suite, MetricDef.direction == "higher")
         )
     )
+    s = SampleRow
+    where = [s.job_id == job_id, s.attempt == attempt]
+    if case_id is not None:
+        where.append(s.case_id == case_id)
     if metric_id is not None:
-        q = q.where(MetricDef.id == metric_id)
-    directions = dict(session.execute(q).all())
-    out: dict[tuple[int, int], WorstRank] = {}
-    for direction in ("lower", "higher"):
-        ids = [m for m, d in directions.items() if (d == "higher") == (direction == "higher")]
-        if ids:
-            out.update(_worst_rank(session, job, attempt, ids, direction, case_id))
-    return out
+        where.append(s.metric_id == metric_id)
+    dialect = session.get_bind().dialect.name
+    agg_fn = _string_agg(dialect)
+    if job.world_size == 1 and agg_fn is not None:
+        # one rank: nothing to reduce, aggregate the raw rows directly (about twice as fast)
+        q = (
+            select(
+                s.case_id,
+                s.metric_id,
+                func.count(s.id),
+                func.count(s.id) - func.count(s.value),
+                agg_fn(s.value),
+            )
+            .where(*where)
+            .group_by(s.case_id, s.metric_id)
+        )
+        return {
+            (c, m): WorstRank(_parse(text, nans), int(total), 1)
+            for c, m, total, nans, text in session.execute(q)
+        }
+    n = func.count(s.id)
+    worst = func.max(s.value)
+    if higher:
+        worst = sa_case((s.metric_id.in_(higher), func.min(s.value)), else_=func.max(s.value))
+    inner = (
+        select(
+            s.case_id.label("case_id"),
+            s.metric_id.label("metric_id"),
+            n.label("n"),
+            sa_case((func.count(s.value) < n, None), else_=worst).label("w"),
+        )
+        .where(*where)
+        .group_by(s.case_id, s.metric_id, s.idx)
+        .subquery()
+    )
+    if agg_fn is not None:
+        q = select(
+            inner.c.case_id,
+            inner.c.metric_id,
+            func.sum(inner.c.n),
+            func.max(inner.c.n),
+            func.count() - func.count(inner.c.w),
+            agg_fn(inner.c.w),
+        ).group_by(inner.c.case_id, inner.c.metric_id)
+        return {
+            (c, m): WorstRank(_parse(text, nans), int(total), int(ranks))
+            for c, m, total, ranks, nans, text in session.execute(q)
+        }
+    # portable fallback: one row per (case, metric, idx)
+    groups: dict[tuple[int, int], list[tuple[int, float | None]]] = {}
+    for c, m, cnt, w in session.execute(select(inner.c.case_id, inner.c.metric_id, inner.c.n, inner.c.w)):
+        groups.setdefault((c, m), []).append((cnt, w))
+    return {
+        key: WorstRank(
+            np.array([np.nan if w is None else w for _, w in items], dtype=np.float64),
+            sum(i[0] for i in items),
+            max(i[0] for i in items),
+        )
+        for key, items in groups.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -309,80 +366,19 @@ class WorstRank:
     ranks: int  # the most rows any idx has (= ranks reporting)
 
 
-def _worst_rank(
-    session: Session, job: Job, attempt: int, metric_ids: list[int], direction: str, case_id: int | None
-) -> dict[tuple[int, int], WorstRank]:
-    s = SampleRow
-    job_id = job.id
-    dialect = session.get_bind().dialect.name
-    if job.world_size == 1 and dialect in ("sqlite", "mysql", "mariadb"):
-        # one rank: nothing to reduce, aggregate the raw rows directly (twice as fast)
-        q = (
-            select(
-                s.case_id,
-                s.metric_id,
-                func.count(s.id),
-                func.count(s.id) - func.count(s.value),
-                func.group_concat(s.value),
-            )
-            .where(s.job_id == job_id, s.attempt == attempt, s.metric_id.in_(metric_ids))
-            .group_by(s.case_id, s.metric_id)
-        )
-        if case_id is not None:
-            q = q.where(s.case_id == case_id)
-        out1: dict[tuple[int, int], WorstRank] = {}
-        for c, m, total, nans, text in session.execute(q):
-            values = np.fromstring(text, sep=",") if text else np.empty(0)
-            if nans:
-                values = np.concatenate((values, np.full(int(nans), np.nan)))
-            out1[(c, m)] = WorstRank(values, int(total), 1)
-        return out1
-    pick = func.max(s.value) if direction == "lower" else func.min(s.value)
-    n = func.count(s.id)
-    inner_q = (
-        select(
-            s.case_id.label("case_id"),
-            s.metric_id.label("metric_id"),
-            n.label("n"),
-            sa_case((func.count(s.value) < n, None), else_=pick).label("w"),
-        )
-        .where(s.job_id == job_id, s.attempt == attempt, s.metric_id.in_(metric_ids))
-        .group_by(s.case_id, s.metric_id, s.idx)
-    )
-    if case_id is not None:
-        inner_q = inner_q.where(s.case_id == case_id)
-    inner = inner_q.subquery()
+def _string_agg(dialect: str) -> Any:
     if dialect in ("sqlite", "mysql", "mariadb"):
-        agg = func.group_concat(inner.c.w)
-    elif dialect == "postgresql":
-        agg = func.string_agg(cast(inner.c.w, Text), ",")
-    else:
-        agg = None
-    cols = [
-        inner.c.case_id,
-        inner.c.metric_id,
-        func.sum(inner.c.n),
-        func.max(inner.c.n),
-        func.count() - func.count(inner.c.w),
-    ]
-    out: dict[tuple[int, int], WorstRank] = {}
-    if agg is not None:
-        q = select(*cols, agg).group_by(inner.c.case_id, inner.c.metric_id)
-        for c, m, total, ranks, nans, text in session.execute(q):
-            values = np.fromstring(text, sep=",") if text else np.empty(0)
-            if nans:
-                values = np.concatenate((values, np.full(int(nans), np.nan)))
-            out[(c, m)] = WorstRank(values, int(total), int(ranks))
-        return out
-    # portable fallback: one row per (case, metric, idx)
-    rows = session.execute(select(inner.c.case_id, inner.c.metric_id, inner.c.n, inner.c.w)).all()
-    groups: dict[tuple[int, int], list[tuple[int, float | None]]] = {}
-    for c, m, cnt, w in rows:
-        groups.setdefault((c, m), []).append((cnt, w))
-    for key, items in groups.items():
-        values = np.array([np.nan if w is None else w for _, w in items], dtype=np.float64)
-        out[key] = WorstRank(values, sum(i[0] for i in items), max(i[0] for i in items))
-    return out
+        return func.group_concat
+    if dialect == "postgresql":
+        return lambda col: func.string_agg(cast(col, Text), ",")
+    return None
+
+
+def _parse(text: str | None, nans: int) -> np.ndarray:
+    values = np.fromstring(text, sep=",") if text else np.empty(0)
+    if nans:
+        values = np.concatenate((values, np.full(int(nans), np.nan)))
+    return values
 
 
 def _passes(m: MetricDef, med: float) -> bool | None:
