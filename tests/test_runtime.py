@@ -244,3 +244,34 @@ def test_a_crash_after_a_rank_finished_is_logged_not_failed() -> None:
     mon.rank_exited(0, "rank 0 killed by SIGSEGV", -11, "")
     assert mon.failure(settle=True) is None and mon.all_done
     assert ("log", ("[rank 0] rank 0 killed by SIGSEGV after finishing its cases",)) in sink.calls
+
+
+def test_local_ranks_get_their_own_device_of_the_parents_visible_set(monkeypatch, tmp_path: Path) -> None:
+    from workers.executors.local import LocalExecutor
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    spec = JobSpec(1, "s", device="cuda", world_size=2)
+    env = LocalExecutor().rank_env(spec, 1, tmp_path, 12345, devices=[2, 3])
+    assert env["CUDA_VISIBLE_DEVICES"] == "7" and env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "12345"
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    npu_spec = JobSpec(1, "s", device="npu", world_size=2)
+    npu = LocalExecutor().rank_env(npu_spec, 0, tmp_path, 1, devices=[1, 0])
+    assert npu["ASCEND_RT_VISIBLE_DEVICES"] == "1"
+
+
+def test_device_pool_never_hands_one_device_to_two_jobs() -> None:
+    import threading
+
+    from workers.executors.local import DevicePool
+
+    pool, cancel = DevicePool(3), threading.Event()
+    first = pool.acquire(2, cancel, None)
+    assert first == [0, 1]
+    assert pool.acquire(2, cancel, 0.3) is None  # only one free: waits, then gives up
+    threading.Timer(0.3, pool.release, args=(first,)).start()
+    assert sorted(pool.acquire(3, cancel, 5.0)) == [0, 1, 2]
+    cancel.set()
+    assert pool.acquire(1, cancel, None) is None
+    with pytest.raises(ValueError, match="4 devices requested, this machine has 3"):
+        pool.acquire(4, cancel, None)

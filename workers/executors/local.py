@@ -75,6 +75,34 @@ def check_spec(spec: JobSpec, max_world_size: int) -> str | None:
     return None
 
 
+class DevicePool:
+    """The accelerators of one family on this machine, handed to jobs so concurrent jobs never
+    share a device (a job waits until enough are free)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._free = list(range(count))
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, cancel: threading.Event, timeout_s: float | None) -> list[int] | None:
+        """`n` free device indices, or None when cancelled or `timeout_s` passed first."""
+        if n > self.count:
+            raise ValueError(f"{n} devices requested, this machine has {self.count}")
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while len(self._free) < n:
+                if cancel.is_set() or (end is not None and time.monotonic() >= end):
+                    return None
+                self._cond.wait(0.2)
+            taken, self._free = self._free[:n], self._free[n:]
+            return taken
+
+    def release(self, indices: list[int]) -> None:
+        with self._cond:
+            self._free = sorted(set(self._free) | set(indices))
+            self._cond.notify_all()
+
+
 class LocalExecutor(Executor):
     """Ranks as child processes of this one."""
 
@@ -94,6 +122,8 @@ class LocalExecutor(Executor):
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
+        self._pools: dict[str, DevicePool] = {}
+        self._pools_lock = threading.Lock()
 
     def max_world_size(self, device: str) -> int:
         if device not in DEVICE_KINDS:
@@ -112,7 +142,16 @@ class LocalExecutor(Executor):
             )
         return SOURCE_ROOT, installed
 
-    def rank_env(self, spec: JobSpec, rank: int, root: Path, port: int) -> dict[str, str]:
+    def _pool(self, device: str) -> DevicePool:
+        with self._pools_lock:
+            if device not in self._pools:
+                self._pools[device] = DevicePool(self.max_world_size(device))
+            return self._pools[device]
+
+    def rank_env(
+        self, spec: JobSpec, rank: int, root: Path, port: int, devices: list[int] | None = None
+    ) -> dict[str, str]:
+        """The rank's environment; `devices[rank]` is its accelerator's index on this machine."""
         env = dict(os.environ)
         env.update(
             rank_environment(spec.device, deterministic=spec.deterministic, world_size=spec.world_size)
@@ -130,8 +169,9 @@ class LocalExecutor(Executor):
         )
         visible = _VISIBLE_ENV.get(spec.device)
         if visible:
-            parent = [d for d in os.environ.get(visible, "").split(",") if d.strip()]
-            env[visible] = parent[rank] if rank < len(parent) else str(rank)
+            index = devices[rank] if devices else rank
+            parent = [d.strip() for d in os.environ.get(visible, "").split(",") if d.strip()]
+            env[visible] = parent[index] if index < len(parent) else str(index)
         return env
 
     def run(self, spec: JobSpec, sink: JobSink, cancel: threading.Event) -> JobOutcome:
@@ -146,6 +186,30 @@ class LocalExecutor(Executor):
         except SnapshotError as exc:
             return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
         payload = rank_payload(spec, commit)
+        devices: list[int] | None = None
+        if spec.device != "cpu":
+            devices = self._pool(spec.device).acquire(spec.world_size, cancel, spec.deadline_s)
+            if devices is None:
+                if cancel.is_set():
+                    return JobOutcome("cancelled", "cancelled while waiting for a free device")
+                need = f"{spec.world_size} free {spec.device} device(s)"
+                return JobOutcome("failed", f"no {need} before the job's deadline")
+            sink.log(f"{spec.device} device(s) {devices} of this machine")
+        try:
+            return self._run(spec, sink, cancel, root, payload, devices)
+        finally:
+            if devices is not None:
+                self._pool(spec.device).release(devices)
+
+    def _run(
+        self,
+        spec: JobSpec,
+        sink: JobSink,
+        cancel: threading.Event,
+        root: Path,
+        payload: dict[str, Any],
+        devices: list[int] | None,
+    ) -> JobOutcome:
         wakeup = threading.Event()
         port = free_port()
         procs: list[RankProcess] = []
@@ -153,7 +217,7 @@ class LocalExecutor(Executor):
         start = time.monotonic()
         try:
             for rank in range(spec.world_size):
-                env = self.rank_env(spec, rank, root, port)
+                env = self.rank_env(spec, rank, root, port, devices)
                 procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
