@@ -67,6 +67,8 @@ def check_spec(spec: JobSpec, max_world_size: int) -> str | None:
         return f"unknown device kind {spec.device!r}; expected one of {', '.join(DEVICE_KINDS)}"
     if spec.world_size < 1:
         return f"world_size must be >= 1, got {spec.world_size}"
+    if max_world_size == 0:
+        return f"no {spec.device} device is available to this executor (world_size {spec.world_size} asked)"
     if spec.world_size > max_world_size:
         return (
             f"world_size {spec.world_size} exceeds the {max_world_size} {spec.device} rank(s) "
