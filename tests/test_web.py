@@ -465,15 +465,19 @@ def test_compare_page_shows_the_planted_regression(site: Any, page: Page) -> Non
     expect(row.locator(".badge")).to_have_text("regressed")
     expect(row.locator("td.num").nth(3)).to_have_text(re.compile(r"^1\.[23]\d\d$"))  # ratio ~1.3
     expect(row.locator("td.num").nth(5)).not_to_have_text("–")  # p-value
-    expect(_row(page, "compare-table", fp8, metric="eager_fwd_bwd_ms")).not_to_have_attribute(
-        "data-verdict", "regressed")
+    expect(_row(page, "compare-table", fp8, metric="eager_fwd_bwd_ms")).to_have_count(0)  # unchanged: hidden
+    case_cell = page.locator(f'#compare-table tr[data-case="{fp8}"] td.casecell')
+    expect(case_cell).to_contain_text("unchanged not shown")
     dk = _row(page, "compare-table", fp16, metric="triton_dk_rel_l2")
     expect(dk).to_have_attribute("data-verdict", "failed")
     expect(page.locator("#base-job")).to_have_attribute("href", f"/jobs/{seeded.base}")
     expect(page.locator("#head-job")).to_have_attribute("href", f"/jobs/{seeded.head}")
     expect(page.locator("main")).to_contain_text("FAIL")
     shot(page, "compare-desktop")
-    page.click("text=Show only regressions and failures")
+    page.click("p.small a:text-is('every metric')")
+    expect(_row(page, "compare-table", fp8, metric="eager_fwd_bwd_ms")).to_have_attribute(
+        "data-verdict", re.compile("unchanged|inconclusive"))
+    page.click("p.small a:text-is('regressions and failures')")
     verdicts = page.locator("#compare-table tbody tr").evaluate_all("rs => rs.map(r => r.dataset.verdict)")
     assert verdicts and set(verdicts) <= {"regressed", "failed", "worsened", "errored"}, verdicts
     # by commit: the newest succeeded job of the suite at each commit

@@ -229,8 +229,16 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
     }  # fmt: skip
 
 
+PAGE_POINTS = 5000  # repetition dots per job page; more lanes -> each lane subsampled harder
+MIN_LANE_POINTS = 10
+
+
 def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[str, list[dict[str, Any]]]:
-    """Per case fingerprint: the timing distribution and the trajectory errors, as SVG."""
+    """Per case fingerprint: the timing distribution and the trajectory errors, as SVG.
+
+    The summaries say how many samples each lane holds, so the queries ask only for what is
+    drawn: at most PAGE_POINTS repetition dots per page (every k-th repetition of a long lane,
+    filtered in SQL) and at most MAX_STEPS vertices per trajectory (worst per bin, in SQL)."""
     mdefs = session.execute(
         select(MetricDef.id, MetricDef.name, MetricDef.direction, MetricDef.kind, MetricDef.unit,
                MetricDef.bound)
@@ -238,41 +246,71 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
     ).all()
     if not mdefs:
         return {}
-    attempt = max(1, job.attempts)
-    groups = queries.plot_groups(session, job.id, attempt, {m.id: (m.name, m.direction) for m in mdefs})
     by_name = {m.name: m for m in mdefs}
-    fp_of = {c.case_id: c.fingerprint for c in cases}
-    name_of = {c.case_id: c.name for c in cases}
-    per_case: dict[int, list[queries.Group]] = {}
-    for g in groups:
-        per_case.setdefault(g.case_id, []).append(g)
+    timed_ids = {m.id: (m.name, m.direction) for m in mdefs
+                 if m.kind == "time" and m.unit in views.TIME_UNITS}
+    traj_ids = {m.id: (m.name, m.direction) for m in mdefs if m.kind == "trajectory"}
+    lanes_total = sum(ms.ranks for c in cases for ms in c.metrics.values()
+                      if ms.metric in by_name and by_name[ms.metric].id in timed_ids)
+    cap = max(MIN_LANE_POINTS, min(charts.MAX_POINTS, PAGE_POINTS // max(lanes_total, 1)))
+    strides: dict[int, int] = {}  # per metric: the longest lane decides
+    bins: dict[int, int] = {}
+    sizes: dict[tuple[int, str], tuple[int, int]] = {}
+    for c in cases:
+        for ms in c.metrics.values():
+            m = by_name.get(ms.metric)
+            if m is None:
+                continue
+            sizes[(c.case_id, ms.metric)] = (ms.count, ms.ranks)
+            if m.id in timed_ids and ms.count > cap:
+                strides[m.id] = max(strides.get(m.id, 1), math.ceil(ms.count / cap))
+            elif m.id in traj_ids and ms.count > charts.MAX_STEPS:
+                bins[m.id] = max(bins.get(m.id, 1), math.ceil(ms.count / charts.MAX_STEPS))
+    attempt = max(1, job.attempts)
+    case_ids = [c.case_id for c in cases]
+    timing = queries.timing_groups(session, job.id, attempt, case_ids, timed_ids, strides)
+    steps = queries.step_groups(session, job.id, attempt, case_ids, traj_ids, bins)
+    names = {c.case_id: (c.fingerprint, c.name) for c in cases}
     out: dict[str, list[dict[str, Any]]] = {}
+    per_case: dict[int, list[queries.Group]] = {}
+    for g in timing:
+        per_case.setdefault(g.case_id, []).append(g)
     for cid, gs in per_case.items():
-        fp, cname = fp_of.get(cid), name_of.get(cid, str(cid))
-        if fp is None:
+        if cid not in names:
             continue
-        plots = out.setdefault(fp, [])
-        timed = [g for g in gs if by_name[g.metric].kind == "time"
-                 and by_name[g.metric].unit in views.TIME_UNITS]
-        if timed:
-            unit = by_name[timed[0].metric].unit or "ms"
-            lanes = [charts.Lane(g.metric, r, v) for g in timed for r, v in sorted(g.lanes.items())]
-            reps = sum(v.size for g in timed for v in g.lanes.values())
-            ranks = max(len(g.lanes) for g in timed)
-            svg = charts.timing_distribution(lanes, {g.metric: g.worst for g in timed}, unit=unit,
-                                             title=f"Timing distribution of {cname}")
-            plots.append({"kind": "timing", "svg": svg,
-                          "caption": f"Every repetition of every rank ({reps} samples, {ranks} rank(s)); "
-                                     "box: worst rank per repetition (p25–p75, median, p90 tick, min–max)."})
-        traj = [g for g in gs if by_name[g.metric].kind == "trajectory"]
-        if traj:
-            series = [charts.Trajectory(g.metric, g.idx, g.worst, by_name[g.metric].bound) for g in traj]
-            svg = charts.trajectory_chart(series, title=f"Error per step of {cname}",
-                                          unit=by_name[traj[0].metric].unit)
-            steps = max(g.idx.size for g in traj)
-            plots.append({"kind": "trajectory", "svg": svg,
-                          "caption": f"{len(traj)} series over {steps} steps (worst rank per step); "
-                                     "dashed: bound; ✕: a non-finite step."})
+        fp, cname = names[cid]
+        unit = by_name[gs[0].metric].unit
+        lanes = [charts.Lane(g.metric, r, v) for g in gs for r, v in sorted(g.lanes.items())]
+        drawn = sum(v.size for g in gs for v in g.lanes.values())
+        total = sum(sizes.get((cid, g.metric), (0, 0))[0] * sizes.get((cid, g.metric), (0, 0))[1] for g in gs)
+        ranks = max(len(g.lanes) for g in gs)
+        k = max((strides.get(by_name[g.metric].id, 1) for g in gs), default=1)
+        what = (f"every repetition of every rank ({drawn} samples, {ranks} rank(s))" if k == 1 else
+                f"every {k}th repetition of every rank ({drawn} of {total} samples, {ranks} rank(s))")
+        svg = charts.timing_distribution(lanes, {g.metric: g.worst for g in gs}, unit=unit,
+                                         title=f"Timing distribution of {cname}")
+        out.setdefault(fp, []).append({
+            "kind": "timing", "svg": svg,
+            "caption": f"Dots: {what}. Box: the slowest rank of each repetition shown "
+                       "(p25–p75, median line, p90 tick, whiskers min–max); exact statistics in the tables.",
+        })  # fmt: skip
+    per_case = {}
+    for g in steps:
+        per_case.setdefault(g.case_id, []).append(g)
+    for cid, gs in per_case.items():
+        if cid not in names:
+            continue
+        fp, cname = names[cid]
+        series = [charts.Trajectory(g.metric, g.idx, g.worst, by_name[g.metric].bound,
+                                    per_bin=bins.get(by_name[g.metric].id, 1)) for g in gs]
+        svg = charts.trajectory_chart(series, title=f"Error per step of {cname}",
+                                      unit=by_name[gs[0].metric].unit)
+        n_steps = max(sizes.get((cid, g.metric), (g.idx.size, 1))[0] for g in gs)
+        out.setdefault(fp, []).append({
+            "kind": "trajectory", "svg": svg,
+            "caption": f"{len(gs)} series over {n_steps} steps, the worst rank of each step; "
+                       "dashed: bound; ✕: a non-finite step.",
+        })  # fmt: skip
     return out
 
 
@@ -382,61 +420,17 @@ def _num(value: float | None, unit: str = "") -> str:
     return charts.fmt(value, unit) if value is not None else "–"
 
 
-def _delta(delta: float | None, rel: float | None) -> str:
-    if delta is None:
-        return "–"
-    return _num(delta) + (f" ({rel:+.1%})" if rel is not None and math.isfinite(rel) else "")
-
-
-def _compare_rows(cmp: Any, only_regressions: bool) -> list[dict[str, Any]]:
-    """Per case and metric: base/head statistic, delta, ratio, CI, p, verdict and the reason."""
-    from service.compare import FAILING
-
-    rows: list[dict[str, Any]] = []
-    for c in cmp.cases:
-        metrics = list(c.metrics)
-        if only_regressions:
-            metrics = [m for m in metrics if m.verdict in FAILING or m.verdict == "errored"]
-            if not metrics and c.verdict not in FAILING and c.verdict != "errored":
-                continue
-        first = len(rows)
-        for m in metrics:
-            stat = "median" if m.kind == "time" else "worst"
-            b = getattr(m.base, stat) if m.base is not None else None
-            h = getattr(m.head, stat) if m.head is not None else None
-            rows.append({
-                "case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
-                "metric": m.metric, "verdict": m.verdict, "reason": m.reason,
-                "base": _num(b, m.unit), "head": _num(h, m.unit),
-                "delta": _delta(m.delta, m.rel_delta),
-                "ratio": f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–",
-                "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
-                else "–",
-                "p": f"{m.p_value:.2g}" if m.p_value is not None else "–",
-                "history": None, "span": 0,
-            })  # fmt: skip
-        if len(rows) == first:  # a case without metric rows (errored, removed): one row with its reason
-            rows.append({"case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
-                         "metric": "(case)", "verdict": c.verdict, "reason": c.reason, "base": "–",
-                         "head": "–", "delta": "–", "ratio": "–", "ci": "–", "p": "–", "history": None,
-                         "span": 0})
-        rows[first]["span"] = len(rows) - first
-        rows[first]["history"] = next(
-            (f"/history?{urlencode({'fingerprint': c.fingerprint, 'metric': m.metric})}"
-             for m in c.metrics if m.kind == "time"), None)
-    return rows
-
-
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, base: str | None = None, head: str | None = None,
-                 suite: str | None = None, device: str | None = None, only: str | None = None,
+                 suite: str | None = None, device: str | None = None, show: str = "changes",
                  session: Session = Depends(get_session)) -> HTMLResponse:
     recent = [{"id": j.id, "suite": j.suite, "preset": j.preset, "commit": j.commit_sha, "device": j.device}
               for j in store.list_jobs(session, status="succeeded", limit=30)[0]]
-    form = {"base": base, "head": head, "suite": suite, "device": device, "only": only}
+    show = show if show in views.COMPARE_VIEWS else "changes"
+    form = {"base": base, "head": head, "suite": suite, "device": device, "show": show}
     ctx: dict[str, Any] = {"nav": "compare", "form": form, "recent": recent, "devices": DEVICES,
                            "suites": sorted(set(_suite_names()) | set(queries.suites_with_results(session))),
-                           "cmp": None, "error": None}
+                           "cmp": None, "error": None, "views_available": list(views.COMPARE_VIEWS.items())}
     if not base or not head:
         return _page(request, "compare.html", **ctx)
     try:
@@ -456,11 +450,12 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
     except ValueError as exc:  # the engine refuses these inputs: say why instead of a bare 500
         ctx["error"] = f"Could not compare job #{base_job.id} with job #{head_job.id}: {exc}"
         return _page(request, "compare.html", 422, **ctx)
-    q = {k: v for k, v in form.items() if v and k != "only"}
+    q = {k: v for k, v in form.items() if v and k != "show"}
     ctx.update(
-        cmp=cmp, rows=_compare_rows(cmp, only == "regressions"),
-        counts=[(v, n) for v, n in cmp.counts().items()],
-        only_url="/compare?" + urlencode({**q, "only": "regressions"}), all_url="/compare?" + urlencode(q),
+        cmp=cmp, rows=views.compare_rows(cmp, show), counts=list(cmp.counts().items()),
+        metric_counts=list(cmp.metric_counts().items()),
+        view_links=[(key, label, "/compare?" + urlencode({**q, "show": key}))
+                    for key, label in views.COMPARE_VIEWS.items()],
     )  # fmt: skip
     return _page(request, "compare.html", **ctx)
 

@@ -274,6 +274,21 @@ def human_bytes(value: float, unit: str) -> str:
     return f"{b / 1024**2:.1f} MiB"
 
 
+def memory_versus(value: float, base: float, unit: str) -> Cell:
+    """'3.84× lower' for a real factor; near parity (within 5%) the difference itself,
+    '12.0 MiB higher (+0.2%)', since '1.00× higher' says nothing."""
+    r = base / value
+    title = f"baseline {human_bytes(base, unit)}"
+    if 1 / 1.05 <= r <= 1.05:
+        diff = human_bytes(abs(value - base), unit)
+        word = "higher" if value > base else ("lower" if value < base else "equal")
+        text = f"{diff} {word} ({value / base - 1:+.1%})" if word != "equal" else "equal"
+        return Cell(text, "none", "", title)
+    if r >= 1:
+        return Cell(f"{r:.2f}× lower", "ok", "", title)
+    return Cell(f"{1 / r:.2f}× higher", "bad", "", title)
+
+
 @dataclass
 class MemoryRow:
     case: str
@@ -304,9 +319,7 @@ def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
             if against is not None:
                 bv = worst(against[0])
                 if v > 0 and bv > 0:
-                    r = bv / v
-                    versus = Cell(f"{r:.2f}× lower" if r >= 1 else f"{1 / r:.2f}× higher",
-                                  "ok" if r >= 1 else "bad", "", f"baseline {human_bytes(bv, m.unit)}")
+                    versus = memory_versus(v, bv, m.unit)
                     label = against[1]
             rows.append(MemoryRow(c.name, c.fingerprint, m.metric, cell, versus, label))
         if len(rows) > first:
@@ -413,3 +426,70 @@ def duration(start: datetime | None, end: datetime | None, now: datetime | None 
 
 def progress_percent(done: int, total: int) -> int:
     return round(100 * done / total) if total > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------- compare
+
+COMPARE_VIEWS: dict[str, str] = {
+    "changes": "changes only",
+    "regressions": "regressions and failures",
+    "all": "every metric",
+}
+_BAD_VERDICTS = frozenset({"regressed", "failed", "worsened", "errored"})
+
+
+def _stat_text(value: float | None, unit: str) -> str:
+    if value is None:
+        return "–"
+    return human_bytes(value, unit) if unit.strip().lower() in BYTE_UNITS else fmt(value, shown_unit(unit))
+
+
+def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
+    """Rows of the compare table: per case and metric the base and head statistic (median for
+    time, worst value otherwise), delta, ratio, CI, p, verdict and its reason.
+
+    show='changes' hides unchanged metrics (a case then says how many it hid), 'regressions'
+    keeps only regressed/failed/worsened/errored ones, 'all' keeps everything."""
+    rows: list[dict[str, Any]] = []
+    for c in cmp.cases:
+        metrics = list(c.metrics)
+        if show == "regressions":
+            metrics = [m for m in metrics if m.verdict in _BAD_VERDICTS]
+            if not metrics and c.verdict not in _BAD_VERDICTS:
+                continue
+        elif show == "changes":
+            metrics = [m for m in metrics if m.verdict != "unchanged"]
+        hidden = len(c.metrics) - len(metrics)
+        first = len(rows)
+        for m in metrics:
+            stat = "median" if m.kind == "time" else "worst"
+            b = getattr(m.base, stat) if m.base is not None else None
+            h = getattr(m.head, stat) if m.head is not None else None
+            delta = "–"
+            if m.delta is not None:
+                delta = _stat_text(m.delta, m.unit)
+                if m.rel_delta is not None and math.isfinite(m.rel_delta):
+                    delta += f" ({m.rel_delta:+.1%})"
+            rows.append({
+                "case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
+                "metric": m.metric, "verdict": m.verdict, "reason": m.reason,
+                "base": _stat_text(b, m.unit), "head": _stat_text(h, m.unit), "delta": delta,
+                "ratio": f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–",
+                "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
+                else "–",
+                "p": f"{m.p_value:.2g}" if m.p_value is not None else "–",
+            })  # fmt: skip
+        if len(rows) == first:  # nothing to list: one row that says why
+            reason = c.reason or ""
+            if hidden:
+                extra = f"; {reason}" if reason and c.verdict != "unchanged" else ""
+                reason = f"{hidden} metric(s) unchanged{extra}"
+            rows.append({"case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
+                         "metric": "(case)", "verdict": c.verdict, "reason": reason, "base": "–",
+                         "head": "–", "delta": "–", "ratio": "–", "ci": "–", "p": "–"})
+        rows[first]["span"] = len(rows) - first
+        rows[first]["hidden"] = hidden if len(rows) - first > 0 and metrics else 0
+        rows[first]["history"] = next(
+            (f"/history?fingerprint={c.fingerprint}&metric={m.metric}" for m in c.metrics
+             if m.kind == "time"), None)
+    return rows
