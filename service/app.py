@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -43,16 +43,14 @@ class BodyLimit:
             await self._reject(send, length.decode("latin-1"))
             return
         seen = 0
-        too_big = False
 
         async def limited() -> Message:
-            nonlocal seen, too_big
+            nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    too_big = True
-                    raise _TooLarge
+                if seen > self.limit:  # a chunked body: FastAPI turns this into a 413 answer
+                    raise _TooLarge(self.limit)
             return message
 
         started = False
@@ -68,8 +66,6 @@ class BodyLimit:
         except _TooLarge:
             if not started:
                 await self._reject(send, f">{self.limit}")
-        if too_big and not started:
-            return
 
     async def _reject(self, send: Send, size: str) -> None:
         body = (
@@ -82,8 +78,11 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised while reading a body past the limit; an HTTPException so FastAPI answers 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds the limit of {limit} bytes")
 
 
 def _demo_job(app: FastAPI) -> None:

@@ -563,3 +563,17 @@ def test_no_request_makes_a_500(server: Server, any_job: int) -> None:
     ok_ops = {label for label, klass in answered if klass == 2}
     assert len({label for label, _ in answered}) >= len(ops) // 2, answered
     assert len(ok_ops) >= 5, answered  # the fuzz reached real handlers, not only validation errors
+
+
+def test_chunked_body_over_the_limit_is_413(http: httpx.Client) -> None:
+    """No Content-Length to check up front: the limit applies while the body streams in."""
+
+    def body() -> Iterator[bytes]:
+        yield b'{"suite": "' + FAKE.encode() + b'", "labels": {"pad": "'
+        for _ in range(30):
+            yield b"x" * 1000
+        yield b'"}}'
+
+    r = http.post("/api/v1/jobs", content=body(), headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["detail"] == "request body exceeds the limit of 20000 bytes"
