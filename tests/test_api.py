@@ -531,7 +531,8 @@ def test_no_request_makes_a_500(server: Server, any_job: int) -> None:
 
     schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json")
     schema.config.base_url = server.base
-    ops = [r.ok() for r in schema.get_all_operations()]
+    # POST /api/v1/gate starts real suite jobs (the gate's own tests cover it); everything else runs
+    ops = [op for op in (r.ok() for r in schema.get_all_operations()) if op.label != "POST /api/v1/gate"]
     assert len(ops) >= 14
     strategies = [op.as_strategy(mode) for op in ops for mode in GenerationMode]
     labels = [op.label for op in ops for _ in GenerationMode]
