@@ -72,6 +72,49 @@ def make_job(job_id: int, samples: int, ranks: int, layout: str, slowdown: float
     return JobSide(JobRef(job_id, "bench", "full"), cases, {m.name: m for m in metrics}, table)
 
 
+def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
+    """Store both jobs in a temporary SQLite store, then time load_side x2 + compare (what the
+    gate, the compare page and `/api/v1/compare` do)."""
+    import tempfile
+    from pathlib import Path
+
+    from sqlalchemy.orm import Session
+
+    from service import store
+    from service.baselines import compare_jobs
+    from service.db import make_engine, upgrade
+    from service.models import Job
+    from workers.suite import Case
+
+    tmp = tempfile.mkdtemp(prefix="gdnval-compare-bench-")
+    engine = make_engine(f"sqlite:///{Path(tmp) / 'bench.db'}")
+    upgrade(engine)
+    ids = []
+    for side in (base, head):
+        with Session(engine) as s, s.begin():
+            job = Job(suite="bench", preset="full", params={}, device="cpu", world_size=4, status="succeeded")
+            s.add(job)
+            s.flush()
+            mids = store.ensure_metrics(s, "bench", side.metrics.values())
+            cases = [Case("bench", fp, {"fp": fp}) for fp in side.samples.case_keys]
+            cids = store.ensure_cases(s, cases, "cpu", 4)
+            ids.append(job.id)
+        t = side.samples
+        case_ids = np.array([cids[fp] for fp in t.case_keys])[t.case]
+        metric_ids = np.array([mids[m] for m in t.metric_keys])[t.metric]
+        rows = list(zip(case_ids.tolist(), metric_ids.tolist(), t.rank.tolist(), t.idx.tolist(),
+                        t.value.tolist(), strict=True))  # fmt: skip
+        store.insert_samples(engine, ids[-1], rows)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with Session(engine) as s:
+            compare_jobs(s, ids[0], ids[1])
+        times.append(time.perf_counter() - t0)
+    engine.dispose()
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=100_000)
@@ -79,6 +122,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layout", choices=["cp", "time"], default="cp")
     ap.add_argument("--slowdown", type=float, default=0.10, help="head's time change (0.10 = +10%%)")
+    ap.add_argument("--store", action="store_true", help="also time loading both jobs from a SQLite store")
     args = ap.parse_args()
     base = make_job(1, args.samples, args.ranks, args.layout, 0.0, 1)
     head = make_job(2, args.samples, args.ranks, args.layout, args.slowdown, 2)
@@ -97,6 +141,10 @@ def main() -> None:
           f"over {args.repeat} runs ({platform.processor() or platform.machine()}, "
           f"numpy {np.__version__})")
     print("verdicts:", {k: v for k, v in cmp.metric_counts().items() if v})
+    if args.store:
+        st = store_roundtrip(base, head, args.repeat)
+        print(f"store load x2 + compare: median {statistics.median(st) * 1e3:.0f} ms, "
+              f"min {min(st) * 1e3:.0f} ms over {args.repeat} runs (SQLite)")
 
 
 if __name__ == "__main__":

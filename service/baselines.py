@@ -62,8 +62,13 @@ def load_side(session: Session, job_id: int) -> JobSide:
     attempt_col = getattr(SampleRow, "attempt", None)
     if attempt_col is not None:  # a re-queued job keeps its interrupted run's samples: read the latest run
         q = q.where(attempt_col == max(1, job.attempts or 0))
-    rows = session.execute(q).all()
-    arr = np.array(rows, dtype=np.float64).reshape(-1, 5)  # NULL (stored NaN) -> NaN
+    rows = session.connection().execute(q).all()  # Core: skips the ORM's per-row processing
+    # Column-wise through zip: numpy on a list of Row objects goes through the mapping protocol
+    # per element and is ~20x slower. None (NULL, a stored NaN) becomes NaN.
+    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
+    arr = np.empty((len(rows), 5), dtype=np.float64)
+    for i, col in enumerate(cols):
+        arr[:, i] = np.array(col, dtype=np.float64)
     results = session.execute(
         select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(CaseResult.job_id == job_id)
     ).all()
