@@ -31,6 +31,7 @@ def test_env_libstdcxx_goes_first_once(tmp_path: Path) -> None:
     assert env["LD_LIBRARY_PATH"] == f"{lib}:/usr/lib"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert env_libstdcxx_dir([str(tmp_path / "nothing")]) is None
+    assert env_libstdcxx_dir(["/usr", "/"]) is None  # never the system's
     assert "LD_LIBRARY_PATH" not in rank_environment("cpu", base_env={}, prefixes=[str(tmp_path / "x")])
 
 

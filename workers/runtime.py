@@ -86,6 +86,8 @@ def env_libstdcxx_dir(prefixes: list[str] | None = None) -> Path | None:
     """
     candidates = prefixes if prefixes is not None else [sys.prefix, sys.exec_prefix, sys.base_prefix]
     for prefix in dict.fromkeys(candidates):
+        if os.path.realpath(prefix) in ("/", "/usr", "/usr/local"):
+            continue  # the system's own libstdc++ is what we must not prefer
         lib = Path(prefix) / "lib"
         if (lib / "libstdc++.so.6").exists():
             return lib
