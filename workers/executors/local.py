@@ -106,7 +106,13 @@ class DevicePool:
 
 
 class LocalExecutor(Executor):
-    """Ranks as child processes of this one."""
+    """Ranks as child processes of this one.
+
+    repo: git repository whose commits jobs may ask for (default GDNVAL_REPO; none: the installed
+    code runs and its commit is recorded). cache_dir: snapshot cache (default
+    GDNVAL_SNAPSHOT_CACHE). cpu_max_world_size: the most CPU ranks a job may have. python: the
+    interpreter that runs the ranks.
+    """
 
     kind = "local"
 

@@ -119,7 +119,15 @@ class RankActor:
 
 
 class RayExecutor(Executor):
-    """Ranks as Ray actors in a per-job placement group."""
+    """Ranks as Ray actors in a per-job placement group.
+
+    address: Ray cluster to join (default GDNVAL_RAY_ADDRESS; none: start a local cluster with
+    `init_options`). placement_strategy: STRICT_PACK (one node, the default) | PACK | SPREAD |
+    STRICT_SPREAD. repo: git repository whose commits jobs may ask for (default GDNVAL_REPO).
+    cache_dir: where every node extracts snapshots (default: each node's GDNVAL_SNAPSHOT_CACHE).
+    cpus_per_rank: CPUs in each rank's bundle. schedule_timeout_s: how long a job may wait for
+    its placement group (capped by the job's deadline).
+    """
 
     kind = "ray"
 
