@@ -163,3 +163,37 @@ def test_fmt_is_readable_at_every_scale() -> None:
     assert charts.fmt(5.86e-3) == "5.860e-03" and charts.fmt(12.6543, "ms") == "12.65 ms"
     assert charts.fmt(1686.321, "ms") == "1686.3 ms" and charts.fmt(float("nan")) == "NaN"
     assert charts.fmt(None) == "–" and charts.fmt(0.0) == "0"
+
+
+def test_compare_rows_hide_unchanged_metrics_unless_asked() -> None:
+    """Through the real compare engine: a planted 30% slowdown is the only row by default."""
+    from service.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+    from workers.suite import Metric
+
+    rng = np.random.default_rng(3)
+    metrics = {"fwd_ms": Metric("fwd_ms", "ms", "time"),
+               "o_rel_l2": Metric("o_rel_l2", "", "accuracy", bound=1e-2)}
+
+    def side(job_id: int, slow: float) -> JobSide:
+        recs = [("fp1", "fwd_ms", 0, i, float(v)) for i, v in enumerate(rng.normal(10 * slow, 0.1, 20))]
+        recs += [("fp1", "o_rel_l2", 0, 0, 1e-3), ("fp2", "fwd_ms", 0, 0, 5.0),
+                 ("fp2", "o_rel_l2", 0, 0, 1e-3)]
+        cases = {"fp1": CaseInfo("fp1", "a"), "fp2": CaseInfo("fp2", "b")}
+        return JobSide(JobRef(job_id, "s", "quick"), cases, metrics, SampleTable.from_records(recs))
+
+    cmp = compare(side(1, 1.0), side(2, 1.3))
+    rows = views.compare_rows(cmp, "changes")
+    assert [(r["case"], r["metric"], r["verdict"]) for r in rows] == [
+        ("a", "fwd_ms", "regressed"), ("b", "(case)", "unchanged")]
+    assert rows[0]["hidden"] == 1 and "2 metric(s) unchanged" in rows[1]["reason"]
+    assert rows[0]["ratio"].startswith("1.3") and rows[0]["p"] != "–" and rows[0]["base"].endswith(" ms")
+    assert [r["metric"] for r in views.compare_rows(cmp, "regressions")] == ["fwd_ms"]
+    assert len(views.compare_rows(cmp, "all")) == 4
+
+
+def test_memory_near_parity_shows_the_difference() -> None:
+    mib = 1024**2
+    cell = views.memory_versus(5212 * mib, 5200 * mib, "bytes")
+    assert cell.text == "12.0 MiB higher (+0.2%)" and cell.state == "none"
+    assert views.memory_versus(100 * mib, 384 * mib, "bytes").text == "3.84× lower"
+    assert views.memory_versus(200 * mib, 100 * mib, "bytes").text == "2.00× higher"

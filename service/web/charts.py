@@ -311,12 +311,16 @@ def history_line(points: Sequence[SeriesPoint], *, unit: str = "", title: str = 
 def sparkline(values: Sequence[float | None], *, title: str, unit: str = "", width: int = 120,
               height: int = 26) -> Markup:
     """A small line of the last values of one series, the last point marked: the suite overview
-    shows one per case so a moving number stands out."""
+    shows one per case so a moving number stands out. The scale spans at least ±5% of the mean."""
     pts = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
     if not pts:
         return _svg(width, height, title, "no values", [_text(2, height - 8, "no data", css="lbl small")],
                     css="spark")
-    ys = Scale.fit(np.asarray([v for _, v in pts]), height - 3, 3)
+    vals = np.asarray([v for _, v in pts])
+    mid = float(np.mean(vals))
+    # at least ±5% of the level: noise stays flat, a real move is steep (auto-scale would make
+    # a 0.2% wobble look like a cliff)
+    ys = Scale.fit(vals, height - 3, 3, include=[mid * 0.95, mid * 1.05] if mid else ())
     n = len(values)
 
     def px(i: int) -> float:

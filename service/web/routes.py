@@ -226,6 +226,7 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
         "started": _when(job.started_at), "finished": _when(job.finished_at),
         "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
         "info_items": items,
+        "run_commit": info.get("commit") if isinstance(info.get("commit"), str) else None,
     }  # fmt: skip
 
 
