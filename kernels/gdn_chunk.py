@@ -42,7 +42,8 @@ BT = 64  # chunk size
 D = 128  # head dim (dk = dv)
 
 # Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py sweeps them.
-TUNING: dict[str, int] = {
+TUNING: dict[str, int | str] = {
+    "f32_dot": "tf32",  # see _dot_precision; tf32x3 is the candidate fix for dg/dbeta (docs/kernels.md)
     "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
     "state_warps": 4,
     "state_stages": 2,
@@ -62,8 +63,9 @@ TUNING: dict[str, int] = {
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    """Precision of dots on fp32 operands: exact fp32 for fp32 inputs, tf32 otherwise."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """Precision of dots on fp32 operands (intra Wk/U, WY backward): IEEE fp32 for fp32 inputs,
+    TUNING["f32_dot"] ("tf32" | "tf32x3" | "ieee") for half-precision inputs."""
+    return "ieee" if dtype == torch.float32 else str(TUNING["f32_dot"])
 
 
 def _num_chunks(T: int) -> int:
