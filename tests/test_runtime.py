@@ -276,3 +276,16 @@ def test_device_pool_never_hands_one_device_to_two_jobs() -> None:
     assert pool.acquire(1, cancel, None) is None
     with pytest.raises(ValueError, match="4 devices requested, this machine has 3"):
         pool.acquire(4, cancel, None)
+
+
+def test_counting_accelerators_keeps_torch_out_of_the_executor_process() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from workers.executors.local import LocalExecutor; e = LocalExecutor(); "
+        "print(e.max_world_size('cuda') >= 0, e.max_world_size('cpu'), 'torch' in sys.modules)"
+    )
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "8", "False"]

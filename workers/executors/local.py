@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -34,10 +35,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @cache
-def _accelerator_count(kind: str) -> int:
-    from gdn import device as devices  # torch: only when someone asks about an accelerator
-
-    return devices.device_count(kind)
+def _accelerator_count(kind: str, python: str = sys.executable) -> int:
+    """Devices of `kind` here, asked of gdn.device in a child interpreter: the service process
+    (which runs this executor) stays free of torch and of an initialised CUDA/NPU runtime."""
+    code = f"from gdn import device; print(device.device_count({kind!r}))"
+    path = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": path},
+        )  # fmt: skip
+        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0
 
 
 def rank_payload(spec: JobSpec, commit: str | None) -> dict[str, Any]:
@@ -136,7 +146,7 @@ class LocalExecutor(Executor):
     def max_world_size(self, device: str) -> int:
         if device not in DEVICE_KINDS:
             raise ValueError(f"unknown device kind {device!r}; expected one of {', '.join(DEVICE_KINDS)}")
-        return self.cpu_max_world_size if device == "cpu" else _accelerator_count(device)
+        return self.cpu_max_world_size if device == "cpu" else _accelerator_count(device, self.python)
 
     def source(self, spec: JobSpec, sink: JobSink | None = None) -> tuple[Path, str | None]:
         """(source root the ranks import from, its commit): the job's commit or the installed code."""
