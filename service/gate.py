@@ -219,7 +219,10 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
         try:
             base = resolve_base(s, req.head, base=req.base, baseline=req.baseline, repo=_service_repo())
         except NotFound as exc:
-            return GateState("done", EXIT_INFRA, "error", str(exc), req.head, None, "")
+            return _done(GateState("done", EXIT_INFRA, "error", "", req.head, None, ""), EXIT_INFRA, "error",
+                         f"could not run: {exc}")  # fmt: skip
+        except ValueError as exc:  # both --base and --baseline
+            raise GateInputError(str(exc)) from exc
         if base.kind == "job" and len(suites) > 1:
             raise GateInputError(
                 f"base {base.source} is one job, but {len(suites)} suites were asked ({suites}); "

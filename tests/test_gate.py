@@ -190,6 +190,6 @@ def test_bad_requests_name_the_problem(env) -> None:
         gate(env, head=B, base=A, preset="huge")
     state = gate(env, head="0" * 40)
     assert state.exit_code == EXIT_INFRA and "give --base or --baseline" in state.reason
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(GateInputError, match="not both"):
         gate(env, head=B, base=A, baseline="main")
     assert runner.submitted == []

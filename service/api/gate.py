@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from service.gate import GateInputError, GateRequest, default_submit, evaluate_g
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 SessionDep = Annotated[Session, Depends(get_session)]
 JobQuery = Annotated[int, Query(ge=1, le=2**62, description="job id")]
+JobPath = Annotated[int, Path(ge=1, le=2**62, description="job id")]
 
 
 def _base_url(request: Request) -> str:
@@ -68,10 +69,13 @@ def compare_endpoint(base: JobQuery, head: JobQuery, session: SessionDep) -> dic
 
 @router.get("/jobs/{job_id}/report", response_class=PlainTextResponse)
 def report_endpoint(
-    job_id: int,
+    job_id: JobPath,
     request: Request,
     session: SessionDep,
-    base: Annotated[list[int] | None, Query(description="base job(s), one per suite")] = None,
+    base: Annotated[
+        list[Annotated[int, Query(ge=1, le=2**62)]] | None,
+        Query(max_length=20, description="base job(s), one per suite"),
+    ] = None,
 ) -> PlainTextResponse:
     """The Markdown test report of a job, compared with `base` when given."""
     from service.baselines import NotFound
