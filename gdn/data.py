@@ -15,7 +15,7 @@ single-device reference.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +150,26 @@ def sample_text_path() -> Path:
 def build_sample_token_file(out: str | Path) -> TokenHeader:
     """Token file from the shipped sample text (nothing downloaded)."""
     return build_token_file(out, [sample_text_path()])
+
+
+def package_text_files() -> list[Path]:
+    """The sample text plus this package's own sources: real text that ships wherever `gdn`
+    is installed, large enough that 200 steps of 8K-token windows never repeat one."""
+    root = Path(__file__).parent
+    return [sample_text_path(), *sorted(root.rglob("*.py"))]
+
+
+CORPORA: dict[str, Callable[[], list[Path]]] = {
+    "sample": lambda: [sample_text_path()],
+    "package": package_text_files,
+}
+
+
+def build_corpus_token_file(out: str | Path, corpus: str) -> TokenHeader:
+    """Token file of a named shipped corpus ("sample" or "package")."""
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}; expected one of {sorted(CORPORA)}")
+    return build_token_file(out, CORPORA[corpus]())
 
 
 @dataclass

@@ -247,14 +247,19 @@ def run_trajectory(
     if rank == 0:
         try:
             payload[0] = ("ok", run_reference(cfg, token_file, device))
-        except NonFiniteTrajectory as exc:  # other ranks must learn of it, not wait forever
-            payload[0] = ("error", str(exc))
+        except Exception as exc:  # the other ranks must learn of it, not wait in the broadcast
+            if not distributed:
+                raise
+            payload[0] = ("error", (type(exc).__name__, str(exc)))
     if distributed:
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast_object_list(payload, src=src, group=group)
     status, value = payload[0]
     if status == "error":
-        raise NonFiniteTrajectory(value)
+        kind, message = value
+        if kind == NonFiniteTrajectory.__name__:
+            raise NonFiniteTrajectory(message)
+        raise RuntimeError(f"the reference failed on CP rank 0 with {kind}: {message}")
     candidate = run_steps(candidate_trainer(cfg, token_file, device, group), cfg.steps, "candidate")
     return TrajectoryComparison(value, candidate)
 

@@ -57,6 +57,7 @@ class NetworkParams(SuiteParams):
     determinism_modes: tuple[str, ...] = ("p2p",)
     determinism_steps: int = 10
     token_file: str | None = None
+    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
 
 
 def _metrics() -> tuple[Metric, ...]:
@@ -129,14 +130,14 @@ class NetworkSuite(Suite):
         "gate": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50,
-            "determinism_modes": ("none",),
+            "determinism_modes": ("none",), "corpus": "package",
         },
         # The report's run: 200 steps, checkpoint off and full; on a multi-GPU job add CP modes
         # with modes=["ulysses","p2p"] (and model "qwen35-8l" for the 8-layer network).
         "full": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200,
-            "determinism_modes": ("none",),
+            "determinism_modes": ("none",), "corpus": "package",
         },
     }  # fmt: skip
     metrics = _metrics()
@@ -176,19 +177,20 @@ _TOKEN_FILES: dict[str, str] = {}
 
 
 def token_file_for(params: dict[str, Any]) -> str:
-    """The case's token file, or one built once per process from the shipped sample text."""
+    """The case's token file, or one built once per process from a shipped corpus."""
     if params.get("token_file"):
         return str(params["token_file"])
-    if "sample" not in _TOKEN_FILES:
+    corpus = params.get("corpus", "sample")
+    if corpus not in _TOKEN_FILES:
         import tempfile
         from pathlib import Path
 
-        from gdn.data import build_sample_token_file
+        from gdn.data import build_corpus_token_file
 
-        path = Path(tempfile.mkdtemp(prefix="gdnval-tokens-")) / "sample.bin"
-        build_sample_token_file(path)
-        _TOKEN_FILES["sample"] = str(path)
-    return _TOKEN_FILES["sample"]
+        path = Path(tempfile.mkdtemp(prefix="gdnval-tokens-")) / f"{corpus}.bin"
+        build_corpus_token_file(path, corpus)
+        _TOKEN_FILES[corpus] = str(path)
+    return _TOKEN_FILES[corpus]
 
 
 def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any):  # -> TrajectoryConfig

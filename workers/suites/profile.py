@@ -29,6 +29,7 @@ class ProfileParams(SuiteParams):
     warmup: int = 1
     seed: int = 0
     token_file: str | None = None
+    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
 
 
 class ProfileSuite(Suite):
@@ -38,9 +39,9 @@ class ProfileSuite(Suite):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
         "gate": {"model": "qwen35-4l", "seq_len": 16384, "dtype": "bfloat16", "backend": "triton",
-                 "modes": ("ulysses", "p2p"), "warmup": 2},
+                 "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "dtype": "bfloat16", "backend": "triton",
-                 "modes": ("ulysses", "p2p"), "warmup": 2},
+                 "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
     }  # fmt: skip
     metrics = (
         Metric("trace_written", "bool", "check", "higher", bound=1.0,

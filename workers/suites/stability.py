@@ -34,6 +34,7 @@ class StabilityParams(SuiteParams):
     timeout_s: float = 120.0
     seed: int = 0
     token_file: str | None = None
+    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
 
 
 class StabilitySuite(Suite):
@@ -44,9 +45,10 @@ class StabilitySuite(Suite):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
         "gate": {"model": "qwen35-4l", "seq_len": 16384, "batch_size": 1, "valid_lengths": None,
-                 "dtype": "bfloat16", "backend": "triton", "modes": ("ulysses", "p2p")},
+                 "dtype": "bfloat16", "backend": "triton", "corpus": "package", "modes": ("ulysses", "p2p")},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "batch_size": 1, "valid_lengths": None,
-                 "dtype": "bfloat16", "backend": "triton", "modes": ("ulysses", "p2p"), "passes": 50},
+                 "dtype": "bfloat16", "backend": "triton", "corpus": "package", "modes": ("ulysses", "p2p"),
+                 "passes": 50},
     }  # fmt: skip
     metrics = (
         Metric("loss", "nats", "trajectory", description="global loss of each pass"),
