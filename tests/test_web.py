@@ -178,7 +178,10 @@ def _finish(engine: Any, job_id: int) -> None:
         store.store_summary(s, job_id)
 
 
-def seed(engine: Any) -> Seeded:
+TRACE = b'{"traceEvents": [{"name": "chunk_fwd", "ph": "X", "ts": 0, "dur": 812}]}'
+
+
+def seed(engine: Any, artifacts_dir: Path) -> Seeded:
     rng = np.random.default_rng(7)
     base = _gdn_job(engine, commit="a1b2c3d4e5f6a7b8c9d0", status="succeeded", minutes_ago=40, rng=rng)
     head = _gdn_job(engine, commit="f0e1d2c3b4a5968778695a4b", status="succeeded", minutes_ago=30, rng=rng,
@@ -188,6 +191,8 @@ def seed(engine: Any) -> Seeded:
     running = _gdn_job(engine, commit="f0e1d2c3b4a5968778695a4b", status="running", minutes_ago=0, rng=rng)
     for job_id in (base, head, cp, failed):
         _finish(engine, job_id)
+    with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
+        store.save_artifact(s, head, "trace-triton-fwd_bwd.json", "application/json", TRACE, artifacts_dir)
     with Session(engine) as s, s.begin():
         j = s.get(Job, running)
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
@@ -226,7 +231,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded
     url = f"sqlite:///{tmp / 'gdnval.db'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
-    seeded = seed(engine)
+    seeded = seed(engine, tmp / "artifacts")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, url, TOKEN, str(port), str(tmp / "artifacts")],
@@ -335,8 +340,17 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     expect(timing.locator("circle.rep")).to_have_count(3 * 2 * REPS)
     expect(timing.locator("g.box")).to_have_count(6)
     expect(timing.locator("title").first).to_contain_text(f"Timing distribution of {T8}")
-    csv = f"/api/v1/jobs/{seeded.head}/samples?format=csv"
-    expect(page.locator("a", has_text="CSV").first).to_have_attribute("href", csv)
+    # downloads: samples from the API, the stored profiler trace, the Markdown report
+    def download(text: str) -> Any:
+        return page.request.get(base + page.locator("a", has_text=text).first.get_attribute("href"))
+
+    csv = download("CSV")
+    assert csv.ok and csv.text().count("\n") > 2 * 3 * 2 * REPS
+    trace = download("trace-triton-fwd_bwd.json")
+    assert trace.ok and trace.body() == TRACE
+    report = download("Markdown report")
+    assert report.ok and "text/markdown" in report.headers["content-type"]
+    assert f"/jobs/{seeded.head}#case-{fp16}" in report.text()
     shot(page, "job-desktop")
     # the report's link lands on the case
     page.goto(f"{base}/jobs/{seeded.head}#case-{fp16}")
