@@ -289,3 +289,18 @@ def test_counting_accelerators_keeps_torch_out_of_the_executor_process() -> None
     cmd = [sys.executable, "-c", code]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["True", "8", "False"]
+
+
+def test_a_suite_runs_only_on_its_devices_and_world_sizes() -> None:
+    from workers.runtime import check_suite_fits
+    from workers.suite import UnknownSuiteInput
+
+    class TwoRanksOnGPU(_VerdictSuite):
+        devices = ("cuda",)
+        min_world_size = 2
+
+    check_suite_fits(TwoRanksOnGPU(), "cuda", 2)
+    with pytest.raises(UnknownSuiteInput, match="does not run on 'cpu'; it runs on cuda"):
+        check_suite_fits(TwoRanksOnGPU(), "cpu", 2)
+    with pytest.raises(UnknownSuiteInput, match="needs world_size >= 2, got 1"):
+        check_suite_fits(TwoRanksOnGPU(), "cuda", 1)

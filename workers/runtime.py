@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.context import RankContext
-from workers.suite import Case, CaseStatus, Sample, Suite
+from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -315,6 +315,18 @@ def load_suite(name: str, module: str | None) -> Suite:
     return get_suite(name)
 
 
+def check_suite_fits(suite: Suite, device: str, world_size: int) -> None:
+    """The suite's declared devices and minimum world size, checked before any case runs."""
+    if device not in suite.devices:
+        raise UnknownSuiteInput(
+            f"suite {suite.name!r} does not run on {device!r}; it runs on {', '.join(suite.devices)}"
+        )
+    if world_size < suite.min_world_size:
+        raise UnknownSuiteInput(
+            f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {world_size}"
+        )
+
+
 def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
     import torch
 
@@ -350,9 +362,10 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
 def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Channel) -> None:
     """Set up the device and process group, then run every case of the job on this rank."""
     suite = load_suite(payload["suite"], payload.get("suite_module"))
+    kind = payload.get("device", "cpu")
+    check_suite_fits(suite, kind, world_size)
     params = suite.resolve_params(payload.get("preset", "quick"), payload.get("params") or {})
     cases = suite.cases(params)
-    kind = payload.get("device", "cpu")
     deterministic = bool(payload.get("deterministic", False))
 
     import torch

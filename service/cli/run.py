@@ -210,10 +210,12 @@ def run(
     """Run SUITE on this machine through the local executor and print its results."""
     from workers.executors.local import LocalExecutor
     from workers.registry import get_suite
+    from workers.runtime import check_suite_fits
 
     overrides = _parse_params(param_items)
     try:
         suite = get_suite(suite_name)
+        check_suite_fits(suite, device, world_size)
         params = suite.resolve_params(preset, overrides)
     except UnknownSuiteInput as exc:
         raise click.UsageError(str(exc)) from exc
