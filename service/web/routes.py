@@ -36,6 +36,7 @@ templates.env.filters["fmt"] = charts.fmt
 templates.env.globals["pct"] = views.progress_percent
 
 router = APIRouter(include_in_schema=False)
+COOKIE = "gdnval_session"
 
 
 # ----------------------------------------------------------------------------------- plumbing
@@ -50,6 +51,27 @@ def get_session(request: Request) -> Iterator[Session]:
 
 def _settings(request: Request) -> Any:
     return request.app.state.settings
+
+
+def _session_value(token: str) -> str:
+    """What the login cookie holds: a keyed hash of the API token, never the token itself."""
+    return hmac.new(token.encode(), b"gdnval-web-session", "sha256").hexdigest()
+
+
+def require_page_read(request: Request) -> None:
+    """With `protect_reads`, pages need the login cookie (browsers cannot send the API's bearer
+    header on a link); without it the reader is sent to /login and back."""
+    settings = _settings(request)
+    token = settings.token()
+    if not settings.protect_reads or token is None:
+        return
+    if hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), _session_value(token).encode()):
+        return
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    raise HTTPException(303, "log in first", headers={"Location": "/login?" + urlencode({"next": target})})
+
+
+pages = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
 
 
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -134,7 +156,7 @@ def _jobs_context(session: Session, status: str | None, suite: str | None, commi
     }
 
 
-@router.get("/jobs", response_class=HTMLResponse)
+@pages.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, status: str | None = None, suite: str | None = None,
               commit: str | None = None, before: int | None = None,
               session: Session = Depends(get_session)) -> HTMLResponse:
@@ -145,7 +167,7 @@ def jobs_page(request: Request, status: str | None = None, suite: str | None = N
                  message=None, **ctx)
 
 
-@router.get("/jobs/rows", response_class=HTMLResponse)
+@pages.get("/jobs/rows", response_class=HTMLResponse)
 def jobs_rows(request: Request, status: str | None = None, suite: str | None = None,
               commit: str | None = None, before: int | None = None,
               session: Session = Depends(get_session)) -> HTMLResponse:
@@ -157,7 +179,7 @@ def jobs_rows(request: Request, status: str | None = None, suite: str | None = N
     return resp
 
 
-@router.post("/jobs/new", response_class=HTMLResponse)
+@pages.post("/jobs/new", response_class=HTMLResponse)
 def submit_job(
     request: Request,
     suite: str = Form(...),
@@ -322,7 +344,7 @@ def _case_counts(cases: list[views.CaseView]) -> list[tuple[str, str, int]]:
     return [(w, css, n) for (w, css), n in sorted(counts.items())]
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+@pages.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
     job = store.get_job(session, job_id)
     if job is None:
@@ -351,7 +373,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
     )  # fmt: skip
 
 
-@router.get("/jobs/{job_id}/report.md")
+@pages.get("/jobs/{job_id}/report.md")
 def job_report(request: Request, job_id: int, session: Session = Depends(get_session)) -> Response:
     """The job's Markdown test report (the same text `gdnval report` prints)."""
     from service.report import build_report
@@ -363,7 +385,7 @@ def job_report(request: Request, job_id: int, session: Session = Depends(get_ses
                     headers={"Content-Disposition": f'inline; filename="gdnval-job-{job_id}.md"'})
 
 
-@router.get("/compare/report.md")
+@pages.get("/compare/report.md")
 def compare_report(
     request: Request, base: int, head: int, session: Session = Depends(get_session)
 ) -> Response:
@@ -381,7 +403,7 @@ def compare_report(
                     headers={"Content-Disposition": f'inline; filename="gdnval-{base}-vs-{head}.md"'})
 
 
-@router.get("/jobs/{job_id}/progress")
+@pages.get("/jobs/{job_id}/progress")
 def job_progress(job_id: int, session: Session = Depends(get_session)) -> JSONResponse:
     """What the job page's script polls while the job is queued or running."""
     job = store.get_job(session, job_id)
@@ -421,7 +443,7 @@ def _num(value: float | None, unit: str = "") -> str:
     return charts.fmt(value, unit) if value is not None else "–"
 
 
-@router.get("/compare", response_class=HTMLResponse)
+@pages.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, base: str | None = None, head: str | None = None,
                  suite: str | None = None, device: str | None = None, show: str = "changes",
                  session: Session = Depends(get_session)) -> HTMLResponse:
@@ -471,7 +493,7 @@ def _compare(session: Session, base_id: int, head_id: int) -> Any:
 # -------------------------------------------------------------------------------------- history
 
 
-@router.get("/history", response_class=HTMLResponse)
+@pages.get("/history", response_class=HTMLResponse)
 def history_page(request: Request, fingerprint: str | None = None, metric: str | None = None,
                  session: Session = Depends(get_session)) -> HTMLResponse:
     suites = queries.suites_with_results(session)
@@ -533,7 +555,7 @@ def _p90(v: Any) -> float:
     return float(np.percentile(v, 90))
 
 
-@router.get("/history/{suite}", response_class=HTMLResponse)
+@pages.get("/history/{suite}", response_class=HTMLResponse)
 def history_suite(request: Request, suite: str, kind: str = "time", device: str | None = None,
                   world_size: int | None = None, last: int = 20,
                   session: Session = Depends(get_session)) -> HTMLResponse:
@@ -566,7 +588,7 @@ def history_suite(request: Request, suite: str, kind: str = "time", device: str 
 # --------------------------------------------------------------------------------------- suites
 
 
-@router.get("/suites", response_class=HTMLResponse)
+@pages.get("/suites", response_class=HTMLResponse)
 def suites_page(request: Request) -> HTMLResponse:
     from workers.registry import get_suite
 
@@ -587,4 +609,44 @@ def suites_page(request: Request) -> HTMLResponse:
                 c["short"] = views.short_params(c["params"], limit=12)
         out.append(d)
     return _page(request, "suites.html", nav="suites", suites=out)
+
+
+# ---------------------------------------------------------------------------------------- login
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site (no scheme, no '//host'): an open redirect is not a feature."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/jobs"
+    return target
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str | None = None) -> HTMLResponse:
+    return _page(request, "login.html", nav="", next=_safe_next(next), message=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) -> Response:
+    """Trade the API token for a session cookie (HttpOnly, SameSite=Lax) so pages can be read."""
+    expected = _settings(request).token()
+    target = _safe_next(next)
+    if expected is None:
+        return RedirectResponse(target, status_code=303)
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        return _page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
+    resp = RedirectResponse(target, status_code=303)
+    resp.set_cookie(COOKIE, _session_value(expected), httponly=True, samesite="lax",
+                    secure=request.url.scheme == "https", path="/")
+    return resp
+
+
+@router.get("/logout")
+def logout() -> RedirectResponse:
+    resp = RedirectResponse("/login", status_code=303)
+    resp.delete_cookie(COOKIE, path="/")
+    return resp
+
+
+router.include_router(pages)
 
