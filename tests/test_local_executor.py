@@ -15,7 +15,7 @@ from workers.executors.local import LocalExecutor
 from workers.registry import SUITE_MODULES
 
 pytestmark = pytest.mark.slow
-DEADLINE_S = 12.0  # the hang test's deadline: long enough to reach the faulty case on a busy machine
+DEADLINE_S = 15.0  # the hang test's deadline: long enough to reach the faulty case on a busy machine
 
 
 @pytest.fixture(scope="module", autouse=True)

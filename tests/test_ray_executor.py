@@ -18,7 +18,7 @@ from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-DEADLINE_S = 16.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
+DEADLINE_S = 25.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
 
 
 @pytest.fixture(scope="module")
