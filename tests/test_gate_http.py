@@ -8,6 +8,7 @@ slow-down in the test-only `gatetime` suite. The CLI resolves refs and the paren
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -148,3 +149,42 @@ def test_gate_api_rejects_unknown_suites_with_the_reason(server: SimpleNamespace
     resp = httpx.get(f"{server.url}/api/v1/jobs/999999/report")
     assert resp.status_code == 404 and "no job 999999" in resp.json()["detail"]
 
+
+
+@pytest.mark.slow
+def test_report_of_real_quick_jobs(server: SimpleNamespace) -> None:
+    """Real suites' quick jobs (capability; gdn-op with the eager backend, as the Triton
+    interpreter takes minutes on CPU) run by the executor; their report shows their numbers."""
+    import httpx
+
+    ids = []
+    for body in ({"suite": "capability", "preset": "quick", "params": {"process_checks": False}},
+                 {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager"]}}):  # fmt: skip
+        resp = httpx.post(f"{server.url}/api/v1/jobs", json=body)
+        assert resp.status_code == 201, resp.text
+        ids.append(resp.json()["id"])
+    deadline = time.monotonic() + 240
+    for job_id in ids:
+        while (job := httpx.get(f"{server.url}/api/v1/jobs/{job_id}").json())["status"] not in (
+            "succeeded", "failed", "cancelled"
+        ):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job
+    rep = cli("report", *map(str, ids), "--server", server.url)
+    assert rep.returncode == 0, rep.stderr
+    md = rep.stdout
+    import torch
+
+    assert f"| {torch.__version__} |" in md  # the environment the ranks reported
+    cap = md[md.index("## Capability checks"): md.index("## GDN accuracy matrix")]
+    assert "triton_available_recorded" in cap  # recorded, without a bound, on CPU
+    outcomes = md[md.index("## Case outcomes"):]
+    assert re.search(r"failfast_backend_auto\]\([^)]*\) \| capability \| expected error", outcomes)
+    acc_start = md.index("## GDN accuracy matrix", md.index("gdn-op"))
+    acc = md[acc_start: md.index("## Speed and memory", acc_start)]
+    o_row = next(ln for ln in acc.splitlines() if "| eager_o |" in ln)
+    assert re.search(r"\[\d\.\d{3}e-\d\d\]\(", o_row) and "yes" in o_row  # a real relative-L2, linked
+    speed = md[md.index("## Speed and memory", acc_start): md.index("## CP tables", acc_start)]
+    assert re.search(r"eager_fwd_bwd_ms \| \[[\d.]+ ms\]", speed)
+    assert f"({server.url}/jobs/{ids[1]}#case-" in speed
