@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -106,7 +106,7 @@ class RecordingSink:
         self.progress_: list[tuple[int, int, str]] = []
         self.artifacts: list[tuple[str, str, bytes]] = []
 
-    def samples(self, batch) -> None:
+    def samples(self, batch: Sequence[Sample]) -> None:
         self.samples_.extend(batch)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
