@@ -16,9 +16,10 @@ autocast over fp32 master weights on both sides (the same numerics path for both
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -225,13 +226,39 @@ def run_steps(
     return records
 
 
-def run_reference(cfg: TrajectoryConfig, token_file: str | Path, device: torch.device) -> list[StepRecord]:
+# The reference depends only on the model, data, optimizer and precision, not on the candidate's
+# CP mode, backend, FSDP or checkpointing: cases that differ only there reuse it (the eager
+# reference is the expensive side of a GPU run).
+_REFERENCE_CACHE: dict[str, list[StepRecord]] = {}
+_REFERENCE_CACHE_SIZE = 4
+
+
+def _reference_key(cfg: TrajectoryConfig, token_file: str | Path, device: torch.device) -> str:
+    fields = asdict(replace(cfg, backend="-", cp_mode="-", fsdp=False, checkpoint="-"))
+    path = Path(token_file)
+    stat = path.stat()
+    blob = {"cfg": fields, "file": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns,
+            "device": str(device), "deterministic": torch.are_deterministic_algorithms_enabled()}  # fmt: skip
+    return json.dumps(blob, sort_keys=True, default=str)
+
+
+def run_reference(
+    cfg: TrajectoryConfig, token_file: str | Path, device: torch.device, *, cache: bool = True
+) -> list[StepRecord]:
+    key = _reference_key(cfg, token_file, device)
+    if cache and key in _REFERENCE_CACHE:
+        return list(_REFERENCE_CACHE[key])
     trainer = reference_trainer(cfg, token_file, device)
     try:
-        return run_steps(trainer, cfg.steps, "reference")
+        records = run_steps(trainer, cfg.steps, "reference")
     finally:
         del trainer
         devices.empty_cache(device)
+    if cache:
+        while len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
+            _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
+        _REFERENCE_CACHE[key] = list(records)
+    return records
 
 
 def run_trajectory(

@@ -129,14 +129,14 @@ class NetworkSuite(Suite):
         # Per-commit GPU check on one device: the report's 4-layer model, Triton vs eager, bf16.
         "gate": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
-            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50,
+            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50, "lr": 1e-4,
             "determinism_modes": ("none",), "corpus": "package",
         },
         # The report's run: 200 steps, checkpoint off and full; on a multi-GPU job add CP modes
         # with modes=["ulysses","p2p"] (and model "qwen35-8l" for the 8-layer network).
         "full": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
-            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200,
+            "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200, "lr": 1e-4,
             "determinism_modes": ("none",), "corpus": "package",
         },
     }  # fmt: skip
