@@ -820,8 +820,11 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
 
     By default the forward keeps Wk, T, the per-chunk states and Vn for the backward: it writes
     them anyway, and recomputing them costs a second sequential state pass (measured ~2 ms of a
-    64K fwd+bwd on an H200) while the backward's peak memory is the same either way (it needs them
-    alive at once). TUNING["recompute"] = 1 keeps only the inputs and γ and recomputes instead."""
+    64K fwd+bwd on an H200). They are held on ctx rather than by save_for_backward so that the
+    backward can drop each one as soon as its last stage has run (Wk after the reverse pass, S, dS
+    and Vn after bwd_dqk), which lowers the backward's peak. A second backward through the same
+    graph (retain_graph) finds them gone and recomputes them. TUNING["recompute"] = 1 keeps only
+    the inputs and γ and always recomputes."""
 
     @staticmethod
     def forward(
@@ -832,7 +835,8 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         gamma = gate_cumsum(g)
         keep = not TUNING["recompute"]
         o, ht, kept = _forward(q, k, v, gamma, beta, scale, initial_state, output_final_state, keep)
-        ctx.save_for_backward(q, k, v, beta, gamma, initial_state, *kept)
+        ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
+        ctx.kept = list(kept) if keep else None  # intermediates, not inputs or outputs
         ctx.scale = scale
         ctx.g_dtype = g.dtype
         return o, ht
@@ -841,12 +845,16 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
     def backward(
         ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor | None, dht: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, beta, gamma, h0, *kept = ctx.saved_tensors
+        q, k, v, beta, gamma, h0 = ctx.saved_tensors
+        B, T, Hqk, _ = q.shape
         Hv = v.shape[2]
+        R = Hv // Hqk
         do = torch.zeros_like(v) if do is None else do.contiguous().to(v.dtype)
         dht = None if dht is None else dht.contiguous().float()
+        kept, ctx.kept = ctx.kept, None
         if kept:
             w, tm, s, vn = kept
+            del kept
         else:
             w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True)
             s, vn, _ = state_forward(
@@ -855,9 +863,13 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             del u
         ds, dvn, dh0 = state_backward(q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None)
         del w
-        dq, dk, dv, dbeta, dg = chunk_backward(
-            q, k, v, beta, ctx.g_dtype, gamma, tm, s, ds, vn, dvn, do, ctx.scale
-        )
+        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
+        del s, ds, vn
+        dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
+        del tm, dw, dvn, dkp, dgam
+        if R > 1:
+            dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
+            dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0.dtype)
         return dq, dk, dv, dg, dbeta, None, dh0, None

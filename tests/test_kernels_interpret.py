@@ -128,3 +128,17 @@ def test_output_only_backward_and_scale() -> None:
     assert rel_l2(o, o_ref) <= 2e-5
     for got, want in zip(mine, ref.tensors(), strict=True):
         assert rel_l2(got.grad, want.grad) <= 2e-5
+
+
+def test_second_backward_recomputes_released_intermediates() -> None:
+    """The first backward frees the forward's kept intermediates; a second one (retain_graph)
+    recomputes them and must give the same gradients."""
+    x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=True, seed=3)
+    ins = [t.clone().requires_grad_() for t in x.tensors()]
+    o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+    loss = o.square().sum() + s.sum()
+    first = torch.autograd.grad(loss, ins, retain_graph=True)
+    second = torch.autograd.grad(loss, ins)
+    for a, b in zip(first, second, strict=True):
+        assert torch.isfinite(a).all()
+        assert rel_l2(b, a) <= 1e-6
