@@ -240,7 +240,7 @@ def timing_distribution(
         body.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" class="axis"/>')
         for t in ticks:
             body.append(_text(x(t), y + 12, fmt(t), anchor="middle", css="lbl small"))
-        body.append(_text(width - 2, y + 12, unit, anchor="end", css="lbl small"))
+        body.append(_text(left - 6, y + 12, unit, anchor="end", css="lbl small"))
         y += 14 + gap
     return _svg(width, int(y), title, "; ".join(desc) or "no finite samples", body)
 

@@ -236,9 +236,21 @@ def submit_job(
 # ------------------------------------------------------------------------------------- job page
 
 
+# What a reader compares between two runs first; the rest of the run info is one click away.
+INFO_KEYS = ("device_name", "device_count", "driver", "cuda_runtime", "torch", "triton", "python", "gdnval",
+             "platform")
+
+
+def _info_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
 def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
     info = job.info or {}
-    items = [(k, v if isinstance(v, str) else json.dumps(v, default=str)) for k, v in sorted(info.items())]
+    shown = [k for k in INFO_KEYS if info.get(k) not in (None, "", [], {})]
+    items = [(k, _info_text(info[k])) for k in shown]
+    more = [(k, _info_text(v)) for k, v in sorted(info.items())
+            if k not in shown and v not in (None, "", [], {})]
     return {
         "id": job.id, "suite": job.suite, "preset": job.preset, "params": job.params or {},
         "labels": job.labels or {}, "commit": job.commit_sha, "device": job.device,
@@ -247,7 +259,7 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
         "progress_message": job.progress_message, "created": _when(job.created_at),
         "started": _when(job.started_at), "finished": _when(job.finished_at),
         "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
-        "info_items": items,
+        "info_items": items, "info_more": more,
         "run_commit": info.get("commit") if isinstance(info.get("commit"), str) else None,
     }  # fmt: skip
 
