@@ -545,7 +545,7 @@ def test_no_request_makes_a_500(server: Server, any_job: int) -> None:
     answered: Counter[tuple[str, int]] = Counter()
 
     @settings(
-        max_examples=120,
+        max_examples=100,
         deadline=None,
         database=None,
         derandomize=True,

@@ -46,7 +46,7 @@ def _count(db: Path, job_id: int, attempt: int) -> int:
     return sum(1 for r in _rows(db, job_id).values() if r[0] == attempt)
 
 
-def test_kill9_mid_job_then_restart_settles_and_keeps_samples(tmp_path: Path) -> None:
+def test_kill9_mid_job_then_restart_requeues_and_keeps_samples(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor="tests.test_api_support:make_fake_executor")
     db = tmp_path / "gdnval.db"
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -69,22 +69,18 @@ def test_kill9_mid_job_then_restart_settles_and_keeps_samples(tmp_path: Path) ->
         events = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/events", params={"kind": "status"}).json()
         reasons = [e["data"]["reason"] for e in events["items"] if e["data"] and "reason" in e["data"]]
         assert reasons and reasons[0].startswith("re-queued after attempt 1 was interrupted: its dispatcher")
-        server.kill9()
 
-        second = _rows(db, job_id)
-        assert {k: v for k, v in second.items() if k in first} == first  # attempt 1 untouched
-        assert len(second) % BATCH == 0
-
-        server.start()  # attempt 2 was the last allowed: failed with the reason
-        status, attempts, error = _job_row(db, job_id)
-        assert (status, attempts) == ("failed", 2)
-        assert error.startswith("interrupted 2 time(s); last: its dispatcher (pid")
-        assert _rows(db, job_id) == second  # nothing lost, nothing added
-        api = httpx.get(f"{server.base}/api/v1/jobs/{job_id}").json()
-        assert api["status"] == "failed" and api["error"] == error
+        now = _rows(db, job_id)
+        assert {k: v for k, v in now.items() if k in first} == first  # attempt 1 untouched
         one = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/samples", params={"attempt": 1, "limit": 10_000})
         assert {s["id"] for s in one.json()["items"]} == set(first)
         cases = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/cases").json()["items"]
-        assert cases[0]["metrics"]["time_ms"]["count"] > 0  # the last attempt's partial results
+        assert cases[0]["metrics"]["time_ms"]["count"] > 0  # live summary of the running attempt
+        # a second interruption fails the job with the reason: tests/test_queue.py (dead dispatcher pid)
+        r = httpx.post(f"{server.base}/api/v1/jobs/{job_id}/cancel", headers=auth)
+        assert r.status_code == 200
+        _wait(lambda: _job_row(db, job_id)[0] == "cancelled")
+        final = _rows(db, job_id)
+        assert len(final) % BATCH == 0 and {k: final[k] for k in first} == first
     finally:
         server.stop()
