@@ -199,6 +199,7 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
         # held by another (live) dispatcher: the test server's own dispatcher leaves it alone
         j.claimed_by, j.heartbeat_at = "elsewhere:1:web-test", datetime.now(UTC)
+        store.set_baseline(s, "release", job_id=base, note="last release")
         j = s.get(Job, failed)
         j.error = "rank 0 raised RuntimeError: CUDA error: an illegal memory access was encountered"
     fps = {c.name: c.fingerprint("cuda", 1) for c in _gdn_cases()}
@@ -510,6 +511,13 @@ def test_compare_page_shows_the_planted_regression(site: Any, page: Page) -> Non
     page.goto(f"{base}/compare?base=a1b2c3d4&head=f0e1d2c3&suite={GDN}")
     expect(_row(page, "compare-table", fp8, metric="triton_fwd_bwd_ms")).to_have_attribute(
         "data-verdict", "regressed")
+    # by a named baseline, and from the head job's "previous run" link
+    page.goto(f"{base}/compare?base=release&head={seeded.head}")
+    expect(_row(page, "compare-table", fp8, metric="triton_fwd_bwd_ms")).to_have_attribute(
+        "data-verdict", "regressed")
+    page.goto(f"{base}/jobs/{seeded.head}")
+    page.click("#compare-previous")
+    expect(page.locator("#base-job")).to_have_attribute("href", f"/jobs/{seeded.base}")
     page.goto(f"{base}/compare?base={seeded.base}&head={seeded.cp}")
     expect(page.locator(".notice.bad")).to_contain_text("compare jobs of one suite")
 

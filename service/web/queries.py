@@ -251,3 +251,17 @@ def case_metric_names(session: Session, fingerprint: str) -> list[str]:
         .order_by(MetricDef.name)
     )
     return list(session.scalars(q).all())
+
+
+def previous_job(session: Session, job: Job) -> Job | None:
+    """The run before this one of the same suite, preset, device and world size that succeeded:
+    the natural base of a "what changed?" comparison."""
+    q = (
+        select(Job)
+        .where(Job.id < job.id, Job.suite == job.suite, Job.preset == job.preset, Job.device == job.device,
+               Job.world_size == job.world_size, Job.status == "succeeded")
+        .order_by(Job.id.desc())
+        .limit(1)
+    )
+    return session.scalars(q).unique().first()
+

@@ -369,6 +369,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
          "size": views.human_bytes(a.size, "bytes")}
         for a in store.list_artifacts(session, job_id)
     ]  # fmt: skip
+    prev = queries.previous_job(session, job)
     plotted = ("time", "memory", "trajectory")
     history_metrics = {
         c.fingerprint: [m.metric for m in c.metrics.values() if m.kind in plotted][:4] for c in cases
@@ -379,7 +380,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         acc_other=any("other" in r.cells for r in acc), speed_rows=views.speed_rows(cases),
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
-        artifacts=artifacts, history_metrics=history_metrics,
+        artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip
@@ -433,13 +434,24 @@ def job_progress(job_id: int, session: Session = Depends(get_session)) -> JSONRe
 
 def _resolve_side(session: Session, text: str, suite: str | None, device: str | None,
                   other: Job | None) -> Job:
-    """A job id ('12' or '#12'), or a commit (prefix): the newest succeeded job of the suite there."""
+    """A job id ('12' or '#12'), a named baseline, or a commit (prefix): the newest succeeded job
+    of the suite there."""
     t = text.strip().lstrip("#")
     if t.isdigit() and len(t) < 7:
         job = store.get_job(session, int(t))
         if job is None:
             raise LookupError(f"there is no job #{t}")
         return job
+    named = store.get_baseline(session, t)
+    if named is not None:
+        if named.job_id is not None:
+            job = store.get_job(session, named.job_id)
+            if job is None:
+                raise LookupError(f"baseline {t!r} points at job #{named.job_id}, which is gone")
+            return job
+        if named.commit is None:
+            raise LookupError(f"baseline {t!r} points at nothing")
+        t = named.commit.sha
     suite = suite or (other.suite if other else None)
     if not suite:
         raise LookupError(f"{text!r} looks like a commit: pick a suite (or give a job id on the other side)")
@@ -461,11 +473,13 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
                  session: Session = Depends(get_session)) -> HTMLResponse:
     recent = [{"id": j.id, "suite": j.suite, "preset": j.preset, "commit": j.commit_sha, "device": j.device}
               for j in store.list_jobs(session, status="succeeded", limit=30)[0]]
+    baselines = [b.name for b in store.list_baselines(session)]
     show = show if show in views.COMPARE_VIEWS else "changes"
     form = {"base": base, "head": head, "suite": suite, "device": device, "show": show}
     ctx: dict[str, Any] = {"nav": "compare", "form": form, "recent": recent, "devices": DEVICES,
                            "suites": sorted(set(_suite_names()) | set(queries.suites_with_results(session))),
-                           "cmp": None, "error": None, "views_available": list(views.COMPARE_VIEWS.items())}
+                           "cmp": None, "error": None, "views_available": list(views.COMPARE_VIEWS.items()),
+                           "baselines": baselines}
     if not base or not head:
         return _page(request, "compare.html", **ctx)
     try:
