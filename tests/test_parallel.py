@@ -222,7 +222,7 @@ def test_stability(results: list[dict[str, Any]], mode: str) -> None:
 
 def test_profile_trace_is_an_artifact(results: list[dict[str, Any]]) -> None:
     for r in results:
-        assert r["profile_files"] == ["trace-p2p.trace.json"]
+        assert r["profile_files"] == ["trace-p2p.trace.json.gz"]
         assert r["profile"]["trace_written"] == [1.0]
         assert r["profile"]["trace_events"][0] > 10
 

@@ -1,6 +1,6 @@
 """`profile`: one `torch.profiler` trace per CP mode of one forward+backward of the network (§7).
 
-The trace (Chrome JSON, without shapes or stacks to keep it small) is written into the rank's
+The trace (gzipped Chrome JSON, without shapes or stacks to keep it small) is written into the rank's
 `ctx.artifacts_dir`, which the executor ships with the job as a downloadable artifact. It is not a
 timing: warm-up passes run first and nothing here is compared across commits except that a trace
 was written and how many events it holds.
@@ -65,6 +65,7 @@ class ProfileSuite(Suite):
 
 
 def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    import gzip
     import json
     import tempfile
     from pathlib import Path
@@ -96,9 +97,10 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
         devices.synchronize(ctx.device)
     out_dir = ctx.artifacts_dir or Path(tempfile.mkdtemp(prefix="gdnval-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{case.name.replace('/', '-')}.trace.json"
+    path = out_dir / f"{case.name.replace('/', '-')}.trace.json.gz"  # Perfetto/chrome://tracing read .gz
     prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text()).get("traceEvents", [])
+    with gzip.open(path, "rt") as f:
+        events = json.load(f).get("traceEvents", [])
     written = path.is_file() and ctx.artifacts_dir is not None
     yield Sample(case.name, "trace_written", float(written), rank=ctx.rank)
     yield Sample(case.name, "trace_events", float(len(events)), rank=ctx.rank)
