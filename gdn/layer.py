@@ -25,7 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gdn.cp.comm import PendingSend, check_same_shape, conv_halo, head_to_seq, seq_to_head, wait_sends
+from gdn.cp.comm import (
+    PendingSend,
+    check_same_shape,
+    conv_halo,
+    drain_sends,
+    head_to_seq,
+    seq_to_head,
+    wait_sends,
+)
 from gdn.cp.config import CPConfig, CPError
 from gdn.cp.p2p import all_gather_gated_delta_rule, p2p_gated_delta_rule
 from gdn.ops import BACKENDS, UnsupportedGDNRequest, gated_delta_rule
@@ -232,6 +240,7 @@ class GatedDeltaNet(nn.Module):
         cp = self.cp
         if not cp.enabled:
             return self._forward_local(x, m)
+        drain_sends(cp)  # anything a cut-short (recomputed) forward left in flight
         key = tuple(x.shape)
         if key not in self._checked_shapes:  # once per shape: ranks must hold equal shards
             check_same_shape(key, cp, "the layer input [B, T_local, hidden]", x.device)

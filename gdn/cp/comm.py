@@ -52,13 +52,23 @@ def send_checked(t: torch.Tensor, cp: CPConfig, dst: int, kind: str) -> PendingS
     buf = _pack(t, seq, cp.rank)
     work = dist.isend(buf, dst=cp.global_rank(dst), group=cp.group, tag=TAGS[kind])
     cp.stats.sent[kind] = cp.stats.sent.get(kind, 0) + 1
-    return PendingSend(work, buf, f"{kind} send #{seq} from rank {cp.rank} to rank {dst}")
+    sent = PendingSend(work, buf, f"{kind} send #{seq} from rank {cp.rank} to rank {dst}")
+    cp.inflight.append(sent)
+    return sent
 
 
 def wait_sends(pending: list[PendingSend], cp: CPConfig) -> None:
+    """Wait for the given sends (and forget them)."""
     while pending:
         p = pending.pop()
         _wait(p.work, cp, p.what)
+        if p in cp.inflight:
+            cp.inflight.remove(p)
+
+
+def drain_sends(cp: CPConfig) -> None:
+    """Wait for every send this config still has in flight (also those of a cut-short forward)."""
+    wait_sends(list(cp.inflight), cp)
 
 
 def recv_checked(like: torch.Tensor, cp: CPConfig, src: int, kind: str) -> torch.Tensor:
@@ -119,6 +129,7 @@ class _Halo(torch.autograd.Function):
         # is the layer's last CP op in backward on every rank.
         wait_sends(sends, cp)
         wait_sends(ctx.pending_bwd, cp)
+        drain_sends(cp)
         return dx, None, None, None, None
 
 

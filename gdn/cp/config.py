@@ -72,6 +72,10 @@ class CPConfig:
     group: dist.ProcessGroup | None = None
     timeout: timedelta = DEFAULT_TIMEOUT
     stats: CPStats = field(default_factory=CPStats, compare=False, repr=False)
+    # Sends in flight. They are held here, not only by the op that started them, because a forward
+    # may be cut short (activation-checkpoint recomputation stops early) and a dropped send never
+    # arrives; `gdn.cp.comm.drain_sends` waits for them.
+    inflight: list = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in CP_MODES:

@@ -1,0 +1,73 @@
+"""The `cp-layer` suite: torch-free metadata, the case matrix, and one real 2-rank run of its cases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.dist_harness import run_distributed
+
+
+def test_metadata_imports_no_torch() -> None:
+    code = (
+        "import sys; from workers.registry import get_suite; s = get_suite('cp-layer'); "
+        "[s.cases(s.resolve_params(p)) for p in s.presets]; s.describe(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_case_matrix_of_the_presets() -> None:
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    full = {c.name: c.params for c in suite.cases(suite.resolve_params("full"))}
+    for mode, backend in (("ulysses", "triton"), ("p2p", "triton")):
+        for T in (8192, 16384, 32768, 65536, 131072):
+            assert f"{mode}_{backend}_T{T}_B1" in full
+        pad = full[f"{mode}_{backend}_T8192_B2_valid7777"]
+        assert (pad["batch"], pad["seq_len"], pad["valid_len"], pad["v_heads"]) == (2, 8192, 7777, 32)
+    # AllGather runs eager only, and eager stops at eager_max_seq_len.
+    assert {n for n in full if n.startswith("all_gather")} == {
+        "all_gather_eager_T8192_B1", "all_gather_eager_T16384_B1", "all_gather_eager_T32768_B1",
+        "all_gather_eager_T8192_B2_valid7777",
+    }  # fmt: skip
+    quick = suite.cases(suite.resolve_params("quick"))
+    assert len(quick) == 12 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    with pytest.raises(ValueError, match="bad candidate 'ring\\+eager'"):
+        suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
+
+
+def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:
+    import torch
+    import torch.distributed as dist
+
+    from workers.context import RankContext
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    ctx = RankContext(rank, world, torch.device("cpu"), "cpu", group=dist.group.WORLD, seed=7)
+    out = []
+    for case in suite.cases(suite.resolve_params("quick")):
+        if case.name in names:
+            for s in suite.run(ctx, case):
+                out.append((case.name, s.metric, s.value, suite.metric(s.metric).passes(s.value)))
+    return out
+
+
+@pytest.mark.slow
+def test_quick_cases_pass_on_two_ranks() -> None:
+    names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64"]
+    per_rank = run_distributed(_rank_suite, 2, (names,), timeout_s=180)
+    for rank, samples in enumerate(per_rank):
+        failed = [s for s in samples if not s[3]]
+        assert not failed, f"rank {rank}: {failed}"
+        by = {(c, m): v for c, m, v, _ in samples}
+        assert by[(names[0], "fp64_worst_rel_l2")] <= 1e-9
+        assert by[(names[0], "hop_counts_ok")] == 1.0
+        assert by[(names[0], "hops_state_fwd")] == 1 and by[(names[0], "hops_halo")] == 2
+        assert by[(names[1], "hops_state_fwd")] == 0
+        assert by[(names[0], "padding_output_max_abs")] == 0.0
+        assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 2
