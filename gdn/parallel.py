@@ -17,8 +17,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gdn import device as devices
-
 CHECKPOINT_MODES: tuple[str, ...] = ("off", "full")
 
 
@@ -111,16 +109,10 @@ def global_grad_norm(
         if p.grad is not None:
             total += _local(p.grad).detach().double().pow(2).sum().cpu()
     if sharded and dist.is_initialized():
-        kind = _grad_device_kind(model)
-        t = total.to(devices.get_device(kind) if kind != "cpu" else "cpu")
+        t = total.to(_local(next(model.parameters())).device)  # where this rank's collectives run
         dist.all_reduce(t, group=resolve_group(group))
         total = t.cpu()
     return float(total.sqrt())
-
-
-def _grad_device_kind(model: nn.Module) -> str:
-    p = next(model.parameters())
-    return _local(p).device.type
 
 
 def named_full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
