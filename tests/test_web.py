@@ -413,6 +413,13 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     with Session(engine) as s, s.begin():
         s.get(Job, seeded.running).progress_done = 4
     expect(running).to_contain_text("4/6", timeout=10_000)
+    with Session(engine) as s, s.begin():  # a job submitted elsewhere appears by itself
+        new = Job(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
+                  claimed_by="elsewhere:1:web-test", heartbeat_at=datetime.now(UTC), progress_total=3)
+        s.add(new)
+        s.flush()
+        new_id = new.id
+    expect(job_row(new_id)).to_contain_text("0/3", timeout=10_000)
     with Session(engine) as s, s.begin():
         j = s.get(Job, seeded.running)
         j.status, j.progress_done, j.finished_at = "cancelled", 6, datetime.now(UTC)

@@ -4,10 +4,14 @@
   "use strict";
   var PERIOD_MS = 2000;
 
-  // Job list: the tbody names a partial endpoint; refresh it while any job is queued or running.
+  // Job list: the tbody names a partial endpoint; refresh it every 2 s while a job is queued or
+  // running, every 10 s otherwise (so newly submitted jobs appear too).
+  var IDLE_MS = 10000;
   function pollRows(tbody) {
     var url = tbody.getAttribute("data-poll");
+    function next(active) { setTimeout(tick, active ? PERIOD_MS : IDLE_MS); }
     function tick() {
+      if (document.hidden) { next(false); return; }
       fetch(url, { headers: { "Accept": "text/html" }, cache: "no-store" })
         .then(function (r) {
           if (!r.ok) { throw new Error(r.status); }
@@ -15,16 +19,14 @@
           return r.text().then(function (html) { return { html: html, active: active }; });
         })
         .then(function (res) {
-          tbody.innerHTML = res.html;
+          if (tbody.innerHTML !== res.html) { tbody.innerHTML = res.html; }
           tbody.setAttribute("data-active", res.active || "0");
           tbody.setAttribute("data-refreshed", String(Date.now()));
-          var note = document.getElementById("live-note");
-          if (res.active && res.active !== "0") { setTimeout(tick, PERIOD_MS); }
-          else if (note) { note.textContent = "All jobs settled."; }
+          next(res.active && res.active !== "0");
         })
-        .catch(function () { setTimeout(tick, PERIOD_MS * 3); });
+        .catch(function () { setTimeout(tick, IDLE_MS); });
     }
-    if (tbody.getAttribute("data-active") !== "0") { setTimeout(tick, PERIOD_MS); }
+    next(tbody.getAttribute("data-active") !== "0");
   }
 
   // Job page: poll the job's progress; reload once when it settles so the matrices appear.
