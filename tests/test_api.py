@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -578,3 +579,19 @@ def test_chunked_body_over_the_limit_is_413(http: httpx.Client) -> None:
     r = http.post("/api/v1/jobs", content=body(), headers={**AUTH, "content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["detail"] == "request body exceeds the limit of 20000 bytes"
+
+
+def test_demo_queues_one_quick_job_into_an_empty_store(tmp_path: Path) -> None:
+    """`gdnval serve --demo`: a capability quick CPU job when the store has none, never a second."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'demo.db'}", executor="inprocess", dispatch=False)
+    for _ in range(2):
+        with TestClient(create_app(settings, demo=True)) as client:
+            jobs = client.get("/api/v1/jobs").json()["items"]
+    assert [(j["suite"], j["preset"], j["device"], j["labels"]) for j in jobs] == [
+        ("capability", "quick", "cpu", {"demo": "true"})
+    ]
