@@ -197,3 +197,15 @@ def test_memory_near_parity_shows_the_difference() -> None:
     assert cell.text == "12.0 MiB higher (+0.2%)" and cell.state == "none"
     assert views.memory_versus(100 * mib, 384 * mib, "bytes").text == "3.84× lower"
     assert views.memory_versus(200 * mib, 100 * mib, "bytes").text == "2.00× higher"
+
+
+def test_p2p_triton_is_measured_against_ulysses_triton_first() -> None:
+    def case(name: str, mode: str, backend: str, ms: float) -> C:
+        return C(name, {"seq_len": 65536, "mode": mode, "backend": backend},
+                 {"layer_ms": M("layer_ms", "time", ms, unit="ms")})
+
+    rows = {r.case: r for r in views.speed_rows([case("uly-tri", "ulysses", "triton", 117.0),
+                                                  case("p2p-eager", "p2p", "eager", 900.0),
+                                                  case("p2p-tri", "p2p", "triton", 100.0)])}
+    assert rows["p2p-tri"].baseline == "vs ulysses (uly-tri)"
+    assert rows["p2p-tri"].speedup.text == "1.170× (+17.0%)"

@@ -336,16 +336,22 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
         if cid not in names:
             continue
         fp, cname = names[cid]
-        series = [charts.Trajectory(g.metric, g.idx, g.worst, by_name[g.metric].bound,
-                                    per_bin=bins.get(by_name[g.metric].id, 1)) for g in gs]
-        svg = charts.trajectory_chart(series, title=f"Error per step of {cname}",
-                                      unit=by_name[gs[0].metric].unit)
-        n_steps = max(sizes.get((cid, g.metric), (g.idx.size, 1))[0] for g in gs)
-        out.setdefault(fp, []).append({
-            "kind": "trajectory", "svg": svg,
-            "caption": f"{len(gs)} series over {n_steps} steps, the worst rank of each step; "
-                       "dashed: bound; ✕: a non-finite step.",
-        })  # fmt: skip
+        # one chart per unit: relative errors, absolute errors, losses (nats), norms never share an axis
+        by_unit: dict[str, list[queries.Group]] = {}
+        for g in gs:
+            by_unit.setdefault(by_name[g.metric].unit, []).append(g)
+        for unit, ug in by_unit.items():
+            series = [charts.Trajectory(g.metric, g.idx, g.worst, by_name[g.metric].bound,
+                                        per_bin=bins.get(by_name[g.metric].id, 1)) for g in ug]
+            what = {"ratio": "relative error", "abs": "absolute error"}.get(unit, unit or "value")
+            svg = charts.trajectory_chart(series, title=f"{cname}: {what} per step",
+                                          unit=views.shown_unit(unit))
+            n_steps = max(sizes.get((cid, g.metric), (g.idx.size, 1))[0] for g in ug)
+            out.setdefault(fp, []).append({
+                "kind": "trajectory", "svg": svg,
+                "caption": f"{what.capitalize()}: {len(ug)} series over {n_steps} steps, the worst rank of "
+                           "each step; dashed: bound; ✕: a non-finite step.",
+            })  # fmt: skip
     return out
 
 
