@@ -1,1 +1,18 @@
-"""The results pages (server-rendered HTML and SVG) served by the service app."""
+"""The results pages, server-rendered (Jinja2 + server-side SVG), served by the service app.
+
+Pages (all read-only except the submit form; with `protect_reads` they need a login):
+
+- `/jobs`: the job list, filters by status/suite/commit, live rows (`/jobs/rows`, polled by
+  `static/gdnval.js`), and a form that submits a job with the API token.
+- `/jobs/{id}`: header (commit, device, versions, times, error), the report's tables (accuracy per
+  tensor, speed with the speed-up against eager/Ulysses, memory, trajectories, checks), one
+  section per case (`#case-{fingerprint}`, the anchor reports link to) with its plots, downloads
+  (samples from the API, artifacts, `/jobs/{id}/report.md`).
+- `/compare?base=&head=`: two jobs, commits or a named baseline; per case and metric the verdict
+  and its evidence; `show=changes|regressions|all`.
+- `/history?fingerprint=&metric=`: one series across commits; `/history/{suite}`: sparklines.
+- `/suites`: the catalogue.
+
+Modules: `routes` (HTTP), `views` (plain data -> table rows), `charts` (SVG), `queries` (the few
+plot-shaped SQL queries the store does not offer).
+"""
