@@ -34,10 +34,33 @@ def test_case_matrix_of_the_presets() -> None:
         "all_gather_eager_T8192_B1", "all_gather_eager_T16384_B1", "all_gather_eager_T32768_B1",
         "all_gather_eager_T8192_B2_valid7777",
     }  # fmt: skip
+    gate = [c.name for c in suite.cases(suite.resolve_params("gate"))]
+    assert gate == [
+        "p2p_emulated4_triton_T8192_B1", "p2p_emulated8_triton_T8192_B1",
+        "p2p_emulated4_triton_T8192_B2_valid7777", "p2p_emulated8_triton_T8192_B2_valid7777",
+    ]  # fmt: skip
     quick = suite.cases(suite.resolve_params("quick"))
-    assert len(quick) == 12 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    assert len(quick) == 16 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
     with pytest.raises(ValueError, match="bad candidate 'ring\\+eager'"):
         suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
+
+
+def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None:
+    import torch
+
+    from gdn.cp import CPError
+    from workers.context import RankContext
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    cases = {c.name: c for c in suite.cases(suite.resolve_params("quick"))}
+    ctx = RankContext(0, 1, torch.device("cpu"), "cpu", seed=3)
+    samples = list(suite.run(ctx, cases["p2p_emulated4_eager_T160_B2_valid151_float64"]))
+    by = {s.metric: s.value for s in samples}
+    assert all(suite.metric(s.metric).passes(s.value) for s in samples)
+    assert by["fp64_worst_rel_l2"] <= 1e-9 and by["hops_state_fwd"] == 3 and by["padding_output_max_abs"] == 0
+    with pytest.raises(CPError, match="'p2p' needs a job with world size >= 2"):
+        list(suite.run(ctx, cases["p2p_eager_T128_B1_float64"]))
 
 
 def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:

@@ -150,3 +150,25 @@ def worst_rel_l2(cmp: LayerComparison) -> dict[str, float]:
     for name, (a, b) in cmp.param_grads.items():
         errs[f"param:{name}"] = rel_l2(a, b)
     return errs
+
+
+def compare_emulated(case: LayerCase, num_shards: int, device: torch.device) -> LayerComparison:
+    """The single-process P2P emulation (`num_shards` shards, the case's backend) vs the no-CP layer."""
+    from gdn.cp.emulation import emulated_p2p_layer
+
+    ref, y_ref, dx_ref, _ = reference_layer_step(case, device)
+    x, mask, dy = make_inputs(case, device)
+    cand = build_layer(case, None, case.backend, device)
+    x = x.clone().requires_grad_(True)
+    y = emulated_p2p_layer(cand, x, mask, num_shards=num_shards)
+    y.backward(dy)
+    out = LayerComparison(
+        output=(y.detach(), y_ref), input_grad=(x.grad, dx_ref), grad_norm=(grad_norm(cand), grad_norm(ref))
+    )  # type: ignore[arg-type]
+    ref_params = dict(ref.named_parameters())
+    for name, p in cand.named_parameters():
+        out.param_grads[name] = (p.grad, ref_params[name].grad)  # type: ignore[assignment]
+    if mask is not None:
+        pad = (mask == 0).unsqueeze(-1).expand_as(y)
+        out.padding_max_abs = float(y.detach()[pad].abs().max()) if pad.any() else 0.0
+    return out

@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
-MODES = ("ulysses", "p2p", "all_gather")
+MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated")
+DISTRIBUTED_MODES = ("ulysses", "p2p", "all_gather")
 BACKENDS = ("eager", "triton")
 TENSORS = ("output", "input_grad", "param_grad")
 ACC_BOUND = 1e-2  # the report's acceptance threshold for bf16 against the eager reference
@@ -40,6 +41,7 @@ class CPLayerParams(SuiteParams):
     candidates: tuple[str, ...] = ("ulysses+triton", "p2p+triton", "all_gather+eager")
     seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536, 131072)  # global lengths, batch 1
     padding_cases: tuple[tuple[int, int, int], ...] = ((2, 8192, 7777),)  # (batch, global, valid)
+    emulated_shards: tuple[int, ...] = (4, 8)  # P of the single-process "p2p_emulated" candidates
     hidden_size: int = 2048
     qk_heads: int = 16
     v_heads: int = 32
@@ -99,19 +101,21 @@ class CPLayerSuite(Suite):
         "GatedDeltaNet layer under Ulysses / P2P / AllGather CP vs the no-CP layer (accuracy, time, memory)"
     )
     params_model = CPLayerParams
-    min_world_size = 2
+    min_world_size = 1  # p2p_emulated runs on one device; the distributed modes need >= 2 ranks
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU, gloo, world size 2: tiny layer, fp64 and fp32 eager, every mode, a padding case
         # whose valid/padding boundary falls inside a chunk of the last rank (160/151 on CP2).
         "quick": {
-            "candidates": ("ulysses+eager", "p2p+eager", "all_gather+eager"),
-            "seq_lens": (128,), "padding_cases": ((2, 160, 151),),
+            "candidates": ("ulysses+eager", "p2p+eager", "all_gather+eager", "p2p_emulated+eager"),
+            "seq_lens": (128,), "padding_cases": ((2, 160, 151),), "emulated_shards": (4,),
             "hidden_size": 32, "qk_heads": 2, "v_heads": 4, "head_dim": 8,
             "dtypes": ("float64", "float32"), "ref_dtype": "same",
             "warmup": 1, "repeat": 2, "transfer_timeout_s": 60.0,
         },
-        # Per-commit GPU check: the report's layer at 8K, and its B=2 8192/7777 padding case.
-        "gate": {"seq_lens": (8192,), "warmup": 2, "repeat": 5},
+        # Per-commit check on one GPU: the report's layer at 8K and its B=2 8192/7777 padding case,
+        # P2P emulated at P = 4 and 8 with Triton. On a multi-GPU job add the distributed modes:
+        # --param 'candidates=["ulysses+triton","p2p+triton","all_gather+eager"]' --world-size 4.
+        "gate": {"candidates": ("p2p_emulated+triton",), "seq_lens": (8192,), "warmup": 2, "repeat": 5},
         # The report's CP4/CP8 matrix (run with world size 4 or 8).
         "full": {},
     }  # fmt: skip
@@ -120,7 +124,7 @@ class CPLayerSuite(Suite):
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, CPLayerParams)
         base = params.model_dump()
-        drop = ("candidates", "seq_lens", "padding_cases", "dtypes")
+        drop = ("candidates", "seq_lens", "padding_cases", "dtypes", "emulated_shards")
         shapes = [(1, T, None) for T in params.seq_lens] + [tuple(c) for c in params.padding_cases]
         out = []
         for cand in params.candidates:
@@ -128,15 +132,19 @@ class CPLayerSuite(Suite):
             if mode not in MODES or backend not in BACKENDS:
                 raise ValueError(f"bad candidate {cand!r}; expected '<mode>+<backend>' with mode in "
                                  f"{MODES} and backend in {BACKENDS}")  # fmt: skip
+            shard_counts = params.emulated_shards if mode == "p2p_emulated" else (None,)
             for dtype in params.dtypes:
                 for batch, T, valid in shapes:
-                    if backend == "eager" and params.eager_max_seq_len < T:
+                    if backend == "eager" and T > params.eager_max_seq_len:  # noqa: SIM300
                         continue
-                    p = {k: v for k, v in base.items() if k not in drop}
-                    p.update(mode=mode, backend=backend, dtype=dtype, batch=batch, seq_len=T, valid_len=valid)
-                    pad = f"_valid{valid}" if valid is not None else ""
-                    dt = "" if len(params.dtypes) == 1 else f"_{dtype}"
-                    out.append(Case(self.name, f"{mode}_{backend}_T{T}_B{batch}{pad}{dt}", p))
+                    for shards in shard_counts:
+                        p = {k: v for k, v in base.items() if k not in drop}
+                        p.update(mode=mode, backend=backend, dtype=dtype, batch=batch, seq_len=T,
+                                 valid_len=valid, shards=shards)  # fmt: skip
+                        pad = f"_valid{valid}" if valid is not None else ""
+                        dt = "" if len(params.dtypes) == 1 else f"_{dtype}"
+                        tag = mode if shards is None else f"{mode}{shards}"
+                        out.append(Case(self.name, f"{tag}_{backend}_T{T}_B{batch}{pad}{dt}", p))
         return out
 
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
@@ -180,10 +188,23 @@ def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     from datetime import timedelta
 
     from gdn import device as devices
-    from gdn.cp import CPConfig
+    from gdn.cp import CPConfig, CPError
 
     p = dict(case.params)
     lc = _layer_case(ctx, p)
+    if p["mode"] == "p2p_emulated":
+        yield from list(_emulated(ctx, case.name, p, lc))
+        devices.empty_cache(ctx.device)
+        if p["seq_len"] <= p["accuracy_max_seq_len"]:
+            from gdn.cp.compare import compare_emulated
+
+            yield from _accuracy_samples(ctx, case.name, lc, compare_emulated(lc, p["shards"], ctx.device))
+        return
+    if not ctx.distributed:
+        raise CPError(
+            f"CP mode {p['mode']!r} needs a job with world size >= 2 (got {ctx.world_size}); "
+            "on one device use the 'p2p_emulated' candidate"
+        )
     cp = CPConfig(p["mode"], ctx.group, timeout=timedelta(seconds=p["transfer_timeout_s"]))
     cp.check_world_size(ctx.world_size)
     yield from list(_candidate(ctx, case.name, p, lc, cp))  # its tensors are freed on return
@@ -252,13 +273,46 @@ def _timing(ctx: RankContext, name: str, p: dict[str, Any], fwd: Any, fwd_bwd: A
         yield Sample(name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
 
 
+def _emulated(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iterator[Sample]:
+    """Hops and timing of the single-process P2P emulation (serial: not a CP speed, a regression
+    series for the summary and chain kernels)."""
+    from gdn import device as devices
+    from gdn.cp.compare import build_layer, make_inputs
+    from gdn.cp.emulation import EmulationStats, emulated_p2p_layer
+
+    layer = build_layer(lc, None, lc.backend, ctx.device)
+    x, mask, dy = make_inputs(lc, ctx.device)
+    x.requires_grad_(True)
+    stats = EmulationStats()
+
+    def fwd() -> None:
+        emulated_p2p_layer(layer, x, mask, num_shards=p["shards"])
+
+    def fwd_bwd() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        emulated_p2p_layer(layer, x, mask, num_shards=p["shards"], stats=stats).backward(dy)
+
+    fwd_bwd()
+    devices.synchronize(ctx.device)
+    yield Sample(name, "hops_state_fwd", stats.forward_hops, rank=ctx.rank)
+    yield Sample(name, "hop_counts_ok", 1.0 if stats.forward_hops == p["shards"] - 1 else 0.0, rank=ctx.rank)
+    if p["timing"]:
+        yield from _timing(ctx, name, p, fwd, fwd_bwd)
+
+
 def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]:
+    from gdn.cp.compare import compare_layer
+
+    yield from _accuracy_samples(ctx, name, lc, compare_layer(lc, cp, ctx.device))
+
+
+def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterator[Sample]:
     import torch
 
-    from gdn.cp.compare import compare_layer, rel_l2
+    from gdn.cp.compare import rel_l2
     from workers.measure import error_samples, tensor_error
 
-    cmp = compare_layer(lc, cp, ctx.device)
     yield from error_samples(ctx, name, "output", tensor_error(*cmp.output))
     yield from error_samples(ctx, name, "input_grad", tensor_error(*cmp.input_grad))
     names = sorted(cmp.param_grads)
