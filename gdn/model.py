@@ -274,8 +274,9 @@ class FullAttention(nn.Module):
         Tk = offset + T
         k, v = k[:, :, :Tk], v[:, :, :Tk]
         rep = H // Hkv
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if rep > 1:  # expand + reshape: its backward is a sum (repeat_interleave's is an index_add)
+            k = k[:, :, None].expand(B, Hkv, rep, Tk, D).reshape(B, H, Tk, D)
+            v = v[:, :, None].expand(B, Hkv, rep, Tk, D).reshape(B, H, Tk, D)
         if full_mask is None or _is_tail_padding(full_mask):
             # Tail padding: a valid query never sees a padded key through the causal mask, and
             # padded queries are zeroed below, so the plain causal kernel is exact.

@@ -22,6 +22,8 @@ import torch
 
 from tests.dist_harness import run_distributed
 
+pytestmark = pytest.mark.slow  # one multi-process run of about a minute (several under load)
+
 MODES = ("ulysses", "p2p", "all_gather")
 WORLD = 2
 
