@@ -86,8 +86,11 @@ class Scale:
         if v.size == 0:
             return cls(0.0, 1.0, p0, p1)
         lo, hi = float(v.min()), float(v.max())
-        if allow_log and lo > 0 and hi / lo > 100:
-            return cls(math.log10(lo), math.log10(hi), p0, p1, log=True)
+        positive = v[v > 0]
+        if allow_log and lo >= 0 and positive.size and hi / float(positive.min()) > 100:
+            # errors span decades: log scale; exact zeros sit on the bottom edge
+            lo_pos = float(positive.min())
+            return cls(math.floor(math.log10(lo_pos) * 4) / 4, math.log10(hi) + 0.05, p0, p1, log=True)
         if hi == lo:
             pad = abs(hi) * 0.05 or 1.0
             lo, hi = lo - pad, hi + pad
@@ -350,7 +353,7 @@ def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per st
                      width: int = 640, height: int = 220) -> Markup:
     """Error per optimizer step, one line per series (log scale when it spans decades), the bound
     dashed; over MAX_STEPS steps each vertex is the worst (max) value of its bin of steps."""
-    extra = 12 * max(0, (len(series) - 1) // 3)  # more legend rows below the axis
+    extra = 14 * max(0, (len(series) - 1) // 3)  # more legend rows below the axis
     left, right, top, bottom = 64, 14, 10, 50 + extra
     height += extra
     prepared: list[tuple[Trajectory, np.ndarray, np.ndarray, int]] = []
@@ -411,7 +414,7 @@ def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per st
                               css="lbl small"))
         # legend below the axis: a short line, the name, and the binning if any
         lx = left + (i % 3) * ((width - left) / 3)
-        ly = height - bottom + 40 + (i // 3) * 12
+        ly = height - bottom + 40 + (i // 3) * 14
         label = s.name + (f" (max per {per_bin} steps)" if per_bin > 1 else "")
         body.append(f'<line x1="{lx:.1f}" x2="{lx + 14:.1f}" y1="{ly - 3:.1f}" y2="{ly - 3:.1f}" '
                     f'stroke="{color}" class="legend"/>')
