@@ -16,8 +16,10 @@ Rules (issue 8, DESIGN "Compare"):
   (noise forbids a verdict); *improved* symmetric.
 - memory: deterministic; the worst value per side; regressed when it grows by more than 1 MiB and
   more than 1 % (improved symmetric).
-- accuracy / check: *failed* when the head's worst value breaks the metric's bound (NaN always
-  breaks); *worsened* when it grows more than 2x over the base above a small floor.
+- accuracy: *failed* when the head's worst value breaks the metric's bound (NaN always breaks);
+  *worsened* when it grows more than 2x over the base above a small floor.
+- check: *failed* by its bound only; an unbounded check that moves the wrong way is shown as
+  *inconclusive* (recorded, not judged).
 - trajectory: the worst value over steps against the bound, any NaN/Inf step fails; evidence
   carries the max abs / max rel difference head vs base over the common steps.
 - Cases only in head are *added*, only in base *removed*; a case whose run errored on either side
@@ -742,8 +744,26 @@ def _metric_result(
     if metric.kind == "memory":
         _memory_verdict(mr, metric, cfg)
         return mr
+    if metric.kind == "check":
+        _check_verdict(mr, metric)
+        return mr
     _accuracy_verdict(mr, metric, cfg)
     return mr
+
+
+def _check_verdict(mr: MetricResult, metric: Metric) -> None:
+    """A check fails only by its bound (handled before); a check without a bound is recorded, so
+    a change the wrong way is shown (inconclusive), never a gate failure."""
+    assert mr.base is not None and mr.head is not None
+    b, h = mr.base.worst, mr.head.worst
+    if b == h:
+        mr.verdict, mr.reason = "unchanged", f"{h:g}"
+        return
+    better = h < b if metric.direction == "lower" else h > b
+    if better:
+        mr.verdict, mr.reason = "improved", f"{b:g} -> {h:g}"
+    else:
+        mr.verdict, mr.reason = "inconclusive", f"{b:g} -> {h:g} (no bound: recorded, not judged)"
 
 
 def _fill_deltas(mr: MetricResult, metric: Metric) -> None:

@@ -247,3 +247,19 @@ def test_config_rejects_bad_values() -> None:
         CompareConfig(alpha=1.5)
     with pytest.raises(ValueError, match="bootstrap=10"):
         CompareConfig(bootstrap=10)
+
+
+def test_checks_fail_by_their_bound_only() -> None:
+    bounded = Metric("triton_available", "bool", "check", "higher", bound=1.0)
+    recorded = Metric("triton_available_recorded", "bool", "check", "higher")
+
+    def verdict(metric: Metric, b: float, h: float) -> str:
+        base = side([("c", metric.name, 0, 0, b)])
+        head = side([("c", metric.name, 0, 0, h)])
+        base.metrics = head.metrics = {metric.name: metric}
+        return compare(base, head).cases[0].metrics[0].verdict
+
+    assert verdict(bounded, 1.0, 0.0) == "failed"
+    assert verdict(bounded, 1.0, 1.0) == "unchanged"
+    assert verdict(recorded, 1.0, 0.0) == "inconclusive"  # shown, but never fails a gate
+    assert verdict(recorded, 0.0, 1.0) == "improved"

@@ -67,7 +67,7 @@ class FakeRunner:
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
         rng = np.random.default_rng(job_id)
-        rows = [(cid, mids["sleep_ms"], 0, i, 25.0 * factor * (1 + 0.01 * rng.standard_normal()))
+        rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + 0.01 * rng.standard_normal()))
                 for i in range(params.repeats)]  # fmt: skip
         rows.append((cid, mids["err"], 0, 0, 1e-4))
         store.insert_samples(self.engine, job_id, rows)
