@@ -131,6 +131,9 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
 
     got = httpx.get(f"{url}/api/v1/compare", params={"base": base_job, "head": head_job}).json()
     assert got["passed"] is False and got["counts"]["regressed"] == 1
+    params = {"base_commit": server.shas["B"], "head_commit": server.shas["C"][:10], "suite": "gatetime"}
+    by_commit = httpx.get(f"{url}/api/v1/compare", params=params).json()
+    assert (by_commit["base"]["job_id"], by_commit["head"]["job_id"]) == (base_job, head_job)
 
 
 def test_gate_cli_with_the_server_down_exits_2(server: SimpleNamespace) -> None:
@@ -149,6 +152,10 @@ def test_gate_api_rejects_unknown_suites_with_the_reason(server: SimpleNamespace
     assert resp.status_code == 422 and "unknown suite 'nope'" in resp.json()["detail"]
     resp = httpx.get(f"{server.url}/api/v1/jobs/999999/report")
     assert resp.status_code == 404 and "no job 999999" in resp.json()["detail"]
+    resp = httpx.get(f"{server.url}/api/v1/compare", params={"base": 1})
+    assert resp.status_code == 422 and "give exactly one of head" in resp.json()["detail"]
+    resp = httpx.get(f"{server.url}/api/v1/compare", params={"base": 1, "head_commit": "abc1234"})
+    assert resp.status_code == 422 and "needs suite=NAME" in resp.json()["detail"]
 
 
 

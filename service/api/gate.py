@@ -3,7 +3,8 @@
 - `POST /api/v1/gate`: one step of the gate (`service.gate.evaluate_gate`): finds or submits the
   jobs and answers the state; call again with the same body (same `run_id`) until `phase` is
   `done`. Writes jobs, so it needs the bearer token when one is configured.
-- `GET /api/v1/compare?base=JOB&head=JOB`: the compare engine's result as JSON.
+- `GET /api/v1/compare?base=JOB&head=JOB` (or `base_commit=`/`head_commit=` with `suite=`): the
+  compare engine's result as JSON.
 - `GET /api/v1/jobs/{id}/report?base=JOB`: the Markdown test report.
 """
 
@@ -55,12 +56,35 @@ def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
 
 
 @router.get("/compare")
-def compare_endpoint(base: JobQuery, head: JobQuery, session: SessionDep) -> dict[str, Any]:
-    """Compare two jobs of one suite, case by case and metric by metric."""
-    from service.baselines import NotFound, compare_jobs
+def compare_endpoint(
+    session: SessionDep,
+    base: JobQuery | None = None,
+    head: JobQuery | None = None,
+    base_commit: Annotated[str | None, Query(max_length=255, description="instead of base: a commit")] = None,
+    head_commit: Annotated[str | None, Query(max_length=255, description="instead of head: a commit")] = None,
+    suite: Annotated[str | None, Query(max_length=100, description="with commits: the suite")] = None,
+    preset: Annotated[str | None, Query(max_length=50)] = None,
+    device: Annotated[str | None, Query(max_length=10)] = None,
+) -> dict[str, Any]:
+    """Compare two jobs of one suite case by case and metric by metric; a side given as a commit
+    is that commit's newest succeeded job of `suite` (same preset/device when given)."""
+    from service.baselines import NotFound, compare_jobs, find_commit_job
 
+    def side(job: int | None, commit: str | None, name: str) -> int:
+        if (job is None) == (commit is None):
+            raise HTTPException(422, f"give exactly one of {name} (a job id) or {name}_commit")
+        if job is not None:
+            return job
+        if not suite:
+            raise HTTPException(422, f"{name}_commit={commit!r} needs suite=NAME to pick the job")
+        found = find_commit_job(session, commit or "", suite, preset=preset, device=device)
+        if found is None:
+            raise HTTPException(404, f"no succeeded job of suite {suite!r} at commit {commit!r}")
+        return found.id
+
+    base_id, head_id = side(base, base_commit, "base"), side(head, head_commit, "head")
     try:
-        return compare_jobs(session, base, head).to_dict()
+        return compare_jobs(session, base_id, head_id).to_dict()
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from exc
     except ValueError as exc:
