@@ -154,6 +154,38 @@ def manual_seed_all(seed: int) -> None:
             _accelerator(kind).manual_seed_all(seed)  # type: ignore[union-attr]
 
 
+def set_deterministic(kind: str, on: bool = True) -> None:
+    """Deterministic kernels, fixed reduction orders and no TF32 (the report's determinism check).
+
+    The cuBLAS workspace variable is read when cuBLAS starts, so rank processes get these
+    variables from their launch environment (workers.runtime.rank_environment); setting them here
+    is the fallback for a process that has not touched the device yet.
+    """
+    kind = _check_kind(kind)
+    if on and kind == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        os.environ.setdefault("NCCL_ALGO", "Ring")
+    if on and kind == "npu":
+        os.environ.setdefault("HCCL_DETERMINISTIC", "true")
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+    if on:
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def profiler_activities(kind: str) -> list[Any]:
+    """torch.profiler activities that see the device's work (Ascend traces need torch_npu's own
+    profiler, so an NPU trace holds the host side only)."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU]
+    if _check_kind(kind) == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
 class DeviceTimer:
     """Elapsed milliseconds of device work between `start()` and `stop()`.
 

@@ -10,7 +10,6 @@ data-parallel semantics and give 1/P of the true gradient).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import torch
@@ -121,16 +120,3 @@ def named_full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         yield name.replace("_checkpoint_wrapped_module.", ""), full.detach().cpu()
-
-
-def set_deterministic(device_kind: str, on: bool = True) -> None:
-    """Deterministic algorithms and the backend flags that go with them (VALIDATION_MATRIX §6).
-
-    Must run before the first cuBLAS call on CUDA (the workspace setting is read at init)."""
-    if on and device_kind == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        os.environ.setdefault("NCCL_ALGO", "Ring")  # fixed reduction order for collectives
-    torch.use_deterministic_algorithms(on, warn_only=False)
-    if hasattr(torch.backends, "cudnn"):
-        torch.backends.cudnn.deterministic = on
-        torch.backends.cudnn.benchmark = not on and torch.backends.cudnn.benchmark

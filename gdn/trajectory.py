@@ -316,7 +316,7 @@ def run_determinism_pair(
     group: dist.ProcessGroup | None = None,
 ) -> DeterminismResult:
     """Train the candidate twice from the same start (checkpoint off, then full); the caller
-    enables deterministic mode (`gdn.parallel.set_deterministic`) first."""
+    enables deterministic mode (`gdn.device.set_deterministic`) first."""
     runs, finals = [], []
     for mode in ("off", "full"):
         trainer = candidate_trainer(cfg, token_file, device, group, checkpoint=mode)

@@ -42,7 +42,7 @@ def test_4_layer_bf16_triton_matches_eager_over_200_steps(token_file: Path) -> N
 
 
 def test_checkpoint_full_is_bit_identical_under_deterministic_mode(token_file: Path) -> None:
-    from gdn.parallel import set_deterministic
+    from gdn.device import set_deterministic
     from gdn.trajectory import TrajectoryConfig, run_determinism_pair
 
     cfg = TrajectoryConfig(

@@ -140,18 +140,6 @@ def preload_env_libstdcxx(prefixes: list[str] | None = None) -> Path | None:
     return lib
 
 
-def apply_deterministic_flags(device: str) -> None:
-    """Deterministic kernels and no autotuned algorithm choice (the report's determinism check)."""
-    import torch
-
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-
-
 # --------------------------------------------------------------------------- channel
 
 
@@ -374,7 +362,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     from gdn import device as devices
 
     if deterministic:
-        apply_deterministic_flags(kind)
+        devices.set_deterministic(kind)
     if kind == "cpu" and "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     index = int(os.environ.get("LOCAL_RANK", "0"))

@@ -277,7 +277,7 @@ def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import torch
 
-    from gdn.parallel import set_deterministic
+    from gdn.device import set_deterministic
     from gdn.trajectory import run_determinism_pair
 
     p = case.params

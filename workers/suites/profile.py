@@ -70,7 +70,7 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import tempfile
     from pathlib import Path
 
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
     from gdn import device as devices
     from gdn.trajectory import candidate_trainer
@@ -89,9 +89,7 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     for _ in range(p["warmup"]):
         fwd_bwd()
     devices.synchronize(ctx.device)
-    activities = [ProfilerActivity.CPU]
-    if ctx.device_kind == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    activities = devices.profiler_activities(ctx.device_kind)
     with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
         fwd_bwd()
         devices.synchronize(ctx.device)
