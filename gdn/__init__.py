@@ -3,6 +3,8 @@
 `import gdn` loads torch but never Triton or `kernels`: the Triton backend is imported on first use.
 """
 
+from gdn.cp import CPConfig
+from gdn.layer import GatedDeltaNet, GDNLayerConfig
 from gdn.ops import (
     GDNShape,
     UnsupportedGDNRequest,
@@ -13,7 +15,10 @@ from gdn.ops import (
 from gdn.reference import chunk_gated_delta_rule_eager, recurrent_gated_delta_rule
 
 __all__ = [
+    "CPConfig",
+    "GDNLayerConfig",
     "GDNShape",
+    "GatedDeltaNet",
     "UnsupportedGDNRequest",
     "check_triton_gdn",
     "chunk_gated_delta_rule_eager",
