@@ -224,7 +224,7 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     return rows
 
 
-CP_MODES = frozenset({"ulysses", "p2p", "all_gather"})
+CP_MODES = frozenset({"ulysses", "p2p", "p2p_emulated", "all_gather"})
 
 
 def _is_cp(case: Any) -> bool:
