@@ -272,7 +272,11 @@ def human_bytes(value: float, unit: str) -> str:
     b = value * scale
     if abs(b) >= 1024**3:
         return f"{b / 1024**3:.2f} GiB"
-    return f"{b / 1024**2:.1f} MiB"
+    if abs(b) >= 1024**2 or b == 0:
+        return f"{b / 1024**2:.1f} MiB"
+    if abs(b) >= 1024:
+        return f"{b / 1024:.1f} KiB"
+    return f"{b:.0f} B"
 
 
 def memory_versus(value: float, base: float, unit: str) -> Cell:
