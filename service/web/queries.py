@@ -265,3 +265,33 @@ def previous_job(session: Session, job: Job) -> Job | None:
     )
     return session.scalars(q).unique().first()
 
+
+@dataclass
+class SeriesStat:
+    """One job's statistics of one case and metric (worst rank applied), as stored at its end."""
+
+    job: Job
+    count: int
+    median: float
+    min: float
+    p90: float
+    max: float
+
+
+def series_summaries(session: Session, case_id: int, metric_id: int, *, last: int = 200) -> list[SeriesStat]:
+    """The last `last` succeeded jobs' stored summaries of one series, oldest first: one indexed
+    query instead of re-reducing every job's raw samples (finished jobs' samples never change)."""
+    r = SummaryRow
+    q = (
+        select(Job, r.count, r.median, r.min, r.p90, r.max)
+        .join(r, r.job_id == Job.id)
+        .where(r.case_id == case_id, r.metric_id == metric_id, Job.status == "succeeded")
+        .order_by(Job.id.desc())
+        .limit(last)
+    )
+    nan = float("nan")
+    out = [SeriesStat(job, n, nan if med is None else med, nan if lo is None else lo,
+                      nan if p90 is None else p90, nan if hi is None else hi)
+           for job, n, med, lo, p90, hi in session.execute(q).unique()]  # fmt: skip
+    return out[::-1]
+

@@ -542,20 +542,20 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     metric = metric if metric in names else names[0]
     mdef = session.scalar(select(MetricDef).where(MetricDef.suite == case.suite, MetricDef.name == metric))
     unit = mdef.unit if mdef else ""
-    history = store.fingerprint_series(session, fingerprint, metric)
+    stats = queries.series_summaries(session, case.id, mdef.id) if mdef else []
+    if not stats:  # jobs stored without summaries (not run by the service): reduce the raw samples
+        raw = store.fingerprint_series(session, fingerprint, metric)
+        stats = [_raw_stat(job, worst.values) for job, worst in raw]
     points: list[charts.SeriesPoint] = []
     rows: list[dict[str, Any]] = []
     prev: float | None = None
-    for job, worst in history:
-        values = worst.values
-        fin = values[~(values != values)] if values.size else values
-        ok = values.size > 0 and fin.size == values.size
-        med = float(_median(values)) if ok else None
-        lo = float(fin.min()) if ok else None
-        p90 = float(_p90(values)) if ok else None
+    for st in stats:
+        job = st.job
+        ok = st.count > 0 and st.median == st.median
+        med, lo, p90, hi = (st.median, st.min, st.p90, st.max) if ok else (None, None, None, None)
         label = (job.commit_sha or f"#{job.id}")[:8]
         href = f"/jobs/{job.id}#case-{fingerprint}"
-        points.append(charts.SeriesPoint(label, med, lo, p90, int(values.size), href))
+        points.append(charts.SeriesPoint(label, med, lo, p90, st.count, href))
         change = views.Cell("–")
         if med is not None and prev not in (None, 0.0):
             r = med / prev - 1
@@ -564,8 +564,8 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
             change = views.Cell(f"{r:+.1%}", "bad" if worse else ("ok" if better else "none"),
                                 "worse" if worse else ("better" if better else ""))
         rows.append({"job": job.id, "commit": label, "finished": _when(job.finished_at),
-                     "median": _num(med, unit), "min": _num(lo), "p90": _num(p90),
-                     "max": _num(float(fin.max()) if ok else None), "n": int(values.size), "change": change})
+                     "median": _num(med, unit), "min": _num(lo), "p90": _num(p90), "max": _num(hi),
+                     "n": st.count, "change": change})
         prev = med if med is not None else prev
     svg = charts.history_line(points, unit=unit, bound=mdef.bound if mdef else None,
                               title=f"{case.name}: {metric} across commits")
@@ -575,16 +575,15 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     return _page(request, "history.html", nav="history", series=series, missing=None, suites=suites)
 
 
-def _median(v: Any) -> float:
+def _raw_stat(job: Job, values: Any) -> queries.SeriesStat:
     import numpy as np
 
-    return float(np.median(v))
-
-
-def _p90(v: Any) -> float:
-    import numpy as np
-
-    return float(np.percentile(v, 90))
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0 or np.isnan(v).any():
+        nan = float("nan")
+        return queries.SeriesStat(job, int(v.size), nan, nan, nan, nan)
+    return queries.SeriesStat(job, int(v.size), float(np.median(v)), float(v.min()),
+                              float(np.percentile(v, 90)), float(v.max()))
 
 
 @pages.get("/history/{suite}", response_class=HTMLResponse)
