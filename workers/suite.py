@@ -56,8 +56,15 @@ class Case:
     expected_error: str | None = None  # exception class name that counts as a pass
 
     def fingerprint(self, device: str, world_size: int) -> str:
-        """Identity of a series across commits: suite + parameters + device kind + world size."""
-        key = {"suite": self.suite, "params": dict(self.params), "device": device, "world_size": world_size}
+        """Identity of a series across commits: suite + case name + parameters + device kind + world
+        size. The name is part of it because cases may differ by name alone (a check per name)."""
+        key = {
+            "suite": self.suite,
+            "name": self.name,
+            "params": dict(self.params),
+            "device": device,
+            "world_size": world_size,
+        }
         blob = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device-machine session: GPU tests, the runner on CUDA, a short network check and the
+# dg/dbeta precision probe. Each step has its own time limit; logs go to $OUT (or ./device-out).
+#   bash benchmarks/device_session.sh [step ...]     steps: tests capability gdnop network precision
+set -u
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(tests capability gdnop network precision)
+
+run_step() {  # name, limit (s), command...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc ${limit}s-limit took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+    tail -n 6 "$OUT/$name.log"
+}
+
+{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
+    >"$OUT/summary.txt" 2>&1
+for step in "${steps[@]}"; do
+    case $step in
+        tests) run_step tests 170 python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" \
+            tests/test_kernels_gpu.py tests/test_cp_gpu.py tests/test_device.py ;;
+        capability) run_step capability 60 python3 -m service.cli run capability --device cuda ;;
+        gdnop) run_step gdnop 90 python3 -m service.cli run gdn-op --preset quick --device cuda ;;
+        network) run_step network 150 python3 -m service.cli run network --preset gate --device cuda \
+            --param steps=20 --param warmup=2 --param repeat=5 --json "$OUT/network_gate.json" ;;
+        precision)
+            # at most 8 files come back from the device: JSON and tuning files stay in /tmp
+            for mode in tf32x3 ieee; do
+                echo "{\"f32_dot\": \"$mode\"}" >"/tmp/tuning_$mode.json"
+                run_step "precision_$mode" 45 python3 benchmarks/run_gdn_op.py --preset full --device cuda \
+                    --out "/tmp/precision_$mode.json" --only T8192_stateless_hqk32 --set timing=False \
+                    --set "backends=('triton',)" --tuning "/tmp/tuning_$mode.json"
+                python3 -c 'import json, sys
+for name, case in json.load(open(sys.argv[1]))["cases"].items():
+    print(name, {m: f"{v:.2e}" for m, v in sorted(case["worst_rel_l2"].items())})' \
+                    "/tmp/precision_$mode.json" | tee -a "$OUT/precision_$mode.log"
+            done ;;
+        *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
+    esac
+done
+cat "$OUT/summary.txt"
