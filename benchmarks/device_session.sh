@@ -7,7 +7,7 @@ OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(tests capability gdnop network precision)
+[ ${#steps[@]} -gt 0 ] || steps=(tests capability gdnop precision network)
 
 run_step() {  # name, limit (s), command...
     local name=$1 limit=$2
@@ -23,17 +23,17 @@ run_step() {  # name, limit (s), command...
     >"$OUT/summary.txt" 2>&1
 for step in "${steps[@]}"; do
     case $step in
-        tests) run_step tests 170 python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" \
+        tests) run_step tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" \
             tests/test_kernels_gpu.py tests/test_cp_gpu.py tests/test_device.py ;;
-        capability) run_step capability 60 python3 -m service.cli run capability --device cuda ;;
-        gdnop) run_step gdnop 90 python3 -m service.cli run gdn-op --preset quick --device cuda ;;
-        network) run_step network 150 python3 -m service.cli run network --preset gate --device cuda \
+        capability) run_step capability 50 python3 -m service.cli run capability --device cuda ;;
+        gdnop) run_step gdnop 80 python3 -m service.cli run gdn-op --preset quick --device cuda ;;
+        network) run_step network 120 python3 -m service.cli run network --preset gate --device cuda \
             --param steps=20 --param warmup=2 --param repeat=5 --json "$OUT/network_gate.json" ;;
         precision)
             # at most 8 files come back from the device: JSON and tuning files stay in /tmp
             for mode in tf32x3 ieee; do
                 echo "{\"f32_dot\": \"$mode\"}" >"/tmp/tuning_$mode.json"
-                run_step "precision_$mode" 45 python3 benchmarks/run_gdn_op.py --preset full --device cuda \
+                run_step "precision_$mode" 40 python3 benchmarks/run_gdn_op.py --preset full --device cuda \
                     --out "/tmp/precision_$mode.json" --only T8192_stateless_hqk32 --set timing=False \
                     --set "backends=('triton',)" --tuning "/tmp/tuning_$mode.json"
                 python3 -c 'import json, sys
