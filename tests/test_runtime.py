@@ -44,6 +44,10 @@ def test_deterministic_and_cpu_thread_variables() -> None:
     plain = rank_environment("cpu", base_env={"OMP_NUM_THREADS": "3", "TRITON_INTERPRET": "0"}, prefixes=[])
     assert "CUBLAS_WORKSPACE_CONFIG" not in plain and "OMP_NUM_THREADS" not in plain
     assert "TRITON_INTERPRET" not in plain and "TRITON_INTERPRET" not in rank_environment("cuda", base_env={})
+    # cuBLAS reads its workspace setting once: every CUDA rank gets it, unless the caller set one
+    assert rank_environment("cuda", base_env={})["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    preset = rank_environment("cuda", base_env={"CUBLAS_WORKSPACE_CONFIG": ":16:8"})
+    assert "CUBLAS_WORKSPACE_CONFIG" not in preset
 
 
 # --------------------------------------------------------------------------- case verdicts
