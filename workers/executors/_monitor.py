@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers.executor import JobSink, JobSpec
+from workers.executor import JobOutcome, JobSink, JobSpec
 from workers.suite import Sample
 
 _STATUS_ORDER = {"error": 0, "failed": 1, "expected_error": 2, "skipped": 3, "passed": 4}
@@ -170,3 +170,19 @@ class JobMonitor:
     @property
     def has_failure(self) -> bool:
         return bool(self._failures)
+
+    def outcome(self, cancelled: bool, ranks_exited: int, started: float) -> JobOutcome | None:
+        """The job's outcome once it has one (None while it runs): cancel, then a settled failure,
+        then success once every rank finished and exited, then the job deadline."""
+        if cancelled:
+            return JobOutcome("cancelled", "cancelled while running")
+        reason = self.failure()
+        if reason:
+            return JobOutcome("failed", reason)
+        if self.all_done and ranks_exited == self.world_size:
+            return JobOutcome("succeeded")
+        deadline = self.spec.deadline_s
+        if deadline and time.monotonic() - started > deadline and not self.has_failure:
+            self.deadline_passed(deadline)
+            return JobOutcome("failed", self.failure(settle=True))
+        return None

@@ -270,15 +270,8 @@ class LocalExecutor(Executor):
                     reported.add(p.rank)
                     rc = p.returncode if p.returncode is not None else -9
                     monitor.rank_exited(p.rank, f"rank {p.rank} {describe_exit(rc)}", rc, p.output_tail())
-            if cancel.is_set():
-                return JobOutcome("cancelled", "cancelled while running")
-            reason = monitor.failure()
-            if reason:
-                return JobOutcome("failed", reason)
-            if monitor.all_done and len(reported) == len(procs):
-                return JobOutcome("succeeded")
-            if spec.deadline_s and time.monotonic() - start > spec.deadline_s and not monitor.has_failure:
-                monitor.deadline_passed(spec.deadline_s)
-                return JobOutcome("failed", monitor.failure(settle=True))
+            outcome = monitor.outcome(cancel.is_set(), len(reported), start)
+            if outcome is not None:
+                return outcome
             wakeup.wait(self.poll_s)
 

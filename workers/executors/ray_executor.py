@@ -376,16 +376,9 @@ class RayExecutor(Executor):
                     if rc is not None:
                         reported.add(rank)
                         monitor.rank_exited(rank, f"rank {rank} {describe_exit(rc)}", rc, tail)
-            if cancel.is_set():
-                return JobOutcome("cancelled", "cancelled while running")
-            reason = monitor.failure()
-            if reason:
-                return JobOutcome("failed", reason)
-            if monitor.all_done and len(reported) == len(actors):
-                return JobOutcome("succeeded")
-            if spec.deadline_s and time.monotonic() - start > spec.deadline_s and not monitor.has_failure:
-                monitor.deadline_passed(spec.deadline_s)
-                return JobOutcome("failed", monitor.failure(settle=True))
+            outcome = monitor.outcome(cancel.is_set(), len(reported), start)
+            if outcome is not None:
+                return outcome
             cancel.wait(self.poll_s)
 
 
