@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine session: GPU tests, the runner on CUDA, a short network check and the
 # dg/dbeta precision probe. Each step has its own time limit; logs go to $OUT (or ./device-out).
-#   bash benchmarks/device_session.sh [step ...]     steps: tests capability gdnop network precision
+#   bash benchmarks/device_session.sh [step ...]
+#   steps: tests capability gdnop network precision cpgpu gatespeed determinism
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -41,6 +42,11 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
     print(name, {m: f"{v:.2e}" for m, v in sorted(case["worst_rel_l2"].items())})' \
                     "/tmp/precision_$mode.json" | tee -a "$OUT/precision_$mode.log"
             done ;;
+        cpgpu) run_step cpgpu 80 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cp_gpu.py ;;
+        gatespeed) run_step gatespeed 70 python3 -m service.cli run gdn-op --preset gate --device cuda \
+            --param 'backends=["triton","fla"]' --param accuracy_max_seq_len=0 ;;
+        determinism) run_step determinism 60 python3 -m service.cli run network --preset gate --device cuda \
+            --param trajectory=false --param speed=false ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac
 done
