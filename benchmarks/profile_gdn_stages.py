@@ -84,7 +84,9 @@ def main() -> None:
     def bench(fn) -> float:
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
-    print(f"T={T} Hqk={Hq} Hv={Hv} {torch.cuda.get_device_name()}")
+    from gdn import device as devices
+
+    print(f"T={T} Hqk={Hq} Hv={Hv} {devices.device_info('cuda')['device_name']}")
     for name, fn in stages.items():
         print(f"  {name:14s} {bench(fn):8.3f} ms")
 

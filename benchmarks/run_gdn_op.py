@@ -54,7 +54,6 @@ def main() -> int:
     ap.add_argument("--tuning", default=None, help="JSON of kernels.gdn_chunk.TUNING overrides")
     args = ap.parse_args()
 
-    import torch
 
     tuning = None
     if args.tuning and Path(args.tuning).is_file():
@@ -99,7 +98,7 @@ def main() -> int:
         rows.append((case.name, med, worst, error))
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
         print(f"[{time.time() - t0:6.1f}s] {case.name} {'ERROR ' + error if error else ''}", flush=True)
-        torch.cuda.empty_cache() if args.device == "cuda" else None
+        devices.empty_cache(dev)
 
     print(f"\n{info}")
     print("case".ljust(34) + "".join(h.rjust(9) for _, h in COLUMNS) + "  worst triton rel_l2 / fla")
