@@ -176,6 +176,35 @@ def _a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
 # Stage 2: intra-chunk solve: T = (I + A)⁻¹, Wk = T·(β e^γ K), U = T·(β V).
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _lower_block_product(x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, y0, y1, y2, y3, PREC: tl.constexpr):
+    """Rows I of T·Y for the 4×4 block lower-triangular T (16-row blocks): Σ_{J<=I} T_IJ·Y_J."""
+    r0 = tl.dot(x0, y0, input_precision=PREC)
+    r1 = tl.dot(t10, y0, input_precision=PREC) + tl.dot(x1, y1, input_precision=PREC)
+    r2 = (
+        tl.dot(t20, y0, input_precision=PREC)
+        + tl.dot(t21, y1, input_precision=PREC)
+        + tl.dot(x2, y2, input_precision=PREC)
+    )
+    r3 = (
+        tl.dot(t30, y0, input_precision=PREC)
+        + tl.dot(t31, y1, input_precision=PREC)
+        + tl.dot(t32, y2, input_precision=PREC)
+        + tl.dot(x3, y3, input_precision=PREC)
+    )
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _store_row_blocks(base, r0, r1, r2, r3, t0, t1, t2, t3, m0, m1, m2, m3, d, D: tl.constexpr):
+    """Store four 16-row blocks of a [T, D] head-major tensor in its element type."""
+    ty = base.dtype.element_ty
+    tl.store(base + t0[:, None] * D + d[None, :], r0.to(ty), mask=m0[:, None])
+    tl.store(base + t1[:, None] * D + d[None, :], r1.to(ty), mask=m1[:, None])
+    tl.store(base + t2[:, None] * D + d[None, :], r2.to(ty), mask=m2[:, None])
+    tl.store(base + t3[:, None] * D + d[None, :], r3.to(ty), mask=m3[:, None])
+
+
+@triton.jit
 def _intra_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
@@ -270,23 +299,10 @@ def _intra_kernel(
         xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
         xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
         xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
-        w0 = tl.dot(x0, xk0, input_precision=PREC)
-        w1 = tl.dot(t10, xk0, input_precision=PREC) + tl.dot(x1, xk1, input_precision=PREC)
-        w2 = (
-            tl.dot(t20, xk0, input_precision=PREC)
-            + tl.dot(t21, xk1, input_precision=PREC)
-            + tl.dot(x2, xk2, input_precision=PREC)
+        w0, w1, w2, w3 = _lower_block_product(
+            x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xk0, xk1, xk2, xk3, PREC
         )
-        w3 = (
-            tl.dot(t30, xk0, input_precision=PREC)
-            + tl.dot(t31, xk1, input_precision=PREC)
-            + tl.dot(t32, xk2, input_precision=PREC)
-            + tl.dot(x3, xk3, input_precision=PREC)
-        )
-        tl.store(w_base + t0[:, None] * D + d[None, :], w0.to(w_ptr.dtype.element_ty), mask=m0[:, None])
-        tl.store(w_base + t1[:, None] * D + d[None, :], w1.to(w_ptr.dtype.element_ty), mask=m1[:, None])
-        tl.store(w_base + t2[:, None] * D + d[None, :], w2.to(w_ptr.dtype.element_ty), mask=m2[:, None])
-        tl.store(w_base + t3[:, None] * D + d[None, :], w3.to(w_ptr.dtype.element_ty), mask=m3[:, None])
+        _store_row_blocks(w_base, w0, w1, w2, w3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
 
         if STORE_U:
             u_base = u_ptr + bh * T * D
@@ -294,23 +310,10 @@ def _intra_kernel(
             xv1 = _load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
             xv2 = _load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
             xv3 = _load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
-            u0 = tl.dot(x0, xv0, input_precision=PREC)
-            u1 = tl.dot(t10, xv0, input_precision=PREC) + tl.dot(x1, xv1, input_precision=PREC)
-            u2 = (
-                tl.dot(t20, xv0, input_precision=PREC)
-                + tl.dot(t21, xv1, input_precision=PREC)
-                + tl.dot(x2, xv2, input_precision=PREC)
+            u0, u1, u2, u3 = _lower_block_product(
+                x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xv0, xv1, xv2, xv3, PREC
             )
-            u3 = (
-                tl.dot(t30, xv0, input_precision=PREC)
-                + tl.dot(t31, xv1, input_precision=PREC)
-                + tl.dot(t32, xv2, input_precision=PREC)
-                + tl.dot(x3, xv3, input_precision=PREC)
-            )
-            tl.store(u_base + t0[:, None] * D + d[None, :], u0.to(u_ptr.dtype.element_ty), mask=m0[:, None])
-            tl.store(u_base + t1[:, None] * D + d[None, :], u1.to(u_ptr.dtype.element_ty), mask=m1[:, None])
-            tl.store(u_base + t2[:, None] * D + d[None, :], u2.to(u_ptr.dtype.element_ty), mask=m2[:, None])
-            tl.store(u_base + t3[:, None] * D + d[None, :], u3.to(u_ptr.dtype.element_ty), mask=m3[:, None])
+            _store_row_blocks(u_base, u0, u1, u2, u3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
 
 
 @triton.jit
