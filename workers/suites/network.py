@@ -105,15 +105,22 @@ def _metrics() -> tuple[Metric, ...]:
     return tuple(out)
 
 
-def _check(params: NetworkParams) -> None:
-    bad = sorted(set(params.modes) - set(CP_MODES)) + sorted(set(params.determinism_modes) - set(CP_MODES))
+def check_modes_and_dtype(
+    modes: tuple[str, ...], allowed: tuple[str, ...], dtype: str, what: str = "CP mode"
+) -> None:
+    """The checks every model-level suite makes of its parameters, naming the valid choices."""
+    bad = sorted(set(modes) - set(allowed))
     if bad:
-        raise ValueError(f"unknown CP mode(s) {bad}; expected a subset of {CP_MODES}")
+        raise ValueError(f"unknown {what}(s) {bad}; expected a subset of {allowed}")
+    if dtype not in PRECISION:
+        raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(PRECISION)}")
+
+
+def _check(params: NetworkParams) -> None:
+    check_modes_and_dtype((*params.modes, *params.determinism_modes), CP_MODES, params.dtype)
     bad = sorted(set(params.checkpoints) - set(CHECKPOINTS))
     if bad:
         raise ValueError(f"unknown activation checkpoint mode(s) {bad}; expected a subset of {CHECKPOINTS}")
-    if params.dtype not in PRECISION:
-        raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
 
 
 class NetworkSuite(Suite):

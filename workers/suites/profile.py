@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
-from workers.suites.network import CP_MODES, PRECISION
+from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 
 class ProfileParams(SuiteParams):
@@ -52,11 +52,7 @@ class ProfileSuite(Suite):
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, ProfileParams)
-        bad = sorted(set(params.modes) - set(CP_MODES))
-        if bad:
-            raise ValueError(f"unknown CP mode(s) {bad}; expected a subset of {CP_MODES}")
-        if params.dtype not in PRECISION:
-            raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
+        check_modes_and_dtype(params.modes, CP_MODES, params.dtype)
         base = params.model_dump(exclude={"modes"})
         return [Case(self.name, f"trace/{m}", {**base, "mode": m}) for m in params.modes]
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
-from workers.suites.network import CP_MODES, PRECISION
+from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 MIB = 1 << 20
 
@@ -67,13 +67,9 @@ class StabilitySuite(Suite):
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, StabilityParams)
-        bad = sorted(set(params.modes) - set(CP_MODES[1:]))
-        if bad:
-            raise ValueError(f"unknown distributed CP mode(s) {bad}; expected a subset of {CP_MODES[1:]}")
+        check_modes_and_dtype(params.modes, CP_MODES[1:], params.dtype, what="distributed CP mode")
         if params.passes < 2:
             raise ValueError(f"passes must be >= 2 (growth is measured from pass 2), got {params.passes}")
-        if params.dtype not in PRECISION:
-            raise ValueError(f"dtype {params.dtype!r} is not supported; expected one of {sorted(PRECISION)}")
         base = params.model_dump(exclude={"modes"})
         return [Case(self.name, f"passes/{m}", {**base, "mode": m}) for m in params.modes]
 
