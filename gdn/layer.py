@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gdn.conv import causal_depthwise_conv1d
 from gdn.cp.comm import (
     PendingSend,
     check_same_shape,
@@ -185,8 +186,7 @@ class GatedDeltaNet(nn.Module):
         width = self.config.conv_size - 1
         if halo is None:
             halo = qkv.new_zeros(qkv.shape[0], width, qkv.shape[2])
-        inp = torch.cat([halo, qkv], dim=1).transpose(1, 2)
-        return F.silu(F.conv1d(inp, w, groups=w.shape[0]).transpose(1, 2))
+        return F.silu(causal_depthwise_conv1d(torch.cat([halo, qkv], dim=1), w))
 
     def gates(
         self, b: torch.Tensor, a: torch.Tensor, m: torch.Tensor | None, heads: slice | None = None
