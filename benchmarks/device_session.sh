@@ -2,7 +2,9 @@
 # One device-machine session: GPU tests, the runner on CUDA, a short network check and the
 # dg/dbeta precision probe. Each step has its own time limit; logs go to $OUT (or ./device-out).
 #   bash benchmarks/device_session.sh [step ...]
-#   steps: tests capability gdnop network precision cpgpu gatespeed determinism
+#   steps: tests capability gdnop network precision cpgpu gatespeed determinism cpprec
+#          gdnopfull:T[,T...][:limit_s]   (the gdn-op full matrix at those lengths, JSON in $OUT)
+#          net200 netspeed                (the network full preset: 200-step trajectory; speed)
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -47,6 +49,19 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             --param 'backends=["triton","fla"]' ;;
         determinism) run_step determinism 60 python3 -m service.cli run network --preset gate --device cuda \
             --param trajectory=false --param speed=false ;;
+        cpprec) run_step cpprec 170 python3 benchmarks/cp_layer_precision.py --seq-lens 8192 32768 ;;
+        gdnopfull:*)
+            # eager is timed 1+3 (it takes ~1 s per fwd+bwd at 64K); --deadline keeps what finished
+            IFS=: read -r _ lens limit <<<"$step"
+            limit=${limit:-300}
+            tag=${lens//,/_}
+            run_step "gdnop_$tag" "$limit" python3 -m service.cli run gdn-op --preset full --device cuda \
+                --param "seq_lens=[$lens]" --param eager_warmup=1 --param eager_repeat=3 \
+                --deadline $((limit - 15)) --json "$OUT/gdnop_$tag.json" ;;
+        net200) run_step net200 400 python3 -m service.cli run network --preset full --device cuda \
+            --param speed=false --param 'checkpoints=["off"]' --deadline 385 --json "$OUT/net200.json" ;;
+        netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
+            --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac
 done
