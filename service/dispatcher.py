@@ -2,9 +2,11 @@
 
 `StoreSink` writes every report as it arrives, each call one transaction (a sample batch is
 stored whole or not at all), so pages see progress live and a crash loses nothing already
-reported. The dispatcher thread heartbeats its running jobs (a dead dispatcher's jobs are
-found by the next one), forwards cancel requests to the executor's cancel event, and settles
-orphans left by a crash at start and periodically.
+reported. When a case ends (every rank reported it, so all its samples are in) its summary is
+stored at once: a running job's page then computes live only the case in progress, and the
+job's end only fills in cases left without one. The dispatcher thread heartbeats its running
+jobs (a dead dispatcher's jobs are found by the next one), forwards cancel requests to the
+executor's cancel event, and settles orphans left by a crash at start and periodically.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class StoreSink:
         self.samples_written = 0
         self.case_ids: dict[str, int] = {}
         self.metric_ids: dict[str, int] = {}
+        self.summarized: set[int] = set()  # case ids whose summary is stored for this attempt
         with write_tx(engine) as s:
+            store.drop_earlier_summaries(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params))
@@ -94,6 +98,11 @@ class StoreSink:
                     for m in sorted(missing_m):
                         self._metric_id(s, m)
             cids, mids, job, att = self.case_ids, self.metric_ids, self.job_id, self.attempt
+            reopened = {cids[b.case] for b in batch} & self.summarized
+            if reopened:  # samples after the case's end: its stored summary is stale, show it live
+                with write_tx(self.engine) as s:
+                    store.drop_case_summaries(s, job, att, reopened)
+                self.summarized -= reopened
             rows = [
                 (job, att, cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value))
                 for b in batch
@@ -102,11 +111,27 @@ class StoreSink:
             self.samples_written += len(rows)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
-        with self._lock, write_tx(self.engine) as s:
-            if status not in CASE_STATUSES:
-                error = f"executor reported unknown status {status!r}; {error or ''}".strip()
-                status = "error"
-            store.set_case_result(s, self.job_id, self._case_id(s, case), status, error)
+        with self._lock:
+            with write_tx(self.engine) as s:
+                if status not in CASE_STATUSES:
+                    error = f"executor reported unknown status {status!r}; {error or ''}".strip()
+                    status = "error"
+                case_id = self._case_id(s, case)
+                store.set_case_result(s, self.job_id, case_id, status, error)
+            self._store_case_summary(case_id)
+
+    def _store_case_summary(self, case_id: int) -> None:
+        """The ended case's summary, computed in a read session (outside the write lock) and
+        stored in its own short transaction; on failure the case stays live and the job's end
+        stores it."""
+        try:
+            with Session(self.engine) as s:
+                summary = store.compute_summary(s, self.job_id, case_ids=[case_id], attempt=self.attempt)
+            with write_tx(self.engine) as s:
+                store.store_summary(s, self.job_id, summary, case_ids=[case_id], attempt=self.attempt)
+            self.summarized.add(case_id)
+        except Exception:
+            log.exception("storing the summary of case %s of job %s failed", case_id, self.job_id)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         with self._lock, write_tx(self.engine) as s:
@@ -228,11 +253,8 @@ class Dispatcher:
             if self._stop.is_set() and outcome.status == "cancelled":
                 self._requeue(job.id)
                 return
-            try:
-                with Session(self.engine) as s:  # compute outside the write lock
-                    summary = store.compute_summary(s, job.id)
-                with write_tx(self.engine) as s:
-                    store.store_summary(s, job.id, summary)
+            try:  # cases that ended have their summary already: only the rest is computed
+                store.finish_summary(self.engine, job.id, store.job_attempt(job))
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):

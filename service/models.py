@@ -205,10 +205,12 @@ class SampleRow(Base):
 
 
 class SummaryRow(Base):
-    """A finished job's per-case, per-metric statistics (worst rank applied), stored once at its end.
+    """Per-case, per-metric statistics (worst rank applied) of one run (`attempt`) of a job.
 
-    Samples of a finished job never change, so pages and compare read these rows instead of
-    re-aggregating up to millions of samples on every request.
+    Stored when a case ends (its samples never change after that) and, for any case left
+    without rows, at the job's end; so pages, compare and a running job's page read these rows
+    instead of re-aggregating up to millions of samples on every request. Rows of an earlier
+    attempt are never read for a later one.
     """
 
     __tablename__ = "summary"
@@ -216,6 +218,7 @@ class SummaryRow(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"))
     metric_id: Mapped[int] = mapped_column(ForeignKey("metric.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     count: Mapped[int] = mapped_column(Integer)
     samples: Mapped[int] = mapped_column(Integer)
     ranks: Mapped[int] = mapped_column(Integer)
@@ -225,7 +228,7 @@ class SummaryRow(Base):
     max: Mapped[float | None] = mapped_column(Float)
     mean: Mapped[float | None] = mapped_column(Float)
 
-    __table_args__ = (UniqueConstraint("job_id", "case_id", "metric_id"),)
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),)
 
 
 class Artifact(Base):

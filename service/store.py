@@ -21,9 +21,8 @@ from sqlalchemy import case as sa_case
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db import immediate
+from service.db import immediate, write_tx
 from service.models import (
-    FINAL_STATUSES,
     Artifact,
     Baseline,
     Case,
@@ -300,9 +299,16 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
 
 
 def worst_rank_arrays(
-    session: Session, job_id: int, *, case_id: int | None = None, metric_id: int | None = None
+    session: Session,
+    job_id: int,
+    *,
+    case_id: int | None = None,
+    metric_id: int | None = None,
+    case_ids: Sequence[int] | None = None,
+    attempt: int | None = None,
 ) -> dict[tuple[int, int], WorstRank]:
-    """(case_id, metric_id) -> the job's latest-attempt values after the worst-rank reduction.
+    """(case_id, metric_id) -> the job's latest-attempt (or `attempt`'s) values after the
+    worst-rank reduction, of every case or only of `case_id` / `case_ids`.
 
     One SQL pass over the job's covering index reduces ranks per idx (max for lower-is-better,
     min for higher-is-better metrics; NULL, i.e. NaN, on any rank makes the idx NaN) and, on
@@ -313,7 +319,9 @@ def worst_rank_arrays(
     job = session.get(Job, job_id)
     if job is None:
         return {}
-    attempt = max(1, job.attempts)
+    if case_ids is not None and not case_ids:
+        return {}
+    attempt = job_attempt(job) if attempt is None else attempt
     # metric rows are per suite (undeclared ones too, see StoreSink), so no scan of samples here
     higher = list(
         session.scalars(
@@ -324,6 +332,8 @@ def worst_rank_arrays(
     where = [s.job_id == job_id, s.attempt == attempt]
     if case_id is not None:
         where.append(s.case_id == case_id)
+    if case_ids is not None:  # an IN list: SQLite seeks each case's range of the job index
+        where.append(s.case_id.in_(sorted(set(case_ids))))
     if metric_id is not None:
         where.append(s.metric_id == metric_id)
     dialect = session.get_bind().dialect.name
@@ -421,9 +431,17 @@ def _nan(v: float | None) -> float:
     return math.nan if v is None else v
 
 
-def compute_summary(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
-    """Summaries computed from the raw samples (for running jobs, and to store at a job's end)."""
-    arrays = worst_rank_arrays(session, job_id)
+def job_attempt(job: Job) -> int:
+    """The job's current (latest) run: what its pages and summaries show."""
+    return max(1, job.attempts)
+
+
+def compute_summary(
+    session: Session, job_id: int, *, case_ids: Sequence[int] | None = None, attempt: int | None = None
+) -> dict[tuple[int, int], MetricSummary]:
+    """Summaries computed from the raw samples of the job's latest attempt (or `attempt`), of
+    every case or only of `case_ids`: for cases still running, and to store when a case ends."""
+    arrays = worst_rank_arrays(session, job_id, case_ids=case_ids, attempt=attempt)
     if not arrays:
         return {}
     metric_ids = {m for _, m in arrays}
@@ -455,15 +473,45 @@ def compute_summary(session: Session, job_id: int) -> dict[tuple[int, int], Metr
 
 
 def store_summary(
-    session: Session, job_id: int, summary: dict[tuple[int, int], MetricSummary] | None = None
+    session: Session,
+    job_id: int,
+    summary: dict[tuple[int, int], MetricSummary] | None = None,
+    *,
+    case_ids: Sequence[int] | None = None,
+    attempt: int | None = None,
 ) -> int:
-    """Store a finished job's summaries (computed here unless given), replacing earlier ones."""
+    """Store the summaries of the job's latest attempt (or `attempt`), computed here unless given.
+
+    Without `case_ids`: the whole job's rows of that attempt are replaced, and rows of earlier
+    attempts dropped. With `case_ids` (a case that just ended): only those cases' rows are
+    replaced; `summary` then holds those cases only. Returns the number of rows written."""
+    if attempt is None:
+        job = session.get(Job, job_id)
+        attempt = job_attempt(job) if job is not None else 1
     if summary is None:
-        summary = compute_summary(session, job_id)
-    session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id))
+        summary = compute_summary(session, job_id, case_ids=case_ids, attempt=attempt)
+    r = SummaryRow
+    if case_ids is None:
+        session.execute(delete(r).where(r.job_id == job_id, r.attempt <= attempt))
+    else:
+        wanted = set(case_ids)
+        if any(c not in wanted for c, _ in summary):
+            raise ValueError("the summary holds cases that are not in case_ids")
+        if wanted:
+            session.execute(
+                delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(sorted(wanted)))
+            )
+    _add_rows(session, job_id, attempt, summary)
+    return len(summary)
+
+
+def _add_rows(
+    session: Session, job_id: int, attempt: int, summary: dict[tuple[int, int], MetricSummary]
+) -> None:
     session.add_all(
         SummaryRow(
             job_id=job_id,
+            attempt=attempt,
             case_id=c,
             metric_id=m,
             count=ms.count,
@@ -478,48 +526,104 @@ def store_summary(
         for (c, m), ms in summary.items()
     )
     session.flush()
-    return len(summary)
+
+
+def drop_case_summaries(session: Session, job_id: int, attempt: int, case_ids: Iterable[int]) -> None:
+    """Forget stored summaries of cases that got new samples after they ended (shown live again)."""
+    ids = sorted(set(case_ids))
+    if ids:
+        r = SummaryRow
+        session.execute(delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(ids)))
+
+
+def drop_earlier_summaries(session: Session, job_id: int, attempt: int) -> None:
+    """Rows of the job's runs before `attempt`: never shown again once a new run started."""
+    session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id, SummaryRow.attempt < attempt))
 
 
 def _none(v: float) -> float | None:
     return None if v != v else v
 
 
-def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
-    """(case_id, metric_id) -> summary for every case and metric with samples in the job.
+def sampled_case_ids(session: Session, job_id: int, attempt: int) -> list[int]:
+    """The cases with samples in one run of a job, by a loose index scan: one seek per case on
+    the job index (a recursive CTE of `min(case_id) > previous`), not a scan of the samples."""
+    s = SampleRow
+    first = select(func.min(s.case_id).label("cid")).where(s.job_id == job_id, s.attempt == attempt)
+    cte = first.cte("sampled_case", recursive=True)
+    following = (
+        select(s.case_id)
+        .where(s.job_id == job_id, s.attempt == attempt, s.case_id > cte.c.cid)
+        .order_by(s.case_id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    cte = cte.union_all(select(following).where(cte.c.cid.is_not(None)))
+    return [c for c in session.scalars(select(cte.c.cid)) if c is not None]
 
-    A finished job's stored summaries are read as they are; otherwise they are computed live.
-    """
+
+def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[int, int], MetricSummary]:
+    """The summary rows stored for one run of a job (cases that ended, or the whole finished job)."""
+    rows = session.execute(
+        select(SummaryRow, MetricDef)
+        .join(MetricDef, MetricDef.id == SummaryRow.metric_id)
+        .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt)
+    ).all()
+    return {
+        (r.case_id, r.metric_id): MetricSummary(
+            metric=m.name,
+            unit=m.unit,
+            kind=m.kind,
+            direction=m.direction,
+            bound=m.bound,
+            count=r.count,
+            samples=r.samples,
+            ranks=r.ranks,
+            median=_nan(r.median),
+            p90=_nan(r.p90),
+            min=_nan(r.min),
+            max=_nan(r.max),
+            mean=_nan(r.mean),
+            passes=_passes(m, _nan(r.median)),
+        )
+        for r, m in rows
+    }
+
+
+def pending_summary(
+    session: Session, job_id: int, attempt: int, stored: Iterable[tuple[int, int]] = ()
+) -> dict[tuple[int, int], MetricSummary]:
+    """Live summaries of the cases that have samples in `attempt` but no stored rows (`stored`:
+    the keys already stored): the cases still running, or every case of a job ingested without
+    the dispatcher."""
+    have = {c for c, _ in stored}
+    todo = [c for c in sampled_case_ids(session, job_id, attempt) if c not in have]
+    return compute_summary(session, job_id, case_ids=todo, attempt=attempt) if todo else {}
+
+
+def finish_summary(engine: Engine, job_id: int, attempt: int) -> int:
+    """The job-end step: store summaries for the cases of `attempt` left without one (computed
+    in a read session, outside the write lock; cases that ended have theirs already) and drop
+    rows of earlier attempts. Returns the number of rows written."""
+    with Session(engine) as session:
+        missing = pending_summary(session, job_id, attempt, stored_summary(session, job_id, attempt))
+    with write_tx(engine) as session:
+        n = store_summary(session, job_id, missing, case_ids=sorted({c for c, _ in missing}), attempt=attempt)
+        drop_earlier_summaries(session, job_id, attempt)
+    return n
+
+
+def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
+    """(case_id, metric_id) -> summary for every case and metric with samples in the job's latest
+    attempt: the rows stored when each case ended (or at the job's end), and a live computation
+    only for cases without them (usually the one case a running job is in)."""
     job = session.get(Job, job_id)
     if job is None:
         return {}
-    if job.status in FINAL_STATUSES:
-        rows = session.execute(
-            select(SummaryRow, MetricDef)
-            .join(MetricDef, MetricDef.id == SummaryRow.metric_id)
-            .where(SummaryRow.job_id == job_id)
-        ).all()
-        if rows:
-            return {
-                (r.case_id, r.metric_id): MetricSummary(
-                    metric=m.name,
-                    unit=m.unit,
-                    kind=m.kind,
-                    direction=m.direction,
-                    bound=m.bound,
-                    count=r.count,
-                    samples=r.samples,
-                    ranks=r.ranks,
-                    median=_nan(r.median),
-                    p90=_nan(r.p90),
-                    min=_nan(r.min),
-                    max=_nan(r.max),
-                    mean=_nan(r.mean),
-                    passes=_passes(m, _nan(r.median)),
-                )
-                for r, m in rows
-            }
-    return compute_summary(session, job_id)
+    attempt = job_attempt(job)
+    out = stored_summary(session, job_id, attempt)
+    out.update(pending_summary(session, job_id, attempt, out))
+    return out
 
 
 def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:

@@ -168,6 +168,11 @@ def step_groups(
     return out
 
 
+def _job_attempt() -> Any:
+    """SQL: the job's latest run, max(1, attempts): the only summary rows a page shows."""
+    return sa_case((Job.attempts > 1, Job.attempts), else_=1)
+
+
 @dataclass
 class OverviewSeries:
     """Medians of one (case, metric) over the last jobs of a suite, oldest first."""
@@ -209,7 +214,8 @@ def suite_overview(
     r = SummaryRow
     q = (
         select(r.case_id, r.metric_id, r.job_id, r.median)
-        .where(r.job_id.in_(job_ids), r.metric_id.in_(list(mdefs)))
+        .join(Job, Job.id == r.job_id)
+        .where(r.job_id.in_(job_ids), r.metric_id.in_(list(mdefs)), r.attempt == _job_attempt())
         .order_by(r.case_id, r.metric_id, r.job_id)
     )
     per: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
@@ -285,7 +291,8 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
     q = (
         select(Job, r.count, r.median, r.min, r.p90, r.max)
         .join(r, r.job_id == Job.id)
-        .where(r.case_id == case_id, r.metric_id == metric_id, Job.status == "succeeded")
+        .where(r.case_id == case_id, r.metric_id == metric_id, Job.status == "succeeded",
+               r.attempt == _job_attempt())
         .order_by(Job.id.desc())
         .limit(last)
     )
