@@ -568,3 +568,70 @@ def test_suites_page_lists_presets_cases_and_bounds(site: Any, page: Page) -> No
     bound = page.locator("#suite-gdn-op table.metrics tr", has=page.locator('td:text-is("triton_o_rel_l2")'))
     expect(bound.locator("td.num")).to_have_text("≤ 5.000e-03")
     shot(page, "suites-desktop", full=False)
+
+
+# The same store served with protected reads (no dispatcher: it only reads).
+PROTECTED_SERVER = """
+import sys, uvicorn
+from service.settings import Settings
+settings = Settings(db_url=sys.argv[1], api_token=sys.argv[2], artifacts_dir=sys.argv[4], protect_reads=True,
+                    dispatch=False, executor="inprocess")
+from service.app import create_app
+uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+"""
+
+
+def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
+    site: Any, browser: Browser, tmp_path: Path
+) -> None:
+    """With protect_reads the download links point at the API; the browser has only its login
+    cookie (no bearer header on a link) and gets the files; an anonymous browser does not."""
+    import httpx
+
+    _, seeded, engine = site
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", PROTECTED_SERVER, str(engine.url), TOKEN, str(port),
+                             str(tmp_path / "artifacts")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/login", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"server did not start:\n{(proc.stdout.read() or b'').decode()[-3000:]}")
+            time.sleep(0.2)
+        anonymous = browser.new_context()
+        csv_path = f"/api/v1/jobs/{seeded.head}/samples?format=csv"
+        assert anonymous.request.get(base + csv_path).status == 401
+        anonymous.close()
+
+        ctx = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
+        pg = ctx.new_page()
+        pg.goto(f"{base}/jobs/{seeded.head}")
+        expect(pg).to_have_url(re.compile(r"/login\?next="))
+        pg.fill("input[name=token]", TOKEN)
+        pg.click("button[type=submit]")
+        expect(pg).to_have_url(f"{base}/jobs/{seeded.head}")
+        with pg.expect_download() as dl:
+            pg.locator("a", has_text="CSV").first.click()
+        body = Path(dl.value.path()).read_text()
+        assert body.splitlines()[0].startswith("id,") and body.count("\n") > 2 * 3 * 2 * REPS
+        href = pg.locator("a", has_text="trace-triton-fwd_bwd.json").get_attribute("href")
+        trace = pg.request.get(base + href)
+        assert trace.ok and trace.body() == TRACE
+        js = pg.request.get(base + pg.locator("a", has_text="JSON").first.get_attribute("href"))
+        assert js.ok and js.json()["items"]
+        ctx.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

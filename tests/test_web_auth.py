@@ -52,3 +52,56 @@ def test_open_service_needs_no_login(tmp_path: Path) -> None:
     with TestClient(create_app(settings), follow_redirects=False) as c:
         assert c.get("/jobs").status_code == 200
         assert c.get("/").headers["location"] == "/jobs"
+
+
+def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, tmp_path: Path) -> None:
+    """The job page links its samples and artifacts to the API: a logged-in browser (cookie, no
+    bearer header) downloads them; an anonymous or forged reader is refused; writes still need
+    the bearer token."""
+    import re
+
+    from sqlalchemy.orm import Session
+
+    from service import store
+    from service.models import Job
+    from service.web_session import COOKIE
+    from workers.suite import Case, Metric
+
+    engine = client.app.state.engine
+    with Session(engine) as s, s.begin():
+        job = Job(suite="s", preset="quick", device="cpu", world_size=1, status="succeeded", attempts=1)
+        s.add(job)
+        s.flush()
+        mid = store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time")])["t_ms"]
+        cid = store.ensure_cases(s, [Case("s", "c0", {})], "cpu", 1)["c0"]
+        store.save_artifact(s, job.id, "trace.json", "application/json", b'{"traceEvents": []}',
+                            tmp_path / "a")  # fmt: skip
+        job_id = job.id
+    store.insert_samples(engine, job_id, [(cid, mid, 0, i, 1.5 + i) for i in range(7)])
+    csv_url = f"/api/v1/jobs/{job_id}/samples?format=csv"
+
+    assert client.get(csv_url).status_code == 401  # anonymous
+    client.cookies.set(COOKIE, "0" * 64)
+    assert client.get(csv_url).status_code == 401  # forged cookie
+    client.cookies.clear()
+    assert client.get(csv_url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+    assert client.post("/login", data={"token": TOKEN, "next": f"/jobs/{job_id}"}).status_code == 303
+    page = client.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    links = set(re.findall(r'href="([^"]+)"', page.text.replace("&amp;", "&")))
+    api = f"/api/v1/jobs/{job_id}"
+    wanted = {csv_url, f"{api}/samples?format=json", f"{api}/artifacts/trace.json",
+              f"/jobs/{job_id}/report.md"}
+    assert wanted <= links
+    csv = client.get(csv_url)
+    assert csv.status_code == 200 and "text/csv" in csv.headers["content-type"]
+    assert len(csv.text.strip().splitlines()) == 1 + 7 and "1.5" in csv.text
+    assert client.get(f"/api/v1/jobs/{job_id}/samples?format=json").json()["items"][0]["value"] == 1.5
+    assert client.get(f"/api/v1/jobs/{job_id}/artifacts/trace.json").content == b'{"traceEvents": []}'
+    assert client.get(f"/jobs/{job_id}/report.md").status_code == 200
+    # the cookie opens reads only: a write with it alone is still refused
+    r = client.post("/api/v1/jobs", json={"suite": "capability"})
+    assert r.status_code == 401
+    client.get("/logout")
+    assert client.get(csv_url).status_code == 401

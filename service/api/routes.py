@@ -1,7 +1,8 @@
 """REST API under /api/v1, plus /healthz and /readyz.
 
-Reads are open unless `protect_reads`; writes need `Authorization: Bearer <token>` when a token
-is configured (401 without credentials, 403 with wrong ones). Every error answers JSON
+Reads are open unless `protect_reads` (then they need the bearer token, or for GET/HEAD the
+web login cookie); writes need `Authorization: Bearer <token>` when a token is configured (401
+without credentials, 403 with wrong ones). Every error answers JSON
 `{"detail": ...}` naming the bad value and what was expected.
 """
 
@@ -37,6 +38,7 @@ from service.api.schemas import (
     SampleOut,
 )
 from service.models import Baseline, Job
+from service.web_session import READ_METHODS, has_session
 from workers.registry import get_suite, suite_names
 from workers.suite import UnknownSuiteInput
 
@@ -74,8 +76,15 @@ def require_write(request: Request) -> None:
 
 
 def require_read(request: Request) -> None:
-    if request.app.state.settings.protect_reads:
-        _check_token(request)
+    """With `protect_reads`: the bearer token, or for GET/HEAD the web pages' login cookie (the
+    job page links its downloads here, and a browser cannot add a header to a link)."""
+    settings = request.app.state.settings
+    if not settings.protect_reads:
+        return
+    token = settings.token()
+    if token is not None and request.method in READ_METHODS and has_session(request, token):
+        return
+    _check_token(request)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

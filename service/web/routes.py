@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from service import store
 from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
+from service.web_session import COOKIE, has_session, session_value
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -36,7 +37,6 @@ templates.env.filters["fmt"] = charts.fmt
 templates.env.globals["pct"] = views.progress_percent
 
 router = APIRouter(include_in_schema=False)
-COOKIE = "gdnval_session"
 
 
 # ----------------------------------------------------------------------------------- plumbing
@@ -53,11 +53,6 @@ def _settings(request: Request) -> Any:
     return request.app.state.settings
 
 
-def _session_value(token: str) -> str:
-    """What the login cookie holds: a keyed hash of the API token, never the token itself."""
-    return hmac.new(token.encode(), b"gdnval-web-session", "sha256").hexdigest()
-
-
 def require_page_read(request: Request) -> None:
     """With `protect_reads`, pages need the login cookie (browsers cannot send the API's bearer
     header on a link); without it the reader is sent to /login and back."""
@@ -65,7 +60,7 @@ def require_page_read(request: Request) -> None:
     token = settings.token()
     if not settings.protect_reads or token is None:
         return
-    if hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), _session_value(token).encode()):
+    if has_session(request, token):
         return
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     raise HTTPException(303, "log in first", headers={"Location": "/login?" + urlencode({"next": target})})
@@ -667,7 +662,7 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     if not hmac.compare_digest(token.encode(), expected.encode()):
         return _page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
     resp = RedirectResponse(target, status_code=303)
-    resp.set_cookie(COOKIE, _session_value(expected), httponly=True, samesite="lax",
+    resp.set_cookie(COOKIE, session_value(expected), httponly=True, samesite="lax",
                     secure=request.url.scheme == "https", path="/")
     return resp
 
