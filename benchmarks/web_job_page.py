@@ -4,8 +4,14 @@ Builds a throw-away SQLite store (migrations, the store's own ingest functions),
 CP-shaped job (8 ranks: timings per repetition and rank, trajectories per step, per-tensor errors)
 and one single-lane job (100k repetitions of one metric on one rank: the binning path), then
 times `GET /jobs/{id}` through the real app in-process (`create_app` + TestClient, no network):
-median and max of N requests after one warm-up. Both the finished job (summaries stored at its
-end) and the same job while running (summaries computed from the raw samples) are timed.
+median and max of N requests after one warm-up.
+
+The CP job is timed in three states: running with no case summary stored (the worst case: every
+case computed live from the raw samples, as for a job ingested outside the dispatcher), running
+as the dispatcher leaves it (15 of 16 cases ended, their summaries stored at each case's end by
+the same store calls as `StoreSink`; the 16th, with all its samples, in progress and computed
+live), and finished (the job-end step stored the last case). The one-lane job's single case is
+in progress while it runs (live, 100k samples), then finished.
 
     .venv/bin/python benchmarks/web_job_page.py [--repeat 10]
 """
@@ -28,8 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
+from sqlalchemy import select
+
 from service import db, store
-from service.models import Job
+from service.models import Job, SampleRow
 from workers.suite import Case, Metric
 
 SUITE = "web-bench"
@@ -64,7 +72,7 @@ def ingest_cp_job(engine, *, cases: int = 16, ranks: int = 8, reps: int = 100, s
         job = _job(s, ranks, "running")
         mids = store.ensure_metrics(s, SUITE, METRICS)
         cids = store.ensure_cases(s, suite_cases, "cuda", ranks)
-        for c in suite_cases:
+        for c in suite_cases[:-1]:  # the last case is still running
             store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows: list[tuple[int, int, int, int, float]] = []
@@ -83,7 +91,7 @@ def ingest_cp_job(engine, *, cases: int = 16, ranks: int = 8, reps: int = 100, s
                 v = 1.0 if m.kind == "check" else float(rng.random() * 1e-3)
                 rows += [(cid, mids[m.name], r, 0, v) for r in range(ranks)]
     store.insert_samples(engine, job_id, rows)
-    return job_id, len(rows)
+    return job_id, len(rows), [cids[c.name] for c in suite_cases]
 
 
 def ingest_one_lane_job(engine, n: int = 100_000) -> tuple[int, int]:
@@ -94,7 +102,6 @@ def ingest_one_lane_job(engine, n: int = 100_000) -> tuple[int, int]:
         job = _job(s, 1, "running")
         mids = store.ensure_metrics(s, SUITE, METRICS)
         cid = store.ensure_cases(s, [case], "cuda", 1)[case.name]
-        store.set_case_result(s, job.id, cid, "passed", None)
         job_id = job.id
     vals = rng.lognormal(2.3, 0.05, n)
     rows = [(cid, mids["one_lane_ms"], 0, i, float(v)) for i, v in enumerate(vals)]
@@ -102,10 +109,25 @@ def ingest_one_lane_job(engine, n: int = 100_000) -> tuple[int, int]:
     return job_id, n
 
 
-def finish(engine, job_id: int) -> None:
+def end_case(engine, job_id: int, case_id: int) -> None:
+    """What `StoreSink.case_result` does when a case ends: record it, store its summary."""
+    with db.write_tx(engine) as s:
+        store.set_case_result(s, job_id, case_id, "passed", None)
+    with Session(engine) as s:
+        summary = store.compute_summary(s, job_id, case_ids=[case_id], attempt=1)
+    with db.write_tx(engine) as s:
+        store.store_summary(s, job_id, summary, case_ids=[case_id], attempt=1)
+
+
+def finish(engine, job_id: int, last_case: int) -> float:
+    """The last case ends (as above), then the dispatcher's job-end step; returns its seconds."""
+    end_case(engine, job_id, last_case)
+    t0 = time.perf_counter()
+    store.finish_summary(engine, job_id, 1)
+    dt = time.perf_counter() - t0
     with Session(engine) as s, s.begin():
-        store.store_summary(s, job_id)
         s.get(Job, job_id).status = "succeeded"
+    return dt
 
 
 def time_page(client, path: str, repeat: int) -> tuple[float, float, float, int]:
@@ -137,20 +159,28 @@ def main() -> None:
         engine = db.make_engine(url)
         db.upgrade(engine)
         t0 = time.perf_counter()
-        cp_id, cp_n = ingest_cp_job(engine)
+        cp_id, cp_n, cp_cases = ingest_cp_job(engine)
         lane_id, lane_n = ingest_one_lane_job(engine)
         ingest_s = time.perf_counter() - t0
+        with Session(engine) as s:
+            lane_case = s.scalar(select(SampleRow.case_id).where(SampleRow.job_id == lane_id).limit(1))
         app = create_app(Settings(db_url=url, dispatch=False, executor="inprocess"))
         results = []
         with TestClient(app) as client:
-            for label, job_id, n in (("CP job, running (live summaries)", cp_id, cp_n),
-                                     ("one lane, running (live summaries)", lane_id, lane_n)):
+            def row(label: str, job_id: int, n: int) -> None:
                 results.append((label, n, *time_page(client, f"/jobs/{job_id}", args.repeat)))
-            finish(engine, cp_id)
-            finish(engine, lane_id)
-            for label, job_id, n in (("CP job, finished (stored summaries)", cp_id, cp_n),
-                                     ("one lane, finished (stored summaries)", lane_id, lane_n)):
-                results.append((label, n, *time_page(client, f"/jobs/{job_id}", args.repeat)))
+
+            row("CP job, running, no case summary stored (worst case: 16 cases live)", cp_id, cp_n)
+            t0 = time.perf_counter()
+            for cid in cp_cases[:-1]:
+                end_case(engine, cp_id, cid)
+            per_case_ms = (time.perf_counter() - t0) * 1000 / (len(cp_cases) - 1)
+            row("CP job, running, 15 cases ended and stored, 1 in progress (live)", cp_id, cp_n)
+            row("one lane, running, its one case in progress (live)", lane_id, lane_n)
+            end_cp = finish(engine, cp_id, cp_cases[-1])
+            end_lane = finish(engine, lane_id, lane_case)
+            row("CP job, finished (stored summaries)", cp_id, cp_n)
+            row("one lane, finished (stored summaries)", lane_id, lane_n)
         engine.dispose()
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
@@ -160,6 +190,8 @@ def main() -> None:
     print(f"machine: {cpu}, {os.cpu_count()} cores, load average {load:.1f}; Python "
           f"{platform.python_version()}; ingest {ingest_s:.1f} s; {args.repeat} timed requests per row "
           "after one warm-up")
+    print(f"storing a CP case's summary at its end: {per_case_ms:.0f} ms per case (~6.6k samples); "
+          f"job-end step: CP {end_cp * 1000:.0f} ms, one lane {end_lane * 1000:.0f} ms")
     print("| job | samples | wall median ms | wall max ms | CPU median ms | page KiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label, n, med, mx, cpu_ms, size in results:
