@@ -4,7 +4,8 @@
 #   bash benchmarks/device_session.sh [step ...]
 #   steps: tests capability gdnop network precision cpgpu gatespeed determinism cpprec
 #          gdnopfull:T[,T...][:limit_s]   (the gdn-op full matrix at those lengths, JSON in $OUT)
-#          net200 netspeed                (the network full preset: 200-step trajectory; speed)
+#          net200:SEQ:limit_s netspeed    (the network full preset: 200-step trajectory; speed)
+#          gdnacc:T,..:limit_s gdnspeed:T,..:limit_s precgroups
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -16,10 +17,10 @@ run_step() {  # name, limit (s), command...
     local name=$1 limit=$2
     shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" >"${LOGDIR:-$OUT}/$name.log" 2>&1
     local rc=$?
     echo "$name rc=$rc ${limit}s-limit took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-    tail -n 6 "$OUT/$name.log"
+    tail -n 6 "${LOGDIR:-$OUT}/$name.log"
 }
 
 { nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
@@ -58,10 +59,41 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             run_step "gdnop_$tag" "$limit" python3 -m service.cli run gdn-op --preset full --device cuda \
                 --param "seq_lens=[$lens]" --param eager_warmup=1 --param eager_repeat=3 \
                 --deadline $((limit - 15)) --json "$OUT/gdnop_$tag.json" ;;
-        net200) run_step net200 400 python3 -m service.cli run network --preset full --device cuda \
-            --param speed=false --param 'checkpoints=["off"]' --deadline 385 --json "$OUT/net200.json" ;;
+        net200:*)
+            # the full preset's 200-step trajectory (checkpoint off) and the determinism pair
+            IFS=: read -r _ seq limit <<<"$step"
+            run_step "net200_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
+                --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
+                --deadline $((limit - 10)) --json "$OUT/net200_$seq.json" ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
+        gdnacc:*)
+            # the accuracy matrix alone: triton against the fp32 reference, three seeds, no timing
+            IFS=: read -r _ lens limit <<<"$step"
+            run_step gdnacc "$limit" python3 -m service.cli run gdn-op --preset full --device cuda \
+                --param "seq_lens=[$lens]" --param 'backends=["triton"]' --param timing=false \
+                --deadline $((limit - 10)) --json "$OUT/gdnacc.json" ;;
+        gdnspeed:*)
+            # speed and memory beside FLA, stateful Hqk = Hv = 32, no accuracy
+            IFS=: read -r _ lens limit <<<"$step"
+            run_step gdnspeed "$limit" python3 -m service.cli run gdn-op --preset full --device cuda \
+                --param "seq_lens=[$lens]" --param 'backends=["triton","fla"]' --param 'modes=["stateful"]' \
+                --param 'qk_heads=[32]' --param accuracy_max_seq_len=0 \
+                --deadline $((limit - 10)) --json "$OUT/gdnspeed.json" ;;
+        precgroups)
+            # one dot group at a time back to tf32 (the rest tf32x3): accuracy (1 seed) and time at 8K
+            for v in wu wy_dx wu,wy_dx wy_dt; do
+                python3 -c 'import json, sys
+print(json.dumps({f"f32_dot_{g}": "tf32" for g in sys.argv[1].split(",")}))' "$v" >"/tmp/tuning_$v.json"
+                LOGDIR=/tmp run_step "prec_$v" 45 python3 benchmarks/run_gdn_op.py --preset full --device cuda \
+                    --out "/tmp/prec_$v.json" --only T8192_stateless_hqk32 --set "backends=('triton',)" \
+                    --set "accuracy_seeds=(0,)" --tuning "/tmp/tuning_$v.json"
+                python3 -c 'import json, sys
+for name, case in json.load(open(sys.argv[1]))["cases"].items():
+    m, w = case["median"], case["worst_rel_l2"]
+    print(sys.argv[2], name, "fwd_bwd_ms", m.get("triton_fwd_bwd_ms"), {k: f"{x:.2e}" for k, x in sorted(w.items())})' \
+                    "/tmp/prec_$v.json" "$v" | tee -a "$OUT/precgroups.log"
+            done ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac
 done

@@ -44,6 +44,12 @@ D = 128  # head dim (dk = dv)
 # Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py sweeps them.
 TUNING: dict[str, int | str] = {
     "f32_dot": "tf32x3",  # see _dot_precision; "tf32" put dg/dbeta over the 5e-3 bar (docs/kernels.md)
+    # Per group of fp32-operand dots ("" = f32_dot): intra Wk/U products, and in the WY backward
+    # the dT sums, dA = -T^T dT T^T, and the Tᵀ/dA applications that give dk, dv.
+    "f32_dot_wu": "",
+    "f32_dot_wy_dt": "",
+    "f32_dot_wy_da": "",
+    "f32_dot_wy_dx": "",
     "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
     "state_warps": 4,
     "state_stages": 2,
@@ -79,10 +85,13 @@ def _tuned(key: str, dtype: torch.dtype) -> int | str:
     return TUNING[key]
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """Precision of dots on fp32 operands (intra Wk/U, WY backward): IEEE fp32 for fp32 inputs,
-    TUNING["f32_dot"] ("tf32" | "tf32x3" | "ieee") for half-precision inputs."""
-    return "ieee" if dtype == torch.float32 else str(TUNING["f32_dot"])
+def _dot_precision(dtype: torch.dtype, group: str) -> str:
+    """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
+    half-precision inputs TUNING["f32_dot_<group>"], else TUNING["f32_dot"] ("tf32" | "tf32x3" |
+    "ieee")."""
+    if dtype == torch.float32:
+        return "ieee"
+    return str(TUNING[f"f32_dot_{group}"] or TUNING["f32_dot"])
 
 
 def _num_chunks(T: int) -> int:
@@ -362,7 +371,7 @@ def intra_solve(
     u = torch.empty_like(w) if v is not None else None
     tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if (store_t or split) else None
     grid = (_num_chunks(T), B * Hv)
-    prec = _dot_precision(k.dtype)
+    prec = _dot_precision(k.dtype, "wu")
     _intra_kernel[grid](
         k, v if v is not None else k, beta, gamma, w, u if u is not None else w, tm if tm is not None else w,
         T, Hqk, Hv, Hv // Hqk,
@@ -685,7 +694,8 @@ def _bwd_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
-    PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
+    PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
 ):  # fmt: skip
     """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
     over D), the second applies Tᵀ and writes dk, dv slice by slice."""
@@ -713,12 +723,12 @@ def _bwd_wy_kernel(
         dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         xk = ks.to(tl.float32) * bg[:, None]
-        d_t += tl.dot(dws, tl.trans(xk), input_precision=PREC)
-        d_t += tl.dot(dus.to(tl.float32), tl.trans(vs * beta[:, None]), input_precision=PREC)
+        d_t += tl.dot(dws, tl.trans(xk), input_precision=PREC_DT)
+        d_t += tl.dot(dus.to(tl.float32), tl.trans(vs * beta[:, None]), input_precision=PREC_DT)
         kk += tl.dot(ks, tl.trans(ks))
     # dA = −Tᵀ·dT·Tᵀ on the strict lower triangle; A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
     strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
-    da = -tl.dot(tl.dot(tmt, d_t, input_precision=PREC), tmt, input_precision=PREC)
+    da = -tl.dot(tl.dot(tmt, d_t, input_precision=PREC_DA), tmt, input_precision=PREC_DA)
     e = tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0))
     dae = tl.where(strict, da * e, 0.0)
     dbeta = tl.sum(dae * kk, axis=1)
@@ -734,11 +744,11 @@ def _bwd_wy_kernel(
         vs = tl.load(v_base + t[:, None] * (HV * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
-        dxk = tl.dot(tmt, dws, input_precision=PREC)
-        dxv = tl.dot(tmt, dus.to(tl.float32), input_precision=PREC)
+        dxk = tl.dot(tmt, dws, input_precision=PREC_DX)
+        dxv = tl.dot(tmt, dus.to(tl.float32), input_precision=PREC_DX)
         dks = tl.load(dkp_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dks += dxk * bg[:, None]
-        dks += tl.dot(bd, ks, input_precision=PREC) + tl.dot(bdt, ks, input_precision=PREC)
+        dks += tl.dot(bd, ks, input_precision=PREC_DX) + tl.dot(bdt, ks, input_precision=PREC_DX)
         dbeta += tl.sum(dxk * ks, axis=1) * eg + tl.sum(dxv * vs, axis=1)
         dgam += tl.sum(dxk * ks, axis=1) * bg
         if DK_HEADS == HQK:
@@ -794,7 +804,9 @@ def bwd_wy(
     dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
         k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads, PREC=_dot_precision(k.dtype), BT=BT, D=D, BD=TUNING["wy_bd"],
+        T, Hqk, Hv, R, heads,
+        PREC_DT=_dot_precision(k.dtype, "wy_dt"), PREC_DA=_dot_precision(k.dtype, "wy_da"),
+        PREC_DX=_dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
         NK=dgam.shape[0], num_warps=TUNING["wy_warps"],
     )  # fmt: skip
     return dk, dv, dbeta, dg
