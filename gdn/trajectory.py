@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -38,6 +40,8 @@ from gdn.parallel import (
     named_full_parameters,
     sync_replicated_grads,
 )
+
+PROGRESS_EVERY = 25
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -217,12 +221,17 @@ def candidate_trainer(
 def run_steps(
     trainer: Trainer, steps: int, side: str, on_step: Callable[[int, StepRecord], None] | None = None
 ) -> list[StepRecord]:
+    """`steps` training steps; a line on stderr every `PROGRESS_EVERY` steps (a GPU run of the eager
+    reference takes minutes)."""
     records = []
+    t0 = time.monotonic()
     for s in range(steps):
         rec = trainer.step(s, side)
         records.append(rec)
         if on_step is not None:
             on_step(s, rec)
+        if (s + 1) % PROGRESS_EVERY == 0 and s + 1 < steps:
+            print(f"{side}: step {s + 1}/{steps}, {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     return records
 
 
