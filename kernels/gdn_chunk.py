@@ -13,16 +13,17 @@ T is built from four 16×16 diagonal inverses (forward substitution in registers
 block products, so the solve is exact up to fp32 rounding rather than a truncated series.
 
 Stages (each a small kernel with one job; `GatedDeltaRuleFunction` only wires them):
-  forward : gate cumsum -> intra (Wk, U) -> state pass (per-chunk S, Vn, final S) -> output
-  backward: recompute the forward stages (T kept for the WY backward) -> local dVn from dO ->
-            reverse state pass (per-chunk dS, full dVn, dh0) -> dq/dk/dWk/dγ per chunk ->
-            WY backward (dk, dv, dβ, dγ) and the reverse cumsum to dg.
-Nothing chunk-sized is kept from the forward to the backward except γ (fp32, [B·Hv, T]):
-per-chunk states are recomputed, which costs one extra state pass and saves T/64·Hv·64 KiB.
+  forward : gate cumsum -> intra (T, Wk, U) -> state pass (per-chunk S, Vn, final S) -> output
+  backward: local dVn from dO -> reverse state pass (per-chunk dS, full dVn, dh0) ->
+            dq/dk/dWk/dγ per chunk -> WY backward (dk, dv, dβ, dγ) and the reverse cumsum to dg.
+By default the forward keeps γ, Wk, T, the per-chunk states and Vn for the backward, which drops
+each after its last use; TUNING["recompute"] = 1 keeps only γ and recomputes the rest (one more
+sequential state pass, less memory between the passes).
 
 Intermediates (Wk, U, Vn, per-chunk S and dS) are stored in the input dtype; the recurrent state
 itself is carried in fp32 registers; T and the gradient accumulators stay fp32. Dots on fp32
-operands use tf32x3 (TUNING["f32_dot"]) for half-precision inputs and IEEE fp32 for fp32 inputs.
+operands use IEEE fp32 for fp32 inputs and, for half-precision inputs, the per-group precision of
+TUNING["f32_dot*"] (tf32 where the H200 measured no accuracy cost, tf32x3 elsewhere).
 
 CP state summary: `state_summary(k, v, g, beta, initial_state=None, zero_values=False)` runs only
 the gate, intra and state stages and writes neither o, nor per-chunk states, nor Vn. The final
@@ -43,13 +44,17 @@ D = 128  # head dim (dk = dv)
 
 # Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py sweeps them.
 TUNING: dict[str, int | str] = {
-    "f32_dot": "tf32x3",  # see _dot_precision; "tf32" put dg/dbeta over the 5e-3 bar (docs/kernels.md)
-    # Per group of fp32-operand dots ("" = f32_dot): intra Wk/U products, and in the WY backward
-    # the dT sums, dA = -T^T dT T^T, and the Tᵀ/dA applications that give dk, dv.
-    "f32_dot_wu": "",
+    # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee"), per group:
+    # intra Wk/U products (wu), and in the WY backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da)
+    # and the Tᵀ/dA applications that give dk, dv (wy_dx); "" = f32_dot. All-tf32 put dg and
+    # dbeta at 6e-3 on the H200 (bar 5e-3); each of wu, wy_dx, wy_dt alone at tf32 left every
+    # tensor's error unchanged, and wu + wy_dx at tf32 cut fwd+bwd at 8K from 3.71 to 2.77 ms
+    # (docs/kernels.md, "Precision").
+    "f32_dot": "tf32x3",
+    "f32_dot_wu": "tf32",
     "f32_dot_wy_dt": "",
     "f32_dot_wy_da": "",
-    "f32_dot_wy_dx": "",
+    "f32_dot_wy_dx": "tf32",
     "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
     "state_warps": 4,
     "state_stages": 2,
