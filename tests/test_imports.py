@@ -87,3 +87,22 @@ def test_cli_version_and_help():
         assert commit in result.output
     helped = runner.invoke(main, ["--help"])
     assert helped.exit_code == 0 and "version" in helped.output
+
+
+def test_source_modified_tells_an_edited_checkout_from_a_clean_one(tmp_path):
+    import subprocess
+
+    from workers.provenance import source_modified
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    (tmp_path / "untracked.txt").write_text("ignored by the check\n")
+    assert source_modified.__wrapped__(tmp_path) is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert source_modified.__wrapped__(tmp_path) is True
+    assert source_modified.__wrapped__(tmp_path / "not-a-repo") is None

@@ -28,3 +28,17 @@ def source_commit(root: Path = SOURCE_ROOT) -> str | None:
         return None
     sha = out.stdout.strip()
     return sha if out.returncode == 0 and len(sha) == 40 else None
+
+
+@cache
+def source_modified(root: Path = SOURCE_ROOT) -> bool | None:
+    """Whether tracked files differ from `source_commit` (a copied or edited tree), None outside a
+    checkout: a result recorded with commit X from a modified tree is not X's result."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None

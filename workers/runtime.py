@@ -170,23 +170,52 @@ class Channel:
 
 
 class SampleBuffer:
-    """Batches samples so a 10^5-sample case costs a few hundred messages, not 10^5."""
+    """Batches samples so a 10^5-sample case costs a few hundred messages, not 10^5.
 
-    def __init__(self, channel: Channel) -> None:
+    A sample waits at most about `flush_s` (2x at worst) even when no other follows soon: a
+    background thread sends what waits, so a case that yields a few samples per slow step (a
+    trajectory) has them at the executor before a deadline or a kill ends the rank mid-case."""
+
+    def __init__(self, channel: Channel, flush_s: float = SAMPLE_FLUSH_S) -> None:
         self._channel = channel
+        self._flush_s = flush_s
         self._rows: list[list[Any]] = []
         self._last_flush = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def add(self, s: Sample) -> None:
-        self._rows.append([s.case, s.metric, float(s.value), s.rank, s.idx])
-        if len(self._rows) >= SAMPLE_BATCH or time.monotonic() - self._last_flush > SAMPLE_FLUSH_S:
-            self.flush()
+        with self._lock:
+            self._rows.append([s.case, s.metric, float(s.value), s.rank, s.idx])
+            if len(self._rows) >= SAMPLE_BATCH or time.monotonic() - self._last_flush > self._flush_s:
+                self._flush_locked()
+        if self._ticker is None and not self._stop.is_set():
+            self._ticker = threading.Thread(target=self._tick, name="gdnval-sample-flush", daemon=True)
+            self._ticker.start()
 
     def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def close(self) -> None:
+        """Send what waits and stop the background thread."""
+        self._stop.set()
+        self.flush()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+
+    def _flush_locked(self) -> None:  # under self._lock, so messages keep the samples' order
         if self._rows:
             self._channel.send("samples", samples=self._rows)
             self._rows = []
         self._last_flush = time.monotonic()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._flush_s):
+            with self._lock:
+                if self._rows and time.monotonic() - self._last_flush >= self._flush_s:
+                    self._flush_locked()
 
 
 def traceback_tail(exc: BaseException, lines: int = TRACEBACK_TAIL_LINES) -> str:
@@ -323,7 +352,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
     import torch
 
     from gdn import device as devices
-    from workers.provenance import installed_version, source_commit
+    from workers.provenance import installed_version, source_commit, source_modified
 
     info: dict[str, Any] = dict(devices.device_info(device))
     visible = devices.visible_devices_env(kind)
@@ -331,6 +360,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
         {
             "gdnval": installed_version(),
             "commit": commit or source_commit(),
+            "source_modified": False if commit else source_modified(),  # a snapshot is exact
             "python": platform.python_version(),
             "platform": platform.platform(),
             "host": socket.gethostname(),
@@ -414,6 +444,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
             if ctrl is not None:
                 _exchange_case_outcome(ctx, ctrl, case, outcome)
     finally:
+        buffer.close()
         shutil.rmtree(artifacts, ignore_errors=True)
         if world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
