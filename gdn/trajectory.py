@@ -11,17 +11,41 @@ The reference runs on CP rank 0 only (one device, no CP, eager backend) and its 
 broadcast; the candidate runs on every rank of the CP group (a CP mode, a backend, FSDP over the
 group or replicated parameters, activation checkpoint off/full). Precision: fp32, or bf16 via
 autocast over fp32 master weights on both sides (the same numerics path for both).
+
+Streaming: `iter_trajectory` yields each step as soon as it exists (the reference steps while
+the reference runs on rank 0, or after the broadcast on the other ranks; then each candidate step
+with its reference step), so a caller that stops at a deadline keeps what was computed.
+
+Reference file (`reference_file=`): a small JSON file (format `gdnval-reference-trajectory`,
+version 1) with the reference's per-step loss and grad-norm and the key they belong to:
+the reference side of the config (model name, overrides and the resolved model config, data
+window, padding, precision, seed, learning rate, weight decay, reference backend), the optimizer's
+fixed settings, the token file's sha256 and size, the device kind and the deterministic flag.
+No path, host or device index is part of the key, so a file carries over between machines.
+The step count is not part of it either: a file of N steps serves any run of <= N steps (the
+first steps of a trajectory do not depend on how many follow). When the file exists its key must
+equal this run's (`ReferenceFileMismatch` names the fields that differ) and it must hold at least
+the steps asked (`ReferenceFileMismatch` too; a longer reference is computed only after the file
+is deleted or another path is given: the optimizer state at the file's last step is not kept,
+so the missing steps cannot be appended). When it does not exist, the computed reference is
+written there (temporary file + rename) as soon as its last step is done, before the candidate
+starts. Read and write happen on CP rank 0 only. Not in the key: the code of the reference side
+(gdn's model and layers) and the torch version (recorded in the file, not compared); delete
+reference files after changing either. The "package" corpus is built from gdn's own sources, so
+with it any change under gdn/ changes the data hash and the file no longer matches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +72,10 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 class NonFiniteTrajectory(RuntimeError):
     """A loss or gradient norm became NaN/Inf; the message names the side and the step."""
+
+
+class ReferenceFileMismatch(ValueError):
+    """A reference file that cannot serve this run: another key, too few steps, or not one."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +116,12 @@ class StepRecord:
     grad_norm: float
 
 
+def step_error(candidate: float, reference: float) -> tuple[float, float]:
+    """(abs, rel) error of one value against the reference; rel is inf when only the reference is 0."""
+    a, b = candidate, reference
+    return abs(a - b), (abs(a - b) / abs(b) if b != 0 else (0.0 if a == b else math.inf))
+
+
 @dataclass
 class TrajectoryComparison:
     reference: list[StepRecord]
@@ -97,9 +131,9 @@ class TrajectoryComparison:
         """Per-step (abs, rel) errors of `what` ("loss" or "grad_norm") against the reference."""
         abs_err, rel_err = [], []
         for r, c in zip(self.reference, self.candidate, strict=True):
-            a, b = getattr(c, what), getattr(r, what)
-            abs_err.append(abs(a - b))
-            rel_err.append(abs(a - b) / abs(b) if b != 0 else (0.0 if a == b else math.inf))
+            a, b = step_error(getattr(c, what), getattr(r, what))
+            abs_err.append(a)
+            rel_err.append(b)
         return abs_err, rel_err
 
     def max_abs(self, what: str) -> float:
@@ -115,9 +149,13 @@ def autocast_context(device_kind: str, dtype: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device_kind, dtype=DTYPES[dtype])
 
 
+ADAMW_BETAS = (0.9, 0.95)
+ADAMW_EPS = 1e-8
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrajectoryConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.weight_decay
+        model.parameters(), lr=cfg.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=cfg.weight_decay
     )
 
 
@@ -218,56 +256,294 @@ def candidate_trainer(
                    distributed and not cfg.fsdp, cfg.valid_lengths is not None)  # fmt: skip
 
 
+def iter_steps(trainer: Trainer, steps: int, side: str) -> Iterator[StepRecord]:
+    """`steps` training steps, each record as soon as its step is done; a line on stderr every
+    `PROGRESS_EVERY` steps (a GPU run of the eager reference takes minutes)."""
+    t0 = time.monotonic()
+    for s in range(steps):
+        yield trainer.step(s, side)
+        if (s + 1) % PROGRESS_EVERY == 0 and s + 1 < steps:
+            print(f"{side}: step {s + 1}/{steps}, {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
 def run_steps(
     trainer: Trainer, steps: int, side: str, on_step: Callable[[int, StepRecord], None] | None = None
 ) -> list[StepRecord]:
-    """`steps` training steps; a line on stderr every `PROGRESS_EVERY` steps (a GPU run of the eager
-    reference takes minutes)."""
+    """`iter_steps` as a list; `on_step(step, record)` after each step."""
     records = []
-    t0 = time.monotonic()
-    for s in range(steps):
-        rec = trainer.step(s, side)
+    for s, rec in enumerate(iter_steps(trainer, steps, side)):
         records.append(rec)
         if on_step is not None:
             on_step(s, rec)
-        if (s + 1) % PROGRESS_EVERY == 0 and s + 1 < steps:
-            print(f"{side}: step {s + 1}/{steps}, {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     return records
 
 
+# ------------------------------------------------------------------------------------------------
+# The reference: its key, the in-process cache and the reference file
+# ------------------------------------------------------------------------------------------------
 # The reference depends only on the model, data, optimizer and precision, not on the candidate's
 # CP mode, backend, FSDP or checkpointing: cases that differ only there reuse it (the eager
 # reference is the expensive side of a GPU run).
 _REFERENCE_CACHE: dict[str, list[StepRecord]] = {}
 _REFERENCE_CACHE_SIZE = 4
+_NOT_IN_KEY = ("backend", "cp_mode", "fsdp", "checkpoint", "steps")
+_TOKEN_HASHES: dict[tuple[str, int, int], str] = {}
+
+REFERENCE_FORMAT = "gdnval-reference-trajectory"
+REFERENCE_VERSION = 1
 
 
-def _reference_key(cfg: TrajectoryConfig, token_file: str | Path, device: torch.device) -> str:
-    fields = asdict(replace(cfg, backend="-", cp_mode="-", fsdp=False, checkpoint="-"))
+def token_file_digest(token_file: str | Path) -> dict[str, Any]:
+    """The token file by content: sha256 and size (hashed once per process per path/size/mtime)."""
     path = Path(token_file)
-    stat = path.stat()
-    blob = {"cfg": fields, "file": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns,
-            "device": str(device), "deterministic": torch.are_deterministic_algorithms_enabled()}  # fmt: skip
-    return json.dumps(blob, sort_keys=True, default=str)
+    st = path.stat()
+    memo = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _TOKEN_HASHES:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _TOKEN_HASHES[memo] = h.hexdigest()
+    return {"sha256": _TOKEN_HASHES[memo], "size": st.st_size}
+
+
+def reference_key(cfg: TrajectoryConfig, token_file: str | Path, device: torch.device) -> dict[str, Any]:
+    """What the reference trajectory depends on, portable across machines (JSON types only):
+    no path, no host, no device index; the step count is left out (a prefix stays valid)."""
+    config = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_KEY}
+    key = {
+        "config": config,
+        "model": asdict(cfg.model_cfg()),
+        "optimizer": {"name": "AdamW", "betas": ADAMW_BETAS, "eps": ADAMW_EPS},
+        "data": token_file_digest(token_file),
+        "device_kind": devices.kind_of(device),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+    return json.loads(json.dumps(key, sort_keys=True))  # tuples -> lists, as a file reads back
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def key_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """`field: file X, this run Y` for every leaf that differs (dotted names)."""
+    a, b = _flatten(stored), _flatten(wanted)
+    missing = object()
+    return [
+        f"{k}: file {a.get(k, '<absent>')!r}, this run {b.get(k, '<absent>')!r}"
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, missing) != b.get(k, missing)
+    ]
+
+
+def read_reference_file(path: str | Path, key: dict[str, Any], steps: int) -> list[StepRecord]:
+    """The first `steps` records of a reference file whose key equals `key`; otherwise
+    `ReferenceFileMismatch` naming what differs (never a silent recompute)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReferenceFileMismatch(
+            f"reference file {path} cannot be read as JSON ({exc}); delete it to compute a new one"
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("format") != REFERENCE_FORMAT:
+        raise ReferenceFileMismatch(
+            f"{path} is not a reference trajectory file (format {REFERENCE_FORMAT!r})"
+        )
+    if doc.get("version") != REFERENCE_VERSION:
+        raise ReferenceFileMismatch(
+            f"reference file {path} has version {doc.get('version')!r}, this code reads {REFERENCE_VERSION}"
+        )
+    diffs = key_differences(doc.get("key") or {}, key)
+    if diffs:
+        raise ReferenceFileMismatch(
+            f"reference file {path} was computed for another run; differing field(s): " + "; ".join(diffs)
+        )
+    records = [StepRecord(float(loss), float(gn)) for loss, gn in doc.get("records") or []]
+    if len(records) < steps:
+        raise ReferenceFileMismatch(
+            f"reference file {path} holds {len(records)} step(s), this run asks for {steps}: run with "
+            f"steps <= {len(records)}, or delete the file (or give another path) to compute {steps} steps"
+        )
+    return records[:steps]
+
+
+def write_reference_file(
+    path: str | Path,
+    key: dict[str, Any],
+    records: list[StepRecord],
+    device: torch.device,
+    seconds: float | None = None,
+) -> None:
+    """Write atomically: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    doc = {
+        "format": REFERENCE_FORMAT,
+        "version": REFERENCE_VERSION,
+        "key": key,
+        "steps": len(records),
+        "records": [[r.loss, r.grad_norm] for r in records],
+        # informational only (not compared): what produced it
+        "produced": {
+            "torch": torch.__version__,
+            "device_name": devices.device_info(device).get("device_name"),
+            "seconds": None if seconds is None else round(seconds, 3),  # None: not computed here
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def iter_reference(
+    cfg: TrajectoryConfig,
+    token_file: str | Path,
+    device: torch.device,
+    *,
+    cache: bool = True,
+    reference_file: str | Path | None = None,
+) -> Iterator[tuple[StepRecord, str]]:
+    """The reference's records, each as soon as it exists, with where it came from: "file",
+    "cache" (this process computed it for an earlier case) or "computed". A computed or cached
+    reference is written to `reference_file` when that does not exist yet."""
+    key = reference_key(cfg, token_file, device)
+    path = Path(reference_file) if reference_file else None
+    if path is not None and path.exists():
+        records = read_reference_file(path, key, cfg.steps)
+        print(f"reference: {len(records)} step(s) read from the reference file {path.resolve()}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        for rec in records:
+            yield rec, "file"
+        return
+    mem_key = json.dumps({"key": key, "steps": cfg.steps, "device": str(device)}, sort_keys=True)
+    records: list[StepRecord] = []
+    if cache and mem_key in _REFERENCE_CACHE:
+        records = list(_REFERENCE_CACHE[mem_key])
+        if path is not None:
+            _write_reference(path, key, records, device, None)
+        for rec in records:
+            yield rec, "cache"
+        return
+    t0 = time.monotonic()
+    trainer: Trainer | None = reference_trainer(cfg, token_file, device)
+    steps = iter_steps(trainer, cfg.steps, "reference")
+    try:
+        for rec in steps:
+            records.append(rec)
+            if len(records) == cfg.steps:  # the whole reference exists: keep it before going on
+                steps.close()
+                del steps
+                trainer = None  # free the reference's model and optimizer before the candidate
+                devices.empty_cache(device)
+                if cache:
+                    while len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
+                        _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
+                    _REFERENCE_CACHE[mem_key] = list(records)
+                if path is not None:
+                    _write_reference(path, key, records, device, time.monotonic() - t0)
+            yield rec, "computed"
+    finally:
+        if trainer is not None:
+            trainer = None
+            devices.empty_cache(device)
+
+
+def _write_reference(
+    path: Path, key: dict[str, Any], records: list[StepRecord], device: torch.device, seconds: float | None
+) -> None:
+    write_reference_file(path, key, records, device, seconds)
+    print(f"reference: {len(records)} step(s) written to the reference file {path.resolve()}",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def run_reference(
-    cfg: TrajectoryConfig, token_file: str | Path, device: torch.device, *, cache: bool = True
+    cfg: TrajectoryConfig,
+    token_file: str | Path,
+    device: torch.device,
+    *,
+    cache: bool = True,
+    reference_file: str | Path | None = None,
 ) -> list[StepRecord]:
-    key = _reference_key(cfg, token_file, device)
-    if cache and key in _REFERENCE_CACHE:
-        return list(_REFERENCE_CACHE[key])
-    trainer = reference_trainer(cfg, token_file, device)
-    try:
-        records = run_steps(trainer, cfg.steps, "reference")
-    finally:
-        del trainer
-        devices.empty_cache(device)
-    if cache:
-        while len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
-            _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
-        _REFERENCE_CACHE[key] = list(records)
-    return records
+    it = iter_reference(cfg, token_file, device, cache=cache, reference_file=reference_file)
+    return [rec for rec, _ in it]
+
+
+@dataclass(frozen=True)
+class TrajectoryStep:
+    """One streamed step: a reference step (`candidate` None) or a candidate step beside its
+    reference step. `source` says where the reference came from ("computed", "cache", "file")."""
+
+    step: int
+    reference: StepRecord
+    candidate: StepRecord | None
+    source: str
+
+    @property
+    def side(self) -> str:
+        return "reference" if self.candidate is None else "candidate"
+
+
+def _broadcast(payload: list[Any], distributed: bool, group: dist.ProcessGroup | None) -> None:
+    if distributed:
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(payload, src=src, group=group)
+
+
+def iter_trajectory(
+    cfg: TrajectoryConfig,
+    token_file: str | Path,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+    *,
+    reference_file: str | Path | None = None,
+) -> Iterator[TrajectoryStep]:
+    """Every reference step, then every candidate step, each as soon as it exists; call on every
+    rank. Rank 0 runs (or reads) the reference and yields its steps as they come, then broadcasts
+    it; the other ranks yield the reference steps after the broadcast. A failure of the reference
+    on rank 0 is broadcast too, so every rank raises (NonFiniteTrajectory stays that class)."""
+    distributed = dist.is_initialized() and cfg.cp_mode != "none"
+    rank = dist.get_rank(group) if distributed else 0
+    reference: list[StepRecord] = []
+    source = "computed"
+    if rank == 0:
+        try:
+            for rec, source in iter_reference(cfg, token_file, device, reference_file=reference_file):
+                reference.append(rec)
+                yield TrajectoryStep(len(reference) - 1, rec, None, source)
+        except BaseException as exc:  # the other ranks must learn of it, not wait in the broadcast
+            if distributed:
+                with contextlib.suppress(Exception):  # a broken group: the original error says more
+                    _broadcast([("error", (type(exc).__name__, str(exc)))], distributed, group)
+            raise
+        _broadcast([("ok", (reference, source))], distributed, group)
+    else:
+        payload: list[Any] = [None]
+        _broadcast(payload, distributed, group)
+        status, value = payload[0]
+        if status == "error":
+            kind, message = value
+            if kind == NonFiniteTrajectory.__name__:
+                raise NonFiniteTrajectory(message)
+            if kind == ReferenceFileMismatch.__name__:
+                raise ReferenceFileMismatch(message)
+            raise RuntimeError(f"the reference failed on CP rank 0 with {kind}: {message}")
+        reference, source = value
+        for i, rec in enumerate(reference):
+            yield TrajectoryStep(i, rec, None, source)
+    trainer = candidate_trainer(cfg, token_file, device, group)
+    for s, cand in enumerate(iter_steps(trainer, cfg.steps, "candidate")):
+        yield TrajectoryStep(s, reference[s], cand, source)
 
 
 def run_trajectory(
@@ -275,29 +551,17 @@ def run_trajectory(
     token_file: str | Path,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    *,
+    reference_file: str | Path | None = None,
 ) -> TrajectoryComparison:
-    """Reference on CP rank 0 (broadcast to the group), candidate on every rank; call on every rank."""
-    distributed = dist.is_initialized() and cfg.cp_mode != "none"
-    rank = dist.get_rank(group) if distributed else 0
-    payload: list[Any] = [None]
-    if rank == 0:
-        try:
-            payload[0] = ("ok", run_reference(cfg, token_file, device))
-        except Exception as exc:  # the other ranks must learn of it, not wait in the broadcast
-            if not distributed:
-                raise
-            payload[0] = ("error", (type(exc).__name__, str(exc)))
-    if distributed:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(payload, src=src, group=group)
-    status, value = payload[0]
-    if status == "error":
-        kind, message = value
-        if kind == NonFiniteTrajectory.__name__:
-            raise NonFiniteTrajectory(message)
-        raise RuntimeError(f"the reference failed on CP rank 0 with {kind}: {message}")
-    candidate = run_steps(candidate_trainer(cfg, token_file, device, group), cfg.steps, "candidate")
-    return TrajectoryComparison(value, candidate)
+    """`iter_trajectory` collected: reference on CP rank 0 (broadcast), candidate on every rank."""
+    reference, candidate = [], []
+    for ev in iter_trajectory(cfg, token_file, device, group, reference_file=reference_file):
+        if ev.candidate is None:
+            reference.append(ev.reference)
+        else:
+            candidate.append(ev.candidate)
+    return TrajectoryComparison(reference, candidate)
 
 
 @dataclass

@@ -17,6 +17,25 @@ Case families (one case per mode x activation checkpoint where it applies):
 Mode "none" runs the candidate on each rank without CP (a single-device backend comparison, e.g.
 Triton vs eager on one GPU); a CP mode needs world size >= 2. Tokens: `token_file`, or a file
 built on each rank from the sample text shipped in `gdn/data/`.
+
+A trajectory case streams its samples: `ref_*` per reference step while the reference runs (on
+CP rank 0; the other ranks yield the same values after the broadcast), then per candidate step
+`cand_*` and the step's errors; the maxima and `finite` only when every step is done. A job
+deadline or a kill during the candidate keeps every step yielded so far.
+
+`reference_file`: a JSON file of the reference trajectory (gdn.trajectory describes the format and
+the key). When it exists and its key matches the run (model, data by content hash, precision,
+optimizer, seed, device kind, deterministic flag), the reference steps are read from it (the
+rank's log says so) instead of computed; when it does not exist, the computed reference is written
+there as soon as its last step is done, so a later run reuses it even if this one's candidate
+never finishes. A different key, or fewer steps than asked, is an error naming what differs
+(delete the file to compute a new one). It is not part of the cases' parameters (fingerprints do
+not change). The ranks run in the source root: give an absolute path. A 200-step GPU run in two
+device commands, the first computing and storing the reference, the second reusing it:
+
+    gdnval run network --preset full --device cuda --deadline 540 \
+        --param speed=false --param determinism=false --param checkpoints='["off"]' \
+        --param reference_file="$PWD/ref-qwen35-4l-8192-bf16.json" --json traj.json
 """
 
 from __future__ import annotations
@@ -58,6 +77,9 @@ class NetworkParams(SuiteParams):
     determinism_steps: int = 10
     token_file: str | None = None
     corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
+    # JSON file of the reference trajectory: read when it exists and its key matches, else written
+    # once the reference is computed (see gdn.trajectory); not part of the cases' parameters
+    reference_file: str | None = None
 
 
 def _metrics() -> tuple[Metric, ...]:
@@ -152,7 +174,7 @@ class NetworkSuite(Suite):
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, NetworkParams)
         _check(params)
-        base = params.model_dump(exclude={"modes", "checkpoints", "determinism_modes"})
+        base = params.model_dump(exclude={"modes", "checkpoints", "determinism_modes", "reference_file"})
         out: list[Case] = []
         for mode in params.modes:
             for ckpt in params.checkpoints:
@@ -222,24 +244,42 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
     return TrajectoryConfig(**fields)
 
 
+def reference_file_for(ctx: RankContext, params: dict[str, Any]) -> str | None:
+    """The job's `reference_file` (kept out of the case parameters, so it never changes a case's
+    fingerprint: reading the reference from a file measures the same thing)."""
+    return params.get("reference_file") or (ctx.extras.get("params") or {}).get("reference_file")
+
+
 def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    from gdn.trajectory import run_trajectory
+    """Samples stream per step: the reference steps while the reference runs (after its broadcast
+    on ranks other than 0), then each candidate step with its errors; the maxima and `finite` at
+    the end. A NaN/Inf raises NonFiniteTrajectory after the steps before it were yielded."""
+    from gdn.trajectory import iter_trajectory, step_error
 
     p = case.params
     cfg = trajectory_config(ctx, p)
-    cmp = run_trajectory(cfg, token_file_for(p), ctx.device, ctx.group if cfg.cp_mode != "none" else None)
     prec = PRECISION[cfg.dtype]
     name, r = case.name, ctx.rank
-    for i, (ref, cand) in enumerate(zip(cmp.reference, cmp.candidate, strict=True)):
-        yield Sample(name, "ref_loss", ref.loss, rank=r, idx=i)
-        yield Sample(name, "cand_loss", cand.loss, rank=r, idx=i)
-        yield Sample(name, "ref_grad_norm", ref.grad_norm, rank=r, idx=i)
-        yield Sample(name, "cand_grad_norm", cand.grad_norm, rank=r, idx=i)
-    for what in ("loss", "grad_norm"):
-        abs_err, rel_err = cmp.errors(what)
-        for i, (a, b) in enumerate(zip(abs_err, rel_err, strict=True)):
+    errors: dict[str, tuple[list[float], list[float]]] = {"loss": ([], []), "grad_norm": ([], [])}
+    group = ctx.group if cfg.cp_mode != "none" else None
+    steps = iter_trajectory(
+        cfg, token_file_for(p), ctx.device, group, reference_file=reference_file_for(ctx, p)
+    )
+    for ev in steps:
+        i = ev.step
+        if ev.candidate is None:
+            yield Sample(name, "ref_loss", ev.reference.loss, rank=r, idx=i)
+            yield Sample(name, "ref_grad_norm", ev.reference.grad_norm, rank=r, idx=i)
+            continue
+        yield Sample(name, "cand_loss", ev.candidate.loss, rank=r, idx=i)
+        yield Sample(name, "cand_grad_norm", ev.candidate.grad_norm, rank=r, idx=i)
+        for what, (abs_err, rel_err) in errors.items():
+            a, b = step_error(getattr(ev.candidate, what), getattr(ev.reference, what))
+            abs_err.append(a)
+            rel_err.append(b)
             yield Sample(name, f"{prec}_{what}_abs_err", a, rank=r, idx=i)
             yield Sample(name, f"{prec}_{what}_rel_err", b, rank=r, idx=i)
+    for what, (abs_err, rel_err) in errors.items():
         yield Sample(name, f"{prec}_{what}_max_abs", max(abs_err), rank=r)
         yield Sample(name, f"{prec}_{what}_max_rel", max(rel_err), rank=r)
     yield Sample(name, "finite", 1.0, rank=r)  # a NaN/Inf raises NonFiniteTrajectory instead
