@@ -60,11 +60,16 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
                 --param "seq_lens=[$lens]" --param eager_warmup=1 --param eager_repeat=3 \
                 --deadline $((limit - 15)) --json "$OUT/gdnop_$tag.json" ;;
         net200:*)
-            # the full preset's 200-step trajectory (checkpoint off) and the determinism pair
+            # the full preset's 200-step trajectory (checkpoint off) and the determinism pair. The
+            # eager reference is kept in .refs/ (carry it to reuse it: `carry: [".refs"]`) and
+            # copied to $OUT, so a later call runs only the candidate.
             IFS=: read -r _ seq limit <<<"$step"
+            mkdir -p .refs
             run_step "net200_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
                 --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
-                --deadline $((limit - 10)) --json "$OUT/net200_$seq.json" ;;
+                --param "reference_file=$PWD/.refs/net200_$seq.json" \
+                --deadline $((limit - 10)) --json "$OUT/net200_$seq.json"
+            [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
         gdnacc:*)
