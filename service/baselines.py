@@ -56,9 +56,11 @@ def load_side(session: Session, job_id: int) -> JobSide:
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     metric_rows = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == job.suite))}
-    # a re-queued job keeps its interrupted run's samples: read the latest run only
+    # a re-queued job keeps its interrupted run's samples (and a stale run may still write case
+    # results under its attempt): read the latest run only, samples and statuses alike
+    attempt = max(1, job.attempts or 0)
     q = select(SampleRow.case_id, SampleRow.metric_id, SampleRow.rank, SampleRow.idx, SampleRow.value).where(
-        SampleRow.job_id == job_id, SampleRow.attempt == max(1, job.attempts or 0)
+        SampleRow.job_id == job_id, SampleRow.attempt == attempt
     )
     rows = session.connection().execute(q).all()  # Core: skips the ORM's per-row processing
     # Column-wise through zip: numpy on a list of Row objects goes through the mapping protocol
@@ -68,7 +70,9 @@ def load_side(session: Session, job_id: int) -> JobSide:
     for i, col in enumerate(cols):
         arr[:, i] = np.array(col, dtype=np.float64)
     results = session.execute(
-        select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(CaseResult.job_id == job_id)
+        select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(
+            CaseResult.job_id == job_id, CaseResult.attempt == attempt
+        )
     ).all()
     case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
     metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)

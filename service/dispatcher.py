@@ -53,6 +53,7 @@ class StoreSink:
         self.summarized: set[int] = set()  # case ids whose summary is stored for this attempt
         with write_tx(engine) as s:
             store.drop_earlier_summaries(s, job.id, self.attempt)
+            store.drop_earlier_case_results(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params))
@@ -117,7 +118,7 @@ class StoreSink:
                     error = f"executor reported unknown status {status!r}; {error or ''}".strip()
                     status = "error"
                 case_id = self._case_id(s, case)
-                store.set_case_result(s, self.job_id, case_id, status, error)
+                store.set_case_result(s, self.job_id, case_id, status, error, attempt=self.attempt)
             self._store_case_summary(case_id)
 
     def _store_case_summary(self, case_id: int) -> None:

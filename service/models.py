@@ -151,17 +151,20 @@ class Case(Base):
 
 
 class CaseResult(Base):
-    """The outcome of one case in one job (the executor's verdict, not a metric comparison)."""
+    """The outcome of one case in one run (`attempt`) of a job (the executor's verdict, not a
+    metric comparison). As with summaries, only the job's latest attempt is read: a new run drops
+    earlier rows, and a stale run that still reports writes under its old attempt, never shown."""
 
     __tablename__ = "case_result"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     status: Mapped[str] = mapped_column(String(20))
     error: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (UniqueConstraint("job_id", "case_id"),)
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id"),)
 
 
 class MetricDef(Base):

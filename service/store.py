@@ -167,13 +167,35 @@ def add_event(
     return ev
 
 
-def set_case_result(session: Session, job_id: int, case_id: int, status: str, error: str | None) -> None:
-    """Record (or overwrite, if reported again) a case's outcome in a job."""
-    row = session.scalar(select(CaseResult).where(CaseResult.job_id == job_id, CaseResult.case_id == case_id))
+def set_case_result(
+    session: Session, job_id: int, case_id: int, status: str, error: str | None, attempt: int | None = None
+) -> None:
+    """Record (or overwrite, if reported again) a case's outcome in one run of a job: `attempt`,
+    the run that reported it (default: the job's current one). A stale run passes its own
+    attempt, so it never touches the rows of a later run, and readers never show its rows."""
+    if attempt is None:
+        job = session.get(Job, job_id)
+        attempt = job_attempt(job) if job is not None else 1
+    r = CaseResult
+    row = session.scalar(select(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id == case_id))
     if row is None:
-        session.add(CaseResult(job_id=job_id, case_id=case_id, status=status, error=error))
+        session.add(CaseResult(job_id=job_id, attempt=attempt, case_id=case_id, status=status, error=error))
     else:
         row.status, row.error = status, error
+
+
+def drop_earlier_case_results(session: Session, job_id: int, attempt: int) -> None:
+    """Case results of the job's runs before `attempt`: never shown again once a new run started."""
+    session.execute(delete(CaseResult).where(CaseResult.job_id == job_id, CaseResult.attempt < attempt))
+
+
+def latest_case_results(session: Session, job_id: int) -> list[CaseResult]:
+    """The case results of the job's latest attempt (what pages, the API, compare and gate read)."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return []
+    r = CaseResult
+    return list(session.scalars(select(r).where(r.job_id == job_id, r.attempt == job_attempt(job))))
 
 
 def save_artifact(
@@ -604,12 +626,14 @@ def pending_summary(
 def finish_summary(engine: Engine, job_id: int, attempt: int) -> int:
     """The job-end step: store summaries for the cases of `attempt` left without one (computed
     in a read session, outside the write lock; cases that ended have theirs already) and drop
-    rows of earlier attempts. Returns the number of rows written."""
+    summaries and case results of earlier attempts (a stale run may have written some since the
+    run started). Returns the number of rows written."""
     with Session(engine) as session:
         missing = pending_summary(session, job_id, attempt, stored_summary(session, job_id, attempt))
     with write_tx(engine) as session:
         n = store_summary(session, job_id, missing, case_ids=sorted({c for c, _ in missing}), attempt=attempt)
         drop_earlier_summaries(session, job_id, attempt)
+        drop_earlier_case_results(session, job_id, attempt)
     return n
 
 
@@ -627,11 +651,12 @@ def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], Metric
 
 
 def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
-    """Every case of the job (with a result or samples), its status and per-metric summaries."""
+    """Every case of the job's latest attempt (with a result or samples), its status and
+    per-metric summaries; a case with samples but no result yet in that attempt has status None."""
     job = session.get(Job, job_id)
     if job is None:
         return []
-    results = {r.case_id: r for r in session.scalars(select(CaseResult).where(CaseResult.job_id == job_id))}
+    results = {r.case_id: r for r in latest_case_results(session, job_id)}
     summaries = summarize_job(session, job_id)
     case_ids = set(results) | {c for c, _ in summaries}
     cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(case_ids)))}

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import db, store
-from service.models import Base, Job, SampleRow
+from service.models import Base, CaseResult, Job, SampleRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +67,41 @@ def test_migrations_up_down_up_and_orm_matches(tmp_path: Path) -> None:
     with eng.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     assert diffs == [], f"ORM and migrated schema differ: {diffs}"
+    eng.dispose()
+
+
+def test_migration_tags_existing_case_results_with_their_jobs_attempt(tmp_path: Path) -> None:
+    """0003: a case result takes its job's attempt (max(1, attempts)); downgrading keeps each job's
+    latest-attempt rows only and restores the (job, case) key."""
+    eng = db.make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    db.upgrade(eng, "0002")
+    job_cols = ("suite, preset, params, device, world_size, status, priority, labels, progress_done, "
+                "progress_total, progress_message, info, cancel_requested, created_at")  # fmt: skip
+    job_vals = "'s', 'q', '{}', 'cpu', 1, 'succeeded', 0, '{}', 0, 0, '', '{}', 0, '2026-01-01'"
+    with eng.begin() as conn:
+        for job_id, attempts in ((1, 2), (2, 0)):  # a retried job; one stored without being claimed
+            conn.execute(text(f"INSERT INTO job (id, attempts, {job_cols}) "
+                              f"VALUES ({job_id}, {attempts}, {job_vals})"))  # fmt: skip
+        conn.execute(text("INSERT INTO \"case\" (id, fingerprint, suite, name, params, device, world_size) "
+                          "VALUES (1, 'fp', 's', 'c', '{}', 'cpu', 1)"))  # fmt: skip
+        conn.execute(text("INSERT INTO case_result (job_id, case_id, status, error, at) VALUES "
+                          "(1, 1, 'failed', 'bound', '2026-01-01'), "
+                          "(2, 1, 'passed', NULL, '2026-01-01')"))  # fmt: skip
+    db.upgrade(eng)
+    with Session(eng) as s:
+        q = select(CaseResult.job_id, CaseResult.attempt, CaseResult.status).order_by(CaseResult.job_id)
+        assert s.execute(q).all() == [(1, 2, "failed"), (2, 1, "passed")]
+        assert [(c.status, c.error) for c in store.case_summaries(s, 1)] == [("failed", "bound")]
+        assert [c.status for c in store.case_summaries(s, 2)] == ["passed"]  # still shown
+    with Session(eng) as s, s.begin():  # a stale run of job 1 wrote under its old attempt
+        store.set_case_result(s, 1, 1, "passed", None, attempt=1)
+    db.downgrade(eng, "0002")
+    with eng.connect() as conn:
+        rows = conn.execute(text("SELECT job_id, status FROM case_result ORDER BY job_id")).all()
+        assert rows == [(1, "failed"), (2, "passed")]  # the stale attempt-1 row is gone
+        assert "attempt" not in {c["name"] for c in inspect(conn).get_columns("case_result")}
+        uniques = [u["column_names"] for u in inspect(conn).get_unique_constraints("case_result")]
+        assert uniques == [["job_id", "case_id"]]
     eng.dispose()
 
 

@@ -22,12 +22,14 @@ from service.models import Case, CaseResult, Job, MetricDef, SampleRow, SummaryR
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """job id -> case status -> count, for the verdict column of the job list (one query)."""
+    """job id -> case status -> count, for the verdict column of the job list (one query); only
+    the results of each job's latest attempt (max(1, attempts)) count."""
     if not job_ids:
         return {}
     q = (
         select(CaseResult.job_id, CaseResult.status, func.count())
-        .where(CaseResult.job_id.in_(list(job_ids)))
+        .join(Job, Job.id == CaseResult.job_id)
+        .where(CaseResult.job_id.in_(list(job_ids)), CaseResult.attempt == _job_attempt())
         .group_by(CaseResult.job_id, CaseResult.status)
     )
     out: dict[int, dict[str, int]] = {}
@@ -169,7 +171,8 @@ def step_groups(
 
 
 def _job_attempt() -> Any:
-    """SQL: the job's latest run, max(1, attempts): the only summary rows a page shows."""
+    """SQL: the job's latest run, max(1, attempts): the only summary and case-result rows a page
+    shows."""
     return sa_case((Job.attempts > 1, Job.attempts), else_=1)
 
 
