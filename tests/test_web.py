@@ -410,17 +410,18 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     expect(job_row(seeded.failed).locator("td").nth(1)).to_have_text("failed")
     shot(page, "jobs-desktop")
     page.evaluate("window.__marker = 'same page'")
-    with Session(engine) as s, s.begin():
+    # the live server's dispatcher writes too: read-modify-write takes the lock at BEGIN (db.write_tx)
+    with db.write_tx(engine) as s:
         s.get(Job, seeded.running).progress_done = 4
     expect(running).to_contain_text("4/6", timeout=10_000)
-    with Session(engine) as s, s.begin():  # a job submitted elsewhere appears by itself
+    with db.write_tx(engine) as s:  # a job submitted elsewhere appears by itself
         new = Job(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
                   claimed_by="elsewhere:1:web-test", heartbeat_at=datetime.now(UTC), progress_total=3)
         s.add(new)
         s.flush()
         new_id = new.id
     expect(job_row(new_id)).to_contain_text("0/3", timeout=10_000)
-    with Session(engine) as s, s.begin():
+    with db.write_tx(engine) as s:
         j = s.get(Job, seeded.running)
         j.status, j.progress_done, j.finished_at = "cancelled", 6, datetime.now(UTC)
     expect(running).to_contain_text("cancelled", timeout=10_000)
