@@ -57,3 +57,48 @@ def test_run_rejects_unknown_input_before_starting_ranks() -> None:
     assert result.exit_code == 2 and "unknown suite 'nosuch'" in result.output
     result = CliRunner().invoke(main, ["run", "probe", "--param", "novalue"])
     assert result.exit_code == 2 and "expected KEY=VALUE" in result.output
+
+
+RUN_WITH_PROBE = """
+import sys
+from workers.registry import SUITE_MODULES
+SUITE_MODULES["probe"] = "tests.suites_for_tests"
+from service.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_sigterm_cancels_the_run_and_still_writes_what_finished(tmp_path: Path) -> None:
+    """`timeout` stops a long device run with SIGTERM: the finished cases must reach --json."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    report = tmp_path / "probe.json"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN_WITH_PROBE, "run", "probe", "--param", "fault=hang", "--param",
+         "fault_rank=0", "--json", str(report)],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "probe output from rank 0" not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert "probe output from rank 0" in seen, seen  # the first case ran; the fault case will hang
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 2, seen + out
+    doc = json.loads(report.read_text())
+    assert doc["status"] == "cancelled"
+    cases = {c["name"]: c["status"] for c in doc["cases"]}
+    assert cases["collective"] == "passed" and cases["after_fault"] == "not run"
+    assert sorted(s["idx"] for s in doc["samples"] if s["metric"] == "allreduce_sum") == [0, 1, 2]

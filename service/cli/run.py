@@ -20,14 +20,16 @@ Exit code: 0 every case passed (or raised its expected error), 1 some case faile
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
+import signal
 import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,27 @@ from workers.executor import JobOutcome, JobSpec
 from workers.suite import Sample, Suite, UnknownSuiteInput
 
 PASSING = ("passed", "expected_error", "skipped")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the run like Ctrl-C: cancel the job, then print and write what it produced.
+
+    `timeout` and batch systems stop a long GPU run with SIGTERM; without this the results of the
+    cases that did finish (and the --json file) were lost with the process."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the write short
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread (e.g. a test runner)
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class CollectingSink:
@@ -233,7 +256,7 @@ def run(
     t0 = time.monotonic()
     outcome: list[JobOutcome] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*columns, console=console, transient=True) as progress, _terminate_as_interrupt():
         sink = CollectingSink(progress, console)
         worker = threading.Thread(
             target=lambda: outcome.append(executor.run(spec, sink, cancel)), daemon=True
@@ -242,7 +265,7 @@ def run(
         try:
             while worker.is_alive():
                 worker.join(0.2)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`timeout`, a batch system): keep what ran
             cancel.set()
             worker.join(30)
     result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
