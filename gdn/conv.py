@@ -32,9 +32,10 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         out = x.new_empty(x.shape[0], T, x.shape[2])
         for s in range(0, T, _TOKENS_PER_SLICE):
             e = min(T, s + _TOKENS_PER_SLICE)
-            acc = x[:, s : e].to(cdt) * w[:, 0]
+            xs = x[:, s : e + K - 1].to(cdt)  # one conversion per slice; the taps are views of it
+            acc = xs[:, : e - s] * w[:, 0]
             for j in range(1, K):
-                acc += x[:, s + j : e + j].to(cdt) * w[:, j]
+                acc.addcmul_(xs[:, j : j + e - s], w[:, j])
             out[:, s:e] = acc
         ctx.save_for_backward(x, weight)
         return out
@@ -51,9 +52,10 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         for s in range(0, T, _TOKENS_PER_SLICE):
             e = min(T, s + _TOKENS_PER_SLICE)
             g = dy[:, s:e].to(cdt)
+            xs = x[:, s : e + K - 1].to(cdt)
             for j in range(K):
-                dx[:, s + j : e + j] += g * w[:, j]
-                dw[:, j] += (x[:, s + j : e + j].to(cdt) * g).sum(dim=(0, 1))
+                dx[:, s + j : e + j].addcmul_(g, w[:, j])
+                dw[:, j] += (xs[:, j : j + e - s] * g).sum(dim=(0, 1))
         return dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype)
 
 
