@@ -15,6 +15,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,17 @@ from service.store import (
     store_summary,
 )
 from workers.suite import Case, Metric
+
+
+def _time_case_summaries(Session: Any, job_id: int, what: str, runs: int = 3) -> None:
+    """What the API and pages read for a job, timed `runs` times."""
+    for attempt in range(runs):
+        t0 = time.perf_counter()
+        with Session() as s:
+            summary = case_summaries(s, job_id)
+        dt = time.perf_counter() - t0
+        print(f"case_summaries {what} [{attempt}]: {len(summary)} cases x "
+              f"{len(summary[0].metrics)} metrics in {dt:.3f} s")  # fmt: skip
 
 
 def main() -> None:
@@ -111,15 +123,7 @@ def main() -> None:
         f"case summary stored at each case's end: {len(case_list) - 1} cases in {dt:.3f} s "
         f"= {dt / (len(case_list) - 1) * 1000:.1f} ms per case ({len(rows) // len(case_list)} samples each)"
     )
-    for attempt in range(3):
-        t0 = time.perf_counter()
-        with Session() as s:
-            summary = case_summaries(s, job_id)
-        dt = time.perf_counter() - t0
-        print(
-            f"case_summaries of the running job, {len(case_list) - 1} cases stored + 1 live [{attempt}]: "
-            f"{len(summary)} cases in {dt:.3f} s"
-        )
+    _time_case_summaries(Session, job_id, f"of the running job, {len(case_list) - 1} cases stored + 1 live")
     t0 = time.perf_counter()
     written = finish_summary(engine, job_id, 1)
     with Session.begin() as s:
@@ -131,15 +135,7 @@ def main() -> None:
         store_summary(s, job_id)
     print(f"store_summary of the whole job from raw samples (recompute, for comparison): "
           f"{time.perf_counter() - t0:.3f} s")
-    for attempt in range(3):
-        t0 = time.perf_counter()
-        with Session() as s:
-            summary = case_summaries(s, job_id)
-        dt = time.perf_counter() - t0
-        print(
-            f"case_summaries of the finished job [{attempt}]: {len(summary)} cases x "
-            f"{len(summary[0].metrics)} metrics in {dt:.3f} s"
-        )
+    _time_case_summaries(Session, job_id, "of the finished job")
     engine.dispose()
 
 

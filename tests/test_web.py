@@ -216,6 +216,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_until_serving(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
+    """Poll `url` until it answers 200; fail with the server's output if it exits or times out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"server did not start:\n{out[-3000:]}")
+        time.sleep(0.2)
+
+
 # The real app with its dispatcher and the in-process executor (the submit test runs a real job).
 SERVER = """
 import sys, uvicorn
@@ -239,20 +257,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded
     proc = subprocess.Popen([sys.executable, "-c", SERVER, url, TOKEN, str(port), str(tmp / "artifacts")],
                             cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    import httpx
-
-    while True:
-        try:
-            if httpx.get(base + "/jobs", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"server did not start:\n{out[-3000:]}")
-        time.sleep(0.2)
+    _wait_until_serving(proc, base + "/jobs")
     try:
         yield base, seeded, engine
     finally:
@@ -587,7 +592,6 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
 ) -> None:
     """With protect_reads the download links point at the API; the browser has only its login
     cookie (no bearer header on a link) and gets the files; an anonymous browser does not."""
-    import httpx
 
     _, seeded, engine = site
     port = _free_port()
@@ -597,17 +601,7 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/login", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"server did not start:\n{(proc.stdout.read() or b'').decode()[-3000:]}")
-            time.sleep(0.2)
+        _wait_until_serving(proc, base + "/login")
         anonymous = browser.new_context()
         csv_path = f"/api/v1/jobs/{seeded.head}/samples?format=csv"
         assert anonymous.request.get(base + csv_path).status == 401
