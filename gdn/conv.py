@@ -18,7 +18,8 @@ import torch
 _TOKENS_PER_SLICE = 8192
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32 inside for low-precision activations; fp64 stays fp64 (the exact tests run in fp64)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
@@ -27,7 +28,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         K = weight.shape[-1]
         T = x.shape[1] - (K - 1)
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         w = weight.reshape(weight.shape[0], K).to(cdt)
         out = x.new_empty(x.shape[0], T, x.shape[2])
         for s in range(0, T, _TOKENS_PER_SLICE):
@@ -45,7 +46,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         K = weight.shape[-1]
         T = dy.shape[1]
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         w = weight.reshape(weight.shape[0], K).to(cdt)
         dx = torch.zeros(x.shape, dtype=cdt, device=x.device)
         dw = torch.zeros(w.shape, dtype=cdt, device=x.device)

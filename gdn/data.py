@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gdn.cp.config import shard_range
+
 FORMAT = "gdnval-tokens"
 VERSION = 1
 BYTE_VOCAB = 257  # bytes 0..255 and EOS
@@ -221,13 +223,7 @@ class TokenStream:
             raise ValueError(f"seq_len must be >= 2, got {seq_len}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if cp_size < 1 or not 0 <= cp_rank < cp_size:
-            raise ValueError(f"cp_rank must lie in [0, cp_size={cp_size}), got {cp_rank}")
-        if seq_len % cp_size:
-            raise ValueError(
-                f"sequence length {seq_len} is not divisible by the CP size {cp_size}; "
-                f"use a multiple of {cp_size}"
-            )
+        shard_range(seq_len, cp_size, cp_rank)  # a valid rank and a length the CP size divides
         if self.header.num_tokens < seq_len + 1:
             raise TokenFileError(
                 f"token file {path} holds {self.header.num_tokens} tokens, fewer than one sequence of "

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gdn.conv import causal_depthwise_conv1d
+from gdn.conv import causal_depthwise_conv1d, compute_dtype
 from gdn.cp.comm import (
     PendingSend,
     check_same_shape,
@@ -73,13 +73,8 @@ class GDNLayerConfig:
         return 2 * self.key_dim + self.value_dim
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """fp32 inside for low-precision activations; fp64 stays fp64 (the exact tests run in fp64)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def l2_normalize(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
-    xf = x.to(_compute_dtype(x))
+    xf = x.to(compute_dtype(x))
     return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
@@ -92,7 +87,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         xf = x.to(cdt)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.to(cdt) * F.silu(z.to(cdt))).to(x.dtype)
@@ -192,7 +187,7 @@ class GatedDeltaNet(nn.Module):
         self, b: torch.Tensor, a: torch.Tensor, m: torch.Tensor | None, heads: slice | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(g, beta) for [B, T, h] pre-activations; `heads` slices A_log/dt_bias (Ulysses)."""
-        cdt = _compute_dtype(a)
+        cdt = compute_dtype(a)
         A_log = self.A_log if heads is None else self.A_log[heads]
         dt_bias = self.dt_bias if heads is None else self.dt_bias[heads]
         g = -A_log.to(cdt).exp() * F.softplus(a.to(cdt) + dt_bias.to(cdt))

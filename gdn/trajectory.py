@@ -187,6 +187,13 @@ class Trainer:
         if self.replicated_cp:
             sync_replicated_grads(self.model, self.group)
 
+    def forward_backward(self, b: TokenBatch) -> torch.Tensor:
+        """zero_grad + forward + loss + backward (+ FSDP reduce); returns this rank's loss share."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_loss(b)
+        self.backward(loss)
+        return loss
+
     def global_loss(self, loss: torch.Tensor) -> float:
         value = loss.detach().double()
         if self.group is not None:
@@ -199,10 +206,8 @@ class Trainer:
         return global_grad_norm(self.model, self.group, sharded=sharded)
 
     def step(self, step: int, side: str) -> StepRecord:
-        """zero_grad + forward + loss + backward (+ FSDP reduce) + record + AdamW.step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_loss(self.batch(step))
-        self.backward(loss)
+        """`forward_backward` + record + AdamW.step."""
+        loss = self.forward_backward(self.batch(step))
         rec = StepRecord(self.global_loss(loss), self.grad_norm())
         if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
             raise NonFiniteTrajectory(

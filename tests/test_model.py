@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,14 +10,7 @@ from gdn.data import IGNORE_INDEX
 from gdn.model import MODEL_CONFIGS, HybridModel, ModelConfig, build_model, model_config
 from gdn.parallel import apply_activation_checkpoint, global_grad_norm, named_full_parameters
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Intra-op threads spin against the other processes on a shared 2-core machine (30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_report_configs_are_3_to_1_hybrids() -> None:

@@ -42,18 +42,13 @@ from workers.context import RankContext
 from workers.registry import get_suite
 from workers.suite import Case, Sample
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 4
 SEQ = 32
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Intra-op threads spin against the other processes on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

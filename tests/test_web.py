@@ -7,6 +7,7 @@ go to test-artifacts/web/ (git-ignored): desktop at 1280 px and phone width.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -216,22 +217,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_until_serving(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
-    """Poll `url` until it answers 200; fail with the server's output if it exits or times out."""
+@contextlib.contextmanager
+def _serving(
+    script: str, db_url: str, artifacts: Path, ready_path: str, timeout: float = 60
+) -> Iterator[str]:
+    """Run `script` (a uvicorn server taking db url, token, port, artifacts dir) in a child
+    process, wait until `ready_path` answers 200, yield its base URL, stop it afterwards."""
     import httpx
 
-    deadline = time.monotonic() + timeout
-    while True:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script, db_url, TOKEN, str(port), str(artifacts)],
+                            cwd=artifacts.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(base + ready_path, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                pytest.fail(f"server did not start:\n{out[-3000:]}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
             proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"server did not start:\n{out[-3000:]}")
-        time.sleep(0.2)
 
 
 # The real app with its dispatcher and the in-process executor (the submit test runs a real job).
@@ -252,20 +271,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded
     engine = db.make_engine(url)
     db.upgrade(engine)
     seeded = seed(engine, tmp / "artifacts")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, url, TOKEN, str(port), str(tmp / "artifacts")],
-                            cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    _wait_until_serving(proc, base + "/jobs")
     try:
-        yield base, seeded, engine
+        with _serving(SERVER, url, tmp / "artifacts", "/jobs") as base:
+            yield base, seeded, engine
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         engine.dispose()
 
 
@@ -592,16 +601,8 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
 ) -> None:
     """With protect_reads the download links point at the API; the browser has only its login
     cookie (no bearer header on a link) and gets the files; an anonymous browser does not."""
-
     _, seeded, engine = site
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", PROTECTED_SERVER, str(engine.url), TOKEN, str(port),
-                             str(tmp_path / "artifacts")], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_serving(proc, base + "/login")
+    with _serving(PROTECTED_SERVER, str(engine.url), tmp_path / "artifacts", "/login") as base:
         anonymous = browser.new_context()
         csv_path = f"/api/v1/jobs/{seeded.head}/samples?format=csv"
         assert anonymous.request.get(base + csv_path).status == 401
@@ -624,9 +625,3 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
         js = pg.request.get(base + pg.locator("a", has_text="JSON").first.get_attribute("href"))
         assert js.ok and js.json()["items"]
         ctx.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()

@@ -244,6 +244,15 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
     return TrajectoryConfig(**fields)
 
 
+def case_trainer(ctx: RankContext, params: dict[str, Any]):  # -> gdn.trajectory.Trainer
+    """The candidate trainer of a case (speed, stability, profile): its CP group only in a CP mode."""
+    from gdn.trajectory import candidate_trainer
+
+    cfg = trajectory_config(ctx, params)
+    group = ctx.group if cfg.cp_mode != "none" else None
+    return candidate_trainer(cfg, token_file_for(params), ctx.device, group)
+
+
 def reference_file_for(ctx: RankContext, params: dict[str, Any]) -> str | None:
     """The job's `reference_file` (kept out of the case parameters, so it never changes a case's
     fingerprint: reading the reference from a file measures the same thing)."""
@@ -286,25 +295,20 @@ def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 
 
 def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    from gdn.trajectory import candidate_trainer
     from workers.measure import measure_peak_memory, time_repeats, time_samples
 
     p = case.params
-    cfg = trajectory_config(ctx, p)
-    group = ctx.group if cfg.cp_mode != "none" else None
-    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, group)
+    trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)
 
     def fwd() -> None:
         trainer.forward_loss(batch)
 
     def fwd_bwd() -> None:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.backward(trainer.forward_loss(batch))
+        trainer.forward_backward(batch)
 
     def step() -> None:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.backward(trainer.forward_loss(batch))
+        trainer.forward_backward(batch)
         trainer.optimizer.step()
 
     w, n = p["warmup"], p["repeat"]

@@ -69,18 +69,14 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     from torch.profiler import profile
 
     from gdn import device as devices
-    from gdn.trajectory import candidate_trainer
-    from workers.suites.network import token_file_for, trajectory_config
+    from workers.suites.network import case_trainer
 
     p = case.params
-    cfg = trajectory_config(ctx, p)
-    group = ctx.group if cfg.cp_mode != "none" else None
-    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, group)
+    trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)
 
     def fwd_bwd() -> None:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.backward(trainer.forward_loss(batch))
+        trainer.forward_backward(batch)
 
     for _ in range(p["warmup"]):
         fwd_bwd()

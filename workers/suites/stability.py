@@ -82,12 +82,10 @@ def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import time
 
     from gdn import device as devices
-    from gdn.trajectory import candidate_trainer
-    from workers.suites.network import token_file_for, trajectory_config
+    from workers.suites.network import case_trainer
 
     p = case.params
-    cfg = trajectory_config(ctx, p)
-    trainer = candidate_trainer(cfg, token_file_for(p), ctx.device, ctx.group)
+    trainer = case_trainer(ctx, p)
     cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}
     for cp in cps.values():
         cp.timeout = replace_timeout(cp.timeout, p["timeout_s"])
@@ -97,9 +95,7 @@ def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
         devices.synchronize(ctx.device)
         devices.reset_peak_memory(ctx.device)
         t0 = time.perf_counter()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        loss = trainer.forward_loss(trainer.batch(i))
-        trainer.backward(loss)
+        loss = trainer.forward_backward(trainer.batch(i))
         devices.synchronize(ctx.device)
         dt = (time.perf_counter() - t0) * 1e3
         value, gn = trainer.global_loss(loss), trainer.grad_norm()
