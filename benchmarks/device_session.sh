@@ -4,7 +4,8 @@
 #   bash benchmarks/device_session.sh [step ...]
 #   steps: tests capability gdnop network precision cpgpu gatespeed determinism cpprec
 #          gdnopfull:T[,T...][:limit_s]   (the gdn-op full matrix at those lengths, JSON in $OUT)
-#          net200:SEQ:limit_s netspeed    (the network full preset: 200-step trajectory; speed)
+#          net200:SEQ:limit_s[:nodet] netspeed   (the network full preset: 200-step trajectory; speed)
+#          detprobe   (what breaks bitwise reproducibility on the GPU)
 #          gdnacc:T,..:limit_s gdnspeed:T,..:limit_s precgroups
 set -u
 OUT=${OUT:-device-out}
@@ -64,13 +65,16 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             # the full preset's 200-step trajectory (checkpoint off) and the determinism pair. The
             # eager reference is kept in .refs/ (carry it to reuse it: `carry: [".refs"]`) and
             # copied to $OUT, so a later call runs only the candidate.
-            IFS=: read -r _ seq limit <<<"$step"
+            # A fourth field "nodet" leaves the determinism pair out.
+            IFS=: read -r _ seq limit det <<<"$step"
             mkdir -p .refs
             run_step "net200_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
                 --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
+                --param "determinism=$([ "${det:-}" = nodet ] && echo false || echo true)" \
                 --param "reference_file=$PWD/.refs/net200_$seq.json" \
                 --deadline $((limit - 10)) --json "$OUT/net200_$seq.json"
             [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
+        detprobe) run_step detprobe 150 python3 benchmarks/determinism_probe.py --seq-len 2048 ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
         gdnacc:*)

@@ -155,6 +155,21 @@ def _store_rows(ptr, x, t, m, row_stride, D: tl.constexpr):
 
 
 @triton.jit
+def _transpose_via(base, x, i, m, row_stride):
+    """xᵀ of a [BT, BT] fp32 tile by a round trip through global memory this program owns and
+    has not read yet: rows at `base + r * row_stride` (fp32 units, row_stride >= BT), row r
+    valid where m[r]. The barriers order every warp's loads after all stores, and any later
+    overwrite of that memory after all loads. Used instead of tl.trans where the tile is a dot
+    result that feeds another dot: Triton 3.4-3.7.0 miscompiles that on Hopper (FLA issue 640),
+    and the H200 gave run-to-run different dk, dg and dβ."""
+    tl.store(base + i[:, None] * row_stride + i[None, :], x, mask=m[:, None])
+    tl.debug_barrier()
+    xt = tl.load(base + i[None, :] * row_stride + i[:, None], mask=m[None, :], other=0.0)
+    tl.debug_barrier()
+    return xt
+
+
+@triton.jit
 def _inv_unit_lower16(a):
     """(I + a)⁻¹ for a strictly lower-triangular 16×16 fp32 tile.
 
@@ -674,7 +689,9 @@ def _bwd_dqk_kernel(
     eg = tl.exp(gam)
     ekd = tl.exp(g_last - gam)
     dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
-    dk = dk_acc * ekd[:, None] + tl.dot(tl.trans(dpm).to(dt), q)
+    # dpmᵀ through this program's own dk tile (BK >= BT columns; written with dk below)
+    dpmt = _transpose_via(dk_ptr + (bh * T + c * BT) * D + ik * BK, dpm, i, m, D)
+    dk = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
     z = dpm * qk
     y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
     dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
@@ -699,7 +716,7 @@ def _bwd_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
-    PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
+    DK_ROW_F32: tl.constexpr, PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
 ):  # fmt: skip
     """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
@@ -742,7 +759,9 @@ def _bwd_wy_kernel(
     for ik in tl.static_range(NK):
         dgam += tl.load(dgam_ptr + (ik * tl.num_programs(1) + bh) * T + t, mask=m, other=0.0)
     bd = dae * beta[:, None]
-    bdt = tl.trans(bd)
+    # bdᵀ through this program's dk output rows seen as fp32 (the second pass writes dk there)
+    dk_rows = dk_ptr + ((b * T + c * BT) * DK_HEADS + h // (HV // DK_HEADS)) * D
+    bdt = _transpose_via(dk_rows.to(tl.pointer_type(tl.float32)), bd, i, m, DK_ROW_F32)
     for s0 in range(0, D, BD):
         d = s0 + tl.arange(0, BD)
         ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
@@ -785,6 +804,9 @@ def bwd_dqk(
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
     dw = torch.empty_like(dkp)
     BK = _tuned("dqk_bk", q.dtype)
+    if BK < BT:
+        raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
+                         f"so it needs at least {BT} columns per program")
     dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
         q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
@@ -809,7 +831,7 @@ def bwd_wy(
     dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
         k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads,
+        T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4,
         PREC_DT=_dot_precision(k.dtype, "wy_dt"), PREC_DA=_dot_precision(k.dtype, "wy_da"),
         PREC_DX=_dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
         NK=dgam.shape[0], num_warps=TUNING["wy_warps"],
