@@ -15,6 +15,7 @@ single-device reference.
 from __future__ import annotations
 
 import json
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,20 +156,35 @@ def build_sample_token_file(out: str | Path) -> TokenHeader:
 
 
 def package_text_files() -> list[Path]:
-    """The sample text plus this package's own sources: real text that ships wherever `gdn`
-    is installed, large enough that 200 steps of 8K-token windows never repeat one."""
+    """The sample text plus this package's own sources (~150 KB): real text that ships wherever
+    `gdn` is installed. Short runs only: 200 steps of 8K-token windows read it about 11 times
+    over, and a 4-layer model memorises it (loss below 0.5 nats)."""
     root = Path(__file__).parent
     return [sample_text_path(), *sorted(root.rglob("*.py"))]
+
+
+def stdlib_text_files() -> list[Path]:
+    """The running interpreter's standard-library sources (~30 MB on CPython 3.11/3.12): text
+    every machine with Python has, enough that 200 steps of 8K tokens never read a token twice.
+    Long trajectories need it: two runs that memorise a small corpus drift apart far beyond
+    their numerical differences."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    files = sorted(p for p in root.rglob("*.py") if skip.isdisjoint(p.relative_to(root).parts))
+    if not files:
+        raise FileNotFoundError(f"no Python sources under the standard library folder {root}")
+    return files
 
 
 CORPORA: dict[str, Callable[[], list[Path]]] = {
     "sample": lambda: [sample_text_path()],
     "package": package_text_files,
+    "stdlib": stdlib_text_files,
 }
 
 
 def build_corpus_token_file(out: str | Path, corpus: str) -> TokenHeader:
-    """Token file of a named shipped corpus ("sample" or "package")."""
+    """Token file of a named corpus (a key of `CORPORA`): nothing is downloaded."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}; expected one of {sorted(CORPORA)}")
     return build_token_file(out, CORPORA[corpus]())

@@ -32,7 +32,8 @@ written there (temporary file + rename) as soon as its last step is done, before
 starts. Read and write happen on CP rank 0 only. Not in the key: the code of the reference side
 (gdn's model and layers) and the torch version (recorded in the file, not compared); delete
 reference files after changing either. The "package" corpus is built from gdn's own sources, so
-with it any change under gdn/ changes the data hash and the file no longer matches.
+with it any change under gdn/ changes the data hash and the file no longer matches; the "stdlib"
+corpus (the presets' long runs) changes only with the Python version.
 """
 
 from __future__ import annotations

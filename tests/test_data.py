@@ -16,11 +16,13 @@ from gdn.data import (
     IGNORE_INDEX,
     TokenFileError,
     TokenStream,
+    build_corpus_token_file,
     build_sample_token_file,
     build_token_file,
     header_path,
     read_header,
     sample_text_path,
+    stdlib_text_files,
     write_token_file,
 )
 
@@ -47,6 +49,19 @@ def test_sample_text_is_real_text(sample_file: Path) -> None:
     header = read_header(sample_file)
     assert header.num_tokens == len(sample_text_path().read_bytes()) + 1
     assert header.num_tokens > 4096
+
+
+def test_stdlib_corpus_covers_a_long_run_without_rereading(tmp_path: Path) -> None:
+    """The presets' 200 steps of 8K tokens must read fresh text every step (no second pass)."""
+    files = stdlib_text_files()
+    assert all("site-packages" not in f.parts for f in files)
+    header = build_corpus_token_file(tmp_path / "stdlib.bin", "stdlib")
+    assert header.num_tokens == sum(f.stat().st_size + 1 for f in files)
+    stream = TokenStream(tmp_path / "stdlib.bin", seq_len=8192)
+    starts = [stream.window_start(i) for i in range(200)]
+    assert starts == [i * 8192 for i in range(200)]  # one pass, consecutive windows
+    with pytest.raises(ValueError, match="unknown corpus 'web'"):
+        build_corpus_token_file(tmp_path / "x.bin", "web")
 
 
 def test_each_step_reads_a_different_sequence(sample_file: Path) -> None:

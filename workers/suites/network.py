@@ -76,7 +76,7 @@ class NetworkParams(SuiteParams):
     determinism_modes: tuple[str, ...] = ("p2p",)
     determinism_steps: int = 10
     token_file: str | None = None
-    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
+    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
     # JSON file of the reference trajectory: read when it exists and its key matches, else written
     # once the reference is computed (see gdn.trajectory); not part of the cases' parameters
     reference_file: str | None = None
@@ -159,14 +159,14 @@ class NetworkSuite(Suite):
         "gate": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50, "lr": 1e-4,
-            "determinism_modes": ("none",), "corpus": "package",
+            "determinism_modes": ("none",), "corpus": "stdlib",
         },
         # The report's run: 200 steps, checkpoint off and full; on a multi-GPU job add CP modes
         # with modes=["ulysses","p2p"] (and model "qwen35-8l" for the 8-layer network).
         "full": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200, "lr": 1e-4,
-            "determinism_modes": ("none",), "corpus": "package",
+            "determinism_modes": ("none",), "corpus": "stdlib",
         },
     }  # fmt: skip
     metrics = _metrics()

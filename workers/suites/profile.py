@@ -29,7 +29,7 @@ class ProfileParams(SuiteParams):
     warmup: int = 1
     seed: int = 0
     token_file: str | None = None
-    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
+    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class ProfileSuite(Suite):

@@ -34,7 +34,7 @@ class StabilityParams(SuiteParams):
     timeout_s: float = 120.0
     seed: int = 0
     token_file: str | None = None
-    corpus: str = "sample"  # without token_file: "sample" (shipped text) or "package" (+ gdn sources)
+    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class StabilitySuite(Suite):
