@@ -6,6 +6,7 @@ the distributed backend, so a new device family is added here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -152,6 +153,13 @@ def manual_seed_all(seed: int) -> None:
     for kind in ("cuda", "npu"):
         if is_available(kind):
             _accelerator(kind).manual_seed_all(seed)  # type: ignore[union-attr]
+
+
+def autocast_off(device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+    """No autocast inside, for code whose precision is its contract (the eager GDN core computes
+    in fp32, the CP chain multiplies fp32 states): under bf16 autocast `@` on fp32 tensors runs
+    in bf16."""
+    return torch.autocast(device_type=torch.device(device).type, enabled=False)
 
 
 def set_deterministic(kind: str, on: bool = True) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from gdn.device import autocast_off
+
 
 def _grouped(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
     """[B, T, Hqk, D] -> [B, Hv, T, D], each q/k head serving Hv // Hqk value heads."""
@@ -36,27 +38,28 @@ def recurrent_gated_delta_rule(
 
     S_t = exp(g_t)·(I − β_t k_t k_tᵀ)·S_{t−1} + β_t k_t v_tᵀ,   o_t = scale · S_tᵀ q_t.
     """
-    B, T, Hv, Dv = v.shape
-    Dk = q.shape[-1]
-    dtype = v.dtype
-    scale = Dk**-0.5 if scale is None else scale
-    qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
-    vh = v.transpose(1, 2)
-    gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
-    S = (
-        initial_state.to(dtype)
-        if initial_state is not None
-        else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
-    )
-    outs = []
-    for t in range(T):
-        k_t, v_t, b_t = kh[:, :, t], vh[:, :, t], bh[:, :, t, None]
-        S = S * gh[:, :, t, None, None].exp()
-        delta = b_t * (v_t - torch.einsum("bhkv,bhk->bhv", S, k_t))
-        S = S + k_t[..., :, None] * delta[..., None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", S, qh[:, :, t]) * scale)
-    o = torch.stack(outs, dim=2).transpose(1, 2) if T else v.new_zeros(v.shape)
-    return o, (S if output_final_state else None)
+    with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
+        B, T, Hv, Dv = v.shape
+        Dk = q.shape[-1]
+        dtype = v.dtype
+        scale = Dk**-0.5 if scale is None else scale
+        qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
+        vh = v.transpose(1, 2)
+        gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
+        S = (
+            initial_state.to(dtype)
+            if initial_state is not None
+            else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
+        )
+        outs = []
+        for t in range(T):
+            k_t, v_t, b_t = kh[:, :, t], vh[:, :, t], bh[:, :, t, None]
+            S = S * gh[:, :, t, None, None].exp()
+            delta = b_t * (v_t - torch.einsum("bhkv,bhk->bhv", S, k_t))
+            S = S + k_t[..., :, None] * delta[..., None, :]
+            outs.append(torch.einsum("bhkv,bhk->bhv", S, qh[:, :, t]) * scale)
+        o = torch.stack(outs, dim=2).transpose(1, 2) if T else v.new_zeros(v.shape)
+        return o, (S if output_final_state else None)
 
 
 def chunk_gated_delta_rule_eager(
@@ -80,38 +83,39 @@ def chunk_gated_delta_rule_eager(
     Compute runs in fp32 for half-precision inputs and in the input dtype otherwise; the output is
     returned in v's dtype and the final state in fp32 (fp64 when the inputs are fp64).
     """
-    B, T, Hv, Dv = v.shape
-    Dk = q.shape[-1]
-    out_dtype = v.dtype
-    dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    scale = Dk**-0.5 if scale is None else scale
-    qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
-    vh = v.to(dtype).transpose(1, 2)
-    gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
-    S = (
-        initial_state.to(dtype)
-        if initial_state is not None
-        else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
-    )
-    outs = []
-    for start in range(0, T, chunk_size):
-        end = min(start + chunk_size, T)
-        C = end - start
-        q_c, k_c, v_c = qh[:, :, start:end], kh[:, :, start:end], vh[:, :, start:end]
-        b_c = bh[:, :, start:end]
-        gamma = gh[:, :, start:end].cumsum(-1)  # [B, H, C]
-        strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
-        causal = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-        diff = gamma[..., :, None] - gamma[..., None, :]
-        # Mask before exp: the upper triangle holds positive differences that may overflow.
-        decay = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
-        L = (b_c[..., :, None] * (k_c @ k_c.transpose(-1, -2)) * decay) * strict
-        eye = torch.eye(C, dtype=dtype, device=v.device)
-        rhs = b_c[..., None] * v_c - (b_c * gamma.exp())[..., None] * (k_c @ S)
-        W = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
-        o_c = (gamma.exp()[..., None] * (q_c @ S) + ((q_c @ k_c.transpose(-1, -2)) * decay) @ W) * scale
-        outs.append(o_c)
-        g_last = gamma[..., -1:]
-        S = g_last.exp()[..., None] * S + (k_c * (g_last - gamma).exp()[..., None]).transpose(-1, -2) @ W
-    o = torch.cat(outs, dim=2) if outs else vh.new_zeros(B, Hv, 0, Dv)
-    return o.transpose(1, 2).to(out_dtype), (S if output_final_state else None)
+    with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
+        B, T, Hv, Dv = v.shape
+        Dk = q.shape[-1]
+        out_dtype = v.dtype
+        dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+        scale = Dk**-0.5 if scale is None else scale
+        qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
+        vh = v.to(dtype).transpose(1, 2)
+        gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
+        S = (
+            initial_state.to(dtype)
+            if initial_state is not None
+            else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
+        )
+        outs = []
+        for start in range(0, T, chunk_size):
+            end = min(start + chunk_size, T)
+            C = end - start
+            q_c, k_c, v_c = qh[:, :, start:end], kh[:, :, start:end], vh[:, :, start:end]
+            b_c = bh[:, :, start:end]
+            gamma = gh[:, :, start:end].cumsum(-1)  # [B, H, C]
+            strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
+            causal = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+            diff = gamma[..., :, None] - gamma[..., None, :]
+            # Mask before exp: the upper triangle holds positive differences that may overflow.
+            decay = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
+            L = (b_c[..., :, None] * (k_c @ k_c.transpose(-1, -2)) * decay) * strict
+            eye = torch.eye(C, dtype=dtype, device=v.device)
+            rhs = b_c[..., None] * v_c - (b_c * gamma.exp())[..., None] * (k_c @ S)
+            W = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
+            o_c = (gamma.exp()[..., None] * (q_c @ S) + ((q_c @ k_c.transpose(-1, -2)) * decay) @ W) * scale
+            outs.append(o_c)
+            g_last = gamma[..., -1:]
+            S = g_last.exp()[..., None] * S + (k_c * (g_last - gamma).exp()[..., None]).transpose(-1, -2) @ W
+        o = torch.cat(outs, dim=2) if outs else vh.new_zeros(B, Hv, 0, Dv)
+        return o.transpose(1, 2).to(out_dtype), (S if output_final_state else None)

@@ -30,8 +30,9 @@ is deleted or another path is given: the optimizer state at the file's last step
 so the missing steps cannot be appended). When it does not exist, the computed reference is
 written there (temporary file + rename) as soon as its last step is done, before the candidate
 starts. Read and write happen on CP rank 0 only. Not in the key: the code of the reference side
-(gdn's model and layers) and the torch version (recorded in the file, not compared); delete
-reference files after changing either. The "package" corpus is built from gdn's own sources, so
+(gdn's model and layers) and the torch version (recorded in the file, not compared); a change of
+the reference's arithmetic bumps `REFERENCE_NUMERICS` (in the key), other changes need the file
+deleted. The "package" corpus is built from gdn's own sources, so
 with it any change under gdn/ changes the data hash and the file no longer matches; the "stdlib"
 corpus (the presets' long runs) changes only with the Python version.
 """
@@ -297,6 +298,9 @@ _TOKEN_HASHES: dict[tuple[str, int, int], str] = {}
 
 REFERENCE_FORMAT = "gdnval-reference-trajectory"
 REFERENCE_VERSION = 1
+# In the key: bump when the reference side's arithmetic changes, so stored files stop matching
+# (2: the eager GDN core computes in fp32 inside the bf16 autocast region; 1 ran its products in bf16).
+REFERENCE_NUMERICS = 2
 
 
 def token_file_digest(token_file: str | Path) -> dict[str, Any]:
@@ -324,6 +328,7 @@ def reference_key(cfg: TrajectoryConfig, token_file: str | Path, device: torch.d
         "data": token_file_digest(token_file),
         "device_kind": devices.kind_of(device),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "numerics": REFERENCE_NUMERICS,
     }
     return json.loads(json.dumps(key, sort_keys=True))  # tuples -> lists, as a file reads back
 

@@ -109,3 +109,21 @@ def test_half_precision_inputs_compute_in_fp32():
     ref = make_inputs(1, 80, 1, 1, 16, seed=13)
     o_ref, s_ref = _run(recurrent_gated_delta_rule, ref, output_final_state=True)
     assert rel_l2(o, o_ref) < 5e-3 and rel_l2(s, s_ref) < 5e-3
+
+
+def test_fp32_math_holds_inside_a_bf16_autocast_region():
+    """The model runs under bf16 autocast; the eager core and the CP chain must still compute in
+    fp32 (autocast would turn their `@` into bf16 products: the trajectory reference and the P2P
+    state chain both lost precision that way)."""
+    from gdn.cp.summary import apply_transition
+
+    inp = make_inputs(1, 130, 2, 4, 32, dtype=torch.bfloat16, seed=21)
+    plain = _run(gated_delta_rule, inp, output_final_state=True)
+    oracle = _run(recurrent_gated_delta_rule, make_inputs(1, 130, 2, 4, 32, seed=21), output_final_state=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = _run(gated_delta_rule, inp, output_final_state=True)
+        m, s, ext = (torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(i)) for i in range(3))
+        chained = apply_transition(m, s, ext)
+    assert torch.equal(inside[0], plain[0]) and torch.equal(inside[1], plain[1])
+    assert rel_l2(inside[1], oracle[1]) < 5e-3
+    assert chained.dtype == torch.float32 and torch.allclose(chained, m @ s + ext, rtol=0, atol=1e-5)

@@ -23,6 +23,7 @@ import torch
 from gdn.cp.comm import PendingSend, all_gather, recv_checked, send_checked, wait_sends
 from gdn.cp.config import CPConfig
 from gdn.cp.summary import apply_transition, merge_prefix, state_dtype, state_summary
+from gdn.device import autocast_off
 from gdn.ops import gated_delta_rule
 
 
@@ -54,8 +55,9 @@ class _ChainHop(torch.autograd.Function):
         a = g_in.contiguous()
         if ctx.has_next:
             a_next = recv_checked(g_in, cp, rank + 1, "state_bwd")
-            a = a + m.transpose(-1, -2) @ a_next
-            d_m = a_next @ s_in.transpose(-1, -2)
+            with autocast_off(m.device):  # fp32 chain, as in the forward's apply_transition
+                a = a + m.transpose(-1, -2) @ a_next
+                d_m = a_next @ s_in.transpose(-1, -2)
             d_ext = a_next
         sent = send_checked(a, cp, rank - 1, "state_bwd")
         if ctx.pending_bwd is None:

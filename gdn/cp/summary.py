@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from gdn.device import autocast_off
 from gdn.ops import gated_delta_rule
 
 
@@ -115,8 +116,9 @@ class _TritonSummary(torch.autograd.Function):
 
 
 def apply_transition(m: torch.Tensor, s: torch.Tensor, ext: torch.Tensor) -> torch.Tensor:
-    """S_out = M·S_in + S_ext per head, in the state dtype."""
-    return m @ s.to(m.dtype) + ext
+    """S_out = M·S_in + S_ext per head, in the state dtype (also inside a bf16 autocast region)."""
+    with autocast_off(m.device):
+        return m @ s.to(m.dtype) + ext
 
 
 def merge_prefix(ms: list[torch.Tensor | None], exts: list[torch.Tensor]) -> torch.Tensor:
