@@ -105,6 +105,24 @@ def test_bad_specs_fail_at_once_with_the_reason() -> None:
     assert elapsed < 1
 
 
+def test_cuda_rank_environment_turns_nvlink_multicast_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CUDA rank's environment has multicast off even when the executor's own environment
+    asks for it; each rank sees only its own device, taken from the parent's visible list."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
+    monkeypatch.delenv("NVSHMEM_DISABLE_NVLS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    spec = JobSpec(job_id=1, suite="probe", device="cuda", world_size=4)
+    ex = LocalExecutor()
+    for rank in range(4):
+        env = ex.rank_env(spec, rank, Path("."), 29500, devices=[3, 2, 1, 0])
+        assert env["NCCL_NVLS_ENABLE"] == "0"
+        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+        assert env["CUDA_VISIBLE_DEVICES"] == str(7 - rank)
+        assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "4")
+
+
 def test_a_job_runs_the_code_of_its_commit(tmp_path: Path) -> None:
     repo, shas = make_marker_repo(tmp_path)
     ex = LocalExecutor(repo=repo, cache_dir=tmp_path / "cache")

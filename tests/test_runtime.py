@@ -50,6 +50,17 @@ def test_deterministic_and_cpu_thread_variables() -> None:
     assert "CUBLAS_WORKSPACE_CONFIG" not in preset
 
 
+def test_cuda_ranks_keep_nvlink_multicast_off_whatever_the_caller_set() -> None:
+    off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    on = {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0", "NVSHMEM_DISABLE_NVLS": "0"}
+    for base in ({}, on):
+        env = rank_environment("cuda", base_env=base, prefixes=[])
+        assert {k: env[k] for k in off} == off
+        det = rank_environment("cuda", deterministic=True, world_size=8, base_env=base, prefixes=[])
+        assert {k: det[k] for k in off} == off
+    assert not set(off) & set(rank_environment("cpu", base_env={}, prefixes=[]))
+
+
 # --------------------------------------------------------------------------- case verdicts
 
 

@@ -50,6 +50,20 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
     assert [r["rank"] for r in doc["info"]["ranks"]] == [0, 1]
 
 
+def test_dry_run_lists_the_cases_of_a_gpu_job_without_starting_ranks(tmp_path: Path) -> None:
+    report = tmp_path / "never.json"
+    args = ["run", "cp-layer", "--preset", "full", "--device", "cuda", "--world-size", "8",
+            "--param", "seq_lens=[65536,131072]", "--json", str(report), "--dry-run"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "cp-layer --preset full --device cuda --world-size 8: 7 case(s)"
+    assert "  p2p_triton_T131072_B1" in lines and "  all_gather_eager_T8192_B2_valid7777" in lines
+    assert not report.exists()  # nothing ran, nothing written
+    bad = CliRunner().invoke(main, ["run", "cp-layer", "--param", 'candidates=["ring+eager"]', "--dry-run"])
+    assert bad.exit_code == 2 and "bad candidate 'ring+eager'" in bad.output
+
+
 def test_run_rejects_unknown_input_before_starting_ranks() -> None:
     result = CliRunner().invoke(main, ["run", "probe", "--preset", "nightly"])
     assert result.exit_code == 2 and "unknown preset 'nightly'" in result.output

@@ -30,7 +30,8 @@ ranks (worst rank wins: error > failed > expected_error > skipped > passed).
 
 Environment handled here (`rank_environment`, applied by the executors when they start a rank):
 the Python environment's own libstdc++ first on LD_LIBRARY_PATH (Triton), deterministic flags on
-request, TRITON_INTERPRET=1 and a share of the cores (OMP_NUM_THREADS) on CPU ranks.
+request, NVLink multicast off on CUDA ranks (`NVLS_OFF_ENV`, whatever the caller's environment
+says), TRITON_INTERPRET=1 and a share of the cores (OMP_NUM_THREADS) on CPU ranks.
 
 In a distributed job a case that raised on some ranks but not on others leaves the process
 group out of step (the others may wait in a collective forever), so after every case the ranks
@@ -73,6 +74,14 @@ SAMPLE_BATCH = 256  # samples per channel message
 SAMPLE_FLUSH_S = 0.5  # longest a sample waits in the buffer
 TRACEBACK_TAIL_LINES = 25
 DEFAULT_PG_TIMEOUT_S = 1800.0
+# NVLink multicast (NVLS) off in NCCL, PyTorch's symmetric memory and NVSHMEM. On shared several-GPU
+# hosts a program that uses multicast can put every GPU of the host out of service, so CUDA ranks
+# always get these values: set, not defaulted, so an inherited environment cannot turn it on.
+NVLS_OFF_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 # --------------------------------------------------------------------------- environment
@@ -120,6 +129,7 @@ def rank_environment(
         env["PYTHONHASHSEED"] = "0"
     if device == "cuda":
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # a failed collective aborts instead of hanging
+        env.update(NVLS_OFF_ENV)
         if "CUBLAS_WORKSPACE_CONFIG" not in base:
             # cuBLAS reads this once, at start: a suite that turns deterministic mode on for one
             # case (network's determinism pair) needs it from the beginning, not from that case on.

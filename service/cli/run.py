@@ -218,6 +218,9 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=None,
               help="git repository: run --commit's snapshot instead of the installed code")
 @click.option("--commit", default=None, help="commit to run (needs --repo)")
+@click.option("--dry-run", is_flag=True,
+              help="check the suite, preset, --param overrides, device and world size, print the cases "
+                   "and exit 0 without starting any rank")
 def run(
     suite_name: str,
     preset: str,
@@ -229,6 +232,7 @@ def run(
     deterministic: bool,
     repo: str | None,
     commit: str | None,
+    dry_run: bool,
 ) -> None:
     """Run SUITE on this machine through the local executor and print its results."""
     from workers.executors.local import LocalExecutor
@@ -244,7 +248,16 @@ def run(
         raise click.UsageError(str(exc)) from exc
     if commit and not repo:
         raise click.UsageError("--commit needs --repo (the git repository to take the commit from)")
-    cases = suite.cases(params)
+    try:
+        cases = suite.cases(params)
+    except ValueError as exc:  # a case matrix the suite refuses (bad mode, candidate, ...)
+        raise click.UsageError(str(exc)) from exc
+    if dry_run:
+        click.echo(f"{suite_name} --preset {preset} --device {device} --world-size {world_size}: "
+                   f"{len(cases)} case(s)")  # fmt: skip
+        for case in cases:
+            click.echo(f"  {case.name}")
+        raise SystemExit(0)
     console = Console(stderr=True)
     spec = JobSpec(
         job_id=0, suite=suite_name, preset=preset, params=overrides, device=device,
