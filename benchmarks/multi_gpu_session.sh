@@ -39,23 +39,25 @@
 #             fwd+bwd, step, bwd estimate, peak allocated/reserved
 # network8l   the 8-layer speed case: the same with qwen35-8l (warm-up 3, 10 repetitions)  ~2-4 min
 # traj[:STEPS[:LIMIT[:SEQ[:MODES]]]]  opt-in: network `full` trajectories (MODES, default P2P
-#             and Ulysses; checkpoint off and full) against the single-device eager reference,
-#             global length SEQ (default 16K tokens per rank), STEPS steps (default by N:
-#             2 -> 40, 4 -> 20, 8 -> 10; the report ran 200). The reference runs the whole
-#             sequence on rank 0 alone, without activation checkpointing: 1.5-1.7 s a step at 8K
-#             on one H200 with the bf16-product core (the fp32 core since d82b902 is not timed),
-#             so roughly 6+ s at 32K, 12+ s at 64K, 25+ s at 128K; and its memory grows with the
-#             global length (one H200 ran the 4-layer model at 8K in 17 GiB with Triton), so at
-#             64K and above it may not fit one GPU: then give a shorter SEQ (e.g. traj:20:560:32768).
+#             and Ulysses; checkpoint off and full) against the single-device reference
+#             (REF_BACKEND, eager by default), global length SEQ (default 16K tokens per rank),
+#             STEPS steps (default by N: 2 -> 40, 4 -> 20, 8 -> 10; the report ran 200). The
+#             reference runs the whole sequence on rank 0 alone, with activation checkpointing
+#             (same numbers, less memory: 9.2 instead of 16.9 GiB at 8K on one H200). Eager took
+#             1.5-1.7 s a step at 8K with the bf16-product core (the fp32 core since d82b902 is
+#             not timed), so roughly 6+ s at 32K, 12+ s at 64K, 25+ s at 128K: REF_BACKEND=triton
+#             (~0.1 s a step at 8K) makes 200 steps at CP lengths possible. If a reference does
+#             not fit one GPU, give a shorter SEQ (e.g. traj:20:560:32768).
 #             Its progress is in session.log. It is written to .refs/ as soon as it is done and
 #             copied to $OUT; the candidates then take well under a second a step. When a call
 #             ends at its limit after the reference, put the returned reference_*.json into .refs/
-#             as traj_T<SEQ>_S<STEPS>.json, carry .refs (`carry: [".refs"]`) and run the same step
+#             as traj_T<SEQ>_S<STEPS>_<REF_BACKEND>.json, carry .refs (`carry: [".refs"]`) and run the same step
 #             again: it reads the reference. MODES is JSON list items: traj:20:560::'"p2p"'.
 #
 # Environment: NGPU (default: nvidia-smi -L), BUDGET (seconds for the whole call, default 570: a
 # step whose limit would pass it is shortened, or skipped under 60 s), PYTHON (default python3),
-# REFS (trajectory references, default .refs), DRY_CPU=1 (the CPU check: see below).
+# REFS (trajectory references, default .refs), REF_BACKEND (the reference's backend: eager,
+# the default, or triton), DRY_CPU=1 (the CPU check: see below).
 #
 # DRY_CPU=1 runs every step on this machine without a GPU: first each step's GPU command line, as
 # it would run at world sizes 2, 4 and 8, through `run --dry-run` (parameters, presets and case
@@ -76,6 +78,11 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-570}
 DRY_CPU=${DRY_CPU:-0}
+# The single-device reference of `traj`: its backend (eager: the issue's reference, ~25 s a step at
+# 128K; triton: the report's comparison, CP against no CP on the same kernels) and always with
+# activation checkpointing, which changes no number (the determinism pair) but lets one GPU hold
+# the whole 64K-128K sequence.
+REF_BACKEND=${REF_BACKEND:-eager}
 REFS=${REFS:-$PWD/.refs}  # stored trajectory references (absolute: the ranks run in the source root)
 LOG=$OUT/session.log
 steps=("$@")
@@ -102,10 +109,10 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
         case $n in 2) TSTEPS=40 ;; 4) TSTEPS=20 ;; *) TSTEPS=10 ;; esac  # what the eager reference
         TSTEPS=${TRAJ_STEPS:-$TSTEPS}  # of the whole sequence does in one call (header); traj:STEPS sets it
         TG=${TRAJ_SEQ:-$G}
-        REF=$REFS/traj_T${TG}_S${TSTEPS}.json
+        REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
     else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks
         DEV=cpu PRESET=quick WS=2 MODEL8=tiny-8l WARM8=1 REP8=2 LENS=128 G=128 SG=64 TSTEPS=5 TG=128
-        REF=$DRYTMP/traj_T${TG}_S${TSTEPS}.json
+        REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
     fi
 }
 
@@ -121,7 +128,8 @@ suite_cmd() {  # step name -> CMD (the `run` command line at the current sizes)
                          --param "warmup=$WARM8" --param "repeat=$REP8") ;;
         traj) args=(network --preset "$PRESET" --param speed=false --param determinism=false
                     --param "modes=[$TRAJ_MODES]" --param "steps=$TSTEPS" --param "seq_len=$TG"
-                    --param "reference_file=$REF") ;;
+                    --param "reference_file=$REF" --param "reference_backend=$REF_BACKEND"
+                    --param reference_checkpoint=full) ;;
         *) return 1 ;;
     esac
     CMD=("$PY" -m service.cli run "${args[@]}" --device "$DEV" --world-size "$WS")

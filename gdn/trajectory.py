@@ -95,6 +95,10 @@ class TrajectoryConfig:
     dtype: str = "float32"
     seed: int = 0
     reference_backend: str = "eager"
+    # activation checkpoint of the reference ("off" | "full"): the same numbers (checkpoint off and
+    # full are bitwise equal, the determinism pair checks it) in far less memory, which is what lets
+    # one device hold the whole sequence of a CP4/CP8 run (64K-128K tokens)
+    reference_checkpoint: str = "off"
     backend: str = "eager"
     cp_mode: str = "p2p"
     fsdp: bool = True
@@ -227,6 +231,7 @@ def reference_trainer(cfg: TrajectoryConfig, token_file: str | Path, device: tor
     """One device, no CP, the reference backend, the full sequence."""
     mcfg = cfg.model_cfg()
     model = build_model(mcfg, backend=cfg.reference_backend, seed=cfg.seed, device=device)
+    apply_activation_checkpoint(model, cfg.reference_checkpoint)
     stream = TokenStream(
         token_file, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
         valid_lengths=cfg.valid_lengths, model_vocab_size=mcfg.vocab_size,
@@ -293,7 +298,7 @@ def run_steps(
 # reference is the expensive side of a GPU run).
 _REFERENCE_CACHE: dict[str, list[StepRecord]] = {}
 _REFERENCE_CACHE_SIZE = 4
-_NOT_IN_KEY = ("backend", "cp_mode", "fsdp", "checkpoint", "steps")
+_NOT_IN_KEY = ("backend", "cp_mode", "fsdp", "checkpoint", "reference_checkpoint", "steps")
 _TOKEN_HASHES: dict[tuple[str, int, int], str] = {}
 
 REFERENCE_FORMAT = "gdnval-reference-trajectory"

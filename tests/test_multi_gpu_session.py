@@ -80,7 +80,7 @@ def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-u
     assert {c["name"] for c in traj["cases"]} == {f"traj/{m}/ckpt-{c}" for m in ("p2p", "ulysses")
                                                   for c in ("off", "full")}  # fmt: skip
     assert traj["params"]["steps"] == 5
-    assert (out / "reference_traj_T128_S5.json").is_file()  # the reference, copied for reuse
+    assert (out / "reference_traj_T128_S5_eager.json").is_file()  # the reference, copied for reuse
     eight = json.loads((out / "network8l.json").read_text())
     assert eight["params"]["model"] == "tiny-8l"
 
@@ -102,8 +102,8 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     log = (out / "session.log").read_text()
     assert "cp-layer --preset full --device cuda --world-size 8: 7 case(s)" in log
     traj = next(line for line in log.splitlines() if line.startswith("=== traj"))
-    for part in ('modes=["p2p"]', "steps=7", "seq_len=32768", f"{tmp_path}/refs/traj_T32768_S7.json",
-                 "--world-size 8", "--deadline 60"):  # fmt: skip
+    for part in ('modes=["p2p"]', "steps=7", "seq_len=32768", f"{tmp_path}/refs/traj_T32768_S7_eager.json",
+                 "reference_checkpoint=full", "--world-size 8", "--deadline 60"):  # fmt: skip
         assert part in traj
     doc = json.loads((out / "traj.json").read_text())
     assert doc["exit_code"] == 2 and proc.returncode != 0

@@ -64,6 +64,7 @@ def test_trajectory_bounds_by_precision() -> None:
     [
         ("network", {"modes": ["ring"]}, r"unknown CP mode\(s\) \['ring'\]"),
         ("network", {"checkpoints": ["some"]}, r"unknown activation checkpoint mode\(s\) \['some'\]"),
+        ("network", {"reference_checkpoint": "half"}, r"unknown activation checkpoint mode\(s\) \['half'\]"),
         ("network", {"dtype": "float16"}, r"dtype 'float16' is not supported"),
         ("stability", {"modes": ["none"]}, r"unknown distributed CP mode\(s\) \['none'\]"),
         ("stability", {"passes": 1}, r"passes must be >= 2"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def test_same_path_on_both_sides_is_exact(token_file: Path) -> None:
     assert len(cmp.reference) == len(cmp.candidate) == 4
     assert cmp.reference == cmp.candidate
     assert cmp.reference[-1].loss < cmp.reference[0].loss  # the non-zero learning rate trains
+
+
+def test_reference_with_activation_checkpoint_is_the_same_reference(token_file: Path) -> None:
+    """reference_checkpoint="full" saves memory, not numbers: same records, same stored key."""
+    from gdn.trajectory import reference_key, reference_trainer, run_reference
+
+    cfg = TrajectoryConfig(cp_mode="none", steps=3, seq_len=64, batch_size=2, valid_lengths=(64, 40))
+    ckpt = dataclasses.replace(cfg, reference_checkpoint="full")
+    dev = torch.device("cpu")
+    plain = run_reference(cfg, token_file, dev, cache=False)
+    assert run_reference(ckpt, token_file, dev, cache=False) == plain and len(plain) == 3
+    assert reference_key(ckpt, token_file, dev) == reference_key(cfg, token_file, dev)
+    wrapped = reference_trainer(ckpt, token_file, dev).model.layers[0]
+    assert type(wrapped).__name__ == "CheckpointWrapper"  # the option reaches the model
 
 
 def test_non_finite_stops_with_the_step(token_file: Path) -> None:

@@ -62,6 +62,7 @@ class NetworkParams(SuiteParams):
     dtype: str = "float32"  # float32 | bfloat16 (autocast over fp32 master weights)
     backend: str = "eager"  # candidate backend
     reference_backend: str = "eager"
+    reference_checkpoint: str = "off"  # "full": the reference in less memory, same numbers
     modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
     checkpoints: tuple[str, ...] = CHECKPOINTS
     fsdp: bool = True
@@ -141,6 +142,8 @@ def check_modes_and_dtype(
 def _check(params: NetworkParams) -> None:
     check_modes_and_dtype((*params.modes, *params.determinism_modes), CP_MODES, params.dtype)
     bad = sorted(set(params.checkpoints) - set(CHECKPOINTS))
+    if params.reference_checkpoint not in CHECKPOINTS:
+        bad.append(params.reference_checkpoint)
     if bad:
         raise ValueError(f"unknown activation checkpoint mode(s) {bad}; expected a subset of {CHECKPOINTS}")
 
@@ -237,7 +240,8 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
         model=params["model"], steps=params.get("steps", 1), lr=params.get("lr", 1e-3),
         seq_len=params["seq_len"], batch_size=params["batch_size"],
         valid_lengths=tuple(vl) if vl else None, dtype=params["dtype"], seed=params.get("seed", 0),
-        reference_backend=params.get("reference_backend", "eager"), backend=params["backend"],
+        reference_backend=params.get("reference_backend", "eager"),
+        reference_checkpoint=params.get("reference_checkpoint", "off"), backend=params["backend"],
         cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
     )  # fmt: skip
     fields.update(overrides)
