@@ -5,6 +5,7 @@
 #   steps: tests capability gdnop network precision cpgpu gatespeed determinism cpprec
 #          gdnopfull:T[,T...][:limit_s]   (the gdn-op full matrix at those lengths, JSON in $OUT)
 #          net200:SEQ:limit_s[:nodet] netspeed   (the network full preset: 200-step trajectory; speed)
+#          netfloor:SEQ:limit_s   (the same trajectory with an eager chunk-32 candidate: the rounding floor)
 #          detprobe   (what breaks bitwise reproducibility on the GPU)
 #          gdnacc:T,..:limit_s gdnspeed:T,..:limit_s precgroups
 set -u
@@ -75,6 +76,17 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
                 --deadline $((limit - 10)) --json "$OUT/net200_$seq.json"
             [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
         detprobe) run_step detprobe 150 python3 benchmarks/determinism_probe.py --seq-len 2048 ;;
+        netfloor:*)
+            # the trajectory's rounding floor: an eager candidate with GDN chunk 32 against the same
+            # (chunk-64 eager) reference as net200, which it reuses from .refs/ when carried
+            IFS=: read -r _ seq limit <<<"$step"
+            mkdir -p .refs
+            run_step "netfloor_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
+                --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
+                --param determinism=false --param backend=eager --param candidate_chunk_size=32 \
+                --param "reference_file=$PWD/.refs/net200_$seq.json" \
+                --deadline $((limit - 10)) --json "$OUT/netfloor_$seq.json"
+            [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
         gdnacc:*)

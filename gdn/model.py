@@ -410,6 +410,20 @@ class HybridModel(nn.Module):
         return ce / num_valid
 
 
+def set_gdn_chunk_size(model: nn.Module, chunk_size: int) -> None:
+    """The GDN core's chunk length in every linear-attention layer. On the eager backend any
+    length computes the same function in another summation order, which makes a candidate that
+    differs from its reference only by rounding (the floor of a trajectory comparison); the Triton
+    kernels take 64 only and say so when called."""
+    from gdn.layer import GatedDeltaNet
+
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    for module in model.modules():
+        if isinstance(module, GatedDeltaNet):
+            module.chunk_size = chunk_size
+
+
 def build_model(
     cfg: ModelConfig | str,
     *,

@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from gdn import device as devices
 from gdn.data import TokenBatch, TokenStream
-from gdn.model import HybridModel, build_model, model_config
+from gdn.model import HybridModel, build_model, model_config, set_gdn_chunk_size
 from gdn.parallel import (
     apply_activation_checkpoint,
     apply_fsdp,
@@ -100,6 +100,9 @@ class TrajectoryConfig:
     # one device hold the whole sequence of a CP4/CP8 run (64K-128K tokens)
     reference_checkpoint: str = "off"
     backend: str = "eager"
+    # the candidate's GDN chunk length: 64 (the kernels'), or another on the eager backend for a
+    # candidate that differs from the reference only in rounding (the trajectory's floor)
+    candidate_chunk_size: int = 64
     cp_mode: str = "p2p"
     fsdp: bool = True
     checkpoint: str = "off"
@@ -256,6 +259,7 @@ def candidate_trainer(
     rank = dist.get_rank(group) if distributed else 0
     size = dist.get_world_size(group) if distributed else 1
     model = build_model(mcfg, backend=cfg.backend, cp=cp, seed=cfg.seed, device=device)
+    set_gdn_chunk_size(model, cfg.candidate_chunk_size)
     apply_activation_checkpoint(model, cfg.checkpoint if checkpoint is None else checkpoint)
     if distributed and cfg.fsdp:
         apply_fsdp(model, cp_device_mesh(group, device.type))
@@ -298,7 +302,9 @@ def run_steps(
 # reference is the expensive side of a GPU run).
 _REFERENCE_CACHE: dict[str, list[StepRecord]] = {}
 _REFERENCE_CACHE_SIZE = 4
-_NOT_IN_KEY = ("backend", "cp_mode", "fsdp", "checkpoint", "reference_checkpoint", "steps")
+_NOT_IN_KEY = (
+    "backend", "candidate_chunk_size", "cp_mode", "fsdp", "checkpoint", "reference_checkpoint", "steps"
+)
 _TOKEN_HASHES: dict[tuple[str, int, int], str] = {}
 
 REFERENCE_FORMAT = "gdnval-reference-trajectory"

@@ -63,6 +63,15 @@ def test_reference_with_activation_checkpoint_is_the_same_reference(token_file: 
     assert type(wrapped).__name__ == "CheckpointWrapper"  # the option reaches the model
 
 
+def test_other_chunk_size_gives_the_rounding_floor(token_file: Path) -> None:
+    """An eager candidate with chunk 16 against the chunk-64 reference: the same function in
+    another summation order, so the trajectories differ, but only by rounding."""
+    cfg = TrajectoryConfig(cp_mode="none", steps=4, seq_len=128, batch_size=1, candidate_chunk_size=16)
+    cmp = run_trajectory(cfg, token_file, torch.device("cpu"))
+    assert cmp.reference != cmp.candidate  # the option reaches the candidate's layers
+    assert cmp.max_rel("loss") < 1e-5 and cmp.max_rel("grad_norm") < 1e-4
+
+
 def test_non_finite_stops_with_the_step(token_file: Path) -> None:
     cfg = TrajectoryConfig(cp_mode="none", steps=3, seq_len=32, lr=1e30)
     with pytest.raises(NonFiniteTrajectory, match=r"reference step 1: loss=nan, grad_norm=nan"):

@@ -63,6 +63,9 @@ class NetworkParams(SuiteParams):
     backend: str = "eager"  # candidate backend
     reference_backend: str = "eager"
     reference_checkpoint: str = "off"  # "full": the reference in less memory, same numbers
+    # the candidate's GDN chunk length; with backend "eager" and another value (e.g. 32) the
+    # candidate differs from the reference only in rounding: the floor of the trajectory errors
+    candidate_chunk_size: int = 64
     modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
     checkpoints: tuple[str, ...] = CHECKPOINTS
     fsdp: bool = True
@@ -142,6 +145,13 @@ def check_modes_and_dtype(
 def _check(params: NetworkParams) -> None:
     check_modes_and_dtype((*params.modes, *params.determinism_modes), CP_MODES, params.dtype)
     bad = sorted(set(params.checkpoints) - set(CHECKPOINTS))
+    if params.backend == "triton" and params.candidate_chunk_size != 64:
+        raise ValueError(
+            f"candidate_chunk_size={params.candidate_chunk_size} needs backend 'eager' "
+            "(the Triton kernels use chunk 64 only)"
+        )
+    if params.candidate_chunk_size < 1:
+        raise ValueError(f"candidate_chunk_size must be >= 1, got {params.candidate_chunk_size}")
     if params.reference_checkpoint not in CHECKPOINTS:
         bad.append(params.reference_checkpoint)
     if bad:
@@ -242,6 +252,7 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
         valid_lengths=tuple(vl) if vl else None, dtype=params["dtype"], seed=params.get("seed", 0),
         reference_backend=params.get("reference_backend", "eager"),
         reference_checkpoint=params.get("reference_checkpoint", "off"), backend=params["backend"],
+        candidate_chunk_size=params.get("candidate_chunk_size", 64),
         cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
     )  # fmt: skip
     fields.update(overrides)
