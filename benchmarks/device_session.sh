@@ -62,31 +62,23 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             run_step "gdnop_$tag" "$limit" python3 -m service.cli run gdn-op --preset full --device cuda \
                 --param "seq_lens=[$lens]" --param eager_warmup=1 --param eager_repeat=3 \
                 --deadline $((limit - 15)) --json "$OUT/gdnop_$tag.json" ;;
-        net200:*)
-            # the full preset's 200-step trajectory (checkpoint off) and the determinism pair. The
+        net200:* | netfloor:*)
+            # net200: the full preset's 200-step trajectory (checkpoint off), then the determinism
+            # pair unless a fourth field says "nodet". netfloor: the same trajectory with an eager
+            # candidate whose GDN chunk is 32 (the rounding floor) against the same reference. The
             # eager reference is kept in .refs/ (carry it to reuse it: `carry: [".refs"]`) and
             # copied to $OUT, so a later call runs only the candidate.
-            # A fourth field "nodet" leaves the determinism pair out.
-            IFS=: read -r _ seq limit det <<<"$step"
+            IFS=: read -r kind seq limit det <<<"$step"
+            extra=(--param "determinism=$([ "${det:-}" = nodet ] && echo false || echo true)")
+            [ "$kind" = netfloor ] && extra=(--param determinism=false --param backend=eager
+                                             --param candidate_chunk_size=32)
             mkdir -p .refs
-            run_step "net200_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
-                --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
-                --param "determinism=$([ "${det:-}" = nodet ] && echo false || echo true)" \
+            run_step "${kind}_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
+                --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" "${extra[@]}" \
                 --param "reference_file=$PWD/.refs/net200_$seq.json" \
-                --deadline $((limit - 10)) --json "$OUT/net200_$seq.json"
+                --deadline $((limit - 10)) --json "$OUT/${kind}_$seq.json"
             [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
         detprobe) run_step detprobe 150 python3 benchmarks/determinism_probe.py --seq-len 2048 ;;
-        netfloor:*)
-            # the trajectory's rounding floor: an eager candidate with GDN chunk 32 against the same
-            # (chunk-64 eager) reference as net200, which it reuses from .refs/ when carried
-            IFS=: read -r _ seq limit <<<"$step"
-            mkdir -p .refs
-            run_step "netfloor_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
-                --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" \
-                --param determinism=false --param backend=eager --param candidate_chunk_size=32 \
-                --param "reference_file=$PWD/.refs/net200_$seq.json" \
-                --deadline $((limit - 10)) --json "$OUT/netfloor_$seq.json"
-            [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
         gdnacc:*)

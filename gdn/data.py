@@ -164,7 +164,7 @@ def package_text_files() -> list[Path]:
 
 
 def stdlib_text_files() -> list[Path]:
-    """The running interpreter's standard-library sources (~30 MB on CPython 3.11/3.12): text
+    """The running interpreter's standard-library sources (31.5 MB on CPython 3.11): text
     every machine with Python has, enough that 200 steps of 8K tokens never read a token twice.
     Long trajectories need it: two runs that memorise a small corpus drift apart far beyond
     their numerical differences."""
