@@ -6,6 +6,8 @@
 #          gdnopfull:T[,T...][:limit_s]   (the gdn-op full matrix at those lengths, JSON in $OUT)
 #          net200:SEQ:limit_s[:nodet] netspeed   (the network full preset: 200-step trajectory; speed)
 #          netfloor:SEQ:limit_s   (the same trajectory with an eager chunk-32 candidate: the rounding floor)
+#          (NET_LR=X in the environment: both at AdamW lr X instead of the preset's; reference
+#          file .refs/net200_SEQ_lrX.json)
 #          detprobe   (what breaks bitwise reproducibility on the GPU)
 #          gdnacc:T,..:limit_s gdnspeed:T,..:limit_s precgroups
 set -u
@@ -72,12 +74,14 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             extra=(--param "determinism=$([ "${det:-}" = nodet ] && echo false || echo true)")
             [ "$kind" = netfloor ] && extra=(--param determinism=false --param backend=eager
                                              --param candidate_chunk_size=32)
+            [ -n "${NET_LR:-}" ] && extra+=(--param "lr=$NET_LR")  # another learning rate (own reference)
             mkdir -p .refs
             run_step "${kind}_$seq" "$limit" python3 -m service.cli run network --preset full --device cuda \
                 --param speed=false --param 'checkpoints=["off"]' --param "seq_len=$seq" "${extra[@]}" \
-                --param "reference_file=$PWD/.refs/net200_$seq.json" \
+                --param "reference_file=$PWD/.refs/net200_$seq${NET_LR:+_lr$NET_LR}.json" \
                 --deadline $((limit - 10)) --json "$OUT/${kind}_$seq.json"
-            [ -f ".refs/net200_$seq.json" ] && cp ".refs/net200_$seq.json" "$OUT/reference_net200_$seq.json" ;;
+            ref=net200_$seq${NET_LR:+_lr$NET_LR}.json
+            [ -f ".refs/$ref" ] && cp ".refs/$ref" "$OUT/reference_$ref" ;;
         detprobe) run_step detprobe 150 python3 benchmarks/determinism_probe.py --seq-len 2048 ;;
         netspeed) run_step netspeed 150 python3 -m service.cli run network --preset full --device cuda \
             --param trajectory=false --param determinism=false --deadline 140 --json "$OUT/netspeed.json" ;;
