@@ -25,8 +25,8 @@
 #             once with every GPU visible; the transports NCCL chose (P2P over NVLink,
 #             SHM, ...) from rank 0's NCCL log; whether `work.wait(timeout)` (the CP layer's
 #             wait) blocks the host; `nvidia-smi topo -m` in session.log
-# cplayer     cp-layer `full`: Ulysses+Triton, P2P+Triton, AllGather+eager (eager: <= 32K)  ~3-5 min
-#             against the no-CP fp32 eager layer (accuracy at <= 32K), plus the B=2
+# cplayer     cp-layer `full`: Ulysses+Triton, P2P+Triton, AllGather+eager (eager: <= 32K)  ~2-5 min
+#             against the no-CP bf16 eager layer (accuracy at <= 32K), plus the B=2
 #             global 8192 valid 7777 padding case; fwd, fwd+bwd, bwd estimate, peak
 #             allocated/reserved, worst rank first. Global lengths by N: 2 -> 16K,64K;
 #             4 -> 16K,64K,128K (the report's CP4); 8 -> 64K,128K (CP8). The preset's
@@ -44,8 +44,8 @@
 #             STEPS steps (default by N: 2 -> 40, 4 -> 20, 8 -> 10; the report ran 200). The
 #             reference runs the whole sequence on rank 0 alone, with activation checkpointing
 #             (same numbers, less memory: 9.2 instead of 16.9 GiB at 8K on one H200). Eager took
-#             1.5-1.7 s a step at 8K with the bf16-product core (the fp32 core since d82b902 is
-#             not timed), so roughly 6+ s at 32K, 12+ s at 64K, 25+ s at 128K: REF_BACKEND=triton
+#             1.15 s a step at 8K (fp32 core, checkpoint off, one H200), so roughly 5+ s at
+#             32K, 10+ s at 64K, 20+ s at 128K: REF_BACKEND=triton
 #             (~0.1 s a step at 8K) makes 200 steps at CP lengths possible. If a reference does
 #             not fit one GPU, give a shorter SEQ (e.g. traj:20:560:32768).
 #             Its progress is in session.log. It is written to .refs/ as soon as it is done and

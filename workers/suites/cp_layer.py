@@ -17,7 +17,7 @@ Per rank, raw samples:
 - chain: per fwd+bwd, `hops_state_fwd`, `hops_state_bwd`, `hops_halo` (messages sent + received
   by this rank), `hop_counts_ok` (1 = the counts this mode must produce on this rank),
   `order_checks` (messages whose sequence number was verified; a mismatch raises),
-  `chain_wait_ms` (host time blocked receiving states). Transfers use `transfer_timeout_s`.
+  `chain_wait_ms` (host time blocked receiving states, a warm call). Transfers use `transfer_timeout_s`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ class CPLayerParams(SuiteParams):
     conv_size: int = 4
     dtypes: tuple[str, ...] = ("bfloat16",)
     ref_backend: str = "eager"
-    ref_dtype: str = "float32"  # "same": the candidate's dtype
+    # "same" (the candidate's dtype), as the report compares: its 1e-2 bound is for bf16 against
+    # the bf16 eager layer. "float32" measures against an fp32 truth instead, where the bf16
+    # layer's own rounding (its projections) is already ~1.3e-2 on the input gradient, with or
+    # without CP (docs/benchmarks.md, CP layer; the CP2 run of issue 10)
+    ref_dtype: str = "same"
     accuracy_max_seq_len: int = 32768
     eager_max_seq_len: int = 32768  # candidates on the eager backend stop here
     warmup: int = 5
@@ -90,7 +94,8 @@ def _metrics() -> tuple[Metric, ...]:
                description="hop counts equal what the mode must send on this rank"),
         Metric("order_checks", "count", "check", "higher",
                description="received messages whose channel sequence number was verified"),
-        Metric("chain_wait_ms", "ms", "time", description="host time blocked receiving states, one fwd+bwd"),
+        Metric("chain_wait_ms", "ms", "time",
+               description="host time blocked receiving states, one warm fwd+bwd"),
     ]  # fmt: skip
     return tuple(out)
 
@@ -234,7 +239,10 @@ def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any)
         x_loc.grad = None
         layer(x_loc, m_loc).backward(dy_loc)
 
-    # One fwd+bwd with fresh counters (it is also the first call: shape check, Triton compile).
+    # The first call (shape check, Triton compile) makes a rank wait for its peer's compile: the
+    # counters and the chain wait come from a second call with fresh counters.
+    fwd_bwd()
+    devices.synchronize(ctx.device)
     cp.stats.reset()
     fwd_bwd()
     devices.synchronize(ctx.device)
