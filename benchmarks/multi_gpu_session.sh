@@ -44,7 +44,7 @@
 #             STEPS steps (default by N: 2 -> 40, 4 -> 20, 8 -> 10; the report ran 200). The
 #             reference runs the whole sequence on rank 0 alone, with activation checkpointing
 #             (same numbers, less memory: 9.2 instead of 16.9 GiB at 8K on one H200). Eager took
-#             1.15 s a step at 8K (fp32 core, checkpoint off, one H200), so roughly 5+ s at
+#             1.2 s a step at 8K (fp32 core, checkpoint off, one H200), so roughly 5+ s at
 #             32K, 10+ s at 64K, 20+ s at 128K: REF_BACKEND=triton
 #             (~0.1 s a step at 8K) makes 200 steps at CP lengths possible. If a reference does
 #             not fit one GPU, give a shorter SEQ (e.g. traj:20:560:32768).
