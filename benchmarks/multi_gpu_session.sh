@@ -5,17 +5,17 @@
 # digest per case), session.log (every step's full output) and one JSON per suite step (`--json`).
 # At most 8 files land in $OUT (the device returns no more); every step list below stays under it.
 #
-#   bash benchmarks/multi_gpu_session.sh [step ...]          (default: plan nccl cplayer)
+#   bash benchmarks/multi_gpu_session.sh [step ...]          (default: plan nccl cplayer p2plate)
 #
-# Two commands of at most 10 minutes cover the issue; the trajectories are opt-in (times are
-# estimates from the single-H200 runs of docs/benchmarks.md, nothing here ran on several GPUs yet):
-#   1. bash benchmarks/multi_gpu_session.sh plan nccl cplayer              ~4-6 min
+# Two commands of at most 10 minutes cover the issue; the trajectories are opt-in (times: the
+# CP2 run on two H200s and the single-H200 runs of docs/benchmarks.md; CP4/CP8 not run yet):
+#   1. bash benchmarks/multi_gpu_session.sh plan nccl cplayer p2plate      ~5-8 min
 #   2. bash benchmarks/multi_gpu_session.sh stability network network8l    ~6-9 min
 #   3. opt-in: bash benchmarks/multi_gpu_session.sh traj[:STEPS[:LIMIT[:SEQ]]]  up to LIMIT (560 s)
 #
-# Step limits: nccl 120 s, cplayer 420, stability 180, network 240, network8l 240, traj 560 (BUDGET
-# shortens the last steps of a call); each suite step's --deadline is its limit - 20 s, so the JSON
-# keeps every case that finished.
+# Step limits: nccl 120 s, cplayer 420, p2plate 200, stability 180, network 240, network8l 240,
+# traj 560 (BUDGET shortens the last steps of a call); each suite step's --deadline is its limit
+# - 20 s, so the JSON keeps every case that finished.
 #
 # step        answers (issue 10)                                                     expected time
 # plan        every suite command below resolves at this N (cases listed; nothing runs)   ~5-10 s
@@ -32,6 +32,9 @@
 #             4 -> 16K,64K,128K (the report's CP4); 8 -> 64K,128K (CP8). The preset's
 #             eager_max_seq_len (32K) leaves AllGather+eager out above 32K: at CP8 only its
 #             padding case runs
+# p2plate     cp-layer `full`, P2P+Triton only, with the state hand-off after each whole  ~1-2 min
+#             shard pass (p2p_early_state=false): against cplayer's P2P rows, what handing the
+#             states on from inside the core saves
 # stability   stability on Ulysses and P2P (Triton, bf16, 4-layer model), 20 passes each, ~1-2 min
 #             16K tokens per rank: order checks, hangs, NaN/Inf, memory growth
 # network     network `full` speed cases, 4-layer model, P2P vs Ulysses, checkpoint off and ~2-4 min
@@ -86,7 +89,7 @@ REF_BACKEND=${REF_BACKEND:-eager}
 REFS=${REFS:-$PWD/.refs}  # stored trajectory references (absolute: the ranks run in the source root)
 LOG=$OUT/session.log
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(plan nccl cplayer)
+[ ${#steps[@]} -gt 0 ] || steps=(plan nccl cplayer p2plate)
 failures=0
 
 gpu_count() {
@@ -99,7 +102,7 @@ gpu_count() {
 sizes() {  # world size, gpu|cpu: the values the step commands take
     local n=$1
     if [ "$2" = gpu ]; then
-        DEV=cuda PRESET=full WS=$n MODEL8=qwen35-8l WARM8=3 REP8=10
+        DEV=cuda PRESET=full WS=$n MODEL8=qwen35-8l WARM8=3 REP8=10 P2P='"p2p+triton"'
         case $n in
             4) LENS=16384,65536,131072 ;;  # CP4
             8) LENS=65536,131072 ;;  # CP8
@@ -112,6 +115,7 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
         REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
     else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks
         DEV=cpu PRESET=quick WS=2 MODEL8=tiny-8l WARM8=1 REP8=2 LENS=128 G=128 SG=64 TSTEPS=5 TG=128
+        P2P='"p2p+eager"'
         REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
     fi
 }
@@ -120,6 +124,8 @@ suite_cmd() {  # step name -> CMD (the `run` command line at the current sizes)
     local args
     case $1 in
         cplayer) args=(cp-layer --preset "$PRESET" --param "seq_lens=[$LENS]") ;;
+        p2plate) args=(cp-layer --preset "$PRESET" --param "seq_lens=[$LENS]" --param "candidates=[$P2P]"
+                       --param p2p_early_state=false) ;;
         stability) args=(stability --preset "$PRESET" --param passes=20 --param "seq_len=$SG") ;;
         network) args=(network --preset "$PRESET" --param trajectory=false --param determinism=false
                        --param 'modes=["p2p","ulysses"]' --param "seq_len=$G") ;;
@@ -241,7 +247,7 @@ for step in "${steps[@]}"; do
         plan)
             sizes "$N" gpu
             rc=0
-            for s in cplayer stability network network8l traj; do
+            for s in cplayer p2plate stability network network8l traj; do
                 suite_cmd "$s"
                 echo "=== plan $s: ${CMD[*]}" >>"$LOG"
                 "${CMD[@]}" --dry-run >>"$LOG" 2>&1 || rc=$?
@@ -260,6 +266,7 @@ for step in "${steps[@]}"; do
             tail -n +"$(grep -n '^=== nccl' "$LOG" | tail -n 1 | cut -d: -f1)" "$LOG" \
                 | grep -E '^\[(isolated|shared)\] ([0-9]+ ranks|ok|FAIL|transports)' | sed 's/^/  /' >>"$OUT/summary.txt" ;;
         cplayer) suite_step cplayer 420 cplayer ;;
+        p2plate) suite_step p2plate 200 p2plate ;;
         stability) suite_step stability 180 stability ;;
         network) suite_step network 240 network ;;
         network8l) suite_step network8l 240 network8l ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -177,12 +178,18 @@ def gated_delta_rule(
     output_final_state: bool = False,
     backend: Backend = "eager",
     chunk_size: int = 64,
+    on_final_state: Callable[[torch.Tensor], None] | None = None,
+    on_initial_state_grad: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over [B, T, H, D] inputs; returns (o, final_state or None).
 
     q, k: [B, T, Hqk, Dk]; v: [B, T, Hv, Dv] with Hv % Hqk == 0; g (log-space decay, <= 0) and
     beta: [B, T, Hv]; initial_state: [B, Hv, Dk, Dv] fp32. `o` has v's dtype; the final state is
     fp32 (fp64 for fp64 inputs on the eager backend).
+
+    Triton only: `on_final_state(S_end)` runs once the forward's state pass is done, before the
+    output stage; `on_initial_state_grad(dS_0)` once the backward's reverse state pass is done,
+    before the input-gradient stages. The P2P chain sends these on early (gdn/cp/p2p.py).
     """
     if backend not in BACKENDS:
         raise UnsupportedGDNRequest(
@@ -193,6 +200,11 @@ def gated_delta_rule(
     if chunk_size < 1:
         raise UnsupportedGDNRequest(f"chunk_size must be >= 1, got {chunk_size}")
     if backend == "eager":
+        if on_final_state is not None or on_initial_state_grad is not None:
+            raise UnsupportedGDNRequest(
+                "on_final_state / on_initial_state_grad need backend='triton' (the eager backend "
+                "has no stage boundary to call them at)"
+            )
         return chunk_gated_delta_rule_eager(
             q, k, v, g, beta,
             scale=scale, initial_state=initial_state,
@@ -204,4 +216,5 @@ def gated_delta_rule(
     return gated_delta_rule_triton(
         q, k, v, g, beta,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad,
     )  # fmt: skip

@@ -35,6 +35,8 @@ state is affine in the initial one, S_end = M·S_in + S_ext, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -860,17 +862,25 @@ def chunk_backward(
 # ----------------------------------------------------------------------------------------------
 # Wiring.
 # ----------------------------------------------------------------------------------------------
+StateCallback = Callable[[torch.Tensor], None]
+
+
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
+    on_final_state: StateCallback | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
-    """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn) for the backward."""
+    """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn) for the backward.
+    `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
+    stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
     w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep)
     s, vn, ht = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True, store_final=output_final_state
     )
     del u
+    if on_final_state is not None and ht is not None:
+        on_final_state(ht)
     o = output(q, k, vn, s, gamma, Hv, scale, v.dtype)
     return o, ht, ((w, tm, s, vn) if keep else ())
 
@@ -891,14 +901,18 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx,
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
+        on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         gamma = gate_cumsum(g)
         keep = not TUNING["recompute"]
-        o, ht, kept = _forward(q, k, v, gamma, beta, scale, initial_state, output_final_state, keep)
+        o, ht, kept = _forward(
+            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state
+        )
         ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
         ctx.kept = list(kept) if keep else None  # intermediates, not inputs or outputs
         ctx.scale = scale
         ctx.g_dtype = g.dtype
+        ctx.on_initial_state_grad = on_initial_state_grad
         return o, ht
 
     @staticmethod
@@ -923,6 +937,8 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             del u
         ds, dvn, dh0 = state_backward(q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None)
         del w
+        if ctx.on_initial_state_grad is not None and dh0 is not None:
+            ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
         dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
         del s, ds, vn
         dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
@@ -932,7 +948,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0.dtype)
-        return dq, dk, dv, dg, dbeta, None, dh0, None
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
 def gated_delta_rule_triton(
@@ -945,10 +961,15 @@ def gated_delta_rule_triton(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    on_final_state: StateCallback | None = None,
+    on_initial_state_grad: StateCallback | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule, [B, T, H, 128] layout, grouped heads native; returns (o, final_state | None).
 
     Inputs are validated by `gdn.ops.gated_delta_rule`; this checks only what the kernels assume.
+    The callbacks receive the final state (fp32) as soon as the forward's state pass has it, and
+    the initial state's gradient (fp32) as soon as the backward's reverse state pass has it: the
+    points a context-parallel state chain waits on, ahead of the stages that follow them.
     """
     if q.shape[-1] != D or v.shape[-1] != D:
         raise ValueError(f"head_dim must be {D}, got q {q.shape[-1]} and v {v.shape[-1]}")
@@ -958,7 +979,7 @@ def gated_delta_rule_triton(
     h0 = None if initial_state is None else initial_state.float().contiguous()
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        scale, h0, output_final_state,
+        scale, h0, output_final_state, on_final_state, on_initial_state_grad,
     )  # fmt: skip
     return o, ht
 

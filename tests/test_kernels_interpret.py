@@ -142,3 +142,22 @@ def test_second_backward_recomputes_released_intermediates() -> None:
     for a, b in zip(first, second, strict=True):
         assert torch.isfinite(a).all()
         assert rel_l2(b, a) <= 1e-6
+
+
+def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient() -> None:
+    """The P2P chain's early hand-off points: each callback runs once and sees exactly what the
+    call returns (the final state; the initial state's gradient)."""
+    x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=11)
+    inputs = [t.clone().requires_grad_() for t in x.tensors()]
+    seen: list[tuple[str, torch.Tensor]] = []
+    o, s = gated_delta_rule(
+        *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
+        on_final_state=lambda t: seen.append(("final", t.detach().clone())),
+        on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
+    )  # fmt: skip
+    assert [name for name, _ in seen] == ["final"] and torch.equal(seen[0][1], s)
+    gen = torch.Generator().manual_seed(3)
+    d_o, d_s = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
+    torch.autograd.backward([o, s], [d_o, d_s])
+    assert [name for name, _ in seen] == ["final", "initial_grad"]
+    assert torch.equal(seen[1][1], inputs[5].grad)

@@ -14,39 +14,55 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("plan", "nccl", "cplayer", "stability", "network", "network8l", "traj")
+# the two calls the script's header recommends (each returns at most 8 files from the device)
+CALLS = (("plan", "nccl", "cplayer", "p2plate"), ("stability", "network", "network8l", "traj"))
+STEPS = tuple(step for call in CALLS for step in call)
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    out = tmp_path_factory.mktemp("device-out")
-    env = {**os.environ, "DRY_CPU": "1", "PYTHON": sys.executable, "OUT": str(out)}
+    """Both calls with one $OUT each; returns the first call's $OUT (the second's is `out2` in the
+    same folder) and the last failing (else the last) process."""
+    base = tmp_path_factory.mktemp("device-out")
+    env = {**os.environ, "DRY_CPU": "1", "PYTHON": sys.executable}
     env.pop("NCCL_NVLS_ENABLE", None)
-    proc = subprocess.run(
-        ["bash", "benchmarks/multi_gpu_session.sh", *STEPS],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    return out, proc
+    procs = []
+    for i, steps in enumerate(CALLS):
+        env["OUT"] = str(base / ("out" if i == 0 else f"out{i + 1}"))
+        procs.append(subprocess.run(
+            ["bash", "benchmarks/multi_gpu_session.sh", *steps],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        ))  # fmt: skip
+    return base / "out", next((p for p in procs if p.returncode), procs[-1])
+
+
+def _outs(out: Path) -> list[Path]:
+    return [out, out.parent / "out2"]
+
+
+def _read(out: Path, name: str) -> str:
+    return next(d / name for d in _outs(out) if (d / name).is_file()).read_text()
 
 
 def test_every_step_passes_and_the_files_fit_what_the_device_returns(session) -> None:  # type: ignore[no-untyped-def]
     out, proc = session
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = (out / "summary.txt").read_text()
-    assert "failures=0" in summary
+    summary = "".join((d / "summary.txt").read_text() for d in _outs(out))
+    assert summary.count("failures=0") == 2
     for step in STEPS[1:]:
         assert f"{step} rc=0 " in summary
     for step in STEPS[2:]:
         assert f"{step} GPU command lines at N=2,4,8: --dry-run rc=0" in summary
     assert "[isolated] 2 ranks: passed" in summary
-    files = sorted(p.name for p in out.rglob("*") if p.is_file())
-    assert len(files) <= 8, files
-    assert {"summary.txt", "session.log", "cplayer.json", "traj.json"} <= set(files)
+    files = [sorted(p.name for p in d.rglob("*") if p.is_file()) for d in _outs(out)]
+    assert all(len(f) <= 8 for f in files), files
+    assert {"summary.txt", "session.log", "cplayer.json", "p2plate.json"} <= set(files[0])
+    assert {"summary.txt", "session.log", "traj.json"} <= set(files[1])
 
 
 def test_the_gpu_command_lines_take_the_issue_lengths_per_world_size(session) -> None:  # type: ignore[no-untyped-def]
     out, _ = session
-    log = (out / "session.log").read_text()
+    log = "".join((d / "session.log").read_text() for d in _outs(out))
     # cp-layer full: CP2 16K/64K, CP4 16K/64K/128K, CP8 64K/128K, always the 8192/7777 padding case;
     # AllGather+eager stops at 32K, so at CP8 only its padding case remains.
     assert "cp-layer --preset full --device cuda --world-size 2: 8 case(s)" in log
@@ -67,21 +83,23 @@ def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-u
     out, _ = session
     expected = {
         "cplayer": 16,  # the quick preset: every mode incl. p2p_emulated, fp64 and fp32
+        "p2plate": 4,  # P2P alone, fp64 and fp32, with the late state hand-off
         "stability": 3,
         "network": 4,
         "network8l": 4,
         "traj": 4,
     }
     for name, count in expected.items():
-        doc = json.loads((out / f"{name}.json").read_text())
+        doc = json.loads(_read(out, f"{name}.json"))
         assert (doc["device"], doc["world_size"], doc["exit_code"]) == ("cpu", 2, 0), name
         assert len(doc["cases"]) == count and all(c["status"] == "passed" for c in doc["cases"]), name
-    traj = json.loads((out / "traj.json").read_text())
+    traj = json.loads(_read(out, "traj.json"))
     assert {c["name"] for c in traj["cases"]} == {f"traj/{m}/ckpt-{c}" for m in ("p2p", "ulysses")
                                                   for c in ("off", "full")}  # fmt: skip
     assert traj["params"]["steps"] == 5
-    assert (out / "reference_traj_T128_S5_eager.json").is_file()  # the reference, copied for reuse
-    eight = json.loads((out / "network8l.json").read_text())
+    assert (out.parent / "out2" / "reference_traj_T128_S5_eager.json").is_file()  # copied for reuse
+    assert json.loads(_read(out, "p2plate.json"))["params"]["p2p_early_state"] is False
+    eight = json.loads(_read(out, "network8l.json"))
     assert eight["params"]["model"] == "tiny-8l"
 
 

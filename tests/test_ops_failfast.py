@@ -100,3 +100,9 @@ def test_bad_inputs(mutate, error, pattern):
 
 def test_public_names():
     assert set(gdn.__all__) >= {"gated_delta_rule", "is_triton_gdn_available", "check_triton_gdn"}
+
+
+def test_state_callbacks_need_triton():
+    inp = make_inputs(1, 4, 1, 1, 8)
+    with pytest.raises(UnsupportedGDNRequest, match=r"need backend='triton'"):
+        _call(inp, backend="eager", on_final_state=lambda t: None)

@@ -71,6 +71,9 @@ class CPConfig:
     mode: CPMode = "none"
     group: dist.ProcessGroup | None = None
     timeout: timedelta = DEFAULT_TIMEOUT
+    # P2P with the Triton core: pass states on from inside the core, as soon as its state passes
+    # have them (gdn/cp/p2p.py); False passes them after the whole shard pass, as a comparison
+    early_state: bool = True
     stats: CPStats = field(default_factory=CPStats, compare=False, repr=False)
     # Sends in flight. They are held here, not only by the op that started them, because a forward
     # may be cut short (activation-checkpoint recomputation stops early) and a dropped send never

@@ -10,7 +10,11 @@ P2P, per rank r of P (every rank holds all heads and T/P tokens):
             reverse chain: receive A_{r+1} = total ∂L/∂S_out, send A_r = G_r + M_rᵀ·A_{r+1} to
             r−1, and hand dM_r = A_{r+1}·S_inᵀ, dS_ext_r = A_{r+1} to the summary's backward.
 The critical path is two shard passes plus P−1 small hops each way; the chain's matmuls and
-messages are in fp32 (fp64 for fp64 inputs).
+messages are in fp32 (fp64 for fp64 inputs). With the Triton core (`CPConfig.early_state`, on by
+default) rank 0 sends its end state as soon as its state pass has it, before its output stage,
+and ranks >= 1 run their reverse-chain step as soon as their reverse state pass has G_r, before
+their input-gradient stages: the shard passes on the critical path shrink to those state passes
+wherever the chain waits on them.
 
 AllGather (eager): every rank computes its summary, all ranks gather all summaries and fold the
 prefix locally; the gather's backward is an all-reduce of the summary gradients.
@@ -27,6 +31,40 @@ from gdn.device import autocast_off
 from gdn.ops import gated_delta_rule
 
 
+class _BackwardChain:
+    """The reverse-chain step of ranks 1..P-1, run once per backward: receive A_{r+1} (unless last),
+    send A_r = G_r + M_rᵀ·A_{r+1} to r−1, keep (dM_r, dS_ext_r) for the summary's backward.
+
+    With the Triton core it runs from the core's backward as soon as the reverse state pass has
+    G_r = ∂L/∂S_in (S_in feeds nothing but the shard's pass), so the chain moves on while this
+    rank computes its input gradients; otherwise from `_ChainHop.backward`.
+    """
+
+    def __init__(self, cp: CPConfig, has_next: bool) -> None:
+        self.cp, self.has_next = cp, has_next
+        self.m: torch.Tensor | None = None
+        self.s_in: torch.Tensor | None = None
+        self.result: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+        self.sent: PendingSend | None = None
+
+    def run(self, g_in: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.result is None:
+            cp, a = self.cp, g_in.contiguous()
+            d_m = d_ext = None
+            if self.has_next:
+                a_next = recv_checked(a, cp, cp.rank + 1, "state_bwd")
+                with autocast_off(a.device):  # fp32 chain, as in the forward's apply_transition
+                    a = a + self.m.transpose(-1, -2) @ a_next  # type: ignore[union-attr]
+                    d_m = a_next @ self.s_in.transpose(-1, -2)  # type: ignore[union-attr]
+                d_ext = a_next
+            self.sent = send_checked(a, cp, cp.rank - 1, "state_bwd")
+            self.result = (d_m, d_ext)
+        return self.result
+
+    def on_state_grad(self, g_in: torch.Tensor) -> None:
+        self.run(g_in)
+
+
 class _ChainHop(torch.autograd.Function):
     """Ranks 1..P-1: (M, S_ext | None, anchor) -> S_in received from the previous rank.
 
@@ -35,35 +73,26 @@ class _ChainHop(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, m, ext, anchor, cp: CPConfig, like: torch.Tensor, pending, pending_bwd):  # type: ignore[override]
-        ctx.cp, ctx.pending_bwd = cp, pending_bwd
-        rank, size = cp.rank, cp.world_size
-        s_in = recv_checked(like, cp, rank - 1, "state_fwd")
-        has_next = rank + 1 < size
-        if has_next:
-            pending.append(send_checked(apply_transition(m, s_in, ext), cp, rank + 1, "state_fwd"))
-        ctx.has_next = has_next
-        ctx.save_for_backward(m, s_in)
+    def forward(ctx, m, ext, anchor, chain: _BackwardChain, like: torch.Tensor, pending, pending_bwd):  # type: ignore[override]
+        cp = chain.cp
+        s_in = recv_checked(like, cp, cp.rank - 1, "state_fwd")
+        if chain.has_next:
+            pending.append(send_checked(apply_transition(m, s_in, ext), cp, cp.rank + 1, "state_fwd"))
+            chain.m = m.detach()
+        chain.s_in = s_in
+        ctx.chain, ctx.pending_bwd = chain, pending_bwd
         return s_in
 
     @staticmethod
     def backward(ctx, g_in: torch.Tensor):  # type: ignore[override]
-        cp: CPConfig = ctx.cp
-        m, s_in = ctx.saved_tensors
-        rank = cp.rank
-        d_m = d_ext = None
-        a = g_in.contiguous()
-        if ctx.has_next:
-            a_next = recv_checked(g_in, cp, rank + 1, "state_bwd")
-            with autocast_off(m.device):  # fp32 chain, as in the forward's apply_transition
-                a = a + m.transpose(-1, -2) @ a_next
-                d_m = a_next @ s_in.transpose(-1, -2)
-            d_ext = a_next
-        sent = send_checked(a, cp, rank - 1, "state_bwd")
-        if ctx.pending_bwd is None:
-            wait_sends([sent], cp)
-        else:  # the caller waits later (the layer: in the halo backward), overlapping the summary backward
-            ctx.pending_bwd.append(sent)
+        chain: _BackwardChain = ctx.chain
+        d_m, d_ext = chain.run(g_in)  # already done when the core's backward ran it early
+        sent, chain.sent = chain.sent, None
+        if sent is not None:
+            if ctx.pending_bwd is None:
+                wait_sends([sent], chain.cp)
+            else:  # the caller waits later (the layer: in the halo backward), past the summary backward
+                ctx.pending_bwd.append(sent)
         return d_m, d_ext, None, None, None, None, None
 
 
@@ -71,9 +100,10 @@ class _ChainHead(torch.autograd.Function):
     """Rank 0: (o, S_out) -> o; sends S_out to rank 1, and in backward receives its gradient."""
 
     @staticmethod
-    def forward(ctx, o, s_out, cp: CPConfig, pending: list[PendingSend]):  # type: ignore[override]
+    def forward(ctx, o, s_out, cp: CPConfig, pending: list[PendingSend], send: bool):  # type: ignore[override]
         ctx.cp = cp
-        pending.append(send_checked(s_out, cp, 1, "state_fwd"))
+        if send:  # not yet sent by the core as soon as its state pass had it
+            pending.append(send_checked(s_out, cp, 1, "state_fwd"))
         ctx.meta = (s_out.shape, s_out.dtype, s_out.device)
         return o.view_as(o)
 
@@ -81,7 +111,7 @@ class _ChainHead(torch.autograd.Function):
     def backward(ctx, d_o: torch.Tensor):  # type: ignore[override]
         shape, dtype, device = ctx.meta
         d_s_out = recv_checked(torch.empty(shape, dtype=dtype, device=device), ctx.cp, 1, "state_bwd")
-        return d_o, d_s_out, None, None
+        return d_o, d_s_out, None, None, None
 
 
 def p2p_gated_delta_rule(
@@ -111,34 +141,32 @@ def p2p_gated_delta_rule(
     pending = [] if pending is None else pending
     B, _, Hv, dv = v.shape
     dk = k.shape[-1]
+    early = cp.early_state and backend == "triton"
     if rank == 0:
+        sent: list[PendingSend] = []
+
+        def send_end_state(ht: torch.Tensor) -> None:
+            sent.append(send_checked(ht, cp, 1, "state_fwd"))
+
         o, s_out = gated_delta_rule(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            output_final_state=True,
-            backend=backend,
-            chunk_size=chunk_size,  # type: ignore[arg-type]
-        )
-        o = _ChainHead.apply(o, s_out, cp, pending)
+            q, k, v, g, beta,
+            output_final_state=True, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
+            on_final_state=send_end_state if early else None,
+        )  # fmt: skip
+        pending.extend(sent)
+        o = _ChainHead.apply(o, s_out, cp, pending, not sent)
     else:
         m = ext = None
         if rank + 1 < size:
             m, ext = state_summary(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)
         like = torch.empty(B, Hv, dk, dv, dtype=state_dtype(v), device=v.device)
-        s_in = _ChainHop.apply(m, ext, g, cp, like, pending, pending_bwd)
+        chain = _BackwardChain(cp, has_next=rank + 1 < size)
+        s_in = _ChainHop.apply(m, ext, g, chain, like, pending, pending_bwd)
         o, _ = gated_delta_rule(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            initial_state=s_in,
-            backend=backend,
-            chunk_size=chunk_size,  # type: ignore[arg-type]
-        )
+            q, k, v, g, beta,
+            initial_state=s_in, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
+            on_initial_state_grad=chain.on_state_grad if early else None,
+        )  # fmt: skip
     if own_pending:
         wait_sends(pending, cp)
     return o

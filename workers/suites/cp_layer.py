@@ -60,6 +60,9 @@ class CPLayerParams(SuiteParams):
     repeat: int = 20
     timing: bool = True
     transfer_timeout_s: float = 300.0
+    # P2P + Triton: hand states on from inside the core (CPConfig.early_state); false for the
+    # comparison run (the same numbers, the states sent after each whole shard pass)
+    p2p_early_state: bool = True
 
 
 def _metrics() -> tuple[Metric, ...]:
@@ -210,7 +213,8 @@ def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
             f"CP mode {p['mode']!r} needs a job with world size >= 2 (got {ctx.world_size}); "
             "on one device use the 'p2p_emulated' candidate"
         )
-    cp = CPConfig(p["mode"], ctx.group, timeout=timedelta(seconds=p["transfer_timeout_s"]))
+    timeout = timedelta(seconds=p["transfer_timeout_s"])
+    cp = CPConfig(p["mode"], ctx.group, timeout=timeout, early_state=p["p2p_early_state"])
     cp.check_world_size(ctx.world_size)
     yield from list(_candidate(ctx, case.name, p, lc, cp))  # its tensors are freed on return
     devices.empty_cache(ctx.device)
