@@ -5,7 +5,8 @@ With `CPConfig.early_state` rank 0 sends its end state from inside the core (aft
 pass) and ranks >= 1 run their reverse-chain step from inside the core's backward (after the
 reverse state pass). The arithmetic is the same as handing the states on after the whole pass,
 so both must agree bit for bit, send the same messages, and match the core run without CP. Three
-ranks give a middle rank (summary, receive-then-send in both directions).
+ranks give a middle rank (summary, receive-then-send in both directions). The network test runs
+the same hand-off inside the model with FSDP and activation checkpointing.
 """
 
 from __future__ import annotations
@@ -67,3 +68,29 @@ def test_early_state_hand_off_equals_late_and_no_cp(world: int) -> None:
             assert torch.equal(early[name], late[name]), f"rank {rank}: {name} differs early vs late"
             err = rel_l2(early[name], ref[name])
             assert err <= 2e-5, f"rank {rank}: {name} vs no-CP rel-L2 {err:.2e}"
+
+
+@pytest.mark.slow
+def test_network_p2p_triton_with_checkpointing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The whole model (head dim 128 for the kernels), P2P + Triton on 2 gloo ranks with FSDP:
+    trajectories with activation checkpoint off and full (the recompute re-runs the forward's
+    hand-offs) against the eager reference, and the determinism pair."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "net.json"
+    cmd = [sys.executable, "-m", "service.cli", "run", "network", "--preset", "quick", "--device", "cpu",
+           "--world-size", "2", "--param", "model=small-128", "--param", "backend=triton",
+           "--param", 'modes=["p2p"]', "--param", 'determinism_modes=["p2p"]', "--param", "seq_len=256",
+           "--param", "steps=2", "--param", "determinism_steps=2", "--param", "speed=false",
+           "--param", "valid_lengths=null", "--param", "batch_size=1", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["params"]["backend"] == "triton" and doc["world_size"] == 2
+    assert {c["name"]: c["status"] for c in doc["cases"]} == {
+        "traj/p2p/ckpt-off": "passed", "traj/p2p/ckpt-full": "passed", "determinism/p2p": "passed",
+    }  # fmt: skip
