@@ -18,7 +18,8 @@ Stages (each a small kernel with one job; `GatedDeltaRuleFunction` only wires th
             dq/dk/dWk/dγ per chunk -> WY backward (dk, dv, dβ, dγ) and the reverse cumsum to dg.
 By default the forward keeps γ, Wk, T, the per-chunk states and Vn for the backward, which drops
 each after its last use; TUNING["recompute"] = 1 keeps only γ and recomputes the rest (one more
-sequential state pass, less memory between the passes).
+sequential state pass, less memory between the passes). Under a saved-tensors hook (activation
+checkpointing, offloading) it always recomputes: intermediates held on ctx would bypass the hook.
 
 Intermediates (Wk, U, Vn, per-chunk S and dS) are stored in the input dtype; the recurrent state
 itself is carried in fp32 registers; T and the gradient accumulators stay fp32. Dots on fp32
@@ -865,6 +866,14 @@ def chunk_backward(
 StateCallback = Callable[[torch.Tensor], None]
 
 
+def _saved_tensors_hook_active() -> bool:
+    """True inside `torch.autograd.graph.saved_tensors_hooks` (non-reentrant activation
+    checkpointing installs one): what the forward keeps must then go through the hook or not at
+    all. False when this torch build does not expose the query."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
@@ -894,7 +903,9 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
     backward can drop each one as soon as its last stage has run (Wk after the reverse pass, S, dS
     and Vn after bwd_dqk), which lowers the backward's peak. A second backward through the same
     graph (retain_graph) finds them gone and recomputes them. TUNING["recompute"] = 1 keeps only
-    the inputs and γ and always recomputes."""
+    the inputs and γ and always recomputes; so does a forward under a saved-tensors hook (an
+    activation checkpoint drops the saved tensors and re-runs the forward, but would never see
+    what ctx holds)."""
 
     @staticmethod
     def forward(
@@ -904,7 +915,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         gamma = gate_cumsum(g)
-        keep = not TUNING["recompute"]
+        keep = not TUNING["recompute"] and not _saved_tensors_hook_active()
         o, ht, kept = _forward(
             q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state
         )

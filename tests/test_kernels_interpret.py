@@ -161,3 +161,25 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient() ->
     torch.autograd.backward([o, s], [d_o, d_s])
     assert [name for name, _ in seen] == ["final", "initial_grad"]
     assert torch.equal(seen[1][1], inputs[5].grad)
+
+
+def test_activation_checkpoint_does_not_keep_intermediates() -> None:
+    """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
+    from torch.utils.checkpoint import checkpoint
+
+    x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=13)
+    d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for ckpt in (False, True):
+        inputs = [t.clone().requires_grad_() for t in x.tensors()]
+
+        def core(*t: torch.Tensor) -> torch.Tensor:
+            return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
+
+        o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)
+        assert (o.grad_fn.kept is None) == ckpt  # the custom Function's node is its ctx
+        o.backward(d_o)
+        grads[ckpt] = [t.grad for t in inputs]
+    for plain, ckpt in zip(grads[False], grads[True], strict=True):
+        assert torch.equal(plain, ckpt)
