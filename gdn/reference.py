@@ -23,6 +23,24 @@ def _grouped(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
     return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
 
+def _head_major(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None, dtype: torch.dtype,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(q, k, v, g, β) as [B, Hv, T, ...] in `dtype` and the starting state (zeros when None)."""
+    B, _, Hv, Dv = v.shape
+    Dk = q.shape[-1]
+    qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
+    vh = v.to(dtype).transpose(1, 2)
+    gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
+    S = (
+        initial_state.to(dtype)
+        if initial_state is not None
+        else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
+    )
+    return qh, kh, vh, gh, bh, S
+
+
 def recurrent_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,18 +57,9 @@ def recurrent_gated_delta_rule(
     S_t = exp(g_t)·(I − β_t k_t k_tᵀ)·S_{t−1} + β_t k_t v_tᵀ,   o_t = scale · S_tᵀ q_t.
     """
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
-        B, T, Hv, Dv = v.shape
-        Dk = q.shape[-1]
-        dtype = v.dtype
-        scale = Dk**-0.5 if scale is None else scale
-        qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
-        vh = v.transpose(1, 2)
-        gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
-        S = (
-            initial_state.to(dtype)
-            if initial_state is not None
-            else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
-        )
+        T = v.shape[1]
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        qh, kh, vh, gh, bh, S = _head_major(q, k, v, g, beta, initial_state, v.dtype)
         outs = []
         for t in range(T):
             k_t, v_t, b_t = kh[:, :, t], vh[:, :, t], bh[:, :, t, None]
@@ -85,18 +94,10 @@ def chunk_gated_delta_rule_eager(
     """
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
         B, T, Hv, Dv = v.shape
-        Dk = q.shape[-1]
         out_dtype = v.dtype
         dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-        scale = Dk**-0.5 if scale is None else scale
-        qh, kh = _grouped(q.to(dtype), Hv), _grouped(k.to(dtype), Hv)
-        vh = v.to(dtype).transpose(1, 2)
-        gh, bh = g.to(dtype).transpose(1, 2), beta.to(dtype).transpose(1, 2)
-        S = (
-            initial_state.to(dtype)
-            if initial_state is not None
-            else torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=v.device)
-        )
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        qh, kh, vh, gh, bh, S = _head_major(q, k, v, g, beta, initial_state, dtype)
         outs = []
         for start in range(0, T, chunk_size):
             end = min(start + chunk_size, T)

@@ -78,8 +78,7 @@ class _ChainHop(torch.autograd.Function):
         s_in = recv_checked(like, cp, cp.rank - 1, "state_fwd")
         if chain.has_next:
             pending.append(send_checked(apply_transition(m, s_in, ext), cp, cp.rank + 1, "state_fwd"))
-            chain.m = m.detach()
-        chain.s_in = s_in
+            chain.m, chain.s_in = m.detach(), s_in  # what the reverse step multiplies with
         ctx.chain, ctx.pending_bwd = chain, pending_bwd
         return s_in
 
