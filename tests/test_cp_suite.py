@@ -59,8 +59,36 @@ def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None
     by = {s.metric: s.value for s in samples}
     assert all(suite.metric(s.metric).passes(s.value) for s in samples)
     assert by["fp64_worst_rel_l2"] <= 1e-9 and by["hops_state_fwd"] == 3 and by["padding_output_max_abs"] == 0
+    each = [s.value for s in samples if s.metric == "param_grad_rel_l2_by_param"]
+    assert len(each) == 9 and by["param_grad_worst_rel_l2"] == max(each)
+    # the reference is the candidate's own no-CP layer here, so CP's share is the worst of everything
+    assert by["cp_worst_rel_l2"] == max(by["output_rel_l2"], by["input_grad_rel_l2"], *each)
     with pytest.raises(CPError, match="'p2p' needs a job with world size >= 2"):
         list(suite.run(ctx, cases["p2p_eager_T128_B1_float64"]))
+
+
+def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
+    """With a reference of another dtype (or backend), the candidate is also paired with its own
+    no-CP layer, so the two layers' rounding drops out of `cp_worst_rel_l2`."""
+    from dataclasses import replace
+
+    import torch
+
+    from gdn.cp.compare import LayerCase, compare_emulated, reference_layer_step, worst_rel_l2
+    from gdn.layer import GDNLayerConfig
+
+    cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
+    cpu = torch.device("cpu")
+    case = LayerCase(cfg, "p2p_emulated", dtype=torch.float32, ref_dtype=torch.float64, batch=2,
+                     seq_len=128, valid_len=101, seed=5)  # fmt: skip
+    cmp = compare_emulated(case, 4, cpu)
+    assert cmp.plain is not None and cmp.output[1].dtype == torch.float64
+    _, y32, dx32, _ = reference_layer_step(replace(case, ref_dtype=None), cpu)
+    assert torch.equal(cmp.plain.output[1], y32) and torch.equal(cmp.plain.input_grad[1], dx32)
+    assert cmp.plain.output[0] is cmp.output[0] and set(cmp.plain.param_grads) == set(cmp.param_grads)
+    # fp32 against fp32: the shards' summation order alone (A_log's cancelling sum is the worst)
+    assert max(worst_rel_l2(cmp.plain).values()) < 1e-4
+    assert compare_emulated(replace(case, ref_dtype=None), 4, cpu).plain is None
 
 
 def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:

@@ -8,7 +8,7 @@ FSDP's reduce does) before they are compared with the reference's. Used by the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ class LayerComparison:
     param_grads: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     grad_norm: tuple[float, float] = (0.0, 0.0)
     padding_max_abs: float = 0.0  # largest |output| at padded positions of this shard (must be 0)
+    # The candidate against the no-CP layer on its own backend and dtype: CP's share of the error
+    # alone. None when the reference is that layer already (same backend and dtype).
+    plain: LayerComparison | None = None
 
 
 def make_inputs(
@@ -120,21 +123,47 @@ def grad_norm(layer: torch.nn.Module) -> float:
     )
 
 
+def _pair(
+    cand: torch.nn.Module, y: torch.Tensor, dx: torch.Tensor, ref: torch.nn.Module, y_ref: torch.Tensor,
+    dx_ref: torch.Tensor, cp: CPConfig | None,
+) -> LayerComparison:  # fmt: skip
+    """Candidate tensors (this rank's shard) against the reference's (the full sequence)."""
+    ref_params = dict(ref.named_parameters())
+    return LayerComparison(
+        output=(y, shard_sequence(y_ref, cp, 1)),
+        input_grad=(dx, shard_sequence(dx_ref, cp, 1)),
+        param_grads={n: (p.grad, ref_params[n].grad) for n, p in cand.named_parameters()},  # type: ignore[misc]
+        grad_norm=(grad_norm(cand), grad_norm(ref)),
+    )
+
+
+def _padding_max_abs(y: torch.Tensor, mask: torch.Tensor | None) -> float:
+    if mask is None:
+        return 0.0
+    pad = (mask == 0).unsqueeze(-1).expand_as(y)
+    return float(y.detach()[pad].abs().max()) if pad.any() else 0.0
+
+
+def _add_plain(
+    out: LayerComparison, case: LayerCase, cand: torch.nn.Module, cp: CPConfig | None, device: torch.device
+) -> None:
+    """When the reference differs from the candidate's own no-CP layer (backend or dtype), pair the
+    candidate with that layer too: the two cores' rounding then drops out of the comparison."""
+    if case.ref_backend == case.backend and (case.ref_dtype or case.dtype) == case.dtype:
+        return
+    own = replace(case, ref_backend=case.backend, ref_dtype=None)
+    plain, y_p, dx_p, _ = reference_layer_step(own, device)
+    out.plain = _pair(cand, out.output[0], out.input_grad[0], plain, y_p, dx_p, cp)
+
+
 def compare_layer(case: LayerCase, cp: CPConfig, device: torch.device) -> LayerComparison:
     """Run the reference and the candidate on this rank and pair their tensors."""
     ref, y_ref, dx_ref, _ = reference_layer_step(case, device)
     cand, y, dx, m_loc = cp_layer_step(case, cp, device)
-    out = LayerComparison(
-        output=(y, shard_sequence(y_ref, cp, 1)),
-        input_grad=(dx, shard_sequence(dx_ref, cp, 1)),
-        grad_norm=(grad_norm(cand), grad_norm(ref)),
-    )
-    ref_params = dict(ref.named_parameters())
-    for name, p in cand.named_parameters():
-        out.param_grads[name] = (p.grad, ref_params[name].grad)  # type: ignore[assignment]
-    if m_loc is not None:
-        pad = (m_loc == 0).unsqueeze(-1).expand_as(y)
-        out.padding_max_abs = float(y[pad].abs().max()) if pad.any() else 0.0
+    out = _pair(cand, y, dx, ref, y_ref, dx_ref, cp)
+    del ref, y_ref, dx_ref
+    out.padding_max_abs = _padding_max_abs(y, m_loc)
+    _add_plain(out, case, cand, cp, device)
     return out
 
 
@@ -162,13 +191,8 @@ def compare_emulated(case: LayerCase, num_shards: int, device: torch.device) -> 
     x = x.clone().requires_grad_(True)
     y = emulated_p2p_layer(cand, x, mask, num_shards=num_shards)
     y.backward(dy)
-    out = LayerComparison(
-        output=(y.detach(), y_ref), input_grad=(x.grad, dx_ref), grad_norm=(grad_norm(cand), grad_norm(ref))
-    )  # type: ignore[arg-type]
-    ref_params = dict(ref.named_parameters())
-    for name, p in cand.named_parameters():
-        out.param_grads[name] = (p.grad, ref_params[name].grad)  # type: ignore[assignment]
-    if mask is not None:
-        pad = (mask == 0).unsqueeze(-1).expand_as(y)
-        out.padding_max_abs = float(y.detach()[pad].abs().max()) if pad.any() else 0.0
+    out = _pair(cand, y.detach(), x.grad, ref, y_ref, dx_ref, None)  # type: ignore[arg-type]
+    del ref, y_ref, dx_ref
+    out.padding_max_abs = _padding_max_abs(y, mask)
+    _add_plain(out, case, cand, None, device)
     return out
