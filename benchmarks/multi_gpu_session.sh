@@ -60,7 +60,8 @@
 # Environment: NGPU (default: nvidia-smi -L), BUDGET (seconds for the whole call, default 570: a
 # step whose limit would pass it is shortened, or skipped under 60 s), PYTHON (default python3),
 # REFS (trajectory references, default .refs), REF_BACKEND (the reference's backend: eager,
-# the default, or triton), DRY_CPU=1 (the CPU check: see below).
+# the default, or triton), DETERMINISTIC=1 (`traj` under deterministic mode, below), DRY_CPU=1
+# (the CPU check: see below).
 #
 # DRY_CPU=1 runs every step on this machine without a GPU: first each step's GPU command line, as
 # it would run at world sizes 2, 4 and 8, through `run --dry-run` (parameters, presets and case
@@ -86,6 +87,12 @@ DRY_CPU=${DRY_CPU:-0}
 # activation checkpointing, which changes no number (the determinism pair) but lets one GPU hold
 # the whole 64K-128K sequence.
 REF_BACKEND=${REF_BACKEND:-eager}
+# DETERMINISTIC=1: `traj` runs the reference and the candidates with deterministic algorithms and
+# collectives (`run --deterministic`), so a rerun repeats its verdict. Without it two runs of the
+# same job differ by up to 2.2e-3 in grad-norm over 200 steps at CP2 (docs/benchmarks.md), half
+# the 4e-3 bar; with it the reference took 3.5x as long (~350 s for 200 steps at 32K).
+DET_ARGS=() DET_TAG=''
+if [ "${DETERMINISTIC:-0}" = 1 ]; then DET_ARGS=(--deterministic) DET_TAG=_det; fi
 REFS=${REFS:-$PWD/.refs}  # stored trajectory references (absolute: the ranks run in the source root)
 LOG=$OUT/session.log
 steps=("$@")
@@ -112,11 +119,11 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
         case $n in 2) TSTEPS=40 ;; 4) TSTEPS=20 ;; *) TSTEPS=10 ;; esac  # what the eager reference
         TSTEPS=${TRAJ_STEPS:-$TSTEPS}  # of the whole sequence does in one call (header); traj:STEPS sets it
         TG=${TRAJ_SEQ:-$G}
-        REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
+        REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
     else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks
         DEV=cpu PRESET=quick WS=2 MODEL8=tiny-8l WARM8=1 REP8=2 LENS=128 G=128 SG=64 TSTEPS=5 TG=128
         P2P='"p2p+eager"'
-        REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}.json
+        REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
     fi
 }
 
@@ -135,7 +142,7 @@ suite_cmd() {  # step name -> CMD (the `run` command line at the current sizes)
         traj) args=(network --preset "$PRESET" --param speed=false --param determinism=false
                     --param "modes=[$TRAJ_MODES]" --param "steps=$TSTEPS" --param "seq_len=$TG"
                     --param "reference_file=$REF" --param "reference_backend=$REF_BACKEND"
-                    --param reference_checkpoint=full) ;;
+                    --param reference_checkpoint=full "${DET_ARGS[@]}") ;;
         *) return 1 ;;
     esac
     CMD=("$PY" -m service.cli run "${args[@]}" --device "$DEV" --world-size "$WS")
@@ -167,7 +174,8 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 keys = ("fwd_ms", "fwd_bwd_ms", "bwd_est_ms", "bwd_estimate_ms", "step_ms", "pass_ms", "peak_allocated_bytes",
         "peak_reserved_bytes", "memory_growth_bytes", "passes_done", "output_rel_l2", "input_grad_rel_l2",
-        "param_grad_rel_l2", "fp64_worst_rel_l2", "padding_output_max_abs", "hop_counts_ok",
+        "param_grad_rel_l2", "param_grad_worst_rel_l2", "cp_worst_rel_l2", "fp64_worst_rel_l2",
+        "padding_output_max_abs", "hop_counts_ok",
         "bf16_loss_max_rel", "bf16_grad_norm_max_rel", "fp32_loss_max_rel", "fp32_grad_norm_max_rel")
 rows = {}
 for r in doc["summary"]:

@@ -126,3 +126,13 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     doc = json.loads((out / "traj.json").read_text())
     assert doc["exit_code"] == 2 and proc.returncode != 0
     assert [c["name"] for c in doc["cases"]] == ["traj/p2p/ckpt-off", "traj/p2p/ckpt-full"]
+    assert "--deterministic" not in traj
+    # DETERMINISTIC=1: the job runs deterministic, and its reference has a name of its own
+    env.update(OUT=str(tmp_path / "det"), DETERMINISTIC="1")
+    subprocess.run(
+        ["bash", "benchmarks/multi_gpu_session.sh", "traj:7:80:32768:\"p2p\""],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    log = (tmp_path / "det" / "session.log").read_text()
+    traj = next(line for line in log.splitlines() if line.startswith("=== traj"))
+    assert "--deterministic" in traj and f"{tmp_path}/refs/traj_T32768_S7_eager_det.json" in traj
