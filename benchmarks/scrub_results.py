@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-DROPPED_INFO = ("host", "hostname", "pid", "source_root", "ld_library_path", "cwd")
+DROPPED_INFO = ("host", "pid", "source_root", "ld_library_path")
 _UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 _SITE = re.compile(r"(?:/[\w.+-]+)+/site-packages/")
 _OUT = re.compile(r"/root/out/|(?<![\w/])/tmp/[\w.-]+/out/")

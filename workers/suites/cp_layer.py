@@ -340,7 +340,7 @@ def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]
 def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterator[Sample]:
     import torch
 
-    from gdn.cp.compare import rel_l2, worst_rel_l2
+    from gdn.cp.compare import worst_rel_l2
     from workers.measure import error_samples, tensor_error
 
     yield from error_samples(ctx, name, "output", tensor_error(*cmp.output))
@@ -351,15 +351,16 @@ def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterato
     flat_a = torch.cat([cmp.param_grads[n][0].double().flatten() for n in names])
     flat_b = torch.cat([cmp.param_grads[n][1].double().flatten() for n in names])
     yield from error_samples(ctx, name, "param_grad", tensor_error(flat_a, flat_b))
-    each = [rel_l2(*cmp.param_grads[n]) for n in names]
+    errs = worst_rel_l2(cmp)  # output, input_grad and param:<name>, each against the reference
+    each = [errs[f"param:{n}"] for n in names]
     for idx, err in enumerate(each):
         yield Sample(name, "param_grad_rel_l2_by_param", err, rank=ctx.rank, idx=idx)
     worst = max(each)
     yield Sample(name, "param_grad_worst_rel_l2", worst, rank=ctx.rank)
-    yield Sample(name, "cp_worst_rel_l2", max(worst_rel_l2(cmp.plain or cmp).values()), rank=ctx.rank)
+    own = errs if cmp.plain is None else worst_rel_l2(cmp.plain)
+    yield Sample(name, "cp_worst_rel_l2", max(own.values()), rank=ctx.rank)
     if lc.dtype == torch.float64 and (lc.ref_dtype or lc.dtype) == torch.float64:
-        every = max(worst, rel_l2(*cmp.output), rel_l2(*cmp.input_grad))
-        yield Sample(name, "fp64_worst_rel_l2", every, rank=ctx.rank)
+        yield Sample(name, "fp64_worst_rel_l2", max(errs.values()), rank=ctx.rank)
     g_cp, g_ref = cmp.grad_norm
     yield Sample(name, "grad_norm_rel_err", abs(g_cp - g_ref) / g_ref if g_ref else abs(g_cp), rank=ctx.rank)
     yield Sample(name, "padding_output_max_abs", cmp.padding_max_abs, rank=ctx.rank)
