@@ -258,6 +258,10 @@ class Dispatcher:
                 store.finish_summary(self.engine, job.id, store.job_attempt(job))
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
+            try:  # before the final status, so a finished job is never seen without its verdict
+                store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
+            except Exception:
+                log.exception("storing the verdict of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):
                 log.warning("job %s was settled elsewhere while it ran; its outcome is dropped", job.id)
         except Exception:
@@ -272,7 +276,7 @@ class Dispatcher:
         spec = JobSpec(
             job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
             device=job.device, world_size=job.world_size, commit=job.commit_sha,
-            deadline_s=self.settings.job_deadline_s,
+            deadline_s=self.settings.job_deadline_s, cases=tuple(job.cases) if job.cases else None,
         )  # fmt: skip
         try:
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
