@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ from sqlalchemy import Text, cast, func, select
 from sqlalchemy.orm import Session
 
 from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
-from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow
+from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
 from workers.suite import Metric
 
 
@@ -91,6 +91,16 @@ def load_side(session: Session, job_id: int) -> JobSide:
         metric_keys=[metric_rows[m].name for m in metric_ids_s.tolist()],
     )
     metrics = {m.name: metric_of(m) for m in metric_rows.values()}
+    # the definition the job was judged with (copied onto its summaries), not today's
+    judged = session.execute(
+        select(SummaryRow.metric_id, SummaryRow.kind, SummaryRow.direction, SummaryRow.bound)
+        .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt, SummaryRow.kind.is_not(None))
+        .distinct()
+    ).all()
+    for metric_id, kind, direction, bound in judged:
+        row = metric_rows.get(metric_id)
+        if row is not None:
+            metrics[row.name] = replace(metrics[row.name], kind=kind, direction=direction, bound=bound)
     return JobSide(job_ref(job), cases, metrics, table)
 
 

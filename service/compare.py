@@ -748,18 +748,20 @@ def _metric_result(
         _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))
 
     # The head against the bound (workers.verdict: non-finite fails every kind; the judged
-    # statistic per kind)
+    # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
     h = mr.head
-    stats = verdict.Stats(h.n, 0 if h.finite else 1, h.median, h.p90, h.min, h.max, math.nan, h.worst)
-    judged = verdict.judge(metric.kind, d, metric.bound, stats)
-    mr.bound_ok = judged.ok
     if not h.finite:
+        mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
         return mr
-    if judged.ok is False:
-        mr.verdict, mr.reason = "failed", judged.reason
-        return mr
+    if metric.bound is not None:
+        value = h.median if verdict.JUDGED_ON.get(metric.kind) == "median" else h.worst
+        mr.bound_ok = verdict.bound_holds(value, metric.bound, d)
+        if not mr.bound_ok:
+            stats = verdict.Stats(h.n, 0, h.median, h.p90, h.min, h.max, math.nan, h.worst)
+            mr.verdict, mr.reason = "failed", verdict.judge(metric.kind, d, metric.bound, stats).reason
+            return mr
     if mr.base is None:
         mr.verdict, mr.reason = "added", "metric only in head"
         return mr

@@ -30,7 +30,7 @@ from workers.executor import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
 from workers.suite import Case as SuiteCase
-from workers.suite import Sample
+from workers.suite import Metric, Sample
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
@@ -143,10 +143,15 @@ class StoreSink:
             store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
 
     def info(self, info: Mapping[str, Any]) -> None:
+        info = dict(info)
+        defs = info.pop("metrics", None)  # the job's own code's metric definitions
         with self._lock, write_tx(self.engine) as s:
             job = s.get(Job, self.job_id)
             if job is None:
                 return
+            if defs:  # what this job's summaries are judged and stored with
+                own = [Metric.from_dict(d) for d in defs]
+                self.metric_ids.update(store.ensure_metrics(s, self.suite, own))
             job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
             store.add_event(s, self.job_id, "info", "", dict(info))
 

@@ -34,3 +34,19 @@ def test_cp_layer_quick_heads_split_over_two_four_and_eight_ranks() -> None:
     p = suite.resolve_params("quick")
     for world in (2, 4, 8):
         assert p.qk_heads % world == 0 and p.v_heads % world == 0
+
+
+@pytest.mark.slow
+def test_cp_layer_quick_passes_on_four_cpu_ranks(tmp_path) -> None:
+    """`gdnval run cp-layer --preset quick --device cpu --world-size 4` exits 0: every case fits."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "cp4.json"
+    cmd = [sys.executable, "-m", "service.cli", "run", "cp-layer", "--preset", "quick", "--device", "cpu",
+           "--world-size", "4", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "passed" and doc["case_counts"]["passed"] == len(doc["cases"]) == 16

@@ -129,7 +129,11 @@ def _metric_defs() -> list[dict[str, Any]]:
 def test_monitor_judges_bounds_over_every_rank_and_names_the_failure() -> None:
     sink = _NullSink()
     mon = JobMonitor(JobSpec(1, "verdicts", world_size=2), sink)  # type: ignore[arg-type]
-    mon.handle(0, {"t": "cases", "total": 2, "names": ["ok", "bad"], "metrics": _metric_defs()})
+    for r in (0, 1):  # every rank's info carries its code's metric definitions
+        mon.handle(r, {"t": "info", "info": {"host": "h", "metrics": _metric_defs()}})
+    info = next(a[0] for name, a in sink.calls if name == "info")
+    assert [m["name"] for m in info["metrics"]] == ["err", "speedup"] and "metrics" not in info["ranks"][0]
+    mon.handle(0, {"t": "cases", "total": 2, "names": ["ok", "bad"]})
     # case "ok": every rank within the bound (err judged on its worst value, speedup on the median)
     mon.handle(0, {"t": "samples", "samples": [["ok", "err", 1e-3, 0, 0], ["ok", "speedup", 3.0, 0, 0]]})
     mon.handle(1, {"t": "samples", "samples": [["ok", "err", 2e-3, 1, 0], ["ok", "speedup", 2.5, 1, 0]]})

@@ -11,10 +11,9 @@ Environment contract (set by the executor):
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   torch `env://` rendezvous
 
 Channel messages (one JSON object per line, `"t"` says which; every message has `"rank"`):
-    info        {"info": {...}}                    hardware/software facts of this rank
-    cases       {"total": n, "names": [...], "metrics": [...]}
-                                                   the case list and the suite's metric
-                                                   definitions (of this code), before the first case
+    info        {"info": {...}}                    hardware/software facts of this rank, the suite's
+                                                   version and metric definitions (of this code)
+    cases       {"total": n, "names": [...]}       the case list, before the first case
     case_start  {"case": name, "index": i}
     samples     {"samples": [[case, metric, value, rank, idx], ...]}   batched
     case_end    {"case": name, "status": CaseStatus, "error": str | None}
@@ -423,13 +422,10 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
         ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)  # the case-end exchange, CPU only
 
     info = rank_info(device, kind, payload.get("commit"))
-    channel.send("info", info={**info, "suite_version": suite.version})
-    channel.send(
-        "cases",
-        total=len(cases),
-        names=[c.name for c in cases],
-        metrics=[m.to_dict() for m in suite.metrics],  # this code's definitions judge this job
-    )
+    # this code's metric definitions judge this job (and are what its summaries are stored with)
+    metrics = [m.to_dict() for m in suite.metrics]
+    channel.send("info", info={**info, "suite_version": suite.version, "metrics": metrics})
+    channel.send("cases", total=len(cases), names=[c.name for c in cases])
     artifacts = Path(tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-"))
     ctx = RankContext(
         rank=rank,

@@ -73,13 +73,15 @@ class JobMonitor:
             self._current[rank] = None
             self._case_end(rank, msg["case"], msg["status"], msg.get("error"))
         elif kind == "cases":
-            if not self.metrics and msg.get("metrics"):
-                self.metrics = {m["name"]: Metric.from_dict(m) for m in msg["metrics"]}
             if self.total is None:
                 self.total = int(msg["total"])
                 self.sink.progress(0, self.total, "started")
         elif kind == "info":
-            self._infos[rank] = dict(msg["info"])
+            info = dict(msg["info"])
+            defs = info.pop("metrics", None)
+            if defs and not self.metrics:
+                self.metrics = {m["name"]: Metric.from_dict(m) for m in defs}
+            self._infos[rank] = info
             if len(self._infos) == self.world_size:
                 self.flush_info()
         elif kind == "artifact":
@@ -126,7 +128,8 @@ class JobMonitor:
             {k: info.get(k) for k in ("host", "pid", "device_name", "visible_devices")} | {"rank": r}
             for r, info in sorted(self._infos.items())
         ]
-        self.sink.info({**first, "world_size": self.world_size, "ranks": ranks})
+        defs = {"metrics": [m.to_dict() for m in self.metrics.values()]} if self.metrics else {}
+        self.sink.info({**first, "world_size": self.world_size, "ranks": ranks, **defs})
 
     # -- process events -----------------------------------------------------------------------
 
