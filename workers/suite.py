@@ -101,8 +101,11 @@ class Suite(ABC):
     devices: ClassVar[tuple[str, ...]] = ("cuda", "npu", "cpu")
     min_world_size: ClassVar[int] = 1
 
-    def resolve_params(self, preset: str, overrides: Mapping[str, Any] | None = None) -> SuiteParams:
-        """The preset's parameters with `overrides` applied and validated."""
+    def resolve_params(
+        self, preset: str, overrides: Mapping[str, Any] | None = None, device: str | None = None
+    ) -> SuiteParams:
+        """The preset's parameters with `overrides` applied and validated; with `device`, the
+        preset's backends that device cannot run are replaced first (workers.device_presets)."""
         if preset not in self.presets:
             raise UnknownSuiteInput(
                 f"unknown preset {preset!r} for suite {self.name!r}; expected one of {sorted(self.presets)}"
@@ -115,7 +118,12 @@ class Suite(ABC):
                 f"expected a subset of {sorted(self.params_model.model_fields)}"
             )
         try:
-            return self.params_model(**{**self.presets[preset], **overrides})
+            values: Mapping[str, Any] = self.presets[preset]
+            if device is not None:
+                from workers.device_presets import adapt_preset
+
+                values = adapt_preset(self.params_model(**values).model_dump(), device)
+            return self.params_model(**{**values, **overrides})
         except ValidationError as exc:
             raise UnknownSuiteInput(f"invalid parameters for suite {self.name!r}: {exc}") from exc
 

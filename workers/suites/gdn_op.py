@@ -110,7 +110,7 @@ class GDNOpSuite(Suite):
     name = "gdn-op"
     description = "single-device GDN core: Triton vs eager vs flash-linear-attention (time, memory, accuracy)"
     params_model = GDNOpParams
-    devices: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    devices: ClassVar[tuple[str, ...]] = ("cuda", "npu", "cpu")  # npu: eager (device_presets)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU-sized: the Triton kernels under the interpreter, fp32, a few chunks, fp64 oracle.
         "quick": {
