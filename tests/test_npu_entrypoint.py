@@ -9,6 +9,7 @@ PATH prints its arguments and the environment it got, so the test sees the entry
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -99,3 +100,16 @@ def test_a_toolkit_that_loads_nothing_is_refused(tmp_path):
     out = _run(env, "ray", "start", "--block")
     assert out.returncode == 78
     assert "set neither ASCEND_TOOLKIT_HOME nor ASCEND_HOME_PATH" in out.stderr and out.stdout == ""
+
+
+def test_the_image_pins_the_version_set_docs_npu_names():
+    dockerfile = (ROOT / "docker" / "Dockerfile.npu").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, flags=re.M))
+    torch_v, npu_v = args["TORCH_VERSION"], args["TORCH_NPU_VERSION"]
+    cann_v = re.match(r"ascendai/cann:([0-9a-z.]+)-", args["CANN_IMAGE"]).group(1)
+    assert npu_v.split(".post")[0] == torch_v  # torch_npu X.Y.Z[.postN] is built for torch X.Y.Z
+    doc = (ROOT / "docs" / "npu.md").read_text()
+    assert f"| torch | {torch_v} |" in doc and f"| torch_npu | {npu_v} |" in doc
+    assert f"`{args['CANN_IMAGE']}`) | {cann_v} |" in doc
+    assert f"{npu_v} ↔ {torch_v} ↔ {cann_v}" in doc  # the table row it comes from
+    assert "ENTRYPOINT [\"/usr/local/bin/gdnval-npu-entrypoint\"]" in dockerfile
