@@ -120,9 +120,10 @@ class Suite(ABC):
         try:
             values: Mapping[str, Any] = self.presets[preset]
             if device is not None:
-                from workers.device_presets import adapt_preset
+                from workers.device_presets import DEVICE_BACKENDS, adapt_preset
 
-                values = adapt_preset(self.params_model(**values).model_dump(), device)
+                if device in DEVICE_BACKENDS:  # elsewhere the preset stays exactly as written
+                    values = adapt_preset(self.params_model(**values).model_dump(), device)
             return self.params_model(**{**values, **overrides})
         except ValidationError as exc:
             raise UnknownSuiteInput(f"invalid parameters for suite {self.name!r}: {exc}") from exc
