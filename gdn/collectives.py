@@ -45,8 +45,8 @@ HCCL_REDUCE_OPS: dict[Any, str] = {
     dist.ReduceOp.MIN: "min",
 }
 HCCL_NO_PROD_DTYPES: frozenset[torch.dtype] = frozenset({torch.int16, torch.bfloat16})
-_POLL_S = 2e-4  # first poll interval of a bounded wait; doubles up to _POLL_MAX_S
-_POLL_MAX_S = 5e-3
+_POLL_S = 5e-5  # first poll interval of a bounded wait; doubles up to _POLL_MAX_S
+_POLL_MAX_S = 1e-3  # a CP chain step waits this much at most beyond its transfer
 _HERE = Path(__file__).resolve()
 _ROOT = _HERE.parent.parent
 
