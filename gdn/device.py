@@ -184,14 +184,93 @@ def set_deterministic(kind: str, on: bool = True) -> None:
 
 
 def profiler_activities(kind: str) -> list[Any]:
-    """torch.profiler activities that see the device's work (Ascend traces need torch_npu's own
-    profiler, so an NPU trace holds the host side only)."""
+    """Profiler activities that see the host and the device's work: torch.profiler's CPU (+ CUDA)
+    on CPU/CUDA, torch_npu.profiler's CPU + NPU on Ascend (torch.profiler sees no NPU work)."""
+    kind = _check_kind(kind)
+    if kind == "npu":
+        npu_profiler = _npu_profiler()
+        return [npu_profiler.ProfilerActivity.CPU, npu_profiler.ProfilerActivity.NPU]
     from torch.profiler import ProfilerActivity
 
     activities = [ProfilerActivity.CPU]
-    if _check_kind(kind) == "cuda":
+    if kind == "cuda":
         activities.append(ProfilerActivity.CUDA)
     return activities
+
+
+def _npu_profiler() -> Any:
+    if _npu_module() is None:
+        raise RuntimeError("an NPU trace needs torch_npu (its profiler), which is not installed here")
+    return importlib.import_module("torch_npu.profiler")
+
+
+class DeviceProfiler:
+    """One trace of the host and the device: torch.profiler, or torch_npu.profiler on Ascend.
+
+    `with DeviceProfiler(kind) as p: ...` then `p.export(path)` writes a Chrome trace, gzipped
+    when `path` ends in .gz (torch_npu writes plain JSON, so the NPU trace is compressed here).
+    """
+
+    def __init__(self, kind: str, *, record_shapes: bool = False, with_stack: bool = False) -> None:
+        self.kind = _check_kind(kind)
+        module = _npu_profiler() if self.kind == "npu" else importlib.import_module("torch.profiler")
+        self._prof = module.profile(
+            activities=profiler_activities(self.kind), record_shapes=record_shapes, with_stack=with_stack
+        )
+
+    def __enter__(self) -> DeviceProfiler:
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._prof.__exit__(*exc)
+
+    def export(self, path: str | os.PathLike[str]) -> None:
+        path = os.fspath(path)
+        if self.kind != "npu" or not path.endswith(".gz"):
+            self._prof.export_chrome_trace(path)
+            return
+        import gzip
+        import shutil
+
+        plain = path[: -len(".gz")]
+        self._prof.export_chrome_trace(plain)
+        with open(plain, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.unlink(plain)
+
+
+# HCCL's limits (CANN environment-variable reference): HCCL_EXEC_TIMEOUT in [68, 17340] s on the
+# older chips' scale (newer CANN accepts more; this range is valid everywhere),
+# HCCL_CONNECT_TIMEOUT in [120, 7200] s.
+HCCL_EXEC_TIMEOUT_RANGE = (68, 17340)
+HCCL_CONNECT_TIMEOUT_RANGE = (120, 7200)
+
+
+def collective_env(kind: str, timeout_s: float) -> dict[str, str]:
+    """Variables that make the family's collectives end within `timeout_s` (the job's process-group
+    timeout, derived from its deadline), set in the rank before its process group starts.
+
+    Ascend: HCCL_BLOCKING_WAIT / TORCH_HCCL_BLOCKING_WAIT=1 (an untimed `wait()` then gives up at
+    the process-group timeout instead of leaving it to the watchdog), HCCL_EXEC_TIMEOUT (the
+    device side's wait for its peers; default 1836 s) and HCCL_CONNECT_TIMEOUT (link set-up) from
+    the same limit, clamped to HCCL's ranges. Nothing for CUDA and CPU (NCCL's and gloo's waits
+    honour the process-group timeout already).
+    """
+    if _check_kind(kind) != "npu":
+        return {}
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+
+    def clamp(lo_hi: tuple[int, int]) -> str:
+        return str(max(lo_hi[0], min(lo_hi[1], int(timeout_s))))
+
+    return {
+        "HCCL_BLOCKING_WAIT": "1",  # torch_npu up to 2.x
+        "TORCH_HCCL_BLOCKING_WAIT": "1",  # the newer name
+        "HCCL_EXEC_TIMEOUT": clamp(HCCL_EXEC_TIMEOUT_RANGE),
+        "HCCL_CONNECT_TIMEOUT": clamp(HCCL_CONNECT_TIMEOUT_RANGE),
+    }
 
 
 class DeviceTimer:

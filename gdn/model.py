@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gdn import collectives
 from gdn.data import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -158,14 +159,13 @@ class _GatherSequence(torch.autograd.Function):
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x, group=group)
+        collectives.all_gather_list(parts, x, group, "sequence shards")
         ctx.group, ctx.dim, ctx.rank, ctx.length = group, dim, rank, x.shape[dim]
         return torch.cat(parts, dim=dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
+        grad = collectives.sum_over(grad.contiguous().clone(), ctx.group, "gradient of the gathered sequence")
         return grad.narrow(ctx.dim, ctx.rank * ctx.length, ctx.length).contiguous(), None, None
 
 
@@ -177,7 +177,7 @@ def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torc
 def gather_mask(mask: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """All-gather a [B, T_local] padding mask into [B, T] (no gradient)."""
     parts = [torch.empty_like(mask) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, mask.contiguous(), group=group)
+    collectives.all_gather_list(parts, mask.contiguous(), group, "padding mask")
     return torch.cat(parts, dim=1)
 
 

@@ -83,25 +83,26 @@ def check_triton_gdn(
             f"dtype {dtype} is not supported by the Triton backend; expected one of "
             f"{', '.join(str(d) for d in TRITON_DTYPES)}"
         )
-    if importlib.util.find_spec("triton") is None:
-        raise UnsupportedGDNRequest(
-            "backend='triton' requested but Triton is not installed (pip install 'gdnval[triton]'); "
-            "use backend='eager'"
-        )
     if device is None:
         from gdn import device as devices
 
         device = "cuda" if devices.is_available("cuda") else "cpu"
     device = torch.device(device)
+    # The device first: on an NPU the real reason is the device, whether Triton is installed or not.
+    if device.type not in ("cpu", "cuda"):
+        raise UnsupportedGDNRequest(
+            f"the Triton backend needs CUDA (or CPU under TRITON_INTERPRET=1), not {device.type!r} "
+            f"tensors; on {device.type} use backend='eager', or a registered Ascend backend"
+        )
+    if importlib.util.find_spec("triton") is None:
+        raise UnsupportedGDNRequest(
+            "backend='triton' requested but Triton is not installed (pip install 'gdnval[triton]'); "
+            "use backend='eager'"
+        )
     if device.type == "cpu" and not triton_interpreter_on():
         raise UnsupportedGDNRequest(
             "backend='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1); "
             "move the tensors to a CUDA device or use backend='eager'"
-        )
-    if device.type not in ("cpu", "cuda"):
-        raise UnsupportedGDNRequest(
-            f"backend='triton' does not run on {device.type!r} tensors; it runs on 'cuda' "
-            "(or 'cpu' under TRITON_INTERPRET=1)"
         )
 
 

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gdn import collectives
+
 CHECKPOINT_MODES: tuple[str, ...] = ("off", "full")
 
 
@@ -69,6 +71,9 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True) ->
     are summed over the group, not averaged (see the module docstring)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    check_fsdp_api(FSDPModule)
+    # FSDP's reduce-scatters do not pass through gdn.collectives: check their dtype here
+    collectives.check_fsdp_dtypes(list(model.parameters()), mesh.get_group(), "FSDP gradients")
     for layer in model.layers:  # type: ignore[attr-defined]
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -80,6 +85,21 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True) ->
     return model
 
 
+FSDP_SUM_API: tuple[str, ...] = ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms")
+
+
+def check_fsdp_api(fsdp_module: type) -> None:
+    """Refuse, before any sharding, a torch whose FSDP2 lacks the sum-reduction API (torch < 2.9
+    may; docs/npu.md pins one that has it): without it FSDP averages (1/P of the true gradient)
+    or uses PREMUL_SUM/AVG, which HCCL and gloo do not have."""
+    missing = [name for name in FSDP_SUM_API if not hasattr(fsdp_module, name)]
+    if missing:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no FSDP2 {', '.join(missing)}; fsdp=True needs a torch that "
+            "has them (docs/npu.md lists a tested set); run with fsdp=False on this torch"
+        )
+
+
 def is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -88,9 +108,9 @@ def is_fsdp(model: nn.Module) -> bool:
 
 def sync_replicated_grads(model: nn.Module, group: dist.ProcessGroup | None) -> None:
     """CP without FSDP: every rank holds the full parameters and a partial gradient; sum them."""
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=resolve_group(group))
+            p.grad = collectives.sum_over(p.grad, resolve_group(group), f"gradient of {name}")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -109,8 +129,7 @@ def global_grad_norm(
             total += _local(p.grad).detach().double().pow(2).sum().cpu()
     if sharded and dist.is_initialized():
         t = total.to(_local(next(model.parameters())).device)  # where this rank's collectives run
-        dist.all_reduce(t, group=resolve_group(group))
-        total = t.cpu()
+        total = collectives.sum_over(t, resolve_group(group), "squared gradient norm").cpu()
     return float(total.sqrt())
 
 

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gdn import collectives
 from gdn import device as devices
 from gdn.data import TokenBatch, TokenStream
 from gdn.model import HybridModel, build_model, model_config, set_gdn_chunk_size
@@ -206,8 +207,7 @@ class Trainer:
     def global_loss(self, loss: torch.Tensor) -> float:
         value = loss.detach().double()
         if self.group is not None:
-            value = value.to(_collective_device(self.device))
-            dist.all_reduce(value, group=self.group)
+            value = collectives.sum_over(value.to(_collective_device(self.device)), self.group, "step loss")
         return float(value)
 
     def grad_norm(self) -> float:
@@ -519,7 +519,7 @@ class TrajectoryStep:
 def _broadcast(payload: list[Any], distributed: bool, group: dist.ProcessGroup | None) -> None:
     if distributed:
         src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(payload, src=src, group=group)
+        collectives.broadcast_object_list(payload, src, group, "reference trajectory")
 
 
 def iter_trajectory(

@@ -56,7 +56,7 @@ class StoreSink:
             store.drop_earlier_case_results(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
-                cases = suite.cases(suite.resolve_params(job.preset, job.params))
+                cases = suite.cases(suite.resolve_params(job.preset, job.params, device=job.device))
                 self.metric_ids = store.ensure_metrics(s, suite.name, suite.metrics)
             except Exception as exc:  # the executor reports the real failure; keep the sink usable
                 cases = []

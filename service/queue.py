@@ -294,7 +294,7 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
     req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body)
     try:
         suite = get_suite(req.suite)
-        params = suite.resolve_params(req.preset, req.params)
+        params = suite.resolve_params(req.preset, req.params, device=req.device)
         if req.cases:
             select_cases(suite.cases(params), list(req.cases))
     except UnknownSuiteInput as exc:

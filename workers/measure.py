@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from gdn import collectives
 from gdn import device as devices
 from workers.context import RankContext
 from workers.suite import Sample
@@ -39,7 +39,7 @@ def time_repeats(
     timer = devices.DeviceTimer(ctx.device)
     for _ in range(repeat):
         if ctx.distributed:
-            dist.barrier(group=ctx.group)
+            collectives.barrier(ctx.group, "timing repetition")
         timer.start()
         fn()
         timer.stop()
@@ -52,8 +52,7 @@ def rank_max(ctx: RankContext, values: list[float]) -> list[float]:
     if not ctx.distributed:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_collective_device(ctx))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return t.cpu().tolist()
+    return collectives.gathered_max(t, ctx.group, "rank-max of timings").cpu().tolist()  # fp64: no all-reduce
 
 
 def _collective_device(ctx: RankContext) -> torch.device:

@@ -387,7 +387,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     suite = load_suite(payload["suite"], payload.get("suite_module"))
     kind = payload.get("device", "cpu")
     check_suite_fits(suite, kind, world_size)
-    params = suite.resolve_params(payload.get("preset", "quick"), payload.get("params") or {})
+    params = suite.resolve_params(payload.get("preset", "quick"), payload.get("params") or {}, device=kind)
     cases = select_cases(suite.cases(params), payload.get("cases"))
     deterministic = bool(payload.get("deterministic", False))
 
@@ -411,6 +411,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     pg_timeout = timedelta(seconds=float(payload.get("pg_timeout_s") or DEFAULT_PG_TIMEOUT_S))
     group = ctrl = None
     if world_size > 1:
+        os.environ.update(devices.collective_env(kind, pg_timeout.total_seconds()))  # HCCL's timeouts
         dist.init_process_group(
             backend=devices.distributed_backend(kind),
             init_method="env://",

@@ -143,8 +143,11 @@ class Suite(ABC):
             return None
         return 0
 
-    def resolve_params(self, preset: str, overrides: Mapping[str, Any] | None = None) -> SuiteParams:
-        """The preset's parameters with `overrides` applied and validated."""
+    def resolve_params(
+        self, preset: str, overrides: Mapping[str, Any] | None = None, device: str | None = None
+    ) -> SuiteParams:
+        """The preset's parameters with `overrides` applied and validated; with `device`, the
+        preset's backends that device cannot run are replaced first (workers.device_presets)."""
         if preset not in self.presets:
             raise UnknownSuiteInput(
                 f"unknown preset {preset!r} for suite {self.name!r}; expected one of {sorted(self.presets)}"
@@ -157,7 +160,13 @@ class Suite(ABC):
                 f"expected a subset of {sorted(self.params_model.model_fields)}"
             )
         try:
-            return self.params_model(**{**self.presets[preset], **overrides})
+            values: Mapping[str, Any] = self.presets[preset]
+            if device is not None:
+                from workers.device_presets import DEVICE_BACKENDS, adapt_preset
+
+                if device in DEVICE_BACKENDS:  # elsewhere the preset stays exactly as written
+                    values = adapt_preset(self.params_model(**values).model_dump(), device)
+            return self.params_model(**{**values, **overrides})
         except ValidationError as exc:
             raise UnknownSuiteInput(f"invalid parameters for suite {self.name!r}: {exc}") from exc
 

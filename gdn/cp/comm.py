@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gdn import collectives
 from gdn.cp.config import CPCommError, CPConfig, CPError
 
 TAGS: dict[str, int] = {"halo_fwd": 11, "halo_bwd": 12, "state_fwd": 21, "state_bwd": 22}
@@ -26,9 +27,10 @@ _HEADER_BYTES = 16
 
 
 def _wait(work: dist.Work, cp: CPConfig, what: str) -> None:
+    """Bounded by the config's timeout on every backend (HCCL: by polling, see gdn.collectives)."""
     try:
-        work.wait(cp.timeout)
-    except RuntimeError as exc:  # gloo/nccl report timeouts and peer failures as RuntimeError
+        collectives.wait(work, cp.timeout, what, cp.group)
+    except collectives.CollectiveTimeout as exc:  # a timeout or a peer failure
         raise CPCommError(f"{what} failed or timed out after {cp.timeout}: {exc}") from exc
 
 
@@ -50,9 +52,10 @@ def send_checked(t: torch.Tensor, cp: CPConfig, dst: int, kind: str) -> PendingS
     """Start sending `t` to group rank `dst`; the caller waits on the result later (overlap)."""
     seq = cp.stats.next_seq(kind, "send", dst)
     buf = _pack(t, seq, cp.rank)
-    work = dist.isend(buf, dst=cp.global_rank(dst), group=cp.group, tag=TAGS[kind])
+    what = f"{kind} send #{seq} from rank {cp.rank} to rank {dst}"
+    work = collectives.isend(buf, cp.global_rank(dst), cp.group, TAGS[kind], what)
     cp.stats.sent[kind] = cp.stats.sent.get(kind, 0) + 1
-    sent = PendingSend(work, buf, f"{kind} send #{seq} from rank {cp.rank} to rank {dst}")
+    sent = PendingSend(work, buf, what)
     cp.inflight.append(sent)
     return sent
 
@@ -78,7 +81,7 @@ def recv_checked(like: torch.Tensor, cp: CPConfig, src: int, kind: str) -> torch
     buf = torch.empty(nbytes + _HEADER_BYTES, dtype=torch.uint8, device=like.device)
     what = f"{kind} recv #{seq} on rank {cp.rank} from rank {src}"
     start = time.perf_counter()
-    work = dist.irecv(buf, src=cp.global_rank(src), group=cp.group, tag=TAGS[kind])
+    work = collectives.irecv(buf, cp.global_rank(src), cp.group, TAGS[kind], what)
     _wait(work, cp, what)
     cp.stats.wait_ms[kind] = cp.stats.wait_ms.get(kind, 0.0) + (time.perf_counter() - start) * 1e3
     got_seq, sender = buf[nbytes:].view(torch.int64).tolist()
@@ -157,7 +160,7 @@ def _all_to_all(x: torch.Tensor, cp: CPConfig, what: str) -> torch.Tensor:
     """all_to_all_single along dim 0 (P equal slots) with the config's timeout."""
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, unlike empty_like(view)
-    work = dist.all_to_all_single(out, x, group=cp.group, async_op=True)
+    work = collectives.all_to_all_single(out, x, cp.group, what, async_op=True)
     _wait(work, cp, what)
     return out
 
@@ -224,8 +227,7 @@ def head_to_seq(y: torch.Tensor, cp: CPConfig) -> torch.Tensor:
 def all_gather_nograd(x: torch.Tensor, cp: CPConfig, what: str) -> torch.Tensor:
     """[...] -> [P, ...] of every rank's `x` (no autograd)."""
     out = x.new_empty(cp.world_size * x.numel())  # flat: what every backend accepts
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.10+
-    work = gather(out, x.contiguous().view(-1), group=cp.group, async_op=True)
+    work = collectives.all_gather_into(out, x.contiguous().view(-1), cp.group, what, async_op=True)
     _wait(work, cp, what)
     return out.view(cp.world_size, *x.shape)
 
@@ -245,9 +247,11 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
         cp = ctx.cp
-        dy = dy.contiguous()
-        work = dist.all_reduce(dy, op=dist.ReduceOp.SUM, group=cp.group, async_op=True)
-        _wait(work, cp, "all_reduce of shard-summary gradients")
+        what = "sum of shard-summary gradients"
+        try:
+            dy = collectives.sum_over(dy.contiguous(), cp.group, what, timeout=cp.timeout)
+        except collectives.CollectiveTimeout as exc:
+            raise CPCommError(f"{what} failed or timed out after {cp.timeout}: {exc}") from exc
         return dy[cp.rank], None, None
 
 

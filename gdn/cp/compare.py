@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.distributed as dist
 
+from gdn import collectives
 from gdn.cp.config import CPConfig, shard_sequence
 from gdn.layer import GatedDeltaNet, GDNLayerConfig, gdn_layer_init_
 
@@ -112,9 +112,9 @@ def sum_param_grads(layer: torch.nn.Module, cp: CPConfig) -> None:
     """Sum every parameter's gradient over the CP group (each rank holds its shard's contribution)."""
     if not cp.enabled:
         return
-    for p in layer.parameters():
+    for name, p in layer.named_parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=cp.group)
+            p.grad = collectives.sum_over(p.grad, cp.group, f"gradient of {name}")
 
 
 def grad_norm(layer: torch.nn.Module) -> float:

@@ -237,7 +237,7 @@ def run(
     try:
         suite = get_suite(suite_name)
         check_suite_fits(suite, device, world_size)
-        params = suite.resolve_params(preset, overrides)
+        params = suite.resolve_params(preset, overrides, device=device)
     except UnknownSuiteInput as exc:
         raise click.UsageError(str(exc)) from exc
     if commit and not repo:

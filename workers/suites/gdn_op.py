@@ -113,7 +113,7 @@ class GDNOpSuite(Suite):
     gate_presets = CPU_GATE_PRESETS
     description = "single-device GDN core: Triton vs eager vs flash-linear-attention (time, memory, accuracy)"
     params_model = GDNOpParams
-    devices: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    devices: ClassVar[tuple[str, ...]] = ("cuda", "npu", "cpu")  # npu: eager (device_presets)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU-sized: the Triton kernels under the interpreter, fp32, a few chunks, fp64 oracle;
         # only the eager core is timed (the interpreter's times say nothing about the kernels).

@@ -68,8 +68,6 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import tempfile
     from pathlib import Path
 
-    from torch.profiler import profile
-
     from gdn import device as devices
     from workers.suites.network import case_trainer
 
@@ -83,14 +81,13 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     for _ in range(p["warmup"]):
         fwd_bwd()
     devices.synchronize(ctx.device)
-    activities = devices.profiler_activities(ctx.device_kind)
-    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+    with devices.DeviceProfiler(ctx.device_kind) as prof:  # torch_npu's profiler on Ascend
         fwd_bwd()
         devices.synchronize(ctx.device)
     out_dir = ctx.artifacts_dir or Path(tempfile.mkdtemp(prefix="gdnval-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{case.name.replace('/', '-')}.trace.json.gz"  # Perfetto/chrome://tracing read .gz
-    prof.export_chrome_trace(str(path))
+    prof.export(path)
     with gzip.open(path, "rt") as f:
         events = json.load(f).get("traceEvents", [])
     written = path.is_file() and ctx.artifacts_dir is not None
