@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
 from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow
+from workers.refs import GIT_END_OF_OPTIONS, check_commit
 from workers.suite import Metric
 
 
@@ -196,14 +197,16 @@ def parse_job_ref(ref: str) -> int | None:
 
 
 def git_rev_parse(repo: str | Path, ref: str) -> str | None:
-    """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git)."""
+    """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git).
+
+    `ref` is a commit reference by `workers.refs.check_commit`, optionally followed by `^`s (its
+    parent); anything else raises `InvalidCommitRef` before git is called.
+    """
+    base = ref.rstrip("^")
+    ref = check_commit(base) + ref[len(base):]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        args = ["rev-parse", "--verify", "--quiet", GIT_END_OF_OPTIONS, f"{ref}^{{commit}}"]
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     sha = out.stdout.strip()

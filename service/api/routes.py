@@ -23,7 +23,6 @@ from sqlalchemy.orm import Session
 
 from service import db, queue, store
 from service.api.schemas import (
-    HEX_SHA,
     ArtifactOut,
     BaselineOut,
     BaselineSet,
@@ -39,6 +38,7 @@ from service.api.schemas import (
 )
 from service.models import Baseline, Job
 from service.web_session import READ_METHODS, has_session
+from workers.refs import HEX_SHA
 from workers.registry import get_suite, suite_names
 from workers.suite import UnknownSuiteInput
 
