@@ -36,6 +36,7 @@ from service.api.schemas import (
     Page,
     SampleOut,
 )
+from service.artifacts import MAX_NAME, artifact_url
 from service.models import Baseline, Job
 from service.web_session import READ_METHODS, has_session
 from workers.refs import HEX_SHA
@@ -306,15 +307,20 @@ def job_artifacts(job_id: JobId, session: SessionDep) -> Page[ArtifactOut]:
             media_type=a.media_type,
             size=a.size,
             created_at=a.created_at,
-            url=f"/api/v1/jobs/{job_id}/artifacts/{a.name}",
+            url=artifact_url(job_id, a.name),
         )
         for a in store.list_artifacts(session, job_id)
     ]
     return Page[ArtifactOut](items=items, next=None)
 
 
-@api.get("/jobs/{job_id}/artifacts/{name}", response_class=Response)
-def job_artifact(job_id: JobId, name: Annotated[str, Path(max_length=300)], session: SessionDep) -> Response:
+@api.get("/jobs/{job_id}/artifacts/{name:path}", response_class=Response)
+def job_artifact(
+    job_id: JobId,
+    name: Annotated[str, Path(min_length=1, max_length=MAX_NAME, description="full name, `/` kept")],
+    session: SessionDep,
+) -> Response:
+    """One artifact's bytes by its full name as listed (`rank0/trace.json`)."""
     _job_or_404(session, job_id)
     art = store.get_artifact(session, job_id, name)
     if art is None:

@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service import store
+from service.artifacts import artifact_url
 from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
 from service.web_session import COOKIE, has_session, session_value
@@ -366,7 +367,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
     cviews = views.case_views(cases)
     acc = views.accuracy_rows(cases)
     artifacts = [
-        {"name": a.name, "url": f"/api/v1/jobs/{job_id}/artifacts/{a.name}",
+        {"name": a.name, "url": artifact_url(job_id, a.name),
          "size": views.human_bytes(a.size, "bytes")}
         for a in store.list_artifacts(session, job_id)
     ]  # fmt: skip
