@@ -11,7 +11,7 @@ import hmac
 import json
 import math
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -383,9 +383,27 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
+        deadline=_deadline(request, job),
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip
+
+
+def _deadline(request: Request, job: Job) -> str:
+    """The job's wall-clock limit as it runs (recorded at start) or will run (computed the same way)."""
+    from workers.deadline import job_deadline_s
+    from workers.registry import get_suite
+
+    seconds = (job.info or {}).get("deadline_s")
+    try:
+        if seconds is None:
+            seconds = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
+                                     request.app.state.settings.job_deadline_s)  # fmt: skip
+    except Exception as exc:  # an unloadable suite: say so instead of hiding the fact
+        return f"unknown ({type(exc).__name__}: {exc})"
+    origin = "service setting" if request.app.state.settings.job_deadline_s else "suite default"
+    start = datetime(2000, 1, 1, tzinfo=UTC)
+    return f"{views.duration(start, start + timedelta(seconds=float(seconds)))} ({origin})"
 
 
 @pages.get("/jobs/{job_id}/report.md")
