@@ -1,4 +1,5 @@
-"""Pydantic v2 models of the REST API (`/api/v1`): requests are strict, responses are plain.
+"""Pydantic v2 models of the REST API (`/api/v1`): requests are strict (no coercion: `"2"` or
+`true` for an integer is an error; unknown fields are errors), responses are plain.
 
 Floats that are NaN or infinite are served as null (JSON has no NaN); the raw values are in
 the CSV download.
@@ -25,7 +26,7 @@ LabelValue = Annotated[str, Field(max_length=500)]
 class JobCreate(BaseModel):
     """POST /api/v1/jobs. Unknown fields are an error, so a typo never silently runs defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     suite: str = Field(min_length=1, max_length=100, examples=["capability"])
     preset: str = Field("quick", min_length=1, max_length=50)
@@ -162,10 +163,47 @@ class ArtifactOut(BaseModel):
     url: str
 
 
+class MetricOut(BaseModel):
+    """A suite's declared metric (fields the suite adds beyond these pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None = None
+    description: str = ""
+
+
+class SuiteCaseOut(BaseModel):
+    name: str
+    params: dict[str, Any]
+    expected_error: str | None
+
+
+class PresetOut(BaseModel):
+    params: dict[str, Any] = Field(description="the preset's resolved parameters")
+    cases: list[SuiteCaseOut]
+
+
+class SuiteOut(BaseModel):
+    """A catalogue entry. A suite whose module fails to load has only `name` and `error`."""
+
+    name: str
+    description: str = ""
+    devices: list[Device] = Field(default_factory=list)
+    min_world_size: int = 1
+    presets: dict[str, PresetOut] = Field(default_factory=dict)
+    params_schema: dict[str, Any] = Field(default_factory=dict, description="JSON schema of `params`")
+    metrics: list[MetricOut] = Field(default_factory=list)
+    error: str | None = Field(None, description="why the suite cannot be loaded")
+
+
 class BaselineSet(BaseModel):
     """PUT /api/v1/baselines/{name}: exactly one of `commit` or `job_id`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     commit: str | None = Field(None, description=f"a commit: {REF_RULE}", json_schema_extra=REF_SCHEMA)
     job_id: int | None = Field(None, ge=1, le=2**62)
