@@ -26,7 +26,7 @@ from service import store
 from service.artifacts import artifact_url
 from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
-from service.web_session import COOKIE, has_session, session_value
+from service.web_session import COOKIE, has_session, session_keys
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -680,14 +680,20 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
         return RedirectResponse(target, status_code=303)
     if not hmac.compare_digest(token.encode(), expected.encode()):
         return _page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
+    keys = session_keys(request)
     resp = RedirectResponse(target, status_code=303)
-    resp.set_cookie(COOKIE, session_value(expected), httponly=True, samesite="lax",
-                    secure=request.url.scheme == "https", path="/")
+    resp.set_cookie(COOKIE, keys.issue(expected), max_age=int(keys.ttl_s), httponly=True, samesite="lax",
+                    secure=request.url.scheme == "https", path="/")  # fmt: skip
     return resp
 
 
 @router.get("/logout")
-def logout() -> RedirectResponse:
+def logout(request: Request) -> RedirectResponse:
+    """End the session: revoked on the server (a copied cookie stops working too), dropped here."""
+    token = _settings(request).token()
+    given = request.cookies.get(COOKIE, "")
+    if token is not None and given:
+        session_keys(request).revoke(token, given)
     resp = RedirectResponse("/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/")
     return resp
