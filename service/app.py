@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import db
-from service.api import problems
+from service.api import docs, problems
 from service.api.problems import MEDIA_TYPE, problem_body
 from service.settings import Settings
 from workers.provenance import installed_version
@@ -141,6 +141,8 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
         version=installed_version(),
         description="Validation service for fused Gated DeltaNet kernels and their CP layouts.",
         lifespan=lifespan,
+        docs_url=None,  # served from packaged assets by service.api.docs, not from a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -149,6 +151,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     app.state.dispatcher = None
 
     problems.install(app)  # one error shape (RFC 9457) for every error, declared in the OpenAPI
+    docs.install(app)
     from service.api.routes import api, probes
 
     app.include_router(probes)
