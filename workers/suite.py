@@ -12,9 +12,9 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     from workers.runtime import RankContext
@@ -78,6 +78,14 @@ class Sample:
     value: float
     rank: int = 0
     idx: int = 0
+
+
+# Parameter value types shared by the suites' schemas, so a bad value (`dtype=float7`,
+# `seq_lens=[-5]`) is refused when the job is validated (`--dry-run`, the API) rather than
+# when a rank first uses it.
+DType = Literal["float64", "float32", "float16", "bfloat16"]
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
 
 
 class SuiteParams(BaseModel):
