@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
 from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow
-from workers.refs import GIT_END_OF_OPTIONS, check_commit
+from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
 
@@ -199,11 +199,10 @@ def parse_job_ref(ref: str) -> int | None:
 def git_rev_parse(repo: str | Path, ref: str) -> str | None:
     """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git).
 
-    `ref` is a commit reference by `workers.refs.check_commit`, optionally followed by `^`s (its
-    parent); anything else raises `InvalidCommitRef` before git is called.
+    `ref` is a commit reference by `workers.refs.check_revision` (a ref, optionally followed by
+    ancestry steps like `~1` or `^`); anything else raises `InvalidCommitRef` before git is called.
     """
-    base = ref.rstrip("^")
-    ref = check_commit(base) + ref[len(base):]
+    ref = check_revision(ref)
     try:
         args = ["rev-parse", "--verify", "--quiet", GIT_END_OF_OPTIONS, f"{ref}^{{commit}}"]
         out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)

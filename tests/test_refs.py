@@ -64,6 +64,10 @@ def test_snapshot_cache_and_git_helper_validate_before_git(tmp_path: Path) -> No
     head = cache.resolve("HEAD")
     parent = git_rev_parse(repo, "HEAD^")
     assert len(head) == len(parent or "") == 40 and head != parent
+    assert git_rev_parse(repo, "HEAD~1") == parent  # ancestry steps are fine for a local checkout
+    for ref in ("HEAD@{1}", "HEAD^{tree}", "HEAD~1..HEAD", "HEAD~-1"):
+        with pytest.raises(InvalidCommitRef):
+            git_rev_parse(repo, ref)
     with pytest.raises(SnapshotError, match="full 40-hex sha"):
         extract("../../escape", b"", tmp_path / "cache")
 

@@ -45,6 +45,22 @@ def check_commit(value: object, what: str = "commit") -> str:
     return value
 
 
+_ANCESTRY = re.compile(r"(?:[~^][0-9]{0,6})*\Z")
+
+
+def check_revision(value: object, what: str = "revision") -> str:
+    """A commit reference followed by git's ancestry steps (`HEAD~1`, `main^2`): what a local
+    checkout may be asked to resolve (the gate CLI's `--head HEAD~1`). Reflog (`@{...}`), ranges,
+    peeling (`^{tree}`) and anything else stay refused; raises InvalidCommitRef."""
+    if not isinstance(value, str):
+        raise InvalidCommitRef(f"{what} must be a string ({REF_RULE}); got {value!r}")
+    cut = min((i for i in (value.find("~"), value.find("^")) if i >= 0), default=len(value))
+    head, steps = value[:cut], value[cut:]  # a ref never holds ~ or ^ (see REF_PATTERN)
+    if not _ANCESTRY.match(steps):
+        raise InvalidCommitRef(f"{what} must be {REF_RULE}, optionally followed by ~N or ^N; got {value!r}")
+    return check_commit(head, what) + steps
+
+
 def is_commit_ref(value: object) -> bool:
     """True when `check_commit` accepts `value`."""
     try:
