@@ -135,14 +135,14 @@ def _failures(stdout: str) -> set[tuple[str, str]]:
 
 def test_schemathesis_finds_no_contract_failure(tmp_path: Path) -> None:
     """`st run --checks all` against a real server (uvicorn subprocess, SQLite file; no dispatcher,
-    so accepted jobs stay queued), bounded to 10 examples per operation and 60 s."""
+    so accepted jobs stay queued), bounded to 10 examples per operation and 45 s."""
     server = make_server(tmp_path, executor=FAKE_EXECUTOR, GDNVAL_DISPATCH="false")
     server.start()
     try:
         config = str(ROOT / "tests" / "schemathesis.toml")
         schema = f"{server.base}/openapi.json"
         st = [str(Path(sys.executable).parent / "st"), "--config-file", config, "run", schema,
-              "--checks", "all", "--max-examples", "10", "--max-time", "60", "--seed", "1", "--workers", "1",
+              "--checks", "all", "--max-examples", "10", "--max-time", "45", "--seed", "1", "--workers", "1",
               "--generation-database", "none", "--no-color", "--header", f"Authorization: Bearer {TOKEN}",
               "--request-timeout", "20"]  # fmt: skip
         out = subprocess.run(st, cwd=tmp_path, capture_output=True, text=True, timeout=110)
