@@ -36,6 +36,7 @@ from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV
 OUTPUT_TAIL_LINES = 40
 TERM_GRACE_S = 2.0  # after SIGTERM, how long a rank may take to end its tree before SIGKILL
 PARENT_ENV = "GDNVAL_RANK_PARENT"
+LIFE_FD_ENV = "GDNVAL_RANK_LIFE_FD"  # read end of a pipe only the executor writes: EOF = end now
 
 # The rank's first code: kept self-contained (it runs from `-c`, before the snapshot of a job's
 # commit is imported), so a commit that predates it still gets its tree guarded.
@@ -93,6 +94,18 @@ def watch():
         orphaned()
 
 
+def life(fd):
+    # EOF when the executor closes its end (it ends the rank) or dies: a thread, so it acts even
+    # while the main thread is blocked in a collective
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:
+        pass
+    end_tree()
+    os._exit(143)
+
+
 signal.signal(signal.SIGTERM, on_term)
 signal.signal(signal.SIGHUP, lambda signum, frame: orphaned())
 try:
@@ -103,6 +116,9 @@ except (OSError, AttributeError):
     pass  # not Linux: the parent watch below still ends the tree
 orphaned()  # the parent may have died before PR_SET_PDEATHSIG took effect
 threading.Thread(target=watch, name="gdnval-tree-guard", daemon=True).start()
+if os.environ.get("GDNVAL_RANK_LIFE_FD"):
+    threading.Thread(target=life, args=(int(os.environ["GDNVAL_RANK_LIFE_FD"]),), name="gdnval-life",
+                     daemon=True).start()
 code = 0
 try:
     runpy.run_module("workers.runtime", run_name="__main__", alter_sys=True)
@@ -147,8 +163,9 @@ class RankProcess:
         self._exited = threading.Event()
         self.returncode: int | None = None
         read_fd, write_fd = os.pipe()
+        life_read, self._life = os.pipe()  # our end is close-on-exec: no other child holds it
         child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd),
-                     PARENT_ENV: str(os.getpid())}  # fmt: skip
+                     PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read)}  # fmt: skip
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", RANK_BOOT],
@@ -157,7 +174,7 @@ class RankProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, life_read),
                 # Own session: killing the rank's group also kills what it started. No preexec_fn
                 # (unsafe in threaded parents such as the service and Ray workers): the rank sets
                 # its own parent-death signal and subreaper flag in RANK_BOOT.
@@ -165,6 +182,7 @@ class RankProcess:
             )
         finally:
             os.close(write_fd)
+            os.close(life_read)
         self._channel = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
         self._out_thread = threading.Thread(target=self._read_output, daemon=True)
         self._out_thread.start()
@@ -217,7 +235,12 @@ class RankProcess:
         return "\n".join(list(self._output)[-lines:])
 
     def terminate(self) -> None:
-        """Ask the rank to end: on SIGTERM it kills its descendants, then itself."""
+        """Ask the rank to end: it kills its descendants, then itself (its life pipe closes, which
+        a thread of the rank sees even while its main thread is blocked; and SIGTERM)."""
+        if self._life >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._life)
+            self._life = -1
         if self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self._proc.pid, signal.SIGTERM)
