@@ -158,3 +158,18 @@ def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
         assert reasons[1].startswith("re-queued after attempt 2 was interrupted")
     finally:
         server.stop()
+
+
+def test_the_default_deadline_scales_and_sets_the_collective_timeout() -> None:
+    from workers.deadline import COLLECTIVE_MARGIN_S, DEFAULT_PER_CASE_S, DEFAULT_STARTUP_S, job_deadline_s
+    from workers.executor import JobSpec
+    from workers.executors.local import rank_payload
+    from workers.registry import get_suite
+
+    assert default_deadline_s(SUITE, "quick", {}, 4) == 15.0 + 2 * 1.0 * 2.0  # 4 ranks: twice per case
+    gdn = get_suite("gdn-op")
+    cases = len(gdn.cases(gdn.resolve_params("gate")))
+    assert default_deadline_s(gdn, "gate", {}, 1) == DEFAULT_STARTUP_S + DEFAULT_PER_CASE_S["gate"] * cases
+    assert job_deadline_s(gdn, "gate", {}, 1, override=20.0) == 20.0  # the service's setting wins
+    payload = rank_payload(JobSpec(job_id=1, suite=NAME, deadline_s=17.0), None)
+    assert payload["pg_timeout_s"] == 17.0 + COLLECTIVE_MARGIN_S
