@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, HTTPException
 from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import db
+from service.api import docs, problems
+from service.api.problems import MEDIA_TYPE, problem_body
 from service.settings import Settings
 from workers.provenance import installed_version
 
@@ -68,12 +68,10 @@ class BodyLimit:
                 await self._reject(send, f">{self.limit}")
 
     async def _reject(self, send: Send, size: str) -> None:
-        body = (
-            f'{{"detail": "request body of {size} bytes exceeds the limit of {self.limit} bytes"}}'
-        ).encode()
+        body = problem_body(413, f"request body of {size} bytes exceeds the limit of {self.limit} bytes")
         await send({
             "type": "http.response.start", "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
         })  # fmt: skip
         await send({"type": "http.response.body", "body": body})
 
@@ -143,6 +141,8 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
         version=installed_version(),
         description="Validation service for fused Gated DeltaNet kernels and their CP layouts.",
         lifespan=lifespan,
+        docs_url=None,  # served from packaged assets by service.api.docs, not from a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -150,11 +150,8 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     app.state.executor_error = None
     app.state.dispatcher = None
 
-    @app.exception_handler(OperationalError)
-    async def _store_busy(request: Request, exc: OperationalError) -> JSONResponse:
-        log.error("store error on %s: %s", request.url.path, exc)
-        return JSONResponse({"detail": "the results store is busy or unreachable; retry"}, status_code=503)
-
+    problems.install(app)  # one error shape (RFC 9457) for every error, declared in the OpenAPI
+    docs.install(app)
     from service.api.routes import api, probes
 
     app.include_router(probes)

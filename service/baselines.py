@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
 from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
+from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
 
@@ -274,14 +275,15 @@ def parse_job_ref(ref: str) -> int | None:
 
 
 def git_rev_parse(repo: str | Path, ref: str) -> str | None:
-    """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git)."""
+    """The full sha of `ref` in the repository at `repo`, or None (no repo, unknown ref, no git).
+
+    `ref` is a commit reference by `workers.refs.check_revision` (a ref, optionally followed by
+    ancestry steps like `~1` or `^`); anything else raises `InvalidCommitRef` before git is called.
+    """
+    ref = check_revision(ref)
     try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        args = ["rev-parse", "--verify", "--quiet", GIT_END_OF_OPTIONS, f"{ref}^{{commit}}"]
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     sha = out.stdout.strip()

@@ -26,6 +26,7 @@ from service import queue, store
 from service.db import write_tx
 from service.models import CASE_STATUSES, Job, MetricDef
 from service.settings import Settings
+from workers.deadline import job_deadline_s
 from workers.executor import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
@@ -278,16 +279,18 @@ class Dispatcher:
             self._wake.set()
 
     def _execute(self, job: Job, cancel: threading.Event) -> JobOutcome:
-        spec = JobSpec(
-            job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
-            device=job.device, world_size=job.world_size, commit=job.commit_sha,
-            deadline_s=self.settings.job_deadline_s, cases=tuple(job.cases) if job.cases else None,
-        )  # fmt: skip
         try:
+            deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
+                                      self.settings.job_deadline_s)  # fmt: skip
+            spec = JobSpec(
+                job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
+                device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
+                cases=tuple(job.cases) if job.cases else None,
+            )  # fmt: skip
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
             sink.info({
                 "commit": job.commit_sha or source_commit(), "gdnval": installed_version(),
-                "executor": self.executor.kind, "attempt": sink.attempt,
+                "executor": self.executor.kind, "attempt": sink.attempt, "deadline_s": deadline,
             })  # fmt: skip
             return self.executor.run(spec, sink, cancel)
         except Exception as exc:
@@ -296,14 +299,4 @@ class Dispatcher:
             )
 
     def _requeue(self, job_id: int) -> None:
-        from sqlalchemy import update
-
-        with write_tx(self.engine) as s:
-            res = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.claimed_by == self.owner, Job.status == "running")
-                .values(status="queued", claimed_by=None, heartbeat_at=None)
-                .execution_options(synchronize_session=False)
-            )
-            if res.rowcount == 1:
-                store.add_event(s, job_id, "status", "queued", {"reason": "service shut down while it ran"})
+        queue.requeue_orderly(self.engine, job_id, self.owner)

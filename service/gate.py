@@ -51,10 +51,10 @@ class GateRequest(BaseModel):
     """What to gate. `head`/`base` are commits (full shas are best: the server may not know
     refs); `base` may also be `job:N`. Without base and baseline the head's parent is used."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     head: str = Field(min_length=1, max_length=255)
-    base: str | None = Field(None, max_length=255)
+    base: str | None = Field(None, max_length=255, description="a commit, or 'job:N'")
     baseline: str | None = Field(None, max_length=100)
     suites: list[str] = Field(
         default_factory=list,
@@ -84,6 +84,21 @@ class GateRequest(BaseModel):
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
+
+    @field_validator("head")
+    @classmethod
+    def _head(cls, v: str) -> str:
+        from workers.refs import check_commit
+
+        return check_commit(v, "head")
+
+    @field_validator("base")
+    @classmethod
+    def _base(cls, v: str | None) -> str | None:
+        from service.baselines import parse_job_ref
+        from workers.refs import check_commit
+
+        return v if v is None or parse_job_ref(v) is not None else check_commit(v, "base")
 
     def key(self) -> str:
         """The run id, or a stable hash of the request (so a retried request reuses its jobs)."""

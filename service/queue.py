@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from service.db import write_tx
-from service.models import FINAL_STATUSES, Job, utcnow
+from service.models import FINAL_STATUSES, Job, JobEvent, utcnow
 from service.store import add_event, ensure_commit
 from workers.executor import Executor
 from workers.registry import get_suite
@@ -245,8 +245,40 @@ def _orphan_reason(job: Job, owner: str, lease_s: float) -> str | None:
     return None
 
 
+ORDERLY_REQUEUE = "service shut down while it ran"
+
+
+def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
+    """Put `owner`'s running job back in the queue after an orderly shutdown stopped it.
+
+    The run still counts as an attempt (its samples stay apart), but not as an interruption:
+    only crashes use up `max_attempts` (see `settle_orphans`). False when the job is no longer
+    `owner`'s running job."""
+    with write_tx(engine) as s:
+        res = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.claimed_by == owner, Job.status == "running")
+            .values(status="queued", claimed_by=None, heartbeat_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        if res.rowcount != 1:
+            return False
+        add_event(s, job_id, "status", "queued", {"reason": ORDERLY_REQUEUE, "orderly": True})
+    return True
+
+
+def _orderly_requeues(s: Any, job_id: int) -> int:
+    data = s.scalars(
+        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status",
+                                    JobEvent.message == "queued")
+    )  # fmt: skip
+    return sum(1 for d in data if isinstance(d, dict) and d.get("orderly") is True)
+
+
 def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int) -> list[tuple[int, str]]:
-    """Settle running jobs whose dispatcher died: re-queue while attempts remain, else fail.
+    """Settle running jobs whose dispatcher died: re-queue while crashes remain under
+    `max_attempts`, else fail. Runs ended by an orderly shutdown (`requeue_orderly`) are not
+    crashes, so a restart never uses up a job's retries.
 
     Returns (job id, new status) for every job settled. Samples already stored stay (they are
     kept per attempt); the re-run starts a new attempt.
@@ -257,11 +289,12 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
             reason = _orphan_reason(job, owner, lease_s)
             if reason is None:
                 continue
+            crashes = job.attempts - _orderly_requeues(s, job.id)
             if job.cancel_requested:
                 job.status, job.finished_at = "cancelled", utcnow()
                 job.error = f"cancelled; {reason}"
                 add_event(s, job.id, "status", "cancelled", {"reason": reason})
-            elif job.attempts < max_attempts:
+            elif crashes < max_attempts:
                 job.status, job.claimed_by, job.heartbeat_at = "queued", None, None
                 add_event(
                     s, job.id, "status", "queued",
@@ -269,7 +302,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 )  # fmt: skip
             else:
                 job.status, job.finished_at = "failed", utcnow()
-                job.error = f"interrupted {job.attempts} time(s); last: {reason}"
+                job.error = f"interrupted {crashes} time(s); last: {reason}"
                 add_event(s, job.id, "status", "failed", {"reason": job.error})
             settled.append((job.id, job.status))
     return settled

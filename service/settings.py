@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="a running job whose heartbeat is older is orphaned")
     max_attempts: int = Field(2, ge=1, description="runs of a job before an interruption fails it")
     job_deadline_s: float | None = Field(None, gt=0, description="wall-clock limit per job")
+    session_secret: SecretStr | None = Field(
+        None, description="signs web login sessions (unset: random per process; set it on every replica)"
+    )
+    session_ttl_s: float = Field(12 * 3600.0, gt=0, le=30 * 86400, description="web login session lifetime")
     server: str = Field("http://127.0.0.1:8000", description="base URL the CLI clients talk to")
 
     @field_validator("executor")

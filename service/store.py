@@ -21,6 +21,7 @@ from sqlalchemy import case as sa_case
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
+from service.artifacts import artifact_path
 from service.db import immediate, write_tx
 from service.models import (
     Artifact,
@@ -202,12 +203,11 @@ def latest_case_results(session: Session, job_id: int) -> list[CaseResult]:
 def save_artifact(
     session: Session, job_id: int, name: str, media_type: str, data: bytes, artifacts_dir: Path
 ) -> Artifact:
-    """Write the artifact to `artifacts_dir/<job>/<safe name>` and record it (replaces same name)."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).lstrip(".") or "artifact"
-    folder = artifacts_dir / str(job_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / safe
-    tmp = path.with_suffix(path.suffix + ".part")
+    """Write the artifact under `artifacts_dir` at `service.artifacts.artifact_path` (a folder of
+    this store, then the job) and record it (replaces same name)."""
+    path = artifact_path(artifacts_dir, session.get_bind().engine.url, job_id, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
     tmp.write_bytes(data)
     tmp.replace(path)  # atomic: a crash never leaves a half-written artifact under its name
     row = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))

@@ -380,7 +380,7 @@ BAD: list[tuple[str, str, str, Any, dict[str, str] | None, int, str]] = [
         None,
         None,
         422,
-        "cursor must be a value returned as 'next' by this endpoint, got 'abc'",
+        "query.cursor: String should match pattern '^[0-9]{0,18}$' (got 'abc')",
     ),
     ("bad status filter", "GET", "/api/v1/jobs?status=done", None, None, 422, "'queued', 'running'"),
     ("limit too big", "GET", "/api/v1/jobs?limit=100000", None, None, 422, "less than or equal to 500"),

@@ -137,7 +137,9 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
     assert job.info["device_name"] == "fake-cpu" and job.info["executor"] == "fake" and "commit" in job.info
     assert (job.progress_done, job.progress_total) == (2, 2)
     assert _n_samples(engine, ok) == 2 * 2 * 10 * 2  # cases x metrics x idx x ranks
-    assert (tmp_path / "art" / str(ok) / "report.txt").read_bytes() == b"fake report\n"
+    from service.artifacts import artifact_path
+
+    assert artifact_path(tmp_path / "art", engine.url, ok, "report.txt").read_bytes() == b"fake report\n"
     assert _status(engine, bad).error == "rank 0: asked to fail"
     with Session(engine) as s:
         kinds = [

@@ -182,7 +182,7 @@ def test_report_cli_reads_the_store(engine, tmp_path: Path) -> None:
     assert text.startswith("# gdnval test report: reportdemo @ 555555555555")
     assert f"(http://x/jobs/{job}#case-" in text
     bad = CliRunner().invoke(main, ["report", "999", "--db", url])
-    assert bad.exit_code == 1 and "no job 999" in bad.output
+    assert bad.exit_code == 2 and "no job 999" in bad.output  # could not run
 
 
 def test_gate_markdown_of_an_infra_failure_names_the_reason() -> None:

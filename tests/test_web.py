@@ -8,6 +8,7 @@ go to test-artifacts/web/ (git-ignored): desktop at 1280 px and phone width.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -181,6 +182,7 @@ def _finish(engine: Any, job_id: int) -> None:
 
 
 TRACE = b'{"traceEvents": [{"name": "chunk_fwd", "ph": "X", "ts": 0, "dur": 812}]}'
+TRACE_NAME = "rank0/trace-p2p.trace.json.gz"  # the runtime prefixes the rank, as the profile suite's are
 
 
 def seed(engine: Any, artifacts_dir: Path) -> Seeded:
@@ -194,7 +196,7 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
     for job_id in (base, head, cp, failed):
         _finish(engine, job_id)
     with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
-        store.save_artifact(s, head, "trace-triton-fwd_bwd.json", "application/json", TRACE, artifacts_dir)
+        store.save_artifact(s, head, TRACE_NAME, "application/gzip", gzip.compress(TRACE), artifacts_dir)
     with Session(engine) as s, s.begin():
         j = s.get(Job, running)
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
@@ -290,7 +292,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    ctx = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
     errors: list[str] = []  # script errors and server errors; an expected 4xx is not one
     pg.on("pageerror", lambda e: errors.append(str(e)))
@@ -362,8 +364,10 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
 
     csv = download("CSV")
     assert csv.ok and csv.text().count("\n") > 2 * 3 * 2 * REPS
-    trace = download("trace-triton-fwd_bwd.json")
-    assert trace.ok and trace.body() == TRACE
+    with page.expect_download() as dl:  # the profile trace, by its full name, through the page's link
+        page.locator("a", has_text=TRACE_NAME).click()
+    assert gzip.decompress(Path(dl.value.path()).read_bytes()) == TRACE
+    assert dl.value.suggested_filename == "trace-p2p.trace.json.gz"
     report = download("Markdown report")
     assert report.ok and "text/markdown" in report.headers["content-type"]
     assert f"/jobs/{seeded.head}#case-{fp16}" in report.text()
@@ -606,6 +610,7 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
         anonymous = browser.new_context()
         csv_path = f"/api/v1/jobs/{seeded.head}/samples?format=csv"
         assert anonymous.request.get(base + csv_path).status == 401
+        assert anonymous.request.get(f"{base}/api/v1/jobs/{seeded.head}/artifacts/{TRACE_NAME}").status == 401
         anonymous.close()
 
         ctx = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
@@ -619,9 +624,11 @@ def test_protected_reads_a_logged_in_browser_downloads_from_the_job_page(
             pg.locator("a", has_text="CSV").first.click()
         body = Path(dl.value.path()).read_text()
         assert body.splitlines()[0].startswith("id,") and body.count("\n") > 2 * 3 * 2 * REPS
-        href = pg.locator("a", has_text="trace-triton-fwd_bwd.json").get_attribute("href")
-        trace = pg.request.get(base + href)
-        assert trace.ok and trace.body() == TRACE
+        link = pg.locator("a", has_text=TRACE_NAME)
+        assert link.get_attribute("href") == f"/api/v1/jobs/{seeded.head}/artifacts/{TRACE_NAME}"
+        with pg.expect_download() as dl:
+            link.click()
+        assert gzip.decompress(Path(dl.value.path()).read_bytes()) == TRACE
         js = pg.request.get(base + pg.locator("a", has_text="JSON").first.get_attribute("href"))
         assert js.ok and js.json()["items"]
         ctx.close()

@@ -16,6 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from workers.refs import GIT_END_OF_OPTIONS, HEX_SHA, InvalidCommitRef, check_commit
+
 REPO_ENV = "GDNVAL_REPO"  # default git repository of the executors (jobs with a commit run its snapshot)
 COMPLETE_MARKER = ".gdnval-snapshot"
 COMMIT_FILE = "GDNVAL_COMMIT"
@@ -49,8 +51,14 @@ class SnapshotCache:
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
 
     def resolve(self, commit: str) -> str:
-        """The full sha of `commit` (a sha, a prefix, a branch or a tag)."""
-        sha = str(_git(self.repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"))
+        """The full sha of `commit` (a sha, a prefix, a branch or a tag; see `workers.refs`)."""
+        try:
+            commit = check_commit(commit)
+        except InvalidCommitRef as exc:
+            raise SnapshotError(str(exc)) from exc
+        sha = str(
+            _git(self.repo, "rev-parse", "--verify", "--quiet", GIT_END_OF_OPTIONS, f"{commit}^{{commit}}")
+        )
         if len(sha) != 40:
             raise SnapshotError(f"commit {commit!r} is not a commit of {self.repo}")
         return sha
@@ -60,17 +68,19 @@ class SnapshotCache:
         sha = self.resolve(commit)
         if (self.cache_dir / sha / COMPLETE_MARKER).exists():
             return self.cache_dir / sha
-        data = bytes(_git(self.repo, "archive", "--format=tar", sha, binary=True))  # type: ignore[arg-type]
+        data = bytes(_git(self.repo, "archive", "--format=tar", GIT_END_OF_OPTIONS, sha, binary=True))  # type: ignore[arg-type]
         return extract(sha, data, self.cache_dir)
 
     def archive(self, commit: str) -> tuple[str, bytes]:
         """(sha, tar bytes) of the commit's tree: what a remote node extracts (see `extract`)."""
         sha = self.resolve(commit)
-        return sha, bytes(_git(self.repo, "archive", "--format=tar", sha, binary=True))  # type: ignore[arg-type]
+        return sha, bytes(_git(self.repo, "archive", "--format=tar", GIT_END_OF_OPTIONS, sha, binary=True))  # type: ignore[arg-type]
 
 
 def extract(sha: str, data: bytes, cache_dir: str | Path | None = None) -> Path:
     """Extract an archive made by `SnapshotCache.archive` on this node, cached by sha."""
+    if len(sha) != 40 or not HEX_SHA.match(sha):
+        raise SnapshotError(f"a snapshot is named by a full 40-hex sha, got {sha!r}")
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     target = cache / sha
     if (target / COMPLETE_MARKER).exists():

@@ -13,9 +13,9 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     from workers.runtime import RankContext
@@ -107,6 +107,14 @@ def select_cases(cases: list[Case], only: list[str] | None) -> list[Case]:
         raise UnknownSuiteInput(f"unknown case(s) {unknown}; expected names from {sorted(names)}")
     wanted = set(only)
     return [c for c in cases if c.name in wanted]
+
+
+# Parameter value types shared by the suites' schemas, so a bad value (`dtype=float7`,
+# `seq_lens=[-5]`) is refused when the job is validated (`--dry-run`, the API) rather than
+# when a rank first uses it.
+DType = Literal["float64", "float32", "float16", "bfloat16"]
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
 
 
 class SuiteParams(BaseModel):

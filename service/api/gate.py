@@ -91,7 +91,11 @@ def compare_endpoint(
         raise HTTPException(422, str(exc)) from exc
 
 
-@router.get("/jobs/{job_id}/report", response_class=PlainTextResponse)
+@router.get(
+    "/jobs/{job_id}/report",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/markdown": {"schema": {"type": "string"}}}}},
+)
 def report_endpoint(
     job_id: JobPath,
     request: Request,

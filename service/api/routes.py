@@ -23,7 +23,6 @@ from sqlalchemy.orm import Session
 
 from service import db, queue, store
 from service.api.schemas import (
-    HEX_SHA,
     ArtifactOut,
     BaselineOut,
     BaselineSet,
@@ -36,14 +35,21 @@ from service.api.schemas import (
     MetricSummaryOut,
     Page,
     SampleOut,
+    SuiteOut,
 )
+from service.artifacts import MAX_NAME, artifact_url
 from service.models import Baseline, Job
 from service.web_session import READ_METHODS, has_session
+from workers.refs import HEX_SHA
 from workers.registry import get_suite, suite_names
 from workers.suite import UnknownSuiteInput
 
 MAX_ID = 2**62
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+LABEL_PATTERN = r"^[^=]+=[\s\S]*$"
+Cursor = Annotated[
+    str | None, Query(pattern=r"^[0-9]{0,18}$", description="the `next` of the previous page")
+]
 Name = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
@@ -145,9 +151,9 @@ def list_jobs(
     suite: Annotated[str | None, Query(max_length=100)] = None,
     commit: Annotated[str | None, Query(max_length=255, description="sha prefix or ref")] = None,
     device: Literal["cuda", "npu", "cpu"] | None = None,
-    label: Annotated[str | None, Query(max_length=600, description="KEY=VALUE")] = None,
+    label: Annotated[str | None, Query(max_length=600, pattern=LABEL_PATTERN, description="K=V")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=40)] = None,
+    cursor: Cursor = None,
 ) -> Page[JobOut]:
     """Newest first; pass `next` back as `cursor` for the following page."""
     pair = None
@@ -195,7 +201,7 @@ def job_events(
     session: SessionDep,
     kind: Literal["status", "progress", "log", "info", "artifact"] | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-    cursor: Annotated[str | None, Query(max_length=40)] = None,
+    cursor: Cursor = None,
 ) -> Page[EventOut]:
     """Oldest first; poll with the last `next` (or the last id) as `cursor` for new events."""
     _job_or_404(session, job_id)
@@ -247,7 +253,7 @@ def job_samples(
     attempt: Annotated[int | None, Query(ge=1, le=1000)] = None,
     format: Literal["json", "csv", "ndjson"] = "json",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    cursor: Annotated[str | None, Query(max_length=40)] = None,
+    cursor: Cursor = None,
 ) -> Any:
     """Raw samples. `json` is paginated; `csv` and `ndjson` stream every matching sample."""
     _job_or_404(session, job_id)
@@ -306,15 +312,20 @@ def job_artifacts(job_id: JobId, session: SessionDep) -> Page[ArtifactOut]:
             media_type=a.media_type,
             size=a.size,
             created_at=a.created_at,
-            url=f"/api/v1/jobs/{job_id}/artifacts/{a.name}",
+            url=artifact_url(job_id, a.name),
         )
         for a in store.list_artifacts(session, job_id)
     ]
     return Page[ArtifactOut](items=items, next=None)
 
 
-@api.get("/jobs/{job_id}/artifacts/{name}", response_class=Response)
-def job_artifact(job_id: JobId, name: Annotated[str, Path(max_length=300)], session: SessionDep) -> Response:
+@api.get("/jobs/{job_id}/artifacts/{name:path}", response_class=Response)
+def job_artifact(
+    job_id: JobId,
+    name: Annotated[str, Path(min_length=1, max_length=MAX_NAME, description="full name, `/` kept")],
+    session: SessionDep,
+) -> Response:
+    """One artifact's bytes by its full name as listed (`rank0/trace.json`)."""
     _job_or_404(session, job_id)
     art = store.get_artifact(session, job_id, name)
     if art is None:
@@ -331,22 +342,22 @@ def job_artifact(job_id: JobId, name: Annotated[str, Path(max_length=300)], sess
 # -------------------------------------------------------------------------------------- suites
 
 
-@api.get("/suites", response_model=Page[dict[str, Any]])
-def list_suites() -> Page[dict[str, Any]]:
+@api.get("/suites", response_model=Page[SuiteOut])
+def list_suites() -> Page[SuiteOut]:
     """The suite catalogue: presets with their resolved params and cases, params schema, metrics."""
-    items: list[dict[str, Any]] = []
+    items: list[SuiteOut] = []
     for n in suite_names():
         try:
-            items.append(get_suite(n).describe())
+            items.append(SuiteOut.model_validate(get_suite(n).describe()))
         except Exception as exc:  # one broken suite module must not hide the others
-            items.append({"name": n, "error": f"{type(exc).__name__}: {exc}"})
-    return Page[dict[str, Any]](items=items, next=None)
+            items.append(SuiteOut(name=n, error=f"{type(exc).__name__}: {exc}"))
+    return Page[SuiteOut](items=items, next=None)
 
 
-@api.get("/suites/{name}", response_model=dict[str, Any])
-def get_suite_entry(name: Annotated[str, Path(max_length=100)]) -> dict[str, Any]:
+@api.get("/suites/{name}", response_model=SuiteOut)
+def get_suite_entry(name: Annotated[str, Path(max_length=100)]) -> SuiteOut:
     try:
-        return get_suite(name).describe()
+        return SuiteOut.model_validate(get_suite(name).describe())
     except UnknownSuiteInput as exc:
         raise HTTPException(404, str(exc)) from exc
     except Exception as exc:

@@ -1,4 +1,5 @@
-"""Pydantic v2 models of the REST API (`/api/v1`): requests are strict, responses are plain.
+"""Pydantic v2 models of the REST API (`/api/v1`): requests are strict (no coercion: `"2"` or
+`true` for an integer is an error; unknown fields are errors), responses are plain.
 
 Floats that are NaN or infinite are served as null (JSON has no NaN); the raw values are in
 the CSV download.
@@ -7,52 +8,33 @@ the CSV download.
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.models import Job
+from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 
 Device = Literal["cuda", "npu", "cpu"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JobVerdict = Literal["passed", "failed", "errored"]
-HEX_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
-SAFE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
-REF_RULE = (
-    "a hex sha of 7-40 characters, or a ref of letters, digits and . _ / - starting with a letter "
-    "or digit (at most 200 characters; no '..', '//', trailing '/' or '.', no '.lock' ending)"
-)
 T = TypeVar("T")
 LabelKey = Annotated[str, Field(min_length=1, max_length=100)]
 LabelValue = Annotated[str, Field(max_length=500)]
 
 
-def check_commit(value: str) -> str:
-    """The commit as given when it is a hex sha or a safe ref; ValueError naming the rule otherwise."""
-    if HEX_SHA.match(value):
-        return value.lower()
-    ok = (
-        SAFE_REF.match(value)
-        and ".." not in value
-        and "//" not in value
-        and not value.endswith(("/", ".", ".lock"))
-    )
-    if not ok:
-        raise ValueError(f"commit must be {REF_RULE}; got {value!r}")
-    return value
-
-
 class JobCreate(BaseModel):
     """POST /api/v1/jobs. Unknown fields are an error, so a typo never silently runs defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     suite: str = Field(min_length=1, max_length=100, examples=["capability"])
     preset: str = Field("quick", min_length=1, max_length=50)
     params: dict[str, JsonValue] = Field(default_factory=dict, description="overrides of the preset")
-    commit: str | None = Field(None, description=f"code to test: {REF_RULE}; null = the installed code")
+    commit: str | None = Field(
+        None, description=f"code to test: {REF_RULE}; null = the installed code", json_schema_extra=REF_SCHEMA
+    )
     device: Device = "cpu"
     world_size: int = Field(1, ge=1, le=4096)
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
@@ -197,12 +179,49 @@ class ArtifactOut(BaseModel):
     url: str
 
 
+class MetricOut(BaseModel):
+    """A suite's declared metric (fields the suite adds beyond these pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None = None
+    description: str = ""
+
+
+class SuiteCaseOut(BaseModel):
+    name: str
+    params: dict[str, Any]
+    expected_error: str | None
+
+
+class PresetOut(BaseModel):
+    params: dict[str, Any] = Field(description="the preset's resolved parameters")
+    cases: list[SuiteCaseOut]
+
+
+class SuiteOut(BaseModel):
+    """A catalogue entry. A suite whose module fails to load has only `name` and `error`."""
+
+    name: str
+    description: str = ""
+    devices: list[Device] = Field(default_factory=list)
+    min_world_size: int = 1
+    presets: dict[str, PresetOut] = Field(default_factory=dict)
+    params_schema: dict[str, Any] = Field(default_factory=dict, description="JSON schema of `params`")
+    metrics: list[MetricOut] = Field(default_factory=list)
+    error: str | None = Field(None, description="why the suite cannot be loaded")
+
+
 class BaselineSet(BaseModel):
     """PUT /api/v1/baselines/{name}: exactly one of `commit` or `job_id`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    commit: str | None = None
+    commit: str | None = Field(None, description=f"a commit: {REF_RULE}", json_schema_extra=REF_SCHEMA)
     job_id: int | None = Field(None, ge=1, le=2**62)
     note: str = Field("", max_length=2000)
 

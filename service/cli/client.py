@@ -1,9 +1,16 @@
-"""Shared bits of the CLI commands that talk to a running service over HTTP (httpx, lazily)."""
+"""Shared bits of the CLI commands that talk to a running service over HTTP (httpx, lazily).
+
+Every failure to get an answer is one line on stderr and exit 2 ("could not run"): a service
+that is down or unreachable (`connected`), or one that refused the request (`fail_on_error`,
+which prints the problem's `detail`).
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import click
 
@@ -14,6 +21,13 @@ server_option = click.option(
 token_option = click.option(
     "--token", envvar="GDNVAL_API_TOKEN", default=None, help="bearer token [env GDNVAL_API_TOKEN]"
 )
+COULD_NOT_RUN = 2
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit 2: the command could not do its work."""
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    raise SystemExit(COULD_NOT_RUN)
 
 
 def client(server: str, token: str | None) -> Any:
@@ -21,6 +35,20 @@ def client(server: str, token: str | None) -> Any:
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0)
+
+
+@contextmanager
+def connected(server: str, token: str | None) -> Iterator[Any]:
+    """`client(...)` whose transport errors (refused, unreachable, timed out) end the command
+    with one line and exit 2 instead of a traceback."""
+    import httpx
+
+    try:
+        with client(server, token) as http:
+            yield http
+    except httpx.TransportError as exc:
+        reason = str(exc) or type(exc).__name__
+        fail(f"cannot reach the service at {server.rstrip('/')}: {reason} (is `gdnval serve` running?)")
 
 
 def fail_on_error(resp: Any) -> Any:
@@ -32,11 +60,8 @@ def fail_on_error(resp: Any) -> Any:
     except (json.JSONDecodeError, AttributeError):
         detail = resp.text
     if not isinstance(detail, str):
-        detail = json.dumps(detail, indent=1)
-    click.echo(
-        f"error: {resp.request.method} {resp.request.url.path} -> {resp.status_code}: {detail}", err=True
-    )
-    raise SystemExit(2)
+        detail = json.dumps(detail)
+    fail(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code}: {detail}")
 
 
 def parse_pairs(pairs: tuple[str, ...], what: str, as_json: bool) -> dict[str, Any]:

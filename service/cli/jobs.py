@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from service.cli.client import client, fail_on_error, server_option, token_option
+from service.cli.client import connected, fail_on_error, server_option, token_option
+from service.cli.output import console, dumps
+from workers.refs import HEX_SHA
+
+
+def _short(commit: str | None) -> str:
+    """A full sha as its first 12 digits; a ref (or a short sha) whole."""
+    if commit is None:
+        return "-"
+    return commit[:12] if HEX_SHA.match(commit) and len(commit) > 12 else commit
 
 
 @click.command()
@@ -27,12 +34,11 @@ def jobs(
     params = {
         k: v for k, v in {"status": status, "suite": suite, "commit": commit, "limit": limit}.items() if v
     }
-    with client(server, token) as http:
+    with connected(server, token) as http:
         page = fail_on_error(http.get("/api/v1/jobs", params=params))
     if as_json:
-        click.echo(json.dumps(page, indent=1))
+        click.echo(dumps(page))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("id", "status", "verdict", "suite", "preset", "device", "commit", "progress", "created")
@@ -41,7 +47,7 @@ def jobs(
         table.add_row(
             str(j["id"]), j["status"], j.get("verdict") or "-", j["suite"], j["preset"],
             f"{j['device']}x{j['world_size']}",
-            (j["commit"] or "-")[:12], f"{p['done']}/{p['total']}" if p["total"] else "-",
+            _short(j["commit"]), f"{p['done']}/{p['total']}" if p["total"] else "-",
             j["created_at"][:19].replace("T", " "),
         )  # fmt: skip
-    Console().print(table)
+    console().print(table)

@@ -7,8 +7,11 @@ Numbers link to the job pages at `--link-base` (default: the server URL).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
+
+from service.cli.client import fail
 
 
 @click.command()
@@ -16,7 +19,10 @@ import click
 @click.option(
     "--base", "bases", multiple=True, type=click.IntRange(1), help="base job to compare with (one per suite)"
 )
-@click.option("--db", "db_url", envvar="GDNVAL_DB_URL", default=None, help="store URL [env GDNVAL_DB_URL]")
+@click.option(
+    "--db", "db_url", envvar="GDNVAL_DB_URL", default=None,
+    help="store URL or SQLite file [env GDNVAL_DB_URL]",
+)
 @click.option(
     "--server", envvar="GDNVAL_SERVER", default=None, help="ask this service instead of opening the store"
 )
@@ -41,38 +47,66 @@ def report(
         click.echo(text)
 
 
+def _open_store(db_url: str | None) -> Any:
+    """An engine on an existing, migrated store; one line and exit 2 otherwise. A SQLite file that
+    is not there is never created (a typo in --db must not leave an empty database behind)."""
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.db import make_engine
+    from service.settings import Settings
+
+    url = Settings(**({"db_url": db_url} if db_url else {})).db_url
+    if "://" not in url:  # a plain path names a SQLite file
+        url = f"sqlite:///{Path(url).resolve()}"
+    try:
+        parsed = make_url(url)
+    except (SQLAlchemyError, ValueError) as exc:
+        fail(f"--db {url!r} is not a database URL: {exc}")
+    file_db = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+    if file_db and not Path(str(parsed.database)).is_file():
+        fail(f"no results store at {parsed.database} (from --db / GDNVAL_DB_URL {url!r})")
+    engine = make_engine(url)
+    try:
+        if not inspect(engine).has_table("job"):
+            fail(f"{parsed.render_as_string(hide_password=True)} holds no gdnval results (no 'job' table)")
+    except SQLAlchemyError as exc:
+        fail(f"cannot open the results store {parsed.render_as_string(hide_password=True)}: {exc}")
+    return engine
+
+
 def _from_store(
     db_url: str | None, jobs: tuple[int, ...], bases: tuple[int, ...], link_base: str | None
 ) -> str:
     from sqlalchemy.orm import Session
 
     from service.baselines import NotFound
-    from service.db import make_engine
     from service.report import build_report
     from service.settings import Settings
 
     settings = Settings(**({"db_url": db_url} if db_url else {}))
-    engine = make_engine(settings.db_url)
+    engine = _open_store(db_url)
     try:
         with Session(engine) as s:
             text, _ = build_report(
                 s, list(jobs), list(bases), link_base if link_base is not None else settings.server
             )
     except (NotFound, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        fail(str(exc))
     finally:
         engine.dispose()
     return text
 
 
 def _from_server(server: str, token: str | None, jobs: tuple[int, ...], bases: tuple[int, ...]) -> str:
-    from service.cli.client import client
+    from service.cli.client import connected, fail_on_error
 
     parts = []
-    with client(server, token) as http:
+    with connected(server, token) as http:
         for job in jobs:
             resp = http.get(f"/api/v1/jobs/{job}/report", params=[("base", b) for b in bases])
             if resp.status_code >= 300:
-                raise click.ClickException(f"report of job {job}: {resp.status_code} {resp.text[:500]}")
+                fail_on_error(resp)
             parts.append(resp.text)
     return "\n".join(parts)

@@ -6,15 +6,16 @@ httpx, uvicorn or ray.
 
 `--json FILE` writes (format "gdnval-run/1"):
     {format, suite, preset, overrides, params, device, world_size, commit, status, verdict,
-     case_counts, error, exit_code, started_at, finished_at, duration_s, info,
+     case_counts, error, exit_code, started_at, finished_at, duration_s, info, nonfinite,
      cases:   [{name, status, error, expected_error, params, fingerprint}],
      summary: [{case, metric, unit, kind, direction, bound, judged_on, count, nonfinite, median,
                 p90, min, max, passed}],
      samples: [{case, metric, rank, idx, value}],
      logs:    [str]}
 Statistics and bounds are `workers.verdict`'s (worst rank per idx, then median/p90/min/max of
-the finite values with the non-finite ones counted). Non-finite values are written as
-NaN/Infinity (Python's json).
+the finite values with the non-finite ones counted). The JSON is strict: a non-finite value is
+written as null and its JSON pointer listed under `nonfinite`. `--json -` writes it to stdout
+(the table then goes to stderr).
 Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
 1 failed (a case failed or errored), 2 the job could not run (failed, cancelled, cases left
 unrun) or the input was invalid.
@@ -40,6 +41,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service.cli import output
 from workers import verdict
 from workers.executor import JobOutcome, JobSpec
 from workers.suite import Sample, Suite, UnknownSuiteInput
@@ -206,7 +208,7 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
 @click.option("--param", "param_items", multiple=True, metavar="KEY=VALUE",
               help="override a suite parameter; VALUE is JSON (e.g. [8192,16384]) or a bare string")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="write all samples and case results to this file")
+              help="write all samples and case results to this file ('-': stdout)")
 @click.option("--deadline", type=float, default=None, help="fail the job after this many seconds")
 @click.option("--deterministic", is_flag=True, help="deterministic algorithms and collectives")
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=None,
@@ -276,7 +278,8 @@ def run(
             cancel.set()
             worker.join(30)
     result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
-    out = Console(width=None if sys.stdout.isatty() else 200)  # logs and CI: never truncate names
+    to_stdout = json_path is not None and str(json_path) == "-"
+    out = output.console(sys.stderr if to_stdout else None)  # piped: never truncate names
     _render(out, suite, cases, sink)
     ran = result.status == "succeeded"
     judged = verdict.job_verdict(
@@ -325,5 +328,11 @@ def run(
             ],
             "logs": sink.logs,
         }
-        json_path.write_text(json.dumps(doc, indent=1, default=str))
+        clean, replaced = output.strict_json(doc)
+        clean["nonfinite"] = replaced  # JSON pointers of the values written as null (NaN, ±inf)
+        text = json.dumps(clean, indent=1, default=str, allow_nan=False)
+        if to_stdout:
+            sys.stdout.write(text + "\n")
+        else:
+            json_path.write_text(text)
     raise SystemExit(exit_code)

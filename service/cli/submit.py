@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from service.cli.client import client, fail_on_error, parse_pairs, server_option, token_option
+from service.cli.client import connected, fail_on_error, parse_pairs, server_option, token_option
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -43,7 +43,7 @@ def submit(
         body["commit"] = commit
     if idempotency_key:
         body["idempotency_key"] = idempotency_key
-    with client(server, token) as http:
+    with connected(server, token) as http:
         job = fail_on_error(http.post("/api/v1/jobs", json=body))
         click.echo(f"job {job['id']} {job['status']} ({server.rstrip('/')}/jobs/{job['id']})")
         if not wait:

@@ -11,7 +11,7 @@ import hmac
 import json
 import math
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -23,9 +23,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service import store
+from service.artifacts import artifact_url
 from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
-from service.web_session import COOKIE, has_session, session_value
+from service.web_session import COOKIE, has_session, session_keys
 from workers import verdict
 from workers.suite import PRESETS
 
@@ -368,7 +369,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
     cviews = views.case_views(cases)
     acc = views.accuracy_rows(cases)
     artifacts = [
-        {"name": a.name, "url": f"/api/v1/jobs/{job_id}/artifacts/{a.name}",
+        {"name": a.name, "url": artifact_url(job_id, a.name),
          "size": views.human_bytes(a.size, "bytes")}
         for a in store.list_artifacts(session, job_id)
     ]  # fmt: skip
@@ -384,9 +385,27 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
+        deadline=_deadline(request, job),
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip
+
+
+def _deadline(request: Request, job: Job) -> str:
+    """The job's wall-clock limit as it runs (recorded at start) or will run (computed the same way)."""
+    from workers.deadline import job_deadline_s
+    from workers.registry import get_suite
+
+    seconds = (job.info or {}).get("deadline_s")
+    try:
+        if seconds is None:
+            seconds = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
+                                     request.app.state.settings.job_deadline_s)  # fmt: skip
+    except Exception as exc:  # an unloadable suite: say so instead of hiding the fact
+        return f"unknown ({type(exc).__name__}: {exc})"
+    origin = "service setting" if request.app.state.settings.job_deadline_s else "suite default"
+    start = datetime(2000, 1, 1, tzinfo=UTC)
+    return f"{views.duration(start, start + timedelta(seconds=float(seconds)))} ({origin})"
 
 
 @pages.get("/jobs/{job_id}/report.md")
@@ -665,14 +684,20 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
         return RedirectResponse(target, status_code=303)
     if not hmac.compare_digest(token.encode(), expected.encode()):
         return _page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
+    keys = session_keys(request)
     resp = RedirectResponse(target, status_code=303)
-    resp.set_cookie(COOKIE, session_value(expected), httponly=True, samesite="lax",
-                    secure=request.url.scheme == "https", path="/")
+    resp.set_cookie(COOKIE, keys.issue(expected), max_age=int(keys.ttl_s), httponly=True, samesite="lax",
+                    secure=request.url.scheme == "https", path="/")  # fmt: skip
     return resp
 
 
 @router.get("/logout")
-def logout() -> RedirectResponse:
+def logout(request: Request) -> RedirectResponse:
+    """End the session: revoked on the server (a copied cookie stops working too), dropped here."""
+    token = _settings(request).token()
+    given = request.cookies.get(COOKIE, "")
+    if token is not None and given:
+        session_keys(request).revoke(token, given)
     resp = RedirectResponse("/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/")
     return resp

@@ -1,7 +1,19 @@
-"""One rank as a child process running `python -m workers.runtime`, read through its channel pipe.
+"""One rank as a child process running `workers.runtime`, read through its channel pipe.
 
 Used by the local executor directly and by each Ray rank actor on its node, so both executors
 start, read, kill and diagnose ranks the same way.
+
+A rank's process tree ends with the rank and with its parent (the executor):
+
+- the rank leads its own process group and session; the executor stops it with SIGTERM, then
+  SIGKILLs the whole group after `TERM_GRACE_S`;
+- the rank boots through `RANK_BOOT`, which makes it a child subreaper (orphaned descendants,
+  even `setsid` ones, are re-parented to the rank instead of init), asks the kernel for SIGHUP
+  when its parent dies (`PR_SET_PDEATHSIG`) and also polls its parent id, and on SIGTERM, on its
+  parent's death and at its normal end kills every descendant it has;
+- what still escapes: a process that left the tree while the rank itself was SIGKILLed (a
+  `setsid` child outlives a `kill -9` of its rank), since only cgroups (a container, a systemd
+  scope) can end a tree whose root died without warning.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +34,100 @@ from typing import Any
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV
 
 OUTPUT_TAIL_LINES = 40
+TERM_GRACE_S = 2.0  # after SIGTERM, how long a rank may take to end its tree before SIGKILL
+PARENT_ENV = "GDNVAL_RANK_PARENT"
+LIFE_FD_ENV = "GDNVAL_RANK_LIFE_FD"  # read end of a pipe only the executor writes: EOF = end now
+
+# The rank's first code: kept self-contained (it runs from `-c`, before the snapshot of a job's
+# commit is imported), so a commit that predates it still gets its tree guarded.
+RANK_BOOT = r"""
+import ctypes, os, runpy, signal, sys, threading, time
+
+PARENT = int(os.environ.get("GDNVAL_RANK_PARENT") or os.getppid())
+
+
+def descendants():
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry, "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def end_tree():
+    for _ in range(5):  # a child may fork while we kill: repeat until none is left
+        pids = descendants() if os.path.isdir("/proc") else []
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def orphaned():
+    if os.getppid() != PARENT:
+        end_tree()
+        os._exit(70)
+
+
+def on_term(signum, frame):
+    end_tree()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def watch():
+    while True:
+        time.sleep(0.2)
+        orphaned()
+
+
+def life(fd):
+    # EOF when the executor closes its end (it ends the rank) or dies: a thread, so it acts even
+    # while the main thread is blocked in a collective
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:
+        pass
+    end_tree()
+    os._exit(143)
+
+
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGHUP, lambda signum, frame: orphaned())
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    libc.prctl(1, int(signal.SIGHUP), 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass  # not Linux: the parent watch below still ends the tree
+orphaned()  # the parent may have died before PR_SET_PDEATHSIG took effect
+threading.Thread(target=watch, name="gdnval-tree-guard", daemon=True).start()
+if os.environ.get("GDNVAL_RANK_LIFE_FD"):
+    threading.Thread(target=life, args=(int(os.environ["GDNVAL_RANK_LIFE_FD"]),), name="gdnval-life",
+                     daemon=True).start()
+code = 0
+try:
+    runpy.run_module("workers.runtime", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+finally:
+    end_tree()
+sys.exit(code)
+"""
 OUTPUT_LOG_LINES = 2000  # output lines per rank forwarded as job log lines; the rest only in the tail
 
 
@@ -56,23 +163,26 @@ class RankProcess:
         self._exited = threading.Event()
         self.returncode: int | None = None
         read_fd, write_fd = os.pipe()
-        child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd)}
+        life_read, self._life = os.pipe()  # our end is close-on-exec: no other child holds it
+        child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd),
+                     PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read)}  # fmt: skip
         try:
             self._proc = subprocess.Popen(
-                [python, "-m", "workers.runtime"],
+                [python, "-c", RANK_BOOT],
                 env=child_env,
                 cwd=str(cwd) if cwd else None,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, life_read),
                 # Own session: killing the rank's group also kills what it started. No preexec_fn
-                # (unsafe in threaded parents such as the service and Ray workers); a rank whose
-                # parent dies notices through its parent-watch thread and exits.
+                # (unsafe in threaded parents such as the service and Ray workers): the rank sets
+                # its own parent-death signal and subreaper flag in RANK_BOOT.
                 start_new_session=True,
             )
         finally:
             os.close(write_fd)
+            os.close(life_read)
         self._channel = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
         self._out_thread = threading.Thread(target=self._read_output, daemon=True)
         self._out_thread.start()
@@ -124,16 +234,43 @@ class RankProcess:
         self._out_thread.join(timeout=1.0)  # the last lines may still be in the pipe
         return "\n".join(list(self._output)[-lines:])
 
-    def kill(self) -> None:
-        """SIGKILL the rank's whole process group (it may have started children)."""
+    def terminate(self) -> None:
+        """Ask the rank to end: it kills its descendants, then itself (its life pipe closes, which
+        a thread of the rank sees even while its main thread is blocked; and SIGTERM)."""
+        if self._life >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._life)
+            self._life = -1
         if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the rank's whole process group (it may have started children), even when the
+        rank itself already exited and left members of its group behind."""
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            if self._proc.poll() is None:
                 self._proc.kill()
 
     def reap(self, timeout: float = 10.0) -> None:
-        self.kill()
+        """End the rank (SIGTERM, `TERM_GRACE_S`, then SIGKILL of its group) and wait for it."""
+        end_ranks([self], timeout=timeout)
+
+
+def end_ranks(procs: list[RankProcess], grace_s: float = TERM_GRACE_S, timeout: float = 10.0) -> None:
+    """End every rank of a job together: SIGTERM to all (each ends its own tree), up to `grace_s`
+    for them to go, then SIGKILL every rank's group, and wait for the processes."""
+    for p in procs:
+        p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=timeout)
-        self._exited.wait(timeout=2.0)
+            p._proc.wait(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        p.kill()
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p._proc.wait(timeout=timeout)
+        p._exited.wait(timeout=2.0)

@@ -17,9 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from workers.deadline import collective_timeout_s
 from workers.executor import Executor, JobOutcome, JobSink, JobSpec
 from workers.executors._monitor import JobMonitor
-from workers.executors._process import RankProcess, describe_exit
+from workers.executors._process import RankProcess, describe_exit, end_ranks
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
@@ -54,7 +55,7 @@ def rank_payload(spec: JobSpec, commit: str | None) -> dict[str, Any]:
     """What `workers.runtime` reads from GDNVAL_RANK_PAYLOAD (same for both executors)."""
     from workers.registry import SUITE_MODULES
 
-    pg_timeout = spec.deadline_s + 30.0 if spec.deadline_s else DEFAULT_PG_TIMEOUT_S
+    pg_timeout = collective_timeout_s(spec.deadline_s) if spec.deadline_s else DEFAULT_PG_TIMEOUT_S
     return {
         "suite": spec.suite,
         # forward the module so suites registered at run time (tests) resolve in the rank too
@@ -242,10 +243,7 @@ class LocalExecutor(Executor):
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
             return JobOutcome("failed", f"local executor error: {type(exc).__name__}: {exc}")
         finally:
-            for p in procs:
-                p.kill()
-            for p in procs:
-                p.reap()
+            end_ranks(procs)
             for p in procs:  # whatever was still in the pipes (samples of a cancelled job)
                 for msg in p.drain():
                     if msg.get("t") == "samples":

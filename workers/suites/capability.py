@@ -30,18 +30,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Positive, Sample, Suite, SuiteParams
 
 ERROR = "UnsupportedGDNRequest"
 SUBPROCESS_TIMEOUT_S = 300
 
 
 class CapabilityParams(SuiteParams):
-    batch: int = 1
-    seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536)
-    qk_heads: tuple[int, ...] = (16, 32)
-    v_heads: int = 32
-    head_dim: int = 128
+    batch: Positive = 1
+    seq_lens: tuple[Positive, ...] = (8192, 16384, 32768, 65536)
+    qk_heads: tuple[Positive, ...] = (16, 32)
+    v_heads: Positive = 32
+    head_dim: Positive = 128
     process_checks: bool = True  # fresh-interpreter import checks
     wheel: bool = False  # build + install the wheel (tens of seconds)
 

@@ -26,10 +26,20 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    NonNegative,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+)
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated")
 DISTRIBUTED_MODES = ("ulysses", "p2p", "all_gather")
@@ -46,25 +56,25 @@ LAYER_PARAMS = (
 
 class CPLayerParams(SuiteParams):
     candidates: tuple[str, ...] = ("ulysses+triton", "p2p+triton", "all_gather+eager")
-    seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536, 131072)  # global lengths, batch 1
+    seq_lens: tuple[Positive, ...] = (8192, 16384, 32768, 65536, 131072)  # global lengths, batch 1
     padding_cases: tuple[tuple[int, int, int], ...] = ((2, 8192, 7777),)  # (batch, global, valid)
-    emulated_shards: tuple[int, ...] = (4, 8)  # P of the single-process "p2p_emulated" candidates
-    hidden_size: int = 2048
-    qk_heads: int = 16
-    v_heads: int = 32
-    head_dim: int = 128
-    conv_size: int = 4
-    dtypes: tuple[str, ...] = ("bfloat16",)
+    emulated_shards: tuple[Positive, ...] = (4, 8)  # P of the single-process "p2p_emulated" candidates
+    hidden_size: Positive = 2048
+    qk_heads: Positive = 16
+    v_heads: Positive = 32
+    head_dim: Positive = 128
+    conv_size: Positive = 4
+    dtypes: tuple[DType, ...] = ("bfloat16",)
     ref_backend: str = "eager"
     # "same" (the candidate's dtype), as the report compares: its 1e-2 bound is for bf16 against
     # the bf16 eager layer. "float32" measures against an fp32 truth instead, where the bf16
     # layer's own rounding (its projections) is already ~1.3e-2 on the input gradient, with or
     # without CP (docs/benchmarks.md, CP layer; the CP2 run of issue 10)
-    ref_dtype: str = "same"
+    ref_dtype: DType | Literal["same"] = "same"
     accuracy_max_seq_len: int = 32768
     eager_max_seq_len: int = 32768  # candidates on the eager backend stop here
-    warmup: int = 5
-    repeat: int = 20
+    warmup: NonNegative = 5
+    repeat: Positive = 20
     timing: bool = True
     transfer_timeout_s: float = 300.0
     # P2P + Triton: hand states on from inside the core (CPConfig.early_state); false for the

@@ -30,7 +30,17 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    NonNegative,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+)
 
 BACKENDS = ("eager", "triton", "fla")
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -39,18 +49,18 @@ CHUNK = 64
 
 
 class GDNOpParams(SuiteParams):
-    seq_lens: tuple[int, ...] = (8192, 16384, 32768, 65536)
+    seq_lens: tuple[Positive, ...] = (8192, 16384, 32768, 65536)
     modes: tuple[str, ...] = ("stateless", "stateful")
-    qk_heads: tuple[int, ...] = (32, 16)
-    v_heads: int = 32
-    batch: int = 1
-    head_dim: int = 128
-    dtype: str = "bfloat16"  # bfloat16 | float16 | float32 (the CPU interpreter needs fp16/fp32)
+    qk_heads: tuple[Positive, ...] = (32, 16)
+    v_heads: Positive = 32
+    batch: Positive = 1
+    head_dim: Positive = 128
+    dtype: DType = "bfloat16"  # bfloat16 | float16 | float32 (the CPU interpreter needs fp16/fp32)
     backends: tuple[str, ...] = BACKENDS
-    warmup: int = 5
-    repeat: int = 20
-    eager_warmup: int = 5  # the eager backend at 64K takes ~1 s per fwd+bwd
-    eager_repeat: int = 20
+    warmup: NonNegative = 5
+    repeat: Positive = 20
+    eager_warmup: NonNegative = 5  # the eager backend at 64K takes ~1 s per fwd+bwd
+    eager_repeat: Positive = 20
     eager_max_seq_len: int = 65536  # eager is not timed above this
     accuracy_max_seq_len: int = 32768  # 64K is for speed and memory only (§4)
     accuracy_seeds: tuple[int, ...] = (0, 1, 2)

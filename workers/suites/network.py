@@ -45,7 +45,17 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    NonNegative,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+)
 
 CP_MODES = ("none", "ulysses", "p2p", "all_gather")
 CHECKPOINTS = ("off", "full")
@@ -56,10 +66,10 @@ BOUNDS = {"fp32": (1e-5, 1e-4), "bf16": (4e-4, 4e-3)}
 
 class NetworkParams(SuiteParams):
     model: str = "tiny"  # a name in gdn.model.MODEL_CONFIGS
-    seq_len: int = 128  # global sequence length (split over the CP ranks)
-    batch_size: int = 2
+    seq_len: Positive = 128  # global sequence length (split over the CP ranks)
+    batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (128, 77)  # tail padding per batch row; None = none
-    dtype: str = "float32"  # float32 | bfloat16 (autocast over fp32 master weights)
+    dtype: DType = "float32"  # float32 | bfloat16 (autocast over fp32 master weights)
     backend: str = "eager"  # candidate backend
     reference_backend: str = "eager"
     reference_checkpoint: str = "off"  # "full": the reference in less memory, same numbers
@@ -69,13 +79,13 @@ class NetworkParams(SuiteParams):
     modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
     checkpoints: tuple[str, ...] = CHECKPOINTS
     fsdp: bool = True
-    steps: int = 20
+    steps: Positive = 20
     lr: float = 1e-3
     seed: int = 0
     trajectory: bool = True
     speed: bool = True
-    warmup: int = 5
-    repeat: int = 20
+    warmup: NonNegative = 5
+    repeat: Positive = 20
     determinism: bool = True
     determinism_modes: tuple[str, ...] = ("p2p",)
     determinism_steps: int = 10

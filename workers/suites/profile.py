@@ -12,16 +12,16 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
 from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 
 class ProfileParams(SuiteParams):
     model: str = "tiny"
-    seq_len: int = 128
-    batch_size: int = 1
+    seq_len: Positive = 128
+    batch_size: Positive = 1
     valid_lengths: tuple[int, ...] | None = None
-    dtype: str = "float32"
+    dtype: DType = "float32"
     backend: str = "eager"
     modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
     fsdp: bool = True

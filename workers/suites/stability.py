@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
 from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 MIB = 1 << 20
@@ -22,15 +22,15 @@ MIB = 1 << 20
 
 class StabilityParams(SuiteParams):
     model: str = "tiny"
-    seq_len: int = 64
-    batch_size: int = 2
+    seq_len: Positive = 64
+    batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (64, 45)  # the padding boundary inside rank 1's shard
-    dtype: str = "float32"
+    dtype: DType = "float32"
     backend: str = "eager"
     modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
     fsdp: bool = True
     checkpoint: str = "off"
-    passes: int = 20
+    passes: Positive = 20
     timeout_s: float = 120.0
     seed: int = 0
     token_file: str | None = None

@@ -1,0 +1,69 @@
+"""Login sessions are signed, expire, and end at /logout on the server (a copied cookie stops
+working), at a token change, and with the default per-process secret at a restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from service.web_session import COOKIE, SessionKeys
+
+TOKEN = "s3cret"
+
+
+def _client(tmp_path: Path, **kw: object) -> TestClient:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'web.db'}", api_token=TOKEN, protect_reads=True,
+                        dispatch=False, executor="inprocess", artifacts_dir=tmp_path / "a", **kw)  # fmt: skip
+    return TestClient(create_app(settings), follow_redirects=False)
+
+
+def _login(c: TestClient) -> str:
+    r = c.post("/login", data={"token": TOKEN, "next": "/suites"})
+    assert r.status_code == 303
+    assert "Max-Age=" in r.headers["set-cookie"]
+    return r.cookies[COOKIE]
+
+
+def test_logout_revokes_the_session_on_the_server(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        value = _login(c)
+        assert TOKEN not in value and value.startswith("v1.")
+        assert c.get("/suites").status_code == 200 and c.get("/api/v1/suites").status_code == 200
+        c.get("/logout")
+        c.cookies.clear()
+        c.cookies.set(COOKIE, value)  # a copy of the cookie kept from before the logout
+        assert c.get("/suites").status_code == 303
+        assert c.get("/api/v1/suites").status_code == 401
+        c.cookies.clear()
+        again = _login(c)  # a new login is a new session
+        assert again != value and c.get("/suites").status_code == 200
+
+
+def test_sessions_expire(tmp_path: Path) -> None:
+    with _client(tmp_path, session_ttl_s=1.0) as c:
+        _login(c)
+        assert c.get("/suites").status_code == 200
+        time.sleep(2.1)  # expiry has whole-second resolution
+        assert c.get("/suites").status_code == 303
+
+
+def test_signature_expiry_token_and_secret_are_all_checked() -> None:
+    keys = SessionKeys(None, ttl_s=60)
+    now = 1_000_000.0
+    value = keys.issue(TOKEN, now=now)
+    assert keys.valid(TOKEN, value, now=now + 59)
+    assert not keys.valid(TOKEN, value, now=now + 61)  # expired
+    v, sid, expiry, sig = value.split(".")
+    assert not keys.valid(TOKEN, f"{v}.{sid}.{int(expiry) + 3600}.{sig}", now=now)  # a stretched expiry
+    assert not keys.valid("another-token", value, now=now)  # the API token changed
+    assert not SessionKeys(None, 60).valid(TOKEN, value, now=now)  # a restart: a new random secret
+    shared_a, shared_b = SessionKeys("replica-secret", 60), SessionKeys("replica-secret", 60)
+    assert shared_b.valid(TOKEN, shared_a.issue(TOKEN, now=now), now=now)  # replicas with one secret
+    keys.revoke(TOKEN, value, now=now)
+    assert not keys.valid(TOKEN, value, now=now)
+    for forged in ("", "0" * 64, "v1.x.y.z", "v1.a.99999999999.00"):
+        assert not keys.valid(TOKEN, forged, now=now)
