@@ -144,8 +144,8 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
         # the job-level verdict counts attempt 2 only (attempt 1 had c0 and c2 passed)
         shown = _shown(client, engine, job.id)
         assert shown["list"] == {"failed": 1, "passed": 1}
-        assert shown["verdict"] == "1 of 2 cases failed"
-        assert "1 of 2 cases failed" in shown["list_page"]
+        assert shown["verdict"] == "failed (1 of 2 cases)"
+        assert "failed (1 of 2 cases)" in shown["list_page"]
         assert shown["api"] == {"c0": "failed", "c1": "passed"} == shown["compare"]
 
 

@@ -423,7 +423,7 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     running = job_row(seeded.running)
     expect(running).to_contain_text("running")
     expect(running).to_contain_text("1/6")
-    expect(job_row(seeded.head)).to_contain_text("1 of 2 cases failed")
+    expect(job_row(seeded.head)).to_contain_text("failed (1 of 2 cases)")
     expect(job_row(seeded.base)).to_contain_text("passed (2)")
     expect(job_row(seeded.failed).locator("td").nth(1)).to_have_text("failed")
     shot(page, "jobs-desktop")
@@ -489,6 +489,7 @@ def test_submit_form_needs_the_token_and_runs_a_real_job(site: Any, page: Page) 
     expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
     # the page follows the run and reloads itself when it settles
     expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=90_000)
+    expect(page.locator("#job-verdict")).to_have_text("passed")  # the code passed, apart from the run
     expect(page.locator("section.case")).to_have_count(len(cases))
     expect(page.locator("dl.facts").first).to_contain_text("process_checks=False")
     failfast = next(c for c in cases if c.expected_error)
