@@ -8,13 +8,16 @@ and is slow once (a one-off noisy run that `--confirm` must not count).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
@@ -63,7 +66,8 @@ class GateTimeSuite(Suite):
 SUITE = GateTimeSuite()
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str) -> str:
+    """`git -C repo ARGS` with a fixed identity; its stdout, stripped."""
     out = subprocess.run(
         ["git", "-C", str(repo), "-c", "user.email=gate@example.com", "-c", "user.name=gate", *args],
         capture_output=True, text=True, check=True,
@@ -83,13 +87,13 @@ def make_repo(path: Path) -> dict[str, str]:
     assert "SLOW_FACTOR = 1.0  #" in src
     suite_file = path / "tests" / "gate_suite_for_tests.py"
     suite_file.write_text(src)
-    _git(path, "init", "-q")
+    git(path, "init", "-q")
     shas: dict[str, str] = {}
 
     def commit(name: str) -> None:
-        _git(path, "add", "-A")
-        _git(path, "commit", "-q", "-m", name)
-        shas[name] = _git(path, "rev-parse", "HEAD")
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", name)
+        shas[name] = git(path, "rev-parse", "HEAD")
 
     commit("A")
     (path / "NOTES.txt").write_text("B: a change that does not touch timing\n")
@@ -99,3 +103,29 @@ def make_repo(path: Path) -> dict[str, str]:
     suite_file.write_text(src)
     commit("D")
     return shas
+
+
+@contextlib.contextmanager
+def serve_in_thread(settings: Any) -> Iterator[str]:
+    """The real app (create_app with its dispatcher) under uvicorn in a thread on a free loopback
+    port; yields its base URL and stops it on exit."""
+    import uvicorn
+
+    from service.app import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(30)

@@ -9,28 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 
-from tests.gate_suite_for_tests import NOISE_ENV, SUITE_MODULE, make_repo
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.gate_suite_for_tests import NOISE_ENV, SUITE_MODULE, make_repo, serve_in_thread
+from tests.test_api_support import free_port
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    import uvicorn
-
-    from service.app import create_app
     from service.executors import close_executors
     from service.settings import Settings
     from workers.registry import SUITE_MODULES, get_suite
@@ -47,20 +37,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         close_executors()  # an executor cached by another test would not know this repository
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
                             executor="local", poll_interval_s=1.0, lease_s=60.0)  # fmt: skip
-        port = _free_port()
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-        srv = uvicorn.Server(config)
-        thread = threading.Thread(target=srv.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not srv.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-            time.sleep(0.05)
         try:
-            yield SimpleNamespace(url=f"http://127.0.0.1:{port}", repo=repo, shas=shas, tmp=tmp, mp=mp)
+            with serve_in_thread(settings) as url:
+                yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp, mp=mp)
         finally:
-            srv.should_exit = True
-            thread.join(30)
             close_executors()
             get_suite.cache_clear()
 
@@ -137,7 +117,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
 
 
 def test_gate_cli_with_the_server_down_exits_2(server: SimpleNamespace) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     down = cli("gate", "--head", "HEAD", "--base", "HEAD~1", "--repo", str(server.repo), "--server", dead,
                "--json", str(server.tmp / "down.json"))  # fmt: skip
     assert down.returncode == 2, down.stdout + down.stderr

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.gate_suite_for_tests import git, serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHOR = "        return chunk_gated_delta_rule_eager(\n"
@@ -32,14 +31,6 @@ CALL_ARGS = (
 GATE_PARAMS = ("--param", 'backends=["eager"]')
 
 
-def _git(repo: Path, *args: str) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.email=gate@example.com", "-c", "user.name=gate", *args],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
 def make_scenario_repo(path: Path) -> dict[str, str]:
     """A, B (comment only), C (forward twice), D (output x (1 + 1e-3)) on top of each other's parent."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -48,14 +39,14 @@ def make_scenario_repo(path: Path) -> dict[str, str]:
     ops = path / "gdn" / "ops.py"
     src = ops.read_text()
     assert src.count(ANCHOR) == 1, "the eager call in gdn/ops.py moved; update the scenario's anchor"
-    _git(path, "init", "-q")
+    git(path, "init", "-q")
     shas: dict[str, str] = {}
 
     def commit(name: str, text: str) -> None:
         ops.write_text(text)
-        _git(path, "add", "-A")
-        _git(path, "commit", "-q", "-m", name)
-        shas[name] = _git(path, "rev-parse", "HEAD")
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", name)
+        shas[name] = git(path, "rev-parse", "HEAD")
 
     commit("A", src)
     comment = src.replace(ANCHOR, "        # the eager backend: autograd through chunks\n" + ANCHOR)
@@ -72,17 +63,8 @@ def make_scenario_repo(path: Path) -> dict[str, str]:
     return shas
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    import uvicorn
-
-    from service.app import create_app
     from service.executors import close_executors
     from service.settings import Settings
 
@@ -96,20 +78,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         close_executors()
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
                             executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
-        port = _free_port()
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-        srv = uvicorn.Server(config)
-        thread = threading.Thread(target=srv.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not srv.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-            time.sleep(0.05)
         try:
-            yield SimpleNamespace(url=f"http://127.0.0.1:{port}", repo=repo, shas=shas, tmp=tmp)
+            with serve_in_thread(settings) as url:
+                yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp)
         finally:
-            srv.should_exit = True
-            thread.join(30)
             close_executors()
 
 
