@@ -35,7 +35,7 @@ from gdn.cp.comm import (
     seq_to_head,
     wait_sends,
 )
-from gdn.cp.config import CPConfig, CPError
+from gdn.cp.config import CPConfig, CPError, ulysses_misfit
 from gdn.cp.p2p import all_gather_gated_delta_rule, p2p_gated_delta_rule
 from gdn.ops import BACKENDS, UnsupportedGDNRequest, gated_delta_rule
 
@@ -116,12 +116,9 @@ class GatedDeltaNet(nn.Module):
         self.cp.check_backend(backend)
         c = config
         if self.cp.mode == "ulysses":
-            P = self.cp.world_size
-            if c.num_qk_heads % P or c.num_v_heads % P:
-                raise CPError(
-                    f"Ulysses needs the heads divisible by the CP size {P}: num_qk_heads={c.num_qk_heads}, "
-                    f"num_v_heads={c.num_v_heads}; use a CP size dividing both, or mode 'p2p'"
-                )
+            misfit = ulysses_misfit(c.num_qk_heads, c.num_v_heads, self.cp.world_size)
+            if misfit is not None:
+                raise CPError(misfit)
         self.in_proj_qkv = nn.Linear(c.hidden_size, c.conv_dim, bias=False)
         self.in_proj_z = nn.Linear(c.hidden_size, c.value_dim, bias=False)
         self.in_proj_b = nn.Linear(c.hidden_size, c.num_v_heads, bias=False)

@@ -52,3 +52,33 @@ def test_cp_layer_quick_passes_on_four_cpu_ranks(tmp_path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["verdict"] == "passed" and doc["case_counts"]["passed"] == len(doc["cases"]) == 16
+
+
+def test_a_case_that_cannot_apply_at_the_world_size_is_skipped_with_its_reason(tmp_path) -> None:
+    """Ulysses with 3 heads on 2 ranks cannot split them: recorded as skipped (not applicable),
+    the job's verdict stays passed, and P2P on the same shapes runs."""
+    import json
+    import subprocess
+    import sys
+
+    from workers.suite import Case
+
+    stab = get_suite("stability")
+    uly, p2p = (Case("stability", f"passes/{m}", {"mode": m, "model": "tiny"}) for m in ("ulysses", "p2p"))
+    assert "divisible by the CP size 4" in (stab.not_applicable(uly, 4) or "")
+    assert stab.not_applicable(p2p, 4) is None and stab.not_applicable(uly, 2) is None
+
+    out = tmp_path / "misfit.json"
+    cmd = [sys.executable, "-m", "service.cli", "run", "cp-layer", "--world-size", "2",
+           "--param", "qk_heads=3", "--param", "v_heads=3", "--param", 'dtypes=["float64"]',
+           "--param", 'candidates=["ulysses+eager","p2p+eager"]', "--json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    status = {c["name"]: (c["status"], c["error"] or "") for c in doc["cases"]}
+    for name, (st, why) in status.items():
+        if name.startswith("ulysses"):
+            assert st == "skipped" and "not applicable at world size 2" in why, (name, st, why)
+        else:
+            assert st == "passed", (name, st, why)
+    assert doc["verdict"] == "passed"

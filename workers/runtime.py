@@ -443,7 +443,12 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     try:
         for i, case in enumerate(cases):
             channel.send("case_start", case=case.name, index=i)
-            outcome = run_case(suite, ctx, case, buffer)
+            misfit = suite.not_applicable(case, world_size)
+            if misfit is not None:  # the same answer on every rank: nothing runs, nothing desyncs
+                why = f"not applicable at world size {world_size}: {misfit}"
+                outcome = CaseOutcome("skipped", why, raised=False)
+            else:
+                outcome = run_case(suite, ctx, case, buffer)
             _send_artifacts(channel, artifacts, rank)
             channel.send("case_end", case=case.name, status=outcome.status, error=outcome.error)
             if ctrl is not None:

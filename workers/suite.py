@@ -188,6 +188,11 @@ class Suite(ABC):
     def cases(self, params: SuiteParams) -> list[Case]:
         """Expand the parameter matrix into cases (metadata only, no torch)."""
 
+    def not_applicable(self, case: Case, world_size: int) -> str | None:
+        """Why `case` cannot apply at `world_size` (it is recorded as skipped with the reason,
+        never run and never an error), or None. Called on the ranks, so it may import torch."""
+        return None
+
     @abstractmethod
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
         """Run one case on one rank (every rank runs it) and yield its samples."""

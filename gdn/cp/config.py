@@ -125,6 +125,17 @@ class CPConfig:
             )
 
 
+def ulysses_misfit(num_qk_heads: int, num_v_heads: int, world_size: int) -> str | None:
+    """Why Ulysses cannot split these heads over `world_size` ranks (it gives each rank a whole
+    share of the heads), or None."""
+    if num_qk_heads % world_size or num_v_heads % world_size:
+        return (
+            f"Ulysses needs the heads divisible by the CP size {world_size}: num_qk_heads={num_qk_heads}, "
+            f"num_v_heads={num_v_heads}; use a CP size dividing both, or mode 'p2p'"
+        )
+    return None
+
+
 def cp_world_size(cp: CPConfig | None) -> int:
     return 1 if cp is None else cp.world_size
 

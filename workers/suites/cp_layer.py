@@ -169,6 +169,13 @@ class CPLayerSuite(Suite):
     }  # fmt: skip
     metrics = _metrics()
 
+    def not_applicable(self, case: Case, world_size: int) -> str | None:
+        if case.params.get("mode") != "ulysses" or world_size == 1:
+            return None
+        from gdn.cp.config import ulysses_misfit
+
+        return ulysses_misfit(case.params["qk_heads"], case.params["v_heads"], world_size)
+
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, CPLayerParams)
         return params.repeat if params.timing else 0

@@ -205,6 +205,9 @@ class NetworkSuite(Suite):
     }  # fmt: skip
     metrics = _metrics()
 
+    def not_applicable(self, case: Case, world_size: int) -> str | None:
+        return ulysses_misfit_of_model(case, world_size)
+
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, NetworkParams)
         return params.repeat if params.speed else 0
@@ -392,3 +395,15 @@ def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 
 
 SUITE = NetworkSuite()
+
+
+def ulysses_misfit_of_model(case: Case, world_size: int) -> str | None:
+    """A network/stability case in Ulysses mode whose model's GDN heads do not split over the
+    ranks: not applicable (gdn.cp.config.ulysses_misfit), never an error."""
+    if case.params.get("mode") != "ulysses" or world_size == 1:
+        return None
+    from gdn.cp.config import ulysses_misfit
+    from gdn.model import MODEL_CONFIGS
+
+    cfg = MODEL_CONFIGS[case.params["model"]]
+    return ulysses_misfit(cfg.linear_num_qk_heads, cfg.linear_num_v_heads, world_size)

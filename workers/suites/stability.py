@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
-from workers.suites.network import CP_MODES, check_modes_and_dtype
+from workers.suites.network import CP_MODES, check_modes_and_dtype, ulysses_misfit_of_model
 
 MIB = 1 << 20
 
@@ -66,6 +66,9 @@ class StabilitySuite(Suite):
         Metric("passes_done", "count", "check", "higher",
                description="consecutive passes completed (the case's `passes` when it passes)"),
     )  # fmt: skip
+
+    def not_applicable(self, case: Case, world_size: int) -> str | None:
+        return ulysses_misfit_of_model(case, world_size)
 
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, StabilityParams)
