@@ -104,7 +104,7 @@ def test_the_token_is_checked_before_the_request(client: TestClient, tmp_path: P
         for kw in ({"json": {"unknown": 1}}, {"content": b"{not json"}, {"json": []}):
             _problem(client.request(method.upper(), url, **kw), 401)
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'p.db'}", api_token=TOKEN, protect_reads=True,
-                        dispatch=False, executor="inprocess", artifacts_dir=tmp_path / "a")  # fmt: skip
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")  # fmt: skip
     with TestClient(create_app(settings)) as protected:
         for url in ("/api/v1/jobs?limit=0", "/api/v1/jobs/0", "/api/v1/compare?base=x", "/api/v1/suites"):
             _problem(protected.get(url), 401)

@@ -17,7 +17,7 @@ from service.settings import Settings
 
 def _app(tmp_path: Path, name: str, artifacts: Path, **kw: object) -> TestClient:
     settings = Settings(db_url=f"sqlite:///{tmp_path / name}", api_token="t", dispatch=False,
-                        executor="inprocess", artifacts_dir=artifacts, **kw)  # fmt: skip
+                        executor="local", artifacts_dir=artifacts, **kw)  # fmt: skip
     return TestClient(create_app(settings))
 
 

@@ -204,7 +204,7 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
     engine, runner = env
     with pytest.raises(GateInputError, match="unknown parameter"):
         gate(env, head=B, base=A, params={"no_such_param": 1})
-    with pytest.raises(GateInputError, match="commit must be"):
+    with pytest.raises(ValueError, match="base must be"):  # the request itself (API: 422)
         gate(env, head=B, base="../x")
     with pytest.raises(GateInputError, match="invalid parameters"):
         gate(env, head=B, base=A, params={"repeats": "many"})

@@ -79,7 +79,7 @@ def test_api_refuses_bad_refs_for_jobs_and_baselines(tmp_path: Path) -> None:
     from service.settings import Settings
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'x.db'}", api_token="t", dispatch=False,
-                        executor="inprocess", artifacts_dir=tmp_path / "art")  # fmt: skip
+                        executor="local", artifacts_dir=tmp_path / "art")  # fmt: skip
     auth = {"Authorization": "Bearer t"}
     with TestClient(create_app(settings)) as http:
         for ref in ("HEAD@{1}", "../x", "--upload-pack=x", "a/.b"):

@@ -424,7 +424,7 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     expect(running).to_contain_text("running")
     expect(running).to_contain_text("1/6")
     expect(job_row(seeded.head)).to_contain_text("failed (1 of 2 cases)")
-    expect(job_row(seeded.base)).to_contain_text("passed (2)")
+    expect(job_row(seeded.base)).to_contain_text("passed (2 cases)")
     expect(job_row(seeded.failed).locator("td").nth(1)).to_have_text("failed")
     shot(page, "jobs-desktop")
     page.evaluate("window.__marker = 'same page'")
