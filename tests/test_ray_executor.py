@@ -23,7 +23,7 @@ from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-DEADLINE_S = 25.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
+DEADLINE_S = 20.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
 HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
           "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}  # fmt: skip
 HEARTBEAT_TIMEOUT_S = 3.0  # period x failure threshold: when the GCS declares a silent node dead
@@ -96,6 +96,31 @@ def test_capacity_is_counted_per_node_kind_and_strategy(executor) -> None:
     outcome, _, elapsed = _run(executor, device="cuda", world_size=3)
     assert outcome.status == "failed" and "world_size 3 exceeds the 2 cuda rank(s)" in outcome.error
     assert elapsed < 5
+
+
+def test_submit_checks_the_job_placement_against_the_cluster(executor, cluster) -> None:
+    """The service's settings choose the executor's strategy; a job's label `placement` overrides
+    it, and what can never fit under that strategy is refused at submit."""
+    from pydantic import ValidationError
+
+    from service.executors import build_executor
+    from service.queue import InvalidJob, validate_request
+    from service.settings import Settings
+
+    built = build_executor(Settings(executor="ray", ray_address=cluster[0].address, placement="SPREAD"))
+    assert (built.placement_strategy, built.cpu_node_resource) == ("SPREAD", "cpu_node")
+    with pytest.raises(ValidationError, match="unknown placement strategy 'RANDOM'"):
+        Settings(placement="RANDOM")
+    def job(world_size: int, placement: str | None = None) -> dict:
+        labels = {"placement": placement} if placement else {}
+        return {"suite": "probe", "world_size": world_size, "labels": labels}
+
+    assert validate_request(job(4), executor).world_size == 4  # PACK spans both CPU nodes
+    assert validate_request(job(2, "STRICT_SPREAD"), executor).labels == {"placement": "STRICT_SPREAD"}
+    with pytest.raises(InvalidJob, match=r"with placement STRICT_PACK can never be satisfied: .* most 2 cpu"):
+        validate_request(job(4, "STRICT_PACK"), executor)
+    with pytest.raises(InvalidJob, match="label 'placement': unknown placement strategy 'pack'"):
+        validate_request(job(1, "pack"), executor)
 
 
 @pytest.mark.parametrize(
