@@ -224,7 +224,11 @@ def test_a_job_runs_its_commit_from_the_shipped_runtime_env(executor, cluster, t
 def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path) -> None:
     """A CPU job holding every CPU-node CPU: a fake-GPU job submitted meanwhile runs at once on
     the accelerator node (on CPU it then fails with the documented "no cuda device"), a second
-    CPU job stays queued (it fits the cluster, not its free CPUs) and runs once the first ends."""
+    CPU job stays queued (it fits the cluster, not its free CPUs) and runs once the first ends.
+    Then a CPU load outside gdnval holds the accelerator node's CPUs: a fake-GPU job stays queued
+    (no CPU left for its ranks' bundles) and runs once the load is gone."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from service import db, queue
     from service.dispatcher import Dispatcher
     from service.models import Job
@@ -264,6 +268,22 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
         wait(lambda: status(waiter).status in ("succeeded", "failed"))
         assert status(waiter).status == "succeeded", status(waiter).error
         assert status(holder).status == "cancelled"
+
+        @ray.remote(num_cpus=2)
+        class Load:
+            def ready(self) -> bool:
+                return True
+
+        pin = NodeAffinitySchedulingStrategy(_node_ids(cluster)["accel"], soft=False)
+        load = Load.options(scheduling_strategy=pin).remote()
+        assert ray.get(load.ready.remote(), timeout=60)
+        wait(lambda: executor.free_ranks("cuda") == 0)
+        queued_gpu = submit(device="cuda", world_size=1, params={"repeats": 1})
+        time.sleep(1.5)  # several dispatcher ticks with the accelerator node's CPUs taken
+        assert status(queued_gpu).status == "queued"
+        ray.kill(load)
+        wait(lambda: status(queued_gpu).status == "failed")
+        assert "no cuda device" in status(queued_gpu).error.lower(), status(queued_gpu).error
     finally:
         d.stop()
         engine.dispose()
