@@ -246,7 +246,10 @@ class Dispatcher:
         def fits(job: Job) -> bool:
             key = (job.device, queue.job_placement(job))
             if key not in free:
-                free[key] = self.executor.free_ranks(*key)
+                try:
+                    free[key] = self.executor.free_ranks(*key)
+                except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
+                    free[key] = None
             n = free[key]
             return n is None or job.world_size <= n - claimed.get(job.device, 0)
 
