@@ -22,6 +22,7 @@ from service.dispatcher import Dispatcher
 from service.models import Job, JobEvent, SampleRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
+from workers.executor import check_placement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +92,36 @@ def test_claim_takes_only_what_fits_now_per_device_kind(engine) -> None:
     free["cpu"] = 4
     assert queue.claim(engine, "d1", limits, fits).id == wide
     assert queue.claim(engine, "d1", limits, fits).id == narrow
+
+
+class CapacityExecutor(FakeExecutor):
+    """The fake executor with a free-rank count per device kind, as a cluster executor reports."""
+
+    def __init__(self, free: dict[str, int]) -> None:
+        self.free = free
+
+    def free_ranks(self, device: str, placement: str | None = None) -> int | None:
+        if placement is not None:
+            check_placement(placement)
+        return self.free.get(device, 0)
+
+
+def test_dispatcher_leaves_what_does_not_fit_queued_and_never_stalls(engine) -> None:
+    settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),
+                        device_limits={"cpu": 4, "cuda": 4})  # fmt: skip
+    ex = CapacityExecutor({"cpu": 1})
+    d = Dispatcher(settings, engine, ex)
+    d.start()
+    try:
+        wide = queue.submit(engine, _req(world_size=2))[0].id
+        odd = queue.submit(engine, _req(device="cuda", labels={"placement": "bogus"}))[0].id
+        _wait(lambda: _status(engine, odd).status == "succeeded")  # claimed: the executor decides
+        time.sleep(0.3)  # several ticks
+        assert _status(engine, wide).status == "queued"  # fits the cluster, not its free ranks
+        ex.free["cpu"] = 2
+        _wait(lambda: _status(engine, wide).status == "succeeded")
+    finally:
+        d.stop()
 
 
 def test_idempotency_key_returns_the_same_job_and_rejects_a_different_request(engine) -> None:
