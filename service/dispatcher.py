@@ -241,17 +241,25 @@ class Dispatcher:
             if entry:
                 entry[1].set()
         free: dict[tuple[str, str | None], int | None] = {}  # asked of the executor once per tick
+        most: dict[tuple[str, str | None], int] = {}
         claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
 
         def fits(job: Job) -> bool:
+            """Placeable now; or never placeable (the cluster shrank since the submit): then it
+            is claimed too, and the executor fails it with the reason instead of it blocking its
+            kind's queue for good."""
             key = (job.device, queue.job_placement(job))
-            if key not in free:
-                try:
+            try:
+                if key not in free:
                     free[key] = self.executor.free_ranks(*key)
-                except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
-                    free[key] = None
-            n = free[key]
-            return n is None or job.world_size <= n - claimed.get(job.device, 0)
+                n = free[key]
+                if n is None or job.world_size <= n - claimed.get(job.device, 0):
+                    return True
+                if key not in most:
+                    most[key] = self.executor.most_ranks(*key)
+                return job.world_size > most[key]
+            except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
+                return True
 
         while not self._stop.is_set():
             job = queue.claim(self.engine, self.owner, self.settings.device_limits, fits)

@@ -105,6 +105,25 @@ class CapacityExecutor(FakeExecutor):
             check_placement(placement)
         return self.free.get(device, 0)
 
+    def most_ranks(self, device: str, placement: str | None = None) -> int:
+        return 4
+
+
+def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blocking(engine) -> None:
+    """Submitted while the cluster was larger: claimed (the executor fails it with the reason),
+    so the jobs of its kind behind it run."""
+    settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),
+                        device_limits={"cpu": 4})  # fmt: skip
+    d = Dispatcher(settings, engine, CapacityExecutor({"cpu": 2}))
+    d.start()
+    try:
+        too_wide = queue.submit(engine, _req(world_size=6, priority=1))[0].id
+        behind = queue.submit(engine, _req(world_size=2))[0].id
+        _wait(lambda: _status(engine, behind).status == "succeeded")
+        assert _status(engine, too_wide).attempts == 1  # it was claimed and handed over
+    finally:
+        d.stop()
+
 
 def test_dispatcher_leaves_what_does_not_fit_queued_and_never_stalls(engine) -> None:
     settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),

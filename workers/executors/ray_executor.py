@@ -172,6 +172,8 @@ class RayExecutor(Executor):
         poll_s: float = 0.25,
         init_options: Mapping[str, Any] | None = None,
     ) -> None:
+        if cpus_per_rank <= 0:
+            raise ValueError(f"cpus_per_rank must be > 0 (a rank's bundle holds CPUs), got {cpus_per_rank}")
         self.address = address or os.environ.get(RAY_ADDRESS_ENV) or None
         self.placement_strategy = check_placement(placement_strategy)
         self.cpu_node_resource = cpu_node_resource
