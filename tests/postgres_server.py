@@ -91,7 +91,8 @@ def _as_postgres(cmd: list[str], check: bool = True) -> subprocess.CompletedProc
         if shutil.which("runuser") is None:
             raise PostgresUnavailable("running as root but `runuser` is missing to drop to user postgres")
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # cwd: a directory user postgres may enter (the test's cwd may be closed to it)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir())
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {res.returncode}: {res.stderr[-2000:]}")
     return res
