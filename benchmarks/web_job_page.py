@@ -164,7 +164,7 @@ def main() -> None:
         ingest_s = time.perf_counter() - t0
         with Session(engine) as s:
             lane_case = s.scalar(select(SampleRow.case_id).where(SampleRow.job_id == lane_id).limit(1))
-        app = create_app(Settings(db_url=url, dispatch=False, executor="inprocess"))
+        app = create_app(Settings(db_url=url, dispatch=False, executor="local"))
         results = []
         with TestClient(app) as client:
             def row(label: str, job_id: int, n: int) -> None:

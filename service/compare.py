@@ -4,22 +4,22 @@ Pure and database-free: the store loader (`service.baselines`) turns jobs into `
 gate and the report render the resulting `Comparison`. Everything is vectorised with numpy so that
 two jobs of 100k samples compare in well under half a second (`benchmarks/compare_bench.py`).
 
-Rules (issue 8, DESIGN "Compare"):
+The rules are `workers.verdict`'s (its docstring says which statistic each kind is judged on and
+the minimum effects); this module applies them to whole jobs at once:
 
-- Samples are raw per rank. The worst rank of each idx is taken first (max for lower-is-better
-  metrics, min for higher-is-better), then statistics run over the idx axis.
-- time: ratio of medians head/base, a percentile bootstrap CI of that ratio (fixed seed, so the
-  same inputs always give the same interval), and a two-sided Mann-Whitney U test when the sample
-  counts can reach significance at all. *regressed* only when significant (p < alpha) and the
-  change is larger than the metric's `min_effect`; *unchanged* when the CI lies inside the
-  ±min_effect band, or the change is below min_effect and significant; *inconclusive* otherwise
-  (noise forbids a verdict); *improved* symmetric.
-- memory: deterministic; the worst value per side; regressed when it grows by more than 1 MiB and
-  more than 1 % (improved symmetric).
-- accuracy: *failed* when the head's worst value breaks the metric's bound (NaN always breaks);
-  *worsened* when it grows more than 2x over the base above a small floor.
-- check: *failed* by its bound only; an unbounded check that moves the wrong way is shown as
-  *inconclusive* (recorded, not judged).
+- Samples are raw per rank. The worst rank of each idx is taken first, then statistics run over
+  the idx axis. Jobs on other hardware, at another world size or with another suite definition
+  version are *incomparable*: every case says so, with the reason, and nothing is computed.
+- time (repeated): ratio of medians head/base, a percentile bootstrap CI of that ratio (fixed
+  seed), and a two-sided Mann-Whitney U test. *regressed* only when significant (p < alpha) and
+  larger than the minimum effect; *unchanged* when the change is within the minimum effect;
+  *inconclusive* when it is larger but not significant (the gate then measures again); *improved*
+  symmetric. A time metric with one value per case (`Metric.repeated` False: derived ratios) and
+  a check are judged by their bound only; a move beyond the minimum effect is *changed* (recorded).
+- memory: the worst value per side; regressed when it grows by more than the minimum effect (1 %)
+  and more than 1 MiB (improved symmetric).
+- accuracy: *failed* when the head's worst value breaks the bound (a non-finite value always
+  does); *worsened* when it grows by more than the minimum effect (2x) above a small floor.
 - trajectory: the worst value over steps against the bound, any NaN/Inf step fails; evidence
   carries the max abs / max rel difference head vs base over the common steps.
 - Cases only in head are *added*, only in base *removed*; a case whose run errored on either side
@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from workers import verdict
 from workers.suite import CaseStatus, Metric, MetricKind
 
 Verdict = Literal[
@@ -49,6 +50,8 @@ Verdict = Literal[
     "removed",
     "errored",
     "skipped",
+    "changed",
+    "incomparable",
 ]
 VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
 
@@ -57,11 +60,13 @@ SEVERITY: dict[str, int] = {
     v: i
     for i, v in enumerate(
         [
+            "incomparable",
             "errored",
             "failed",
             "regressed",
             "worsened",
             "inconclusive",
+            "changed",
             "improved",
             "unchanged",
             "added",
@@ -101,14 +106,12 @@ def unit_bytes(unit: str) -> float:
 class CompareConfig:
     """Thresholds of the rules; defaults are the issue's. Part of every result, for the record."""
 
-    alpha: float = 0.01  # significance level of the Mann-Whitney U test
+    alpha: float = verdict.ALPHA  # significance level of the Mann-Whitney U test
     ci_level: float = 0.95  # bootstrap CI of the ratio of medians
     bootstrap: int = 2000  # bootstrap resamples
     seed: int = 20240611  # bootstrap seed: same inputs -> same CI, whatever else is compared
-    memory_abs_bytes: float = float(MIB)  # memory regresses only above this growth ...
-    memory_rel: float = 0.01  # ... and this relative growth
-    accuracy_factor: float = 2.0  # worsened when head > factor * base ...
-    accuracy_floor: float = 1e-6  # ... and head above this absolute floor ...
+    memory_abs_bytes: float = verdict.MEMORY_MIN_BYTES  # memory regresses only above this growth
+    accuracy_floor: float = verdict.ACCURACY_FLOOR  # worsened only above this absolute floor ...
     accuracy_floor_bound_frac: float = 0.1  # ... and above this fraction of the bound (if any)
 
     def __post_init__(self) -> None:
@@ -118,8 +121,6 @@ class CompareConfig:
             raise ValueError(f"ci_level={self.ci_level!r}; expected 0 < ci_level < 1")
         if self.bootstrap < 100:
             raise ValueError(f"bootstrap={self.bootstrap!r}; expected at least 100 resamples")
-        if self.accuracy_factor <= 1:
-            raise ValueError(f"accuracy_factor={self.accuracy_factor!r}; expected > 1")
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,6 +149,8 @@ class JobRef:
     device: str = ""
     world_size: int = 1
     status: str | None = None
+    device_name: str | None = None  # the hardware the job ran on (rank 0's device name)
+    suite_version: int | None = None  # the suite's definition version the job ran with
 
 
 @dataclass
@@ -529,9 +532,7 @@ def _bootstrap_ratio_ci(
     return sorted_ratios[rows, lo_pos], sorted_ratios[rows, hi_pos]
 
 
-def min_two_sided_p(n1: int, n2: int) -> float:
-    """Smallest two-sided p-value the exact Mann-Whitney U test can give for these counts."""
-    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+min_two_sided_p = verdict.min_two_sided_p
 
 
 @dataclass(slots=True)
@@ -561,9 +562,12 @@ def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) ->
 
 
 def _time_verdict(
-    ratio: float, lo: float, hi: float, p: float, metric: Metric, cfg: CompareConfig
+    ratio: float, lo: float, hi: float, p: float, metric: Metric, cfg: CompareConfig, device: str | None
 ) -> tuple[Verdict, str]:
-    eff = metric.min_effect
+    """Significant and larger than the minimum effect -> regressed/improved; a change within the
+    minimum effect -> unchanged; larger but not (yet) significant -> inconclusive, which the gate
+    measures again until decided (it never passes a gate silently)."""
+    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
     change = ratio - 1.0
     worse = change > 0 if metric.direction == "lower" else change < 0
     testable = p == p
@@ -574,11 +578,9 @@ def _time_verdict(
     if significant and abs(change) > eff:
         why = f"median {pct} ({ptxt}, {ci_txt}; min effect {eff:.0%})"
         return ("regressed" if worse else "improved"), why
-    if lo >= 1 - eff and hi <= 1 + eff:
-        return "unchanged", f"median {pct}, {ci_txt} inside ±{eff:.0%}"
-    if significant:  # significant but smaller than the minimum effect
-        return "unchanged", f"median {pct} below min effect {eff:.0%} ({ptxt})"
-    return "inconclusive", f"median {pct} but noise forbids a verdict ({ptxt}, {ci_txt} exceeds ±{eff:.0%})"
+    if abs(change) <= eff:
+        return "unchanged", f"median {pct} within the min effect ±{eff:.0%} ({ptxt}, {ci_txt})"
+    return "inconclusive", f"median {pct} exceeds ±{eff:.0%} but is not significant ({ptxt}, {ci_txt})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,6 +590,10 @@ def _time_verdict(
 def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -> Comparison:
     """Compare `head` against `base` case by case; cases matched by fingerprint."""
     cfg = config or CompareConfig()
+    why_not = incomparable_reason(base.ref, head.ref)
+    if why_not is not None:
+        return _incomparable(base, head, cfg, why_not)
+    device = head.ref.device or base.ref.device or None
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
     bser = reduce_ranks(base.samples, metrics)
     hser = reduce_ranks(head.samples, metrics)
@@ -640,7 +646,7 @@ def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -
             metric = metrics.get(name) or Metric(name, "", "accuracy")
             hg = hgroups.get((fp, name))
             bg = bgroups.get((fp, name)) if base_usable else None
-            mr = _metric_result(metric, bser, bg, hser, hg, cfg, pending)
+            mr = _metric_result(metric, bser, bg, hser, hg, cfg, pending, device)
             cr.metrics.append(mr)
         undecided.append(cr)
 
@@ -656,10 +662,37 @@ def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -
             metric = metrics.get(mr.metric) or Metric(mr.metric, mr.unit, "time")
             mr.ratio, mr.ci_low, mr.ci_high = r, lo, hi
             mr.p_value = p if p == p else None
-            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, metric, cfg)
+            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, metric, cfg, device)
     for cr in undecided:
         _settle_case(cr, cr.base_status is not None, cr.base_status)
     return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, case_results)
+
+
+def incomparable_reason(base: JobRef, head: JobRef) -> str | None:
+    """Why two jobs' results cannot be compared (other hardware, another definition), or None."""
+    if base.device and head.device and base.device != head.device:
+        return f"device kind {base.device!r} vs {head.device!r}"
+    if base.world_size != head.world_size:
+        return f"world size {base.world_size} vs {head.world_size}"
+    if base.device_name and head.device_name and base.device_name != head.device_name:
+        return f"hardware {base.device_name!r} vs {head.device_name!r}"
+    versions = (base.suite_version, head.suite_version)
+    if None not in versions and versions[0] != versions[1]:
+        return f"suite definition version {versions[0]} vs {versions[1]}"
+    return None
+
+
+def _incomparable(base: JobSide, head: JobSide, cfg: CompareConfig, why: str) -> Comparison:
+    """Every case `incomparable` with the reason: no statistic is computed across a hardware or
+    definition change."""
+    fps = list(dict.fromkeys([*head.cases, *base.cases]))
+    results = []
+    for fp in fps:
+        info = head.cases.get(fp) or base.cases[fp]
+        b, h = base.cases.get(fp), head.cases.get(fp)
+        results.append(CaseResult(fp, info.name, dict(info.params), "incomparable", f"not comparable: {why}",
+                                  b.status if b else None, h.status if h else None))  # fmt: skip
+    return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, results)
 
 
 def _first_line(text: str | None) -> str:
@@ -699,6 +732,7 @@ def _metric_result(
     hg: int | None,
     cfg: CompareConfig,
     pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
+    device: str | None = None,
 ) -> MetricResult:
     d = metric.direction
     mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
@@ -713,19 +747,20 @@ def _metric_result(
     if metric.kind == "trajectory" and bg is not None:
         _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))
 
-    # The head's compared statistic against the bound; NaN/Inf fails every kind.
-    stat_h = mr.head.median if metric.kind == "time" else mr.head.worst
-    if not mr.head.finite:
+    # The head against the bound (workers.verdict: non-finite fails every kind; the judged
+    # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
+    h = mr.head
+    if not h.finite:
         mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
-        mr.reason = f"non-finite value at idx {mr.head.first_nonfinite_idx}"
+        mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
         return mr
     if metric.bound is not None:
-        mr.bound_ok = metric.passes(stat_h)
+        value = h.median if verdict.JUDGED_ON.get(metric.kind) == "median" else h.worst
+        mr.bound_ok = verdict.bound_holds(value, metric.bound, d)
         if not mr.bound_ok:
-            rel = "<=" if d == "lower" else ">="
-            mr.verdict = "failed"
-            mr.reason = f"{stat_h:.4g} breaks bound {rel} {metric.bound:.4g}"
+            stats = verdict.Stats(h.n, 0, h.median, h.p90, h.min, h.max, math.nan, h.worst)
+            mr.verdict, mr.reason = "failed", verdict.judge(metric.kind, d, metric.bound, stats).reason
             return mr
     if mr.base is None:
         mr.verdict, mr.reason = "added", "metric only in head"
@@ -734,9 +769,9 @@ def _metric_result(
         mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
         return mr
 
-    if metric.kind == "time":
+    if metric.kind == "time" and metric.repeated:
         if mr.base.median <= 0 or mr.head.median <= 0:
-            mr.verdict, mr.reason = "inconclusive", "non-positive median time, ratio undefined"
+            mr.verdict, mr.reason = "changed", "non-positive median time, ratio undefined (recorded)"
             return mr
         assert bg is not None and hg is not None
         pending.setdefault((mr.base.n, mr.head.n), []).append((mr, bg, hg))
@@ -744,26 +779,29 @@ def _metric_result(
     if metric.kind == "memory":
         _memory_verdict(mr, metric, cfg)
         return mr
-    if metric.kind == "check":
-        _check_verdict(mr, metric)
+    if metric.kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
+        _recorded_verdict(mr, metric, device)
         return mr
     _accuracy_verdict(mr, metric, cfg)
     return mr
 
 
-def _check_verdict(mr: MetricResult, metric: Metric) -> None:
-    """A check fails only by its bound (handled before); a check without a bound is recorded, so
-    a change the wrong way is shown (inconclusive), never a gate failure."""
+def _recorded_verdict(mr: MetricResult, metric: Metric, device: str | None) -> None:
+    """A check, or a time metric with one value per case: judged only by its bound (above); a
+    move beyond the kind's minimum effect is shown as `changed` (recorded, never a gate failure:
+    for a derived ratio the metrics it derives from carry the verdict)."""
     assert mr.base is not None and mr.head is not None
     b, h = mr.base.worst, mr.head.worst
-    if b == h:
-        mr.verdict, mr.reason = "unchanged", f"{h:g}"
-        return
-    better = h < b if metric.direction == "lower" else h > b
-    if better:
-        mr.verdict, mr.reason = "improved", f"{b:g} -> {h:g}"
+    if metric.kind == "time":
+        b, h = mr.base.median, mr.head.median
+    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
+    moved = verdict.classify_change(metric.kind, metric.direction, b, h, eff)
+    if moved == "same":
+        mr.verdict, mr.reason = "unchanged", f"{h:g}" if b == h else f"{b:.4g} -> {h:.4g}"
+    elif moved == "better":
+        mr.verdict, mr.reason = "improved", f"{b:.4g} -> {h:.4g}"
     else:
-        mr.verdict, mr.reason = "inconclusive", f"{b:g} -> {h:g} (no bound: recorded, not judged)"
+        mr.verdict, mr.reason = "changed", f"{b:.4g} -> {h:.4g} (recorded, not judged)"
 
 
 def _fill_deltas(mr: MetricResult, metric: Metric) -> None:
@@ -797,29 +835,30 @@ def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray,
 
 
 def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
-    """Bytes: > 1 MiB and > 1 %. A memory metric in another unit (a ratio of two peaks) has no
-    absolute scale, so only the relative rule applies to it."""
+    """Bytes: more than the minimum effect (1 % by default) and more than 1 MiB. A memory metric
+    in another unit (a ratio of two peaks) has no absolute scale: only the relative rule applies."""
     assert mr.base is not None and mr.head is not None
     b, h = mr.base.worst, mr.head.worst
+    eff = verdict.min_effect("memory", metric.min_effect)
     grow = (h - b) if metric.direction == "lower" else (b - h)
     rel = grow / abs(b) if b else (math.inf if grow > 0 else 0.0)
     if metric.unit.strip().lower() not in _UNIT_BYTES:
         why = f"{b:.4g} -> {h:.4g} ({rel:+.1%}, {metric.unit or 'no unit'})"
-        if rel > cfg.memory_rel:
+        if rel > eff:
             mr.verdict, mr.reason = "regressed", why
-        elif -rel > cfg.memory_rel:
+        elif -rel > eff:
             mr.verdict, mr.reason = "improved", why
         else:
-            mr.verdict, mr.reason = "unchanged", f"{b:.4g} -> {h:.4g} ({rel:+.1%}) within 1%"
+            mr.verdict, mr.reason = "unchanged", f"{b:.4g} -> {h:.4g} ({rel:+.1%}) within {eff:.0%}"
         return
     grow_bytes = grow * unit_bytes(metric.unit)
     mib = grow_bytes / MIB
-    if grow_bytes > cfg.memory_abs_bytes and rel > cfg.memory_rel:
+    if grow_bytes > cfg.memory_abs_bytes and rel > eff:
         mr.verdict, mr.reason = "regressed", f"grew {mib:+.2f} MiB ({rel:+.1%})"
-    elif -grow_bytes > cfg.memory_abs_bytes and -rel > cfg.memory_rel:
+    elif -grow_bytes > cfg.memory_abs_bytes and -rel > eff:
         mr.verdict, mr.reason = "improved", f"shrank {mib:+.2f} MiB ({rel:+.1%})"
     else:
-        mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or 1%"
+        mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or {eff:.0%}"
 
 
 def _accuracy_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
@@ -828,7 +867,7 @@ def _accuracy_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> N
     floor = cfg.accuracy_floor
     if metric.bound is not None:
         floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
-    f = cfg.accuracy_factor
+    f = 1.0 + verdict.min_effect(metric.kind, metric.min_effect)  # 2x by default
     if metric.direction == "lower":
         worse = h > f * b and h > floor
         better = b > f * h and b > floor

@@ -33,7 +33,7 @@ from workers.executor import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
 from workers.suite import Case as SuiteCase
-from workers.suite import Sample
+from workers.suite import Metric, Sample
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
@@ -146,10 +146,15 @@ class StoreSink:
             store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
 
     def info(self, info: Mapping[str, Any]) -> None:
+        info = dict(info)
+        defs = info.pop("metrics", None)  # the job's own code's metric definitions
         with self._lock, write_tx(self.engine) as s:
             job = s.get(Job, self.job_id)
             if job is None:
                 return
+            if defs:  # what this job's summaries are judged and stored with
+                own = [Metric.from_dict(d) for d in defs]
+                self.metric_ids.update(store.ensure_metrics(s, self.suite, own))
             job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
             store.add_event(s, self.job_id, "info", "", dict(info))
 
@@ -283,6 +288,10 @@ class Dispatcher:
                 store.finish_summary(self.engine, job.id, store.job_attempt(job))
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
+            try:  # before the final status, so a finished job is never seen without its verdict
+                store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
+            except Exception:
+                log.exception("storing the verdict of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):
                 log.warning("job %s was settled elsewhere while it ran; its outcome is dropped", job.id)
         except Exception:
@@ -297,7 +306,8 @@ class Dispatcher:
         spec = JobSpec(
             job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
             device=job.device, world_size=job.world_size, commit=job.commit_sha,
-            deadline_s=self.settings.job_deadline_s, placement=queue.job_placement(job),
+            deadline_s=self.settings.job_deadline_s, cases=tuple(job.cases) if job.cases else None,
+            placement=queue.job_placement(job),
         )  # fmt: skip
         try:
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))

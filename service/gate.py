@@ -1,17 +1,28 @@
 """The per-commit gate: run or reuse jobs for head and base, compare, and decide.
 
 `evaluate_gate` is one idempotent step of a state machine kept entirely in the store: it
-resolves the base, finds or submits each (suite, role) job under an idempotency key derived
-from the gate run's id, and answers `waiting` until every job is final, then `done` with the
-verdict. The API's `POST /api/v1/gate` is exactly one step; the CLI calls it until `done`,
-drawing a progress bar from the jobs it lists. Nothing but jobs is stored, so a gate survives a
-server restart and two gates of one commit share their jobs.
+checks the whole request first (every suite, preset, parameter, device and world size, and the
+refs, before any job is queued), resolves the base, finds or submits each (suite, role) job
+under an idempotency key derived from the gate run's id, and answers `waiting` until every job
+is final, then `done` with the verdict. The API's `POST /api/v1/gate` is exactly one step; the
+CLI calls it until `done`, drawing a progress bar from the jobs it lists. Nothing but jobs is
+stored, so a gate survives a server restart and two gates of one commit share their jobs.
 
-Exit codes: 0 pass, 1 regression or accuracy failure, 2 could not run (a job failed or was
-cancelled, the base cannot be found, the server is down: the infrastructure, not the code).
+Exit codes: 0 pass, 1 regression or failure (a failing metric, or a case that errors at head
+but not at base), 2 could not decide or could not run (a job failed, the base cannot be found,
+the jobs are not comparable, a case errors on both sides, or a time change stays undecided).
+On exit 2 the jobs this gate queued and that are still pending are cancelled.
+
+Enough evidence, or say so: a time metric whose change exceeds its minimum effect but is not
+significant (`inconclusive`) is measured again — `max_rounds` rounds of just those cases, a base
+job then a head job each round (interleaved, so drift on a shared device cancels), pooled with
+what was measured before — until decided; still undecided -> exit 2 naming the cases.
 
 `confirm`: time regressions are re-measured once by a second head job; a regression counts only
 when the re-run regresses too (the re-run compares against the same base job).
+
+The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
+cpu). The default suites: every registered suite that runs on the device at the world size.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.compare import (
     SEVERITY,
@@ -33,7 +44,7 @@ from service.compare import (
 )
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
-Role = Literal["head", "base", "confirm"]
+Role = Literal["head", "base", "confirm", "round-base", "round-head"]
 
 
 class GateRequest(BaseModel):
@@ -46,12 +57,25 @@ class GateRequest(BaseModel):
     base: str | None = Field(None, max_length=255)
     baseline: str | None = Field(None, max_length=100)
     suites: list[str] = Field(
-        default_factory=list, description="empty: every registered suite for the device"
+        default_factory=list,
+        description="empty: every registered suite that runs on the device at the world size",
     )
-    preset: str = "gate"
-    device: str = "cpu"
+    preset: str | None = Field(
+        None, max_length=50, description="null: each suite's gate preset for the device (gate-cpu on cpu)"
+    )
+    device: Literal["cuda", "npu", "cpu"] = "cpu"
     world_size: int = Field(1, ge=1, le=4096)
+    params: dict[str, JsonValue] = Field(
+        default_factory=dict, description="parameter overrides applied to every gated suite"
+    )
     confirm: bool = False
+    reuse: bool = Field(
+        True, description="reuse a commit's existing job of the same setting; false: measure anew "
+        "(the head and base jobs are this gate's own, even for one commit against itself)"
+    )
+    max_rounds: int = Field(
+        3, ge=0, le=20, description="re-measurement rounds for time changes not yet significant"
+    )
     run_id: str = Field(
         "", max_length=64, description="the gate run: jobs it submits are keyed by it (empty: derived)"
     )
@@ -113,6 +137,8 @@ class GateState:
     jobs: list[GateJob] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     confirmations: list[Confirmation] = field(default_factory=list)
+    rounds: int = 0  # re-measurement rounds run
+    undecided: list[str] = field(default_factory=list)  # suite/case names left undecided
     markdown: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +155,8 @@ class GateState:
             "confirmations": [
                 {**to_jsonable(c), "confirmed": c.confirmed} for c in self.confirmations
             ],
+            "rounds": self.rounds,
+            "undecided": list(self.undecided),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "markdown": self.markdown,
         }
@@ -157,19 +185,68 @@ def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
     )
 
 
+def preset_for(req: GateRequest, suite: str) -> str:
+    """The preset a suite is gated with: the request's, or the suite's gate preset for the device."""
+    from workers.registry import get_suite
+
+    return req.preset or get_suite(suite).gate_presets.get(req.device, "gate")
+
+
 def _suites_for(req: GateRequest) -> list[str]:
+    """The suites to gate: the request's, or every registered one that runs on the device at the
+    world size (with a preset for it)."""
     from workers.registry import get_suite, suite_names
+
+    if req.suites:
+        return list(req.suites)
+    names = []
+    for n in suite_names():
+        suite = get_suite(n)
+        preset = req.preset or suite.gate_presets.get(req.device, "gate")
+        if req.device in suite.devices and req.world_size >= suite.min_world_size and preset in suite.presets:
+            names.append(n)
+    if not names:
+        raise GateInputError(
+            f"no suite runs on device {req.device!r} at world size {req.world_size}; "
+            f"registered: {suite_names()}"
+        )
+    return names
+
+
+def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
+    """Every suite of the gate checked as a submission would be (suite, preset, parameters,
+    device, world size, executor limits; the head and a commit base against the commit rule),
+    before anything is queued. Returns the suites; raises GateInputError naming the first problem."""
+    from service import queue
+    from service.baselines import parse_job_ref
+    from workers.registry import get_suite
     from workers.suite import UnknownSuiteInput
 
-    names = req.suites or [n for n in suite_names() if req.device in get_suite(n).devices]
-    if not names:
-        raise GateInputError(f"no suite to gate on device {req.device!r}; registered: {suite_names()}")
-    for name in names:
+    suites = _suites_for(req)
+    commits = [req.head] + ([req.base] if req.base and parse_job_ref(req.base) is None else [])
+    for suite in suites:
         try:
-            get_suite(name).resolve_params(req.preset)
+            get_suite(suite)
         except UnknownSuiteInput as exc:
             raise GateInputError(str(exc)) from exc
-    return names
+        for commit in commits:
+            body = {"suite": suite, "preset": preset_for(req, suite), "params": dict(req.params),
+                    "commit": commit, "device": req.device, "world_size": req.world_size}  # fmt: skip
+            try:
+                queue.validate_request(body, executor)
+            except queue.InvalidJob as exc:
+                raise GateInputError(f"suite {suite!r}: {exc}") from exc
+            except ValueError as exc:  # pydantic: a ref that breaks the commit rule
+                raise GateInputError(f"suite {suite!r}: {_first_error(exc)}") from exc
+    return suites
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}"
+    return str(exc)
 
 
 class CannotRun(RuntimeError):
@@ -185,7 +262,8 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
         from service import queue
 
         if settings is None:
-            job, _ = queue.submit(engine, queue.JobRequest(**kw))
+            cases = kw.pop("cases", None)
+            job, _ = queue.submit(engine, queue.JobRequest(**kw, cases=tuple(cases) if cases else None))
         else:
             try:
                 job, _ = queue.submit_checked(engine, settings, kw, executor)
@@ -195,6 +273,7 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
             wake()
         return int(job.id)
 
+    submit.executor = executor  # type: ignore[attr-defined]  # validate_gate checks its limits
     return submit
 
 
@@ -214,7 +293,7 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     from service.baselines import NotFound, resolve_base
 
     submit = submit or default_submit(engine)
-    suites = _suites_for(req)
+    suites = validate_gate(req, getattr(submit, "executor", None))
     with Session(engine) as s:
         try:
             base = resolve_base(s, req.head, base=req.base, baseline=req.baseline, repo=_service_repo())
@@ -232,14 +311,14 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     try:
         pairs = _jobs(engine, req, suites, base, state, submit)
     except CannotRun as exc:
-        return _done(state, EXIT_INFRA, "error", f"could not run: {exc}")
+        return _give_up(engine, state, f"could not run: {exc}")
     if pairs is None:
         return state
 
     broken = [j for j in state.jobs if j.status in ("failed", "cancelled")]
     if broken:
         why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
-        return _done(state, EXIT_INFRA, "error", f"could not run: {why}")
+        return _give_up(engine, state, f"could not run: {why}")
     if any(j.status != "succeeded" for j in state.jobs):
         state.reason = "waiting for jobs"
         return state
@@ -248,19 +327,123 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
 
     with Session(engine) as s:
         state.comparisons = [compare_jobs(s, b.job_id, h.job_id) for _, h, b in pairs]
+    incomparable = [cmp for cmp in state.comparisons if any(c.verdict == "incomparable" for c in cmp.cases)]
+    if incomparable:
+        why = "; ".join(f"{cmp.suite}: {cmp.cases[0].reason}" for cmp in incomparable)
+        return _give_up(engine, state, f"could not decide: {why}")
+    try:
+        waiting = _measure_again(engine, req, state, pairs, submit)
+    except CannotRun as exc:
+        return _give_up(engine, state, f"could not run a re-measurement: {exc}")
+    if waiting is not None:
+        return waiting
     if req.confirm:
         try:
             waiting = _confirm(engine, req, state, pairs, submit)
         except CannotRun as exc:
-            return _done(state, EXIT_INFRA, "error", f"could not run the confirmation: {exc}")
+            return _give_up(engine, state, f"could not run the confirmation: {exc}")
         if waiting is not None:
             return waiting
-    failing = [(cmp, c) for cmp in state.comparisons for c in cmp.failing_cases()]
+    failing = [(cmp, c) for cmp in state.comparisons for c in cmp.failing_cases() if not _errored_both(c)]
     if failing:
         names = ", ".join(f"{cmp.suite}/{c.name} ({c.verdict})" for cmp, c in failing[:10])
         more = f" and {len(failing) - 10} more" if len(failing) > 10 else ""
         return _done(state, EXIT_FAIL, "fail", f"{len(failing)} failing case(s): {names}{more}")
+    both = [f"{cmp.suite}/{c.name}" for cmp in state.comparisons for c in cmp.cases if _errored_both(c)]
+    if both:
+        why = f"could not decide: case(s) error on both sides: {', '.join(both[:10])}"
+        return _give_up(engine, state, why)
+    undecided = _undecided(state.comparisons)
+    if undecided:
+        state.undecided = [f"{suite}/{case}" for suite, case in undecided]
+        return _give_up(
+            engine, state,
+            f"could not decide after {state.rounds} re-measurement round(s): time changes beyond the "
+            f"minimum effect but not significant in {', '.join(state.undecided[:10])}",
+        )  # fmt: skip
     return _done(state, EXIT_PASS, "pass", "no regression, every bound holds")
+
+
+def _errored_both(c: CaseResult) -> bool:
+    return c.base_status == "error" and c.head_status == "error"
+
+
+def _undecided(comparisons: Sequence[Comparison]) -> list[tuple[str, str]]:
+    """(suite, case name) of every case with a time change beyond its minimum effect that is not
+    significant yet."""
+    return [
+        (cmp.suite, c.name)
+        for cmp in comparisons
+        for c in cmp.cases
+        if any(m.verdict == "inconclusive" and m.kind == "time" for m in c.metrics)
+    ]
+
+
+def _measure_again(
+    engine: Any,
+    req: GateRequest,
+    state: GateState,
+    pairs: Sequence[tuple[str, GateJob, GateJob]],
+    submit: SubmitFn,
+) -> GateState | None:
+    """Re-measure the undecided cases, round by round (a base job, then a head job, of just those
+    cases), pooling every round with the first jobs, until decided or `max_rounds` are spent.
+    Returns a waiting/error state while a round runs or broke, else None (the comparisons are
+    the pooled ones)."""
+    from sqlalchemy.orm import Session
+
+    from service.baselines import compare_pooled
+
+    pools = {suite: ([base.job_id], [head.job_id]) for suite, head, base in pairs}
+    for rnd in range(1, req.max_rounds + 1):
+        undecided: dict[str, list[str]] = {}
+        for suite, case in _undecided(state.comparisons):
+            undecided.setdefault(suite, []).append(case)
+        if not undecided:
+            return None
+        round_jobs: list[tuple[str, GateJob, GateJob]] = []
+        for suite, names in undecided.items():
+            head = next(h for s_, h, _ in pairs if s_ == suite)
+            base = next(b for s_, _, b in pairs if s_ == suite)
+            extra = f":r{rnd}:{head.job_id}:{base.job_id}"
+            b = _ensure_job(engine, req, suite, "round-base", base.commit or state.base or "", submit,
+                            key_extra=extra, cases=names, like=base)  # fmt: skip
+            h = _ensure_job(engine, req, suite, "round-head", req.head, submit, key_extra=extra, cases=names,
+                            like=head)  # fmt: skip
+            state.jobs += [b, h]
+            round_jobs.append((suite, h, b))
+        broken = [j for _, h, b in round_jobs for j in (b, h) if j.status in ("failed", "cancelled")]
+        if broken:
+            why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}"
+                            for j in broken)  # fmt: skip
+            return _give_up(engine, state, f"could not run a re-measurement: {why}")
+        if any(j.status != "succeeded" for _, h, b in round_jobs for j in (b, h)):
+            state.reason = f"re-measuring {sum(map(len, undecided.values()))} undecided case(s), round {rnd}"
+            return state
+        state.rounds = rnd
+        for suite, h, b in round_jobs:
+            pools[suite][0].append(b.job_id)
+            pools[suite][1].append(h.job_id)
+        with Session(engine) as s:
+            state.comparisons = [compare_pooled(s, *pools[suite]) for suite, _, _ in pairs]
+    return None
+
+
+def _give_up(engine: Any, state: GateState, reason: str) -> GateState:
+    """Exit 2; the jobs this gate queued that have not ended are cancelled (reused ones stay)."""
+    from service import queue
+
+    cancelled = []
+    for j in state.jobs:
+        if not j.reused and j.status in ("queued", "running"):
+            try:
+                queue.cancel(engine, j.job_id)
+                cancelled.append(j.job_id)
+            except (queue.JobNotFound, queue.JobConflict):
+                continue  # ended meanwhile
+    if cancelled:
+        reason = f"{reason} (cancelled the gate's pending job(s) {cancelled})"
+    return _done(state, EXIT_INFRA, "error", reason)
 
 
 def _jobs(
@@ -273,7 +456,7 @@ def _jobs(
         if base.kind == "job":
             base_job = _existing_job(engine, int(base.value), "base")
             if base_job is None:
-                _done(state, EXIT_INFRA, "error", f"base job {base.value} does not exist")
+                _give_up(engine, state, f"base job {base.value} does not exist")
                 return None
             if base_job.suite != suite:
                 raise GateInputError(
@@ -312,38 +495,53 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
 
 
 def _ensure_job(
-    engine: Any, req: GateRequest, suite: str, role: Role, commit: str, submit: SubmitFn, key_extra: str = ""
+    engine: Any,
+    req: GateRequest,
+    suite: str,
+    role: Role,
+    commit: str,
+    submit: SubmitFn,
+    key_extra: str = "",
+    cases: Sequence[str] | None = None,
+    like: GateJob | None = None,
 ) -> GateJob:
-    """This gate's job for (suite, role): its own keyed job if submitted before, else the newest
-    succeeded or in-flight job of the commit, else a new one."""
+    """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
+    base only) the newest succeeded or in-flight job of the commit with the same setting, else a
+    new one. `cases`: run only these (re-measurements); `like`: the job whose setting it repeats."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     from service.baselines import find_commit_job
     from service.models import Job
 
+    preset = preset_for(req, suite)
     key = f"gate:{req.key()}:{role}:{suite}:{commit}{key_extra}"[:200]
     with Session(engine) as s:
         own = s.scalars(select(Job).where(Job.idempotency_key == key)).first()
         if own is not None:
             return _job_view(own, role, False)
-        if role != "confirm":
+        if role in ("head", "base") and req.reuse:
             for statuses in (("succeeded",), ("running", "queued")):
                 found = find_commit_job(
-                    s, commit, suite, preset=req.preset, device=req.device, world_size=req.world_size,
-                    params={}, statuses=statuses,
+                    s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
+                    params=dict(req.params), statuses=statuses,
                 )  # fmt: skip
-                if found is not None:
+                if found is not None and not found.cases:
                     return _job_view(found, role, True)
+        if like is not None:
+            template = s.get(Job, like.job_id)
+            preset = template.preset if template is not None else preset
+    extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     job_id = submit(
         suite=suite,
-        preset=req.preset,
-        params={},
+        preset=preset,
+        params=dict(req.params),
         commit=commit,
         device=req.device,
         world_size=req.world_size,
         idempotency_key=key,
         labels={"gate": req.key(), "role": role},
+        **extra,
     )
     with Session(engine) as s:
         return _job_view(s.get(Job, job_id), role, False)
@@ -371,7 +569,7 @@ def _confirm(
     broken = [j for _, j in reruns if j.status in ("failed", "cancelled")]
     if broken:
         why = "; ".join(f"confirm job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
-        return _done(state, EXIT_INFRA, "error", f"could not run: {why}")
+        return _give_up(engine, state, f"could not run: {why}")
     if any(j.status != "succeeded" for _, j in reruns):
         state.reason = "re-running time regressions to confirm them"
         return state
@@ -394,8 +592,9 @@ def _confirm(
 
 
 def _unconfirm(case: CaseResult, metric: MetricResult, conf: Confirmation) -> None:
-    """A regression the re-run did not reproduce: recorded as inconclusive, with both reasons."""
-    metric.verdict = "inconclusive"
+    """A regression the re-run did not reproduce: recorded as `changed` (shown, never failing,
+    never re-measured), with both reasons."""
+    metric.verdict = "changed"
     metric.reason = (
         f"not confirmed: first run {conf.first_reason}; re-run job {conf.rerun_job} "
         f"{conf.rerun_verdict}: {conf.rerun_reason}"

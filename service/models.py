@@ -29,6 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+JOB_VERDICTS: tuple[str, ...] = ("passed", "failed", "errored")
 FINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 CASE_STATUSES: tuple[str, ...] = ("passed", "failed", "error", "expected_error", "skipped")
 
@@ -101,6 +102,10 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # whether the code passed (workers.verdict.job_verdict), apart from whether the job ran
+    verdict: Mapped[str | None] = mapped_column(String(10))
+    case_counts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    cases: Mapped[list[str] | None] = mapped_column(JSON)  # None: every case of the preset
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None]
@@ -230,6 +235,11 @@ class SummaryRow(Base):
     min: Mapped[float | None] = mapped_column(Float)
     max: Mapped[float | None] = mapped_column(Float)
     mean: Mapped[float | None] = mapped_column(Float)
+    # the definition it was judged with, copied from the metric when written
+    kind: Mapped[str | None] = mapped_column(String(20))
+    direction: Mapped[str | None] = mapped_column(String(10))
+    bound: Mapped[float | None] = mapped_column(Float)
+    nonfinite: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),)
 

@@ -30,7 +30,7 @@ from service.models import FINAL_STATUSES, Job, utcnow
 from service.store import add_event, ensure_commit
 from workers.executor import PLACEMENT_LABEL, Executor, check_placement
 from workers.registry import get_suite
-from workers.suite import UnknownSuiteInput
+from workers.suite import UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -59,10 +59,12 @@ class JobRequest:
     priority: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     idempotency_key: str | None = None
+    cases: tuple[str, ...] | None = None
 
     def same_as(self, job: Job) -> bool:
         return (
-            job.suite == self.suite
+            (tuple(job.cases) if job.cases else None) == self.cases
+            and job.suite == self.suite
             and job.preset == self.preset
             and dict(job.params or {}) == dict(self.params)
             and job.commit_sha == self.commit
@@ -105,6 +107,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
                     priority=req.priority,
                     labels=dict(req.labels),
                     idempotency_key=req.idempotency_key,
+                    cases=list(req.cases) if req.cases else None,
                     status="queued",
                 )
                 s.add(job)
@@ -320,6 +323,8 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
     try:
         suite = get_suite(req.suite)
         params = suite.resolve_params(req.preset, req.params)
+        if req.cases:
+            select_cases(suite.cases(params), list(req.cases))
     except UnknownSuiteInput as exc:
         raise InvalidJob(str(exc)) from exc
     except Exception as exc:
@@ -358,6 +363,7 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
         priority=req.priority,
         labels=dict(req.labels),
         idempotency_key=req.idempotency_key,
+        cases=tuple(req.cases) if req.cases else None,
     )
 
 

@@ -35,6 +35,8 @@ VERDICT_MARK = {
     "added": "➕ added",
     "removed": "➖ removed",
     "skipped": "skipped",
+    "changed": "🔵 changed (recorded)",
+    "incomparable": "⚠️ not comparable",
 }
 
 
@@ -187,6 +189,7 @@ class JobData:
     cases: list[Any]  # store.CaseSummary (fits service.web.views.CaseStats)
     started: Any = None
     finished: Any = None
+    verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
@@ -199,6 +202,7 @@ def load_job_data(session: Session, job_id: int) -> JobData:
     return JobData(
         job.id, job.suite, job.preset, job.status, job.commit_sha, job.device, job.world_size, job.error,
         dict(job.info or {}), store.case_summaries(session, job_id), job.started_at, job.finished_at,
+        job.verdict,
     )  # fmt: skip
 
 
@@ -257,7 +261,7 @@ def job_report_markdown(
         counts: dict[str, int] = {}
         for cv in views.case_views(j.cases):
             counts[cv.status] = counts.get(cv.status, 0) + 1
-        verdict, _ = views.job_verdict(j.status, _status_counts(j))
+        verdict, _ = views.job_verdict(j.status, j.verdict, _status_counts(j))
         case_text = ", ".join(f"{n} {w}" for w, n in sorted(counts.items())) or "no cases"
         vrows.append([link(f"#{j.job_id}", _job_url(base_url, j.job_id)), md_escape(j.suite),
                       md_escape(verdict), md_escape(case_text),

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from workers.executor import check_placement
 
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
-BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray", "inprocess")
+BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")
 _FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     protect_reads: bool = Field(False, description="also require the token for read calls")
     executor: str = Field(
         "local",
-        description="executor kind: local | ray | inprocess, or a 'module:factory' path (plugins, tests)",
+        description="executor kind: local | ray, or a 'module:factory' path (plugins, tests)",
     )
     ray_address: str | None = Field(None, description="Ray cluster address for the ray executor")
     placement: str = Field(

@@ -34,6 +34,7 @@ from service.models import (
     SampleRow,
     SummaryRow,
 )
+from workers import verdict
 from workers.suite import Case as SuiteCase
 from workers.suite import Metric
 
@@ -71,7 +72,7 @@ def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> d
             session.add(row)
             existing[m.name] = row
         row.unit, row.kind, row.direction, row.bound = m.unit, m.kind, m.direction, m.bound
-        row.description, row.min_effect = m.description, m.min_effect
+        row.description, row.min_effect = m.description, verdict.min_effect(m.kind, m.min_effect)
     session.flush()
     return {name: row.id for name, row in existing.items()}
 
@@ -274,13 +275,14 @@ def job_events(
 
 @dataclass
 class MetricSummary:
-    """Statistics of one metric of one case in one job, after the worst-rank reduction."""
+    """Statistics of one metric of one case in one job, after the worst-rank reduction
+    (`workers.verdict`: statistics of the finite values, non-finite ones counted)."""
 
     metric: str
     unit: str
     kind: str
     direction: str
-    bound: float | None
+    bound: float | None  # the bound it was judged with (copied onto the stored row)
     count: int  # number of idx values (after the rank reduction)
     samples: int  # raw rows (all ranks)
     ranks: int
@@ -289,7 +291,26 @@ class MetricSummary:
     min: float
     max: float
     mean: float
-    passes: bool | None  # the bound applied to the median (None when the metric has no bound)
+    passes: bool | None  # workers.verdict.judge (None when the metric has no bound and is finite)
+    nonfinite: int = 0
+
+    @property
+    def stats(self) -> verdict.Stats:
+        worst = math.nan if self.nonfinite else (self.max if self.direction == "lower" else self.min)
+        return verdict.Stats(self.count, self.nonfinite, self.median, self.p90, self.min, self.max,
+                             self.mean, worst)  # fmt: skip
+
+
+def _summary(
+    name: str, unit: str, kind: str, direction: str, bound: float | None, stats: verdict.Stats,
+    samples: int, ranks: int,
+) -> MetricSummary:
+    judged = verdict.judge(kind, direction, bound, stats)
+    return MetricSummary(
+        metric=name, unit=unit, kind=kind, direction=direction, bound=bound, count=stats.n,
+        samples=samples, ranks=ranks, median=stats.median, p90=stats.p90, min=stats.min,
+        max=stats.max, mean=stats.mean, passes=judged.ok, nonfinite=stats.nonfinite,
+    )  # fmt: skip
 
 
 @dataclass
@@ -302,22 +323,6 @@ class CaseSummary:
     error: str | None
     expected_error: str | None
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
-
-
-def _stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
-    if values.size == 0:
-        nan = math.nan
-        return nan, nan, nan, nan, nan
-    if np.isnan(values).any():  # a NaN anywhere is the worst possible outcome: keep it visible
-        nan = math.nan
-        return nan, nan, nan, nan, nan
-    return (
-        float(np.median(values)),
-        float(np.percentile(values, 90)),
-        float(values.min()),
-        float(values.max()),
-        float(values.mean()),
-    )
 
 
 def worst_rank_arrays(
@@ -441,14 +446,6 @@ def _parse(text: str | None, nans: int) -> np.ndarray:
     return values
 
 
-def _passes(m: MetricDef, med: float) -> bool | None:
-    if m.bound is None:
-        return None
-    if med != med:
-        return False
-    return med <= m.bound if m.direction == "lower" else med >= m.bound
-
-
 def _nan(v: float | None) -> float:
     return math.nan if v is None else v
 
@@ -471,26 +468,8 @@ def compute_summary(
     out: dict[tuple[int, int], MetricSummary] = {}
     for key, wr in arrays.items():
         m = metrics[key[1]]
-        values = wr.values
-        med, p90, lo, hi, mean = _stats(values)
-        passes = _passes(m, med)
-        n, ranks = wr.samples, wr.ranks
-        out[key] = MetricSummary(
-            metric=m.name,
-            unit=m.unit,
-            kind=m.kind,
-            direction=m.direction,
-            bound=m.bound,
-            count=int(values.size),
-            samples=n,
-            ranks=ranks,
-            median=med,
-            p90=p90,
-            min=lo,
-            max=hi,
-            mean=mean,
-            passes=passes,
-        )
+        stats = verdict.summarise_array(wr.values, m.direction)
+        out[key] = _summary(m.name, m.unit, m.kind, m.direction, m.bound, stats, wr.samples, wr.ranks)
     return out
 
 
@@ -544,6 +523,10 @@ def _add_rows(
             min=_none(ms.min),
             max=_none(ms.max),
             mean=_none(ms.mean),
+            kind=ms.kind,
+            direction=ms.direction,
+            bound=ms.bound,
+            nonfinite=ms.nonfinite,
         )
         for (c, m), ms in summary.items()
     )
@@ -591,25 +574,20 @@ def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[in
         .join(MetricDef, MetricDef.id == SummaryRow.metric_id)
         .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt)
     ).all()
-    return {
-        (r.case_id, r.metric_id): MetricSummary(
-            metric=m.name,
-            unit=m.unit,
-            kind=m.kind,
-            direction=m.direction,
-            bound=m.bound,
-            count=r.count,
-            samples=r.samples,
-            ranks=r.ranks,
-            median=_nan(r.median),
-            p90=_nan(r.p90),
-            min=_nan(r.min),
-            max=_nan(r.max),
-            mean=_nan(r.mean),
-            passes=_passes(m, _nan(r.median)),
+    out = {}
+    for r, m in rows:
+        # judged with the definition stored on the row (a later change of the bound never
+        # re-judges an old job); rows written before that was stored take the metric's
+        kind, direction = r.kind or m.kind, r.direction or m.direction
+        bound = r.bound if r.kind is not None else m.bound
+        lo, hi = _nan(r.min), _nan(r.max)
+        worst = math.nan if r.nonfinite else (hi if direction == "lower" else lo)
+        stats = verdict.Stats(
+            r.count, r.nonfinite or 0, _nan(r.median), _nan(r.p90), lo, hi, _nan(r.mean), worst
         )
-        for r, m in rows
-    }
+        out[(r.case_id, r.metric_id)] = _summary(m.name, m.unit, kind, direction, bound, stats, r.samples,
+                                                 r.ranks)  # fmt: skip
+    return out
 
 
 def pending_summary(
@@ -635,6 +613,21 @@ def finish_summary(engine: Engine, job_id: int, attempt: int) -> int:
         drop_earlier_summaries(session, job_id, attempt)
         drop_earlier_case_results(session, job_id, attempt)
     return n
+
+
+def record_verdict(engine: Engine, job_id: int, *, ran: bool) -> verdict.JobVerdictCounts | None:
+    """The job's verdict from its latest attempt's case results (`workers.verdict.job_verdict`),
+    stored on the job: `ran` False (the job failed or was cancelled) makes it `errored`, and so
+    do cases the job announced but never reported."""
+    with write_tx(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        statuses = [r.status for r in latest_case_results(session, job_id)]
+        expected = len(job.cases) if job.cases else (job.progress_total or None)
+        judged = verdict.job_verdict(statuses, ran=ran, expected=expected)
+        job.verdict, job.case_counts = judged.verdict, dict(judged.counts)
+    return judged
 
 
 def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:

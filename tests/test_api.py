@@ -597,7 +597,7 @@ def test_demo_queues_one_quick_job_into_an_empty_store(tmp_path: Path) -> None:
     from service.app import create_app
     from service.settings import Settings
 
-    settings = Settings(db_url=f"sqlite:///{tmp_path / 'demo.db'}", executor="inprocess", dispatch=False)
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'demo.db'}", executor="local", dispatch=False)
     for _ in range(2):
         with TestClient(create_app(settings, demo=True)) as client:
             jobs = client.get("/api/v1/jobs").json()["items"]

@@ -57,7 +57,7 @@ def _retry(engine: Any, job_id: int) -> Job:
 def _client(engine: Any, tmp_path: Path) -> TestClient:
     from service.app import create_app
 
-    return TestClient(create_app(Settings(db_url=str(engine.url), dispatch=False, executor="inprocess",
+    return TestClient(create_app(Settings(db_url=str(engine.url), dispatch=False, executor="local",
                                           artifacts_dir=tmp_path / "artifacts")))  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
         job = s.get(Job, job_id)
         listed = queries.job_case_counts(s, [job_id]).get(job_id, {})
         compared = {c.name: c.status for c in load_side(s, job_id).cases.values()}
-        verdict = views.job_verdict(job.status, listed)[0]
+        verdict = views.job_verdict(job.status, job.verdict, listed)[0]
     rows = client.get("/jobs").text
     return {"api": api, "page": badges, "list": listed, "verdict": verdict, "compare": compared,
             "list_page": rows}  # fmt: skip
@@ -93,7 +93,7 @@ def _rows(engine: Any, job_id: int) -> list[tuple[int, str, str]]:
 def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over_it(
     engine: Any, tmp_path: Path
 ) -> None:
-    settings = Settings(db_url=str(engine.url), dispatch=False, executor="inprocess")
+    settings = Settings(db_url=str(engine.url), dispatch=False, executor="local")
     submitted = queue.submit_job(engine, settings, {"suite": FAKE, "params": {"cases": 3}}, None)
     job = queue.claim(engine, "first", LIMITS)
     assert job is not None and job.id == submitted.id and job.attempts == 1

@@ -113,7 +113,7 @@ def test_a_case_summary_is_stored_at_its_end_and_the_running_page_reads_it(
 def create_app_for(engine, tmp_path: Path):
     from service.app import create_app
 
-    return create_app(Settings(db_url=str(engine.url), dispatch=False, executor="inprocess",
+    return create_app(Settings(db_url=str(engine.url), dispatch=False, executor="local",
                                artifacts_dir=tmp_path / "artifacts"))  # fmt: skip
 
 
@@ -199,7 +199,7 @@ def test_dispatcher_run_stores_each_case_as_it_ends(engine, tmp_path: Path, monk
         return n
 
     monkeypatch.setattr(store, "finish_summary", finish_spy)
-    settings = Settings(db_url=str(engine.url), executor="inprocess", poll_interval_s=0.05,
+    settings = Settings(db_url=str(engine.url), executor="local", poll_interval_s=0.05,
                         artifacts_dir=tmp_path / "artifacts")  # fmt: skip
     executor = FakeExecutor()
     body = {"suite": FAKE, "params": {"cases": 3, "samples": 25, "ranks": 2}, "world_size": 2}

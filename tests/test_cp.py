@@ -32,7 +32,8 @@ def _config():
 
 def _rank_all_modes(rank: int, world: int) -> dict[str, Any]:
     from gdn.cp import CPConfig
-    from gdn.cp.compare import LayerCase, compare_layer, worst_rel_l2
+    from gdn.cp.compare import LayerCase, compare_layer
+    from workers.measure import worst_rel_l2
 
     out: dict[str, Any] = {}
     for mode in MODES:
@@ -201,7 +202,11 @@ def _rank_stack(rank: int, world: int) -> dict[str, float]:
     from torch.utils.checkpoint import checkpoint
 
     from gdn.cp import CPConfig, shard_sequence
-    from gdn.cp.compare import rel_l2, sum_param_grads
+    from gdn.cp.compare import sum_param_grads
+    from workers.measure import tensor_error
+
+    def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+        return tensor_error(a, b).rel_l2
     from gdn.layer import GatedDeltaNet, gdn_layer_init_
 
     def stack(cp):

@@ -30,9 +30,12 @@ from service.models import Commit, Job
 from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
-SLOW = {C}
+N, NB, R = "1" * 40, "3" * 40, "2" * 40
+SLOW = {C, N}
 NOISY_ONCE = {D}
 BROKEN = {X}
+NOISY = {N, NB}  # 30% noise: a 30% slow-down is not significant from one job of each side
+ERRORS = {R}  # the case raises
 
 
 class FakeRunner:
@@ -63,11 +66,13 @@ class FakeRunner:
             (case,) = SUITE.cases(params)
             mids = store.ensure_metrics(s, SUITE.name, SUITE.metrics)
             cid = store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
-            store.set_case_result(s, job_id, cid, "passed", None)
+            store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
+                                  "Traceback: boom" if sha in ERRORS else None)  # fmt: skip
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
+        noise = 0.3 if sha in NOISY else 0.01
         rng = np.random.default_rng(job_id)
-        rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + 0.01 * rng.standard_normal()))
+        rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
                 for i in range(params.repeats)]  # fmt: skip
         rows.append((cid, mids["err"], 0, 0, 1e-4))
         store.insert_samples(self.engine, job_id, rows)
@@ -124,7 +129,7 @@ def test_confirm_ignores_a_one_off_slow_run_and_keeps_a_real_regression(env) -> 
     assert noisy.exit_code == EXIT_PASS, noisy.markdown
     (conf,) = noisy.confirmations
     assert not conf.confirmed and conf.rerun_verdict == "unchanged"
-    assert sleep_metric(noisy).verdict == "inconclusive" and "not confirmed" in sleep_metric(noisy).reason
+    assert sleep_metric(noisy).verdict == "changed" and "not confirmed" in sleep_metric(noisy).reason
     assert [j.role for j in noisy.jobs] == ["head", "base", "confirm"]
     assert conf.first_reason.startswith("median +3")  # the first run did regress by ~30%
     # a later gate of D reuses D's newest job: the re-run, not the noisy first run
@@ -193,3 +198,64 @@ def test_bad_requests_name_the_problem(env) -> None:
     with pytest.raises(GateInputError, match="not both"):
         gate(env, head=B, base=A, baseline="main")
     assert runner.submitted == []
+
+
+def test_everything_is_validated_before_a_job_is_queued(env) -> None:
+    engine, runner = env
+    with pytest.raises(GateInputError, match="unknown parameter"):
+        gate(env, head=B, base=A, params={"no_such_param": 1})
+    with pytest.raises(GateInputError, match="commit must be"):
+        gate(env, head=B, base="../x")
+    with pytest.raises(GateInputError, match="invalid parameters"):
+        gate(env, head=B, base=A, params={"repeats": "many"})
+    assert runner.submitted == []
+    ok = gate(env, head=B, base=A, params={"repeats": 12})  # overrides reach every job
+    assert ok.exit_code == EXIT_PASS
+    with Session(engine) as s:
+        assert {s.get(Job, j.job_id).params["repeats"] for j in ok.jobs} == {12}
+
+
+def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
+    from service.gate import _suites_for
+
+    cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
+    assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
+    assert "stability" in _suites_for(GateRequest(head=B, device="cpu", world_size=2))
+    assert "gdn-op" not in _suites_for(GateRequest(head=B, device="npu", world_size=2))
+
+
+def test_an_error_at_head_only_is_a_regression_and_on_both_sides_undecidable(env) -> None:
+    head_only = gate(env, head=R, base=B)
+    assert head_only.exit_code == EXIT_FAIL and "errored" in head_only.reason
+    both = gate(env, head=R, base=R, reuse=False)
+    assert both.exit_code == EXIT_INFRA and "error on both sides" in both.reason
+    assert "gatetime/sleep" in both.reason
+
+
+def test_giving_up_cancels_the_jobs_the_gate_queued(env) -> None:
+    engine, runner = env
+    runner.run_now = False
+    gate(env, head=B, base=A, run_id="g")
+    head_id, base_id = runner.submitted
+    with Session(engine) as s, s.begin():
+        s.execute(update(Job).where(Job.id == base_id).values(status="failed", error="rank 0 died"))
+    state = gate(env, head=B, base=A, run_id="g")
+    assert state.exit_code == EXIT_INFRA
+    assert f"cancelled the gate's pending job(s) [{head_id}]" in state.reason
+    with Session(engine) as s:
+        assert s.get(Job, head_id).status == "cancelled"
+
+
+def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(env) -> None:
+    undecided = gate(env, head=N, base=NB, max_rounds=0)
+    assert undecided.exit_code == EXIT_INFRA, undecided.markdown
+    assert undecided.undecided == ["gatetime/sleep"] and "could not decide" in undecided.reason
+    decided = gate(env, head=N, base=NB, max_rounds=5)  # the same first jobs, then rounds
+    assert decided.rounds >= 1, decided.markdown
+    roles = [j.role for j in decided.jobs]
+    assert roles[:2] == ["head", "base"] and roles[2:4] == ["round-base", "round-head"]
+    ids = [j.job_id for j in decided.jobs]
+    assert ids[2] < ids[3]  # each round's base job is queued before its head job
+    assert decided.exit_code == EXIT_FAIL and sleep_metric(decided).verdict == "regressed"
+    m = sleep_metric(decided)
+    assert m.head is not None and m.head.n == 10 * (decided.rounds + 1)  # every round pooled

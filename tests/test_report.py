@@ -113,7 +113,7 @@ def test_report_renders_every_section_with_stored_numbers_and_links(engine) -> N
     env = section(md, "Environment")
     for fact in ("NVIDIA H200 (cuda × 4)", "cuda 12.8", "2.13.0", "3.9.0", "`111111111111`"):
         assert fact in env, fact
-    assert "passed (7)" in section(md, "Verdicts")
+    assert "passed (7 cases)" in section(md, "Verdicts")
     cap = section(md, "Capability checks")
     assert "triton_available" in cap and "✓" in cap and link in cap
     acc = section(md, "GDN accuracy matrix")

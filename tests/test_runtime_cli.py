@@ -29,14 +29,16 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
             "--param", "fault=case_error", "--json", str(report)]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1, result.output
-    assert "bounded" in result.output and "3/5 cases passed" in result.output
+    assert "bounded" in result.output
+    assert "verdict errored (1 error, 1 failed, 1 expected_error, 2 passed)" in result.output
     assert "RuntimeError: probe fault on rank" in result.output
     doc = json.loads(report.read_text())
     assert doc["status"] == "succeeded" and doc["exit_code"] == 1 and doc["world_size"] == 2
     assert doc["overrides"] == {"bound_violation": True, "repeats": 2, "fault": "case_error"}
     cases = {c["name"]: c for c in doc["cases"]}
     assert cases["bounded"]["status"] == "failed"
-    assert "value[idx 0] = 2 on rank 0, expected <= 1.0" in cases["bounded"]["error"]
+    assert "value worst 2 breaks bound <= 1" in cases["bounded"]["error"]  # over both ranks
+    assert doc["verdict"] == "errored" and doc["case_counts"]["error"] == 1
     assert cases["collective"]["status"] == "passed" and len(cases["collective"]["fingerprint"]) == 20
     assert cases["fault"]["status"] == "error"
     assert "RuntimeError: probe fault on rank" in cases["fault"]["error"]

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import db, store
+from service.baselines import load_side
 from service.models import Base, CaseResult, Job, SampleRow
 from workers.suite import Case, Metric
 
@@ -182,7 +183,9 @@ def test_nan_on_one_rank_poisons_the_summary(engine) -> None:
     with Session(engine) as s:
         ms = store.case_summaries(s, job_id)[0].metrics["t_ms"]
         page, _ = store.list_samples(s, job_id)
-    assert math.isnan(ms.median) and ms.passes is False and ms.samples == 8
+    # the NaN idx is counted as a failed sample (never dropped); the statistics are the finite ones
+    assert ms.nonfinite == 1 and ms.count == 4 and ms.passes is False and ms.samples == 8
+    assert ms.median == 1.0 and math.isnan(ms.stats.worst)
     assert sum(math.isnan(v.value) for v in page) == 1
 
 
@@ -260,3 +263,17 @@ def test_cli_modules_import_without_service_dependencies() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_later_bound_never_re_judges_a_stored_summary(engine) -> None:
+    job_id, cids, mids = _job(engine, world_size=1)
+    store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 4.0) for i in range(5)])
+    with Session(engine) as s, s.begin():
+        store.store_summary(s, job_id)
+    with Session(engine) as s, s.begin():  # a later job's code tightens the bound to 3 ms
+        store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time", "lower", bound=3.0)])
+    with Session(engine) as s:
+        ms = store.summarize_job(s, job_id)[(cids["c0"], mids["t_ms"])]
+        side = load_side(s, job_id)
+    assert ms.bound == 5.0 and ms.passes is True  # judged as it was judged when it ran
+    assert side.metrics["t_ms"].bound == 5.0  # and compared with that definition

@@ -253,12 +253,12 @@ def _serving(
             proc.kill()
 
 
-# The real app with its dispatcher and the in-process executor (the submit test runs a real job).
+# The real app with its dispatcher and the local executor (the submit test runs a real job).
 SERVER = """
 import sys, uvicorn
 from service.settings import Settings
 settings = Settings(db_url=sys.argv[1], api_token=sys.argv[2], artifacts_dir=sys.argv[4],
-                    executor="inprocess", lease_s=3600, poll_interval_s=0.2)
+                    executor="local", lease_s=3600, poll_interval_s=0.2)
 from service.app import create_app
 uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
@@ -590,7 +590,7 @@ PROTECTED_SERVER = """
 import sys, uvicorn
 from service.settings import Settings
 settings = Settings(db_url=sys.argv[1], api_token=sys.argv[2], artifacts_dir=sys.argv[4], protect_reads=True,
-                    dispatch=False, executor="inprocess")
+                    dispatch=False, executor="local")
 from service.app import create_app
 uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """

@@ -16,7 +16,7 @@ TOKEN = "s3cret"
 @pytest.fixture
 def client(tmp_path: Path) -> TestClient:
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'web.db'}", api_token=TOKEN, protect_reads=True,
-                        dispatch=False, executor="inprocess", artifacts_dir=tmp_path / "a")
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")
     with TestClient(create_app(settings), follow_redirects=False) as c:
         yield c
 
@@ -48,7 +48,7 @@ def test_login_never_redirects_off_site(client: TestClient) -> None:
 
 def test_open_service_needs_no_login(tmp_path: Path) -> None:
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'open.db'}", api_token=TOKEN, dispatch=False,
-                        executor="inprocess")
+                        executor="local")
     with TestClient(create_app(settings), follow_redirects=False) as c:
         assert c.get("/jobs").status_code == 200
         assert c.get("/").headers["location"] == "/jobs"

@@ -48,7 +48,7 @@ def page_html(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     with Session(engine) as s, s.begin():
         store.store_summary(s, job_id)
     engine.dispose()
-    settings = Settings(db_url=url, dispatch=False, executor="inprocess")
+    settings = Settings(db_url=url, dispatch=False, executor="local")
     with TestClient(create_app(settings)) as client:
         r = client.get(f"/jobs/{job_id}")
         assert r.status_code == 200

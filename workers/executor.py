@@ -41,6 +41,7 @@ class JobSpec:
     commit: str | None = None  # None: run the installed code
     deadline_s: float | None = None  # wall-clock limit for the whole job
     deterministic: bool = False
+    cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
     placement: str | None = None  # None: the executor's default strategy
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from gdn import device as devices
 from workers.context import RankContext
 from workers.suite import Sample
+from workers.verdict import relative_l2
 
 
 def time_repeats(
@@ -94,18 +96,30 @@ class TensorError:
 
 
 def tensor_error(actual: torch.Tensor, expected: torch.Tensor, *, eps: float = 1e-12) -> TensorError:
-    """‖a−b‖/‖b‖, max |a−b|, max |a−b|/(|b|+eps) in fp64, and whether `actual` is all finite."""
+    """‖a−b‖/‖b‖ (`workers.verdict.relative_l2`: the absolute norm against a zero reference), max
+    |a−b|, max |a−b|/(|b|+eps) in fp64, and whether `actual` is all finite."""
     a, b = actual.detach().double(), expected.detach().double()
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch: actual {tuple(a.shape)} vs expected {tuple(b.shape)}")
     finite = bool(torch.isfinite(a).all())
     diff = (a - b).abs()
-    norm = b.norm().item()
-    rel_l2 = (a - b).norm().item() / norm if norm > 0 else (0.0 if diff.max().item() == 0 else float("inf"))
+    rel_l2 = relative_l2((a - b).norm().item(), b.norm().item()) if a.numel() else 0.0
     if a.numel() == 0:
         return TensorError(0.0, 0.0, 0.0, finite)
     max_rel = (diff / (b.abs() + eps)).max().item()
     return TensorError(rel_l2, diff.max().item(), max_rel, finite)
+
+
+def worst_rel_l2(pairs: Any) -> dict[str, float]:
+    """Relative-L2 of every tensor pair of a layer comparison (`gdn.cp.compare.LayerComparison`),
+    by name: output, input_grad and param:<name>."""
+    errs = {
+        "output": tensor_error(*pairs.output).rel_l2,
+        "input_grad": tensor_error(*pairs.input_grad).rel_l2,
+    }
+    for name, (a, b) in pairs.param_grads.items():
+        errs[f"param:{name}"] = tensor_error(a, b).rel_l2
+    return errs
 
 
 def error_samples(ctx: RankContext, case: str, prefix: str, err: TensorError) -> Iterator[Sample]:

@@ -7,6 +7,7 @@ on the ranks) imports torch, inside the function.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -22,13 +23,21 @@ if TYPE_CHECKING:
 MetricKind = Literal["accuracy", "time", "memory", "trajectory", "check"]
 Direction = Literal["lower", "higher"]
 CaseStatus = Literal["passed", "failed", "error", "expected_error", "skipped"]
-PRESETS: tuple[str, ...] = ("quick", "gate", "full")
+PRESETS: tuple[str, ...] = ("quick", "gate-cpu", "gate", "full")
+# Suites with a CPU-sized gate preset: the gate on a CPU machine uses it
+CPU_GATE_PRESETS: Mapping[str, str] = {"cuda": "gate", "npu": "gate", "cpu": "gate-cpu"}
 
 
 @dataclass(frozen=True)
 class Metric:
     """A measured quantity. `bound` is the acceptance threshold in the metric's direction
-    (lower-is-better metrics pass when value <= bound; higher-is-better when value >= bound)."""
+    (lower-is-better metrics pass when value <= bound; higher-is-better when value >= bound),
+    judged on the statistic `workers.verdict.JUDGED_ON` names for the kind.
+
+    `min_effect`: the smallest relative change that counts in a comparison (None: the kind's
+    default, `workers.verdict.MIN_EFFECT`). `repeated` False: one value per case (a ratio derived
+    from other metrics, a one-shot reading), which no significance test can judge: compare shows
+    its change and judges only its bound, the metrics it derives from carry the verdict."""
 
     name: str
     unit: str
@@ -36,14 +45,22 @@ class Metric:
     direction: Direction = "lower"
     bound: float | None = None
     description: str = ""
-    min_effect: float = 0.05  # relative change below which a time difference never counts
+    min_effect: float | None = None
+    repeated: bool = True
 
     def passes(self, value: float) -> bool:
-        if value != value:  # NaN never passes
-            return False
-        if self.bound is None:
-            return True
-        return value <= self.bound if self.direction == "lower" else value >= self.bound
+        """One value against the bound (NaN and infinities never pass)."""
+        from workers.verdict import bound_holds
+
+        return bound_holds(float(value), self.bound, self.direction)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Metric:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,18 @@ class Sample:
     idx: int = 0
 
 
+def select_cases(cases: list[Case], only: list[str] | None) -> list[Case]:
+    """The job's cases, or only those named (the gate's re-measurements); an unknown name is an error."""
+    if not only:
+        return cases
+    names = {c.name for c in cases}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise UnknownSuiteInput(f"unknown case(s) {unknown}; expected names from {sorted(names)}")
+    wanted = set(only)
+    return [c for c in cases if c.name in wanted]
+
+
 class SuiteParams(BaseModel):
     """Base of every suite's parameter schema: unknown parameters are an error, not ignored."""
 
@@ -100,6 +129,19 @@ class Suite(ABC):
     metrics: ClassVar[tuple[Metric, ...]]
     devices: ClassVar[tuple[str, ...]] = ("cuda", "npu", "cpu")
     min_world_size: ClassVar[int] = 1
+    # The definition version: bump it when a change makes earlier results of the suite
+    # incomparable (a metric's meaning, its inputs); compare refuses across versions.
+    version: ClassVar[int] = 1
+    # The preset the gate uses on each device kind (`gdnval gate` without --preset).
+    gate_presets: ClassVar[Mapping[str, str]] = {"cuda": "gate", "npu": "gate", "cpu": "gate"}
+
+    def time_repeats(self, params: SuiteParams) -> int | None:
+        """The fewest samples per repeated time metric and case that `params` produce (0: none;
+        None: the suite does not say). A preset whose repeats cannot reach significance
+        (`workers.verdict.repeats_for_significance`) is a definition error (tests check it)."""
+        if any(m.kind == "time" and m.repeated for m in self.metrics):
+            return None
+        return 0
 
     def resolve_params(self, preset: str, overrides: Mapping[str, Any] | None = None) -> SuiteParams:
         """The preset's parameters with `overrides` applied and validated."""

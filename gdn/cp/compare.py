@@ -167,20 +167,6 @@ def compare_layer(case: LayerCase, cp: CPConfig, device: torch.device) -> LayerC
     return out
 
 
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    n = b.norm().item()
-    return (a - b).norm().item() / n if n > 0 else float((a - b).norm().item())
-
-
-def worst_rel_l2(cmp: LayerComparison) -> dict[str, float]:
-    """Relative-L2 of every tensor of one comparison, by name (output, input_grad, param:<name>)."""
-    errs = {"output": rel_l2(*cmp.output), "input_grad": rel_l2(*cmp.input_grad)}
-    for name, (a, b) in cmp.param_grads.items():
-        errs[f"param:{name}"] = rel_l2(a, b)
-    return errs
-
-
 def compare_emulated(case: LayerCase, num_shards: int, device: torch.device) -> LayerComparison:
     """The single-process P2P emulation (`num_shards` shards, the case's backend) vs the no-CP layer."""
     from gdn.cp.emulation import emulated_p2p_layer

@@ -17,6 +17,7 @@ from service.models import Job
 
 Device = Literal["cuda", "npu", "cpu"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobVerdict = Literal["passed", "failed", "errored"]
 HEX_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
 SAFE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 REF_RULE = (
@@ -57,6 +58,10 @@ class JobCreate(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=50)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    cases: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
+        None, min_length=1, max_length=1000,
+        description="run only these cases of the preset (by name); null = every case",
+    )
 
     @field_validator("commit")
     @classmethod
@@ -76,7 +81,13 @@ class Progress(BaseModel):
 
 class JobOut(BaseModel):
     id: int
-    status: JobStatus
+    status: JobStatus = Field(description="whether the job ran: succeeded, failed, cancelled, ...")
+    verdict: JobVerdict | None = Field(
+        description="whether the code passed (set when the job ends): passed, failed (a case "
+        "failed) or errored (a case errored, or the job did not run to its end)"
+    )
+    case_counts: dict[str, int] | None = Field(description="cases by status, set with the verdict")
+    cases: list[str] | None = Field(description="the cases it was restricted to; null = every case")
     suite: str
     preset: str
     params: dict[str, Any]
@@ -98,7 +109,8 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         return cls(
-            id=job.id, status=job.status, suite=job.suite, preset=job.preset, params=job.params or {},
+            id=job.id, status=job.status, verdict=job.verdict, case_counts=job.case_counts,
+            cases=job.cases, suite=job.suite, preset=job.preset, params=job.params or {},
             commit=job.commit_sha, device=job.device, world_size=job.world_size, priority=job.priority,
             labels=job.labels or {}, idempotency_key=job.idempotency_key,
             progress=Progress(done=job.progress_done, total=job.progress_total,
@@ -138,7 +150,11 @@ class MetricSummaryOut(BaseModel):
     min: float | None
     max: float | None
     mean: float | None
-    passes: bool | None = Field(description="the median within the bound; null without a bound")
+    passes: bool | None = Field(
+        description="workers.verdict's judgement: time on its median, every other kind on its worst "
+        "value; false for any non-finite value; null without a bound"
+    )
+    nonfinite: int = Field(0, description="non-finite values (each a failed sample)")
 
     @field_validator("median", "p90", "min", "max", "mean", "bound", mode="before")
     @classmethod

@@ -37,12 +37,19 @@ def _resolve(repo: str, ref: str) -> str:
 )
 @click.option("--baseline", default=None, help="compare with this named baseline of the store")
 @click.option(
-    "--suite", "suites", multiple=True, help="suite to gate (repeat); default: every registered suite"
+    "--suite", "suites", multiple=True,
+    help="suite to gate (repeat); default: every suite that runs on --device at --world-size",
 )
-@click.option("--preset", default="gate", show_default=True)
+@click.option("--preset", default=None, help="default: each suite's gate preset (gate; gate-cpu on cpu)")
+@click.option("--param", "param_items", multiple=True, metavar="KEY=VALUE",
+              help="override a suite parameter in every gated suite; VALUE is JSON or a bare string")
+@click.option("--max-rounds", default=3, show_default=True, type=click.IntRange(0, 20),
+              help="re-measurement rounds for time changes beyond the minimum effect but not significant")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "npu", "cpu"]))
 @click.option("--world-size", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--confirm", is_flag=True, help="re-run time regressions once; fail only on confirmed ones")
+@click.option("--fresh", is_flag=True,
+              help="measure anew: never reuse a commit's earlier job (e.g. a commit against itself)")
 @click.option(
     "--repo", default=".", show_default=True, help="git repository that resolves refs and the parent"
 )
@@ -55,11 +62,15 @@ def _resolve(repo: str, ref: str) -> str:
 @server_option
 @token_option
 def gate(
-    head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str, device: str,
-    world_size: int, confirm: bool, repo: str, json_path: Path | None, timeout: float, poll: float,
-    server: str, token: str | None,
+    head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str | None,
+    param_items: tuple[str, ...], max_rounds: int, device: str, world_size: int, confirm: bool, fresh: bool,
+    repo: str,
+    json_path: Path | None, timeout: float, poll: float, server: str, token: str | None,
 ) -> None:  # fmt: skip
     """Run or reuse jobs for HEAD and its base, compare them, print the Markdown report."""
+    from service.cli.run import parse_params
+
+    params = parse_params(param_items)
     if base and baseline:
         raise click.UsageError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
     head_sha = _resolve(repo, head)
@@ -70,7 +81,8 @@ def gate(
         base_ref = git_rev_parse(repo, f"{head_sha}^")  # None: the service tries the parent it recorded
     body: dict[str, Any] = {
         "head": head_sha, "base": base_ref, "baseline": baseline, "suites": list(suites), "preset": preset,
-        "device": device, "world_size": world_size, "confirm": confirm, "run_id": uuid.uuid4().hex[:16],
+        "device": device, "world_size": world_size, "params": params, "confirm": confirm,
+        "max_rounds": max_rounds, "reuse": not fresh, "run_id": uuid.uuid4().hex[:16],
     }  # fmt: skip
     state = _run(server, token, body, timeout, poll)
     if state.get("markdown"):

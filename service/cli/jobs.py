@@ -35,11 +35,12 @@ def jobs(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("id", "status", "suite", "preset", "device", "commit", "progress", "created")
+    table = Table("id", "status", "verdict", "suite", "preset", "device", "commit", "progress", "created")
     for j in page["items"]:
         p = j["progress"]
         table.add_row(
-            str(j["id"]), j["status"], j["suite"], j["preset"], f"{j['device']}x{j['world_size']}",
+            str(j["id"]), j["status"], j.get("verdict") or "-", j["suite"], j["preset"],
+            f"{j['device']}x{j['world_size']}",
             (j["commit"] or "-")[:12], f"{p['done']}/{p['total']}" if p["total"] else "-",
             j["created_at"][:19].replace("T", " "),
         )  # fmt: skip

@@ -5,17 +5,19 @@ triton, numpy, click, rich and pydantic: nothing on this path imports fastapi, s
 httpx, uvicorn or ray.
 
 `--json FILE` writes (format "gdnval-run/1"):
-    {format, suite, preset, overrides, params, device, world_size, commit, status, error,
-     exit_code, started_at, finished_at, duration_s, info,
+    {format, suite, preset, overrides, params, device, world_size, commit, status, verdict,
+     case_counts, error, exit_code, started_at, finished_at, duration_s, info,
      cases:   [{name, status, error, expected_error, params, fingerprint}],
-     summary: [{case, metric, unit, kind, direction, bound, count, median, p90, min, max, passed}],
+     summary: [{case, metric, unit, kind, direction, bound, judged_on, count, nonfinite, median,
+                p90, min, max, passed}],
      samples: [{case, metric, rank, idx, value}],
      logs:    [str]}
-Summary statistics apply the worst rank first (per idx: max over ranks for lower-is-better
-metrics, min for higher-is-better), then take median/p90/min/max over the idx. Non-finite
-values are written as NaN/Infinity (Python's json).
-Exit code: 0 every case passed (or raised its expected error), 1 some case failed or errored,
-2 the job could not run (failed, cancelled) or the input was invalid.
+Statistics and bounds are `workers.verdict`'s (worst rank per idx, then median/p90/min/max of
+the finite values with the non-finite ones counted). Non-finite values are written as
+NaN/Infinity (Python's json).
+Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
+1 failed (a case failed or errored), 2 the job could not run (failed, cancelled, cases left
+unrun) or the input was invalid.
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from workers import verdict
 from workers.executor import JobOutcome, JobSpec
 from workers.suite import Sample, Suite, UnknownSuiteInput
-
-PASSING = ("passed", "expected_error", "skipped")
 
 
 @contextlib.contextmanager
@@ -106,30 +107,20 @@ class CollectingSink:
         self.artifacts.append((name, media_type, len(data)))
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def summarise(suite: Suite, samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    """Per (case, metric): worst rank per idx, then median/p90/min/max and the bound verdict."""
-    by_key: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    """Per (case, metric): `workers.verdict`'s statistics (worst rank per idx; non-finite values
+    counted, never dropped) and its bound judgement."""
+    by_key: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
     for s in samples:
-        by_key[(s.case, s.metric)][s.idx].append(s.value)
+        by_key[(s.case, s.metric)].append((s.rank, s.idx, s.value))
     rows = []
-    for (case, name), per_idx in by_key.items():
+    for (case, name), metric_rows in by_key.items():
         try:
             metric = suite.metric(name)
         except KeyError:
             continue
-        pick = max if metric.direction == "lower" else min
-        worst = sorted(
-            pick(vals, key=lambda x: math.inf if math.isnan(x) else x) for _, vals in sorted(per_idx.items())
-        )
-        finite = [v for v in worst if not math.isnan(v)]
+        stats = verdict.summarise_samples(metric_rows, metric.direction)
+        judged = verdict.judge_metric(metric, stats)
         rows.append(
             {
                 "case": case,
@@ -138,12 +129,14 @@ def summarise(suite: Suite, samples: Sequence[Sample]) -> list[dict[str, Any]]:
                 "kind": metric.kind,
                 "direction": metric.direction,
                 "bound": metric.bound,
-                "count": len(worst),
-                "median": _quantile(finite, 0.5),
-                "p90": _quantile(finite, 0.9),
-                "min": finite[0] if finite else math.nan,
-                "max": finite[-1] if finite else math.nan,
-                "passed": all(metric.passes(v) for v in worst),
+                "judged_on": verdict.JUDGED_ON.get(metric.kind, "worst"),
+                "count": stats.n,
+                "nonfinite": stats.nonfinite,
+                "median": stats.median,
+                "p90": stats.p90,
+                "min": stats.min,
+                "max": stats.max,
+                "passed": judged.ok is not False,
             }
         )
     return rows
@@ -157,7 +150,8 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _parse_params(items: Sequence[str]) -> dict[str, Any]:
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """`--param KEY=VALUE` items: VALUE as JSON, else a bare string (run, submit and gate)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -239,7 +233,7 @@ def run(
     from workers.registry import get_suite
     from workers.runtime import check_suite_fits
 
-    overrides = _parse_params(param_items)
+    overrides = parse_params(param_items)
     try:
         suite = get_suite(suite_name)
         check_suite_fits(suite, device, world_size)
@@ -284,12 +278,16 @@ def run(
     result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
     out = Console(width=None if sys.stdout.isatty() else 200)  # logs and CI: never truncate names
     _render(out, suite, cases, sink)
-    case_ok = all(sink.cases.get(c.name, ("not run",))[0] in PASSING for c in cases)
-    exit_code = 0 if result.status == "succeeded" and case_ok else (1 if result.status == "succeeded" else 2)
-    if result.status != "succeeded":
+    ran = result.status == "succeeded"
+    judged = verdict.job_verdict(
+        [sink.cases[c.name][0] for c in cases if c.name in sink.cases], ran=ran, expected=len(cases)
+    )
+    exit_code = {"passed": 0, "failed": 1}.get(judged.verdict, 2) if ran else 2
+    if judged.verdict == "errored" and ran and not judged.counts.get("not_run"):
+        exit_code = 1  # it ran, and a case errored: the code under test, not the infrastructure
+    if not ran:
         out.print(f"[red]job {result.status}[/]: {result.error or ''}", highlight=False)
-    passed = sum(1 for c in cases if sink.cases.get(c.name, ("",))[0] in PASSING)
-    out.print(f"{passed}/{len(cases)} cases passed; {len(sink.samples_)} samples; exit {exit_code}")
+    out.print(f"verdict {judged.summary()}; {len(sink.samples_)} samples; exit {exit_code}")
     if json_path is not None:
         doc = {
             "format": "gdnval-run/1",
@@ -301,6 +299,8 @@ def run(
             "world_size": world_size,
             "commit": sink.info_.get("commit"),
             "status": result.status,
+            "verdict": judged.verdict,
+            "case_counts": judged.counts,
             "error": result.error,
             "exit_code": exit_code,
             "started_at": started.isoformat(),

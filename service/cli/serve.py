@@ -18,7 +18,7 @@ from workers.executor import PLACEMENT_STRATEGIES
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--db-url", default=None, help="SQLAlchemy URL [env GDNVAL_DB_URL; sqlite:///gdnval.db]")
 @click.option("--api-token", default=None, help="bearer token for writes [env GDNVAL_API_TOKEN]")
-@click.option("--executor", default=None, help="local | ray | inprocess [env GDNVAL_EXECUTOR; local]")
+@click.option("--executor", default=None, help="local | ray [env GDNVAL_EXECUTOR; local]")
 @click.option("--ray-address", default=None, help="Ray cluster address [env GDNVAL_RAY_ADDRESS]")
 @click.option("--placement", default=None,
               type=click.Choice(PLACEMENT_STRATEGIES),

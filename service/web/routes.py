@@ -26,11 +26,12 @@ from service import store
 from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
 from service.web_session import COOKIE, has_session, session_value
+from workers import verdict
+from workers.suite import PRESETS
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
-PRESETS: tuple[str, ...] = ("quick", "gate", "full")
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["fmt"] = charts.fmt
@@ -113,7 +114,7 @@ def static(name: str) -> FileResponse:
 
 
 def _job_row(job: Job, counts: dict[str, int], now: datetime) -> dict[str, Any]:
-    verdict, css = views.job_verdict(job.status, counts)
+    word, css = views.job_verdict(job.status, job.verdict, counts)
     return {
         "id": job.id,
         "status": job.status,
@@ -126,7 +127,7 @@ def _job_row(job: Job, counts: dict[str, int], now: datetime) -> dict[str, Any]:
         "world_size": job.world_size,
         "created": _when(job.created_at),
         "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
-        "verdict": verdict,
+        "verdict": word,
         "verdict_class": css,
     }
 
@@ -256,6 +257,7 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
         "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
         "info_items": items, "info_more": more,
         "run_commit": info.get("commit") if isinstance(info.get("commit"), str) else None,
+        "verdict": job.verdict, "case_counts": job.case_counts or {}, "cases": job.cases,
     }  # fmt: skip
 
 
@@ -596,10 +598,12 @@ def history_suite(request: Request, suite: str, kind: str = "time", device: str 
         change = views.Cell("–")
         if len(meds) >= 2 and meds[-2] and meds[-1] == meds[-1] and meds[-2] == meds[-2]:
             r = meds[-1] / meds[-2] - 1
-            worse = r > 0.05 if s.direction == "lower" else r < -0.05
-            better = r < -0.05 if s.direction == "lower" else r > 0.05
+            effect = verdict.min_effect(kind, getattr(s, "min_effect", None), s.device)
+            moved = verdict.classify_change(kind, s.direction, meds[-2], meds[-1], effect)
+            worse, better = moved == "worse", moved == "better"
             change = views.Cell(f"{r:+.1%}", "bad" if worse else ("ok" if better else "none"),
-                                "worse" if worse else ("better" if better else ""))
+                                "worse" if worse else ("better" if better else ""),
+                                f"minimum effect {effect:.0%} for {kind} on {s.device}")
         rows.append({
             "case": s.case, "fingerprint": s.fingerprint, "metric": s.metric, "device": s.device,
             "world_size": s.world_size, "n": len(meds), "latest": _num(meds[-1] if meds else None, s.unit),

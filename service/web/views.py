@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from service.web.charts import fmt
+from workers import verdict
 
 # An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.
 ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -74,7 +75,10 @@ class Cell:
 
 
 def worst(m: MetricStats) -> float:
-    """The worst value after the rank reduction: max for lower-is-better, min for higher."""
+    """The worst value after the rank reduction: max for lower-is-better, min for higher; NaN
+    when any value was non-finite (`workers.verdict`)."""
+    if getattr(m, "nonfinite", 0):
+        return math.nan
     return m.max if m.direction == "lower" else m.min
 
 
@@ -92,10 +96,13 @@ def judge(value: float, m: MetricStats, unit: str | None = None) -> Cell:
     text = fmt(value, unit)
     if value != value or math.isinf(value):
         return Cell(text, "bad", "✗ not finite", "not a finite number")
+    bad = getattr(m, "nonfinite", 0)
+    if bad:
+        return Cell(text, "bad", f"✗ {bad} not finite", f"{bad} of {m.count} values not finite")
     if m.bound is None:
         return Cell(text)
     rel = "≤" if m.direction == "lower" else "≥"
-    ok = value <= m.bound if m.direction == "lower" else value >= m.bound
+    ok = verdict.bound_holds(value, m.bound, m.direction)
     title = f"bound {rel} {fmt(m.bound, unit)}"
     over = ">" if m.direction == "lower" else "<"
     return Cell(text, "ok" if ok else "bad", "✓" if ok else f"✗ {over} bound", title)
@@ -385,12 +392,10 @@ def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
         bad = []
         cells = []
         for m in c.metrics.values():
-            if m.kind == "time":
-                cell = judge(m.median, m)
-            elif in_accuracy_table(m, c.metrics) and split_accuracy_metric(m.metric)[1] == "finite":
+            if in_accuracy_table(m, c.metrics) and split_accuracy_metric(m.metric)[1] == "finite":
                 cell = Cell("", "ok" if worst(m) == 1.0 else "bad")
-            else:
-                cell = judge(worst(m), m)
+            else:  # the statistic the kind is judged on (workers.verdict.JUDGED_ON)
+                cell = judge(m.median if verdict.JUDGED_ON.get(m.kind) == "median" else worst(m), m)
             cells.append(cell)
             if cell.state == "bad":
                 bad.append(m.metric)
@@ -399,19 +404,23 @@ def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
     return out
 
 
-def job_verdict(status: str, case_counts: Mapping[str, int]) -> tuple[str, str]:
-    """The job list's verdict column: run status first, then the case outcomes."""
-    if status in ("queued", "running", "cancelled"):
+def job_verdict(status: str, stored: str | None, case_counts: Mapping[str, int]) -> tuple[str, str]:
+    """The verdict column and badge: the job's stored verdict (`workers.verdict.job_verdict`,
+    recorded when it ended; recomputed from the case counts for jobs stored before verdicts
+    were), with its counts; nothing while the job is queued or running."""
+    if status in ("queued", "running"):
         return "–", ""
-    bad = case_counts.get("failed", 0) + case_counts.get("error", 0)
+    judged = verdict.job_verdict(
+        [s for s, n in case_counts.items() for _ in range(n)], ran=status == "succeeded"
+    )
+    word = stored or judged.verdict
     total = sum(case_counts.values())
-    if status == "failed":
-        return "failed", "v-failed"
-    if bad:
-        return f"{bad} of {total} cases failed", "v-failed"
-    if total == 0:
-        return "no cases", "v-skipped"
-    return f"passed ({total})", "v-unchanged"
+    bad = case_counts.get("failed", 0) + case_counts.get("error", 0)
+    detail = f"{bad} of {total} cases" if bad else f"{total} cases"
+    if status != "succeeded":
+        detail = f"job {status}"
+    css = {"passed": "v-unchanged", "failed": "v-failed", "errored": "v-errored"}[word]
+    return f"{word} ({detail})", css
 
 
 def duration(start: datetime | None, end: datetime | None, now: datetime | None = None) -> str:

@@ -1,8 +1,10 @@
 """Turns the ranks' channel messages into sink calls and decides when a job has failed.
 
 Shared by both executors: they feed it messages and process exits; it combines case results over
-ranks (the worst rank wins), reports progress and info, and picks the failure reason: a rank that
-died beats a rank that raised, which beats a rank that only saw its peers go away.
+ranks (the worst rank wins), judges each case's bounds on the samples of every rank together
+(`workers.verdict`, with the metric definitions the ranks' own code sent), reports progress and
+info, and picks the failure reason: a rank that died beats a rank that raised, which beats a rank
+that only saw its peers go away.
 """
 
 from __future__ import annotations
@@ -13,31 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workers import verdict
 from workers.executor import JobOutcome, JobSink, JobSpec
-from workers.suite import Sample
+from workers.suite import Metric, Sample
 
-_STATUS_ORDER = {"error": 0, "failed": 1, "expected_error": 2, "skipped": 3, "passed": 4}
+combine_case_statuses = verdict.combine_rank_statuses  # the rank rule lives in workers.verdict
+
 _CAUSE_ORDER = {"died": 0, "raised": 1, "deadline": 1, "peer": 2}
 GRACE_S = 0.5  # after the first failure, how long to wait for a more telling one from another rank
-
-
-def combine_case_statuses(per_rank: Mapping[int, tuple[str, str | None]]) -> tuple[str, str | None]:
-    """One status for a case from every rank's: the worst rank wins and names itself in the error.
-
-    `expected_error` on some ranks and `passed` on others is a failure: the check is not uniform.
-    """
-    statuses = {s for s, _ in per_rank.values()}
-    if statuses == {"expected_error", "passed"}:
-        raised = sorted(r for r, (s, _) in per_rank.items() if s == "expected_error")
-        return "failed", f"the expected error was raised on rank(s) {raised} only"
-    worst = min(statuses, key=lambda s: _STATUS_ORDER.get(s, 0))
-    errors = [(r, e) for r, (s, e) in sorted(per_rank.items()) if s == worst and e]
-    if not errors:
-        return worst, None
-    if len(per_rank) == 1:
-        return worst, errors[0][1]
-    rank, error = errors[0]
-    return worst, f"rank {rank}: {error}"
 
 
 @dataclass
@@ -67,6 +52,9 @@ class JobMonitor:
         self._failures: list[_Failure] = []
         self._told_why: set[int] = set()  # ranks that sent a `fatal` message before exiting
         self.sample_count = 0
+        self.metrics: dict[str, Metric] = {}
+        # (rank, idx, value) rows per case and metric, kept until the case is judged
+        self._case_rows: dict[str, dict[str, list[tuple[int, int, float]]]] = {}
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -75,6 +63,10 @@ class JobMonitor:
         if kind == "samples":
             batch = [Sample(c, m, float(v), int(r), int(i)) for c, m, v, r, i in msg["samples"]]
             self.sample_count += len(batch)
+            for smp in batch:
+                if smp.case not in self._reported:
+                    rows = self._case_rows.setdefault(smp.case, {}).setdefault(smp.metric, [])
+                    rows.append((smp.rank, smp.idx, smp.value))
             self.sink.samples(batch)
         elif kind == "case_start":
             self._current[rank] = (msg["case"], time.monotonic())
@@ -86,7 +78,11 @@ class JobMonitor:
                 self.total = int(msg["total"])
                 self.sink.progress(0, self.total, "started")
         elif kind == "info":
-            self._infos[rank] = dict(msg["info"])
+            info = dict(msg["info"])
+            defs = info.pop("metrics", None)
+            if defs and not self.metrics:
+                self.metrics = {m["name"]: Metric.from_dict(m) for m in defs}
+            self._infos[rank] = info
             if len(self._infos) == self.world_size:
                 self.flush_info()
         elif kind == "artifact":
@@ -106,10 +102,23 @@ class JobMonitor:
         per_rank[rank] = (status, error)
         if len(per_rank) == self.world_size and case not in self._reported:
             self._reported.add(case)
-            combined, text = combine_case_statuses(per_rank)
+            combined, text = verdict.case_status(
+                verdict.combine_rank_statuses(per_rank), self.judge_case(case)
+            )
             self.sink.case_result(case, combined, text)  # type: ignore[arg-type]
             self.done_cases += 1
             self.sink.progress(self.done_cases, self.total or self.done_cases, f"{case}: {combined}")
+
+    def judge_case(self, case: str) -> list[verdict.Judgement]:
+        """Every metric of an ended case against its bound, over all ranks' samples (then dropped)."""
+        rows = self._case_rows.pop(case, {})
+        out = []
+        for name, metric_rows in rows.items():
+            metric = self.metrics.get(name)
+            if metric is None:  # no definitions (a rank that sent none): the rank already errored
+                continue
+            out.append(verdict.judge_samples(metric, metric_rows))
+        return out
 
     def flush_info(self) -> None:
         if self._info_sent or not self._infos:
@@ -122,7 +131,8 @@ class JobMonitor:
             | {"rank": r}
             for r, info in sorted(self._infos.items())
         ]
-        self.sink.info({**first, "world_size": self.world_size, "ranks": ranks})
+        defs = {"metrics": [m.to_dict() for m in self.metrics.values()]} if self.metrics else {}
+        self.sink.info({**first, "world_size": self.world_size, "ranks": ranks, **defs})
 
     # -- process events -----------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ def rank_payload(spec: JobSpec, commit: str | None) -> dict[str, Any]:
         "pg_timeout_s": pg_timeout,
         "seed": 0,
         "job_id": spec.job_id,
+        "cases": list(spec.cases) if spec.cases else None,
     }
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
 
 ERROR = "UnsupportedGDNRequest"
 SUBPROCESS_TIMEOUT_S = 300
@@ -62,6 +62,7 @@ def _has_all_gather_cp() -> bool:
 
 class CapabilitySuite(Suite):
     name = "capability"
+    gate_presets = CPU_GATE_PRESETS
     description = (
         "Triton GDN capability on the production shapes, fail-fast errors, lazy import, "
         "eager without Triton, wheel contents"
@@ -69,6 +70,7 @@ class CapabilitySuite(Suite):
     params_model = CapabilityParams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"wheel": False},
+        "gate-cpu": {"wheel": False},
         "gate": {"wheel": True},
         "full": {"wheel": True},
     }

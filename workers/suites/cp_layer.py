@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated")
 DISTRIBUTED_MODES = ("ulysses", "p2p", "all_gather")
@@ -105,7 +105,8 @@ def _metrics() -> tuple[Metric, ...]:
                description="largest |output| at padded positions (must be exactly 0)"),
         Metric("fwd_ms", "ms", "time", description="layer forward, every repetition"),
         Metric("fwd_bwd_ms", "ms", "time", description="layer forward + backward, every repetition"),
-        Metric("bwd_est_ms", "ms", "time", description="median(fwd+bwd) - median(fwd) of this rank"),
+        Metric("bwd_est_ms", "ms", "time", repeated=False,
+               description="median(fwd+bwd) - median(fwd) of this rank"),
         Metric("peak_allocated_bytes", "bytes", "memory", description="full-process peak allocated"),
         Metric("peak_reserved_bytes", "bytes", "memory", description="full-process peak reserved"),
         Metric("hops_state_fwd", "count", "check", description="state messages sent+received, forward"),
@@ -115,7 +116,7 @@ def _metrics() -> tuple[Metric, ...]:
                description="hop counts equal what the mode must send on this rank"),
         Metric("order_checks", "count", "check", "higher",
                description="received messages whose channel sequence number was verified"),
-        Metric("chain_wait_ms", "ms", "time",
+        Metric("chain_wait_ms", "ms", "time", repeated=False,
                description="host time blocked receiving states, one warm fwd+bwd"),
     ]  # fmt: skip
     return tuple(out)
@@ -123,20 +124,31 @@ def _metrics() -> tuple[Metric, ...]:
 
 class CPLayerSuite(Suite):
     name = "cp-layer"
+    gate_presets = CPU_GATE_PRESETS
     description = (
         "GatedDeltaNet layer under Ulysses / P2P / AllGather CP vs the no-CP layer (accuracy, time, memory)"
     )
     params_model = CPLayerParams
     min_world_size = 1  # p2p_emulated runs on one device; the distributed modes need >= 2 ranks
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # CPU, gloo, world size 2: tiny layer, fp64 and fp32 eager, every mode, a padding case
-        # whose valid/padding boundary falls inside a chunk of the last rank (160/151 on CP2).
+        # CPU, gloo, world size 2, 4 or 8: tiny layer, fp64 and fp32 eager, every mode, a padding
+        # case whose valid/padding boundary falls inside a chunk of the last rank (160/151 on
+        # CP2). 8 q/k and 8 v heads so Ulysses splits them over up to 8 ranks.
         "quick": {
             "candidates": ("ulysses+eager", "p2p+eager", "all_gather+eager", "p2p_emulated+eager"),
             "seq_lens": (128,), "padding_cases": ((2, 160, 151),), "emulated_shards": (4,),
-            "hidden_size": 32, "qk_heads": 2, "v_heads": 4, "head_dim": 8,
+            "hidden_size": 32, "qk_heads": 8, "v_heads": 8, "head_dim": 8,
             "dtypes": ("float64", "float32"), "ref_dtype": "same",
-            "warmup": 1, "repeat": 2, "transfer_timeout_s": 60.0,
+            "warmup": 1, "repeat": 5, "transfer_timeout_s": 60.0,
+        },
+        # The gate on a CPU machine: the P2P emulation (one rank) of a small eager layer in fp32,
+        # timed 15 times, and fp64 for CP's exactness; distributed modes need --world-size >= 2
+        # and --param candidates=[...].
+        "gate-cpu": {
+            "candidates": ("p2p_emulated+eager",), "seq_lens": (256,), "padding_cases": (),
+            "emulated_shards": (4,), "hidden_size": 64, "qk_heads": 4, "v_heads": 8, "head_dim": 16,
+            "dtypes": ("float64", "float32"), "ref_dtype": "same", "warmup": 3, "repeat": 15,
+            "transfer_timeout_s": 60.0,
         },
         # Per-commit check on one GPU: the report's layer at 8K and its B=2 8192/7777 padding case,
         # P2P emulated at P = 4 and 8 with Triton. On a multi-GPU job add the distributed modes:
@@ -146,6 +158,10 @@ class CPLayerSuite(Suite):
         "full": {},
     }  # fmt: skip
     metrics = _metrics()
+
+    def time_repeats(self, params: SuiteParams) -> int:
+        assert isinstance(params, CPLayerParams)
+        return params.repeat if params.timing else 0
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, CPLayerParams)
@@ -340,8 +356,8 @@ def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]
 def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterator[Sample]:
     import torch
 
-    from gdn.cp.compare import worst_rel_l2
-    from workers.measure import error_samples, tensor_error
+    from workers.measure import error_samples, tensor_error, worst_rel_l2
+    from workers.verdict import relative_l2
 
     yield from error_samples(ctx, name, "output", tensor_error(*cmp.output))
     yield from error_samples(ctx, name, "input_grad", tensor_error(*cmp.input_grad))
@@ -362,5 +378,5 @@ def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterato
     if lc.dtype == torch.float64 and (lc.ref_dtype or lc.dtype) == torch.float64:
         yield Sample(name, "fp64_worst_rel_l2", max(errs.values()), rank=ctx.rank)
     g_cp, g_ref = cmp.grad_norm
-    yield Sample(name, "grad_norm_rel_err", abs(g_cp - g_ref) / g_ref if g_ref else abs(g_cp), rank=ctx.rank)
+    yield Sample(name, "grad_norm_rel_err", relative_l2(abs(g_cp - g_ref), abs(g_ref)), rank=ctx.rank)
     yield Sample(name, "padding_output_max_abs", cmp.padding_max_abs, rank=ctx.rank)

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
 
 CP_MODES = ("none", "ulysses", "p2p", "all_gather")
 CHECKPOINTS = ("off", "full")
@@ -114,7 +114,7 @@ def _metrics() -> tuple[Metric, ...]:
                description="forward + loss + full backward incl. FSDP hooks/reduce, every repetition"),
         Metric("step_ms", "ms", "time",
                description="zero_grad + forward + loss + backward + reduce + AdamW.step, every repetition"),
-        Metric("bwd_estimate_ms", "ms", "time",
+        Metric("bwd_estimate_ms", "ms", "time", repeated=False,
                description="median(fwd_bwd) - median(fwd): a macro split, not a separate timing"),
         Metric("peak_allocated_bytes", "bytes", "memory",
                description="full-process peak allocated, one step"),
@@ -165,6 +165,7 @@ NETWORK_GPU_LR = 1e-5
 
 class NetworkSuite(Suite):
     name = "network"
+    gate_presets = CPU_GATE_PRESETS
     description = (
         "hybrid GDN/attention network, FSDP over the CP group: trajectories, speed, memory, determinism"
     )
@@ -172,7 +173,9 @@ class NetworkSuite(Suite):
     min_world_size = 1
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU/CI on 2 gloo ranks: tiny model, fp32, eager, 20 steps, tail padding in one row.
-        "quick": {"warmup": 1, "repeat": 3},
+        "quick": {"warmup": 1, "repeat": 5},
+        # The gate on a CPU machine: the tiny model without CP (one rank), eager, 15 timed steps.
+        "gate-cpu": {"modes": ("none",), "determinism_modes": ("none",), "warmup": 2, "repeat": 15},
         # Per-commit GPU check on one device: the report's 4-layer model, Triton vs eager, bf16.
         # lr 1e-5 (NETWORK_GPU_LR): at 1e-4 this model amplifies rounding so fast that a candidate
         # differing only in rounding (eager, chunk 32) leaves the 4e-4 / 4e-3 bar after ~40 steps
@@ -191,6 +194,10 @@ class NetworkSuite(Suite):
         },
     }  # fmt: skip
     metrics = _metrics()
+
+    def time_repeats(self, params: SuiteParams) -> int:
+        assert isinstance(params, NetworkParams)
+        return params.repeat if params.speed else 0
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, NetworkParams)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
 from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 
@@ -34,10 +34,12 @@ class ProfileParams(SuiteParams):
 
 class ProfileSuite(Suite):
     name = "profile"
+    gate_presets = CPU_GATE_PRESETS
     description = "one torch.profiler trace per CP mode (forward+backward), kept as a job artifact"
     params_model = ProfileParams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
+        "gate-cpu": {},  # one CPU-sized trace per mode, as quick
         "gate": {"model": "qwen35-4l", "seq_len": 16384, "dtype": "bfloat16", "backend": "triton",
                  "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "dtype": "bfloat16", "backend": "triton",

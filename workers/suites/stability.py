@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import Case, Metric, Sample, Suite, SuiteParams
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Sample, Suite, SuiteParams
 from workers.suites.network import CP_MODES, check_modes_and_dtype
 
 MIB = 1 << 20
@@ -39,11 +39,13 @@ class StabilityParams(SuiteParams):
 
 class StabilitySuite(Suite):
     name = "stability"
+    gate_presets = CPU_GATE_PRESETS
     description = "consecutive fwd+bwd passes per CP mode: order, deadlock, NaN/Inf and memory growth"
     params_model = StabilityParams
     min_world_size = 2
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
+        "gate-cpu": {},  # the CPU-sized passes of quick: stability has no speed verdict to sharpen
         "gate": {"model": "qwen35-4l", "seq_len": 16384, "batch_size": 1, "valid_lengths": None,
                  "dtype": "bfloat16", "backend": "triton", "corpus": "package", "modes": ("ulysses", "p2p")},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "batch_size": 1, "valid_lengths": None,
@@ -64,6 +66,10 @@ class StabilitySuite(Suite):
         Metric("passes_done", "count", "check", "higher",
                description="consecutive passes completed (the case's `passes` when it passes)"),
     )  # fmt: skip
+
+    def time_repeats(self, params: SuiteParams) -> int:
+        assert isinstance(params, StabilityParams)
+        return params.passes
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, StabilityParams)

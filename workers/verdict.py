@@ -1,0 +1,351 @@
+"""The verdict rule, in one place: reduce over ranks -> statistics -> bound -> compare.
+
+Every reader of samples calls this module: the executors' job monitor (a case's status), `gdnval
+run` (its table and exit code), the store (stored summaries), the compare engine and the gate
+(head against base), the report and the pages. It imports no torch and no database code.
+
+1. **Reduce over ranks.** Samples are raw per rank. Per idx (repetition, step, seed) the worst
+   rank is kept: the largest value for lower-is-better metrics (rank-max of time and memory, the
+   worst accuracy), the smallest for higher-is-better ones. A non-finite value on any rank makes
+   that idx non-finite.
+2. **Statistics** over the idx: n, median, p90, min, max, mean of the finite values, the count
+   of non-finite ones, and `worst` (max or min by direction; NaN when any value is non-finite).
+   A NaN or an infinity is a failed sample: it is counted, it fails the metric, it is never
+   dropped silently.
+3. **Bound.** A metric's bound is judged on one statistic per kind (`JUDGED_ON`):
+   - time: the **median** (one slow repetition is noise, a slow median is the code);
+   - memory, accuracy, check, trajectory: the **worst** value (one bad tensor, step or rank is a
+     failure: these do not vary by chance).
+   A metric with any non-finite sample fails whether or not it has a bound.
+4. **Compare** (head against base; the vectorised engine is `service.compare`, which takes its
+   thresholds from here): time by the ratio of medians and a Mann-Whitney U test at `ALPHA`,
+   regressed only when significant *and* larger than the metric's minimum effect; memory,
+   accuracy and trajectory by their worst values against the minimum effect of their kind. The
+   minimum effect is the metric's own `min_effect` or else `MIN_EFFECT[kind]`; CPU timings share
+   the cores with everything else, so on `cpu` a time change never counts below `CPU_TIME_MIN_EFFECT`.
+
+A relative-L2 error against an all-zero reference is the absolute L2 norm of the difference
+(`relative_l2`): 0 when both are zero, the size of the error otherwise, never infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from workers.suite import Metric
+
+Kind = Literal["accuracy", "time", "memory", "trajectory", "check"]
+Direction = Literal["lower", "higher"]
+Statistic = Literal["median", "worst"]
+JobVerdict = Literal["passed", "failed", "errored"]
+
+JUDGED_ON: dict[str, Statistic] = {
+    "time": "median",
+    "memory": "worst",
+    "accuracy": "worst",
+    "check": "worst",
+    "trajectory": "worst",
+}
+# The smallest relative change that counts as a change, per kind (a metric may declare its own).
+# accuracy/trajectory: +100 % (twice the error); memory: 1 % (and 1 MiB, `MEMORY_MIN_BYTES`).
+MIN_EFFECT: dict[str, float] = {
+    "time": 0.05,
+    "memory": 0.01,
+    "accuracy": 1.0,
+    "trajectory": 1.0,
+    "check": 0.0,
+}
+CPU_TIME_MIN_EFFECT = 0.20
+MEMORY_MIN_BYTES = 1024.0 * 1024.0
+ALPHA = 0.01  # significance level of the time comparison (two-sided Mann-Whitney U)
+ACCURACY_FLOOR = 1e-6  # an accuracy error below this never counts as worsened
+
+
+# ----------------------------------------------------------------------------- rank reduction
+
+
+def worst_of(values: Iterable[float], direction: str) -> float:
+    """The worst of `values` for `direction`; a non-finite value (NaN, ±inf) wins as it is."""
+    vals = list(values)
+    for v in vals:
+        if not math.isfinite(v):
+            return v
+    if not vals:
+        return math.nan
+    return max(vals) if direction == "lower" else min(vals)
+
+
+def reduce_ranks(rows: Iterable[tuple[int, int, float]], direction: str) -> list[float]:
+    """(rank, idx, value) rows -> one value per idx (ordered by idx): the worst rank's."""
+    per_idx: dict[int, list[float]] = {}
+    for _rank, idx, value in rows:
+        per_idx.setdefault(int(idx), []).append(float(value))
+    return [worst_of(per_idx[i], direction) for i in sorted(per_idx)]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Statistics of one metric after the rank reduction (finite values; `nonfinite` counted)."""
+
+    n: int
+    nonfinite: int
+    median: float
+    p90: float
+    min: float
+    max: float
+    mean: float
+    worst: float  # max (lower-is-better) or min (higher); NaN when any value is non-finite
+
+    @property
+    def finite(self) -> bool:
+        return self.nonfinite == 0
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of sorted values (numpy's default); NaN when empty."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarise(values: Iterable[float], direction: str) -> Stats:
+    """Statistics of rank-reduced values; an empty series has n = 0 and NaN statistics."""
+    vals = [float(v) for v in values]
+    finite = sorted(v for v in vals if math.isfinite(v))
+    bad = len(vals) - len(finite)
+    nan = math.nan
+    if not finite:
+        return Stats(len(vals), bad, nan, nan, nan, nan, nan, nan)
+    worst = nan if bad else (finite[-1] if direction == "lower" else finite[0])
+    return Stats(
+        n=len(vals),
+        nonfinite=bad,
+        median=quantile(finite, 0.5),
+        p90=quantile(finite, 0.9),
+        min=finite[0],
+        max=finite[-1],
+        mean=math.fsum(finite) / len(finite),
+        worst=worst,
+    )
+
+
+def summarise_array(values: Any, direction: str) -> Stats:
+    """`summarise` of a numpy array (the store's path: statistics in C, the same definitions)."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    finite = arr[np.isfinite(arr)]
+    bad = int(arr.size - finite.size)
+    nan = math.nan
+    if finite.size == 0:
+        return Stats(int(arr.size), bad, nan, nan, nan, nan, nan, nan)
+    lo, hi = float(finite.min()), float(finite.max())
+    return Stats(
+        n=int(arr.size),
+        nonfinite=bad,
+        median=float(np.median(finite)),
+        p90=float(np.percentile(finite, 90)),
+        min=lo,
+        max=hi,
+        mean=float(finite.mean()),
+        worst=nan if bad else (hi if direction == "lower" else lo),
+    )
+
+
+def summarise_samples(rows: Iterable[tuple[int, int, float]], direction: str) -> Stats:
+    """(rank, idx, value) rows of one metric -> statistics after the worst-rank reduction."""
+    return summarise(reduce_ranks(rows, direction), direction)
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def judged_value(kind: str, stats: Stats) -> float:
+    """The statistic a bound of this kind is judged on (`JUDGED_ON`)."""
+    return stats.median if JUDGED_ON.get(kind, "worst") == "median" else stats.worst
+
+
+def bound_holds(value: float, bound: float | None, direction: str) -> bool:
+    """`value` within `bound` in the metric's direction; a non-finite value never holds."""
+    if not math.isfinite(value):
+        return False
+    if bound is None:
+        return True
+    return value <= bound if direction == "lower" else value >= bound
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A metric's statistics against its bound: `ok` False fails the case; None: nothing to judge."""
+
+    ok: bool | None
+    value: float
+    reason: str
+
+
+def judge(kind: str, direction: str, bound: float | None, stats: Stats, name: str = "") -> Judgement:
+    """The bound rule: non-finite samples fail every metric; else the judged statistic vs the bound."""
+    label = f"{name} " if name else ""
+    if stats.n == 0:
+        return Judgement(None, math.nan, f"{label}has no samples")
+    if stats.nonfinite:
+        return Judgement(False, math.nan, f"{label}has {stats.nonfinite} non-finite of {stats.n} value(s)")
+    value = judged_value(kind, stats)
+    if bound is None:
+        return Judgement(None, value, f"{label}{JUDGED_ON.get(kind, 'worst')} {value:.4g} (no bound)")
+    op = "<=" if direction == "lower" else ">="
+    ok = bound_holds(value, bound, direction)
+    stat = JUDGED_ON.get(kind, "worst")
+    verb = "within" if ok else "breaks"
+    return Judgement(ok, value, f"{label}{stat} {value:.4g} {verb} bound {op} {bound:.4g}")
+
+
+def judge_metric(metric: Metric, stats: Stats) -> Judgement:
+    return judge(metric.kind, metric.direction, metric.bound, stats, metric.name)
+
+
+def judge_samples(metric: Metric, rows: Iterable[tuple[int, int, float]]) -> Judgement:
+    """One metric of one case, from its raw (rank, idx, value) rows on every rank."""
+    return judge_metric(metric, summarise_samples(rows, metric.direction))
+
+
+# ----------------------------------------------------------------------------- comparison rules
+
+
+def min_effect(kind: str, declared: float | None, device: str | None = None) -> float:
+    """The smallest relative change that counts for this metric on this device."""
+    eff = MIN_EFFECT.get(kind, 0.05) if declared is None else float(declared)
+    if kind == "time" and device == "cpu":
+        eff = max(eff, CPU_TIME_MIN_EFFECT)
+    return eff
+
+
+def min_two_sided_p(n1: int, n2: int) -> float:
+    """Smallest two-sided p-value the exact Mann-Whitney U test can give for these counts."""
+    if n1 < 1 or n2 < 1:
+        return 1.0
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+def repeats_for_significance(alpha: float = ALPHA) -> int:
+    """The fewest repetitions per side (equal counts) that can reach significance at `alpha`."""
+    n = 1
+    while min_two_sided_p(n, n) >= alpha:
+        n += 1
+    return n
+
+
+Change = Literal["worse", "better", "same", "unknown"]
+
+
+def classify_change(
+    kind: str, direction: str, base: float, head: float, effect: float, *, unit_bytes: float | None = None
+) -> Change:
+    """A change of one statistic head vs base, by the minimum effect (no significance: for views
+    of one value per job, such as the history overview; the gate uses `service.compare`)."""
+    if not (math.isfinite(base) and math.isfinite(head)):
+        return "unknown"
+    if base == head:
+        return "same"
+    if base == 0:
+        rel = math.inf if head > 0 else -math.inf
+    else:
+        rel = (head - base) / abs(base)
+    grow = rel if direction == "lower" else -rel
+    if kind == "memory" and unit_bytes is not None and abs(head - base) * unit_bytes <= MEMORY_MIN_BYTES:
+        return "same"
+    if grow > effect:
+        return "worse"
+    if -grow > effect:
+        return "better"
+    return "same"
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def relative_l2(diff_norm: float, ref_norm: float) -> float:
+    """‖a−b‖/‖b‖; against an all-zero reference the absolute norm ‖a−b‖ (0 when both are zero)."""
+    return diff_norm / ref_norm if ref_norm > 0 else diff_norm
+
+
+# ----------------------------------------------------------------------------- case and job status
+
+STATUS_SEVERITY: dict[str, int] = {"error": 0, "failed": 1, "expected_error": 2, "skipped": 3, "passed": 4}
+
+
+def combine_rank_statuses(per_rank: Mapping[int, tuple[str, str | None]]) -> tuple[str, str | None]:
+    """One status for a case from every rank's: the worst rank wins and names itself in the error.
+
+    `expected_error` on some ranks and `passed` on others is a failure: the check is not uniform.
+    """
+    statuses = {s for s, _ in per_rank.values()}
+    if statuses == {"expected_error", "passed"}:
+        raised = sorted(r for r, (s, _) in per_rank.items() if s == "expected_error")
+        return "failed", f"the expected error was raised on rank(s) {raised} only"
+    worst = min(statuses, key=lambda s: STATUS_SEVERITY.get(s, 0))
+    errors = [(r, e) for r, (s, e) in sorted(per_rank.items()) if s == worst and e]
+    if not errors:
+        return worst, None
+    if len(per_rank) == 1:
+        return worst, errors[0][1]
+    rank, error = errors[0]
+    return worst, f"rank {rank}: {error}"
+
+
+def case_status(ran: tuple[str, str | None], judgements: Iterable[Judgement]) -> tuple[str, str | None]:
+    """A case's status from how its run ended (ranks combined) and its metrics' judgements: a
+    case that ran cleanly fails when any metric fails its bound or has a non-finite sample."""
+    status, error = ran
+    if status != "passed":
+        return status, error
+    failing = [j.reason for j in judgements if j.ok is False]
+    if not failing:
+        return "passed", None
+    more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""
+    return "failed", "; ".join(failing[:3]) + more
+
+
+PASSING_STATUSES: frozenset[str] = frozenset({"passed", "expected_error", "skipped"})
+
+
+@dataclass(frozen=True)
+class JobVerdictCounts:
+    """A job's verdict and its case counts by status (the list, the page, the API, the report)."""
+
+    verdict: JobVerdict
+    counts: dict[str, int]
+
+    def summary(self) -> str:
+        parts = [f"{n} {s}" for s, n in self.counts.items() if n]
+        return f"{self.verdict} ({', '.join(parts) or 'no cases'})"
+
+
+def job_verdict(
+    statuses: Iterable[str], *, ran: bool = True, expected: int | None = None
+) -> JobVerdictCounts:
+    """`errored` when the job did not run to its end, a case errored, or cases are missing;
+    `failed` when a case failed; else `passed`. `expected`: the number of cases the job has."""
+    counts = dict.fromkeys(STATUS_SEVERITY, 0)
+    total = 0
+    for status in statuses:
+        counts[status if status in counts else "error"] += 1  # an unknown status is an error
+        total += 1
+    if expected is not None and total < expected:
+        counts["not_run"] = expected - total
+    if not ran or counts["error"] or counts.get("not_run"):
+        verdict: JobVerdict = "errored"
+    elif counts["failed"]:
+        verdict = "failed"
+    else:
+        verdict = "passed"
+    return JobVerdictCounts(verdict, counts)
