@@ -1,7 +1,7 @@
 """The durable job queue: jobs are rows, and every state change is one short write transaction.
 
-Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE; PostgreSQL: a transaction-scoped advisory
-lock, so claims are serialised there too and the per-device limits hold across replicas) and the
+Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock, see
+service/db.py; so claims are serialised and the per-device limits hold across replicas) and the
 status flip is a conditional UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in
 two processes or on two hosts sharing one database, can never both run a job. A dispatcher
 claims only what its executor can place now: per device kind, the best queued job (priority,
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from service.db import write_tx
@@ -119,9 +119,6 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
 
 
-CLAIM_LOCK_KEY = 0x6764_6E76_616C  # PostgreSQL advisory lock that serialises claims
-
-
 def job_placement(job: Job) -> str | None:
     """The job's own placement strategy (its `placement` label), None for the executor's default."""
     return (job.labels or {}).get(PLACEMENT_LABEL) or None
@@ -141,8 +138,6 @@ def claim(
     is claimed. Returns None when nothing may start now.
     """
     with write_tx(engine) as s:
-        if s.get_bind().dialect.name == "postgresql":
-            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
         running = dict(
             s.execute(
                 select(Job.device, func.count()).where(Job.status == "running").group_by(Job.device)

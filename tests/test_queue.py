@@ -301,7 +301,8 @@ def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) 
         ).all()
         samples = dict(s.execute(select(SampleRow.job_id, func.count()).group_by(SampleRow.job_id)).all())
         claimed_by = {j.claimed_by for j in jobs}
-    assert all(j.status == "succeeded" and j.attempts == 1 for j in jobs), [(j.id, j.status) for j in jobs]
+    odd = [(j.id, j.status, j.attempts, j.error) for j in jobs if j.status != "succeeded" or j.attempts != 1]
+    assert not odd, odd
     assert dict(runs) == {i: 1 for i in ids}  # every job started exactly once
     assert samples == {i: 1 * 2 * 3 for i in ids}  # and reported exactly one run's samples
     assert claimed_by <= owners and len(claimed_by) == 2, "both dispatchers should have taken work"

@@ -142,6 +142,30 @@ def test_write_tx_takes_the_write_lock_at_begin(sqlite_engine) -> None:
     other.close()
 
 
+def test_write_tx_serialises_writers_on_every_store(engine) -> None:
+    """SQLite: BEGIN IMMEDIATE; PostgreSQL: the advisory lock. A second read-modify-write waits."""
+    import threading
+    import time
+
+    held, times = threading.Event(), {}
+
+    def first() -> None:
+        with db.write_tx(engine) as s:
+            s.execute(select(func.count()).select_from(Job)).scalar()
+            held.set()
+            time.sleep(0.5)
+            times["first_end"] = time.monotonic()
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert held.wait(10)
+    with db.write_tx(engine) as s:
+        s.execute(select(func.count()).select_from(Job)).scalar()  # SQLite takes its lock here
+        times["second_start"] = time.monotonic()
+    t.join()
+    assert times["second_start"] >= times["first_end"]
+
+
 def test_sample_batch_is_all_or_nothing(engine) -> None:
     job_id, cids, mids = _job(engine)
     c, m = cids["c0"], mids["t_ms"]
