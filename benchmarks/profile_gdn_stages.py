@@ -4,7 +4,9 @@
 
 Prints the median ms of every stage (`triton.testing.do_bench`), the whole fwd and fwd+bwd of
 ours and, with --fla, of flash-linear-attention 0.6.0 on the same inputs. --sweep retimes each
-stage under the alternatives in SWEEP and prints the best setting per stage.
+stage under the alternatives in SWEEP (or only the --knobs named) and prints the best setting per
+stage. The state passes run with the segment count of TUNING["seq_segments"] (0: chosen from the
+shape); state_fwd / state_bwd alone are timed as the wiring calls them.
 """
 
 from __future__ import annotations
@@ -18,19 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (stage timed, knob, values). Knobs are tried one after another, each keeping the best so far;
 # state_bv is shared by both sequential passes, so it is judged on state_fwd + state_bwd.
 SWEEP: list[tuple[str, str, list[int]]] = [
-    ("intra", "intra_split", [0, 1]),
-    ("intra", "intra_warps", [4, 8]),
+    ("state_both", "seq_segments", [1, 2, 4, 8]),
     ("state_both", "state_bv", [16, 32, 64]),
-    ("state_both", "state_warps", [4, 8]),
-    ("state_both", "state_stages", [1, 2]),
+    ("state_both", "state_warps", [2, 4, 8]),
+    ("state_both", "state_stages", [1, 2, 3]),
+    ("intra", "intra_warps", [4, 8]),
     ("output", "output_warps", [4, 8]),
-    ("output", "out_bv", [64, 128]),
-    ("dvn_local", "dvl_warps", [4, 8]),
-    ("chunk_bwd", "dqk_bk", [64, 128]),
-    ("chunk_bwd", "dqk_warps", [4, 8]),
-    ("chunk_bwd", "wy_warps", [4, 8]),
+    ("bwd_dqk", "dqk_bv", [32, 64]),
+    ("bwd_dqk", "dqk_warps", [4, 8]),
+    ("bwd_wy", "wy_warps", [4, 8]),
+    ("bwd_wy", "wy_bd", [32, 64]),
 ]
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--v-heads", type=int, default=32)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--knobs", default="", help="sweep only these TUNING keys (comma-separated)")
     ap.add_argument("--write-tuning", default=None, help="write the best TUNING found as JSON here")
     args = ap.parse_args()
 
@@ -63,9 +64,25 @@ def main() -> None:
 
     gamma = K.gate_cumsum(g)
     w, u, tm = K.intra_solve(k, v, beta, gamma, Hv, store_t=True)
-    s, vn, _ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=True)
-    ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True)
-    _, dkp, dw, dgam = K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
+    s, vn, _, maps = K.state_forward(
+        k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=True, keep_maps=True
+    )
+    ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps)
+    fresh: dict[str, object] = {}
+
+    def state_both() -> None:
+        """Both passes as the autograd wiring runs them (segment maps from the forward)."""
+        _, _, _, mp = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
+                                      store_final=True, keep_maps=True)  # fmt: skip
+        K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=mp)
+
+    def wy() -> None:
+        """bwd_wy with a dWk of the current dtype setting (dw_low)."""
+        if fresh.get("dw_low") != K.TUNING["dw_low"]:
+            fresh["dw_low"] = K.TUNING["dw_low"]
+            fresh["args"] = K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
+        _, dkp_, dw_, dgam_ = fresh["args"]
+        K.bwd_wy(k, v, beta, g.dtype, gamma, tm, dw_, dvn, dkp_, dgam_)
 
     stages = {
         "gate_cumsum": lambda: K.gate_cumsum(g),
@@ -74,10 +91,9 @@ def main() -> None:
                                              store_final=True),
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
-        "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True),
+        "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
-        "bwd_wy": lambda: K.bwd_wy(k, v, beta, g.dtype, gamma, tm, dw, dvn, dkp, dgam),
-        "chunk_bwd": lambda: K.chunk_backward(q, k, v, beta, g.dtype, gamma, tm, s, ds, vn, dvn, do, scale),
+        "bwd_wy": wy,
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }  # fmt: skip
 
@@ -113,8 +129,11 @@ def main() -> None:
 
         print(f"  fla fwd+bwd    {bench(fla_fb):8.3f} ms")
     if args.sweep:
-        stages["state_both"] = lambda: (stages["state_fwd"](), stages["state_bwd"]())
+        stages["state_both"] = state_both
+        only = {x for x in args.knobs.split(",") if x}
         for stage, knob, values in SWEEP:
+            if only and knob not in only:
+                continue
             res = []
             keep = K.TUNING[knob]
             for val in values:

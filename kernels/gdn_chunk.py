@@ -55,12 +55,12 @@ TUNING: dict[str, int | str] = {
     # (docs/kernels.md, "Precision").
     "f32_dot": "tf32x3",
     "f32_dot_wu": "tf32",
-    "f32_dot_wy_dt": "",
-    "f32_dot_wy_da": "",
-    "f32_dot_wy_dx": "tf32",
+    "f32_dot_wy_dt": "low",
+    "f32_dot_wy_da": "low",
+    "f32_dot_wy_dx": "low",
     "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
     "state_warps": 4,
-    "state_stages": 2,
+    "state_stages": 3,  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
     "intra_warps": 4,
     "intra_split": 0,
     "wu_warps": 4,
@@ -71,8 +71,18 @@ TUNING: dict[str, int | str] = {
     "dqk_bk": 128,
     "wy_warps": 4,
     "wy_bd": 64,
+    # 1: no software pipelining in bwd_wy. With bf16 products there (f32_dot_wy_* = "low") and
+    # Triton's default 3 stages, dbeta and dg differed between identical runs on the H200
+    # (Triton 3.6; dk, from the same kernel, did not): K·Kᵀ, their only term not in dk, reads one
+    # loaded K tile as both operands of a pipelined product.
+    "wy_stages": 1,
     "out_bv": 64,
     "recompute": 0,  # 1: backward recomputes Wk, T, per-chunk S and Vn instead of saving them
+    "dw_low": 1,  # 1: bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
+    # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
+    "seq_segments": 0,
+    "seq_programs_per_sm": 2,  # the automatic choice: about this many state programs per SM
+    "seq_min_chunks": 8,  # and at least this many chunks per segment
 }
 
 # fp32 inputs double the bytes of every loaded tile, and the bf16 settings of bwd_dqk then ask for
@@ -80,6 +90,7 @@ TUNING: dict[str, int | str] = {
 # run with Triton 3.6 raised OutOfResources at 409600 B). These entries replace TUNING's for fp32
 # inputs only; tests/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
 TUNING_FP32: dict[str, int | str] = {
+    "state_stages": 2,  # 3 stages of fp32 tiles would pass the limit in the reverse pass
     "dqk_bk": 64,
     "dqk_bv": 32,
     "dqk_warps": 4,
@@ -96,10 +107,15 @@ def _tuned(key: str, dtype: torch.dtype) -> int | str:
 def _dot_precision(dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
     half-precision inputs TUNING["f32_dot_<group>"], else TUNING["f32_dot"] ("tf32" | "tf32x3" |
-    "ieee")."""
+    "ieee" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products)."""
     if dtype == torch.float32:
         return "ieee"
-    return str(TUNING[f"f32_dot_{group}"] or TUNING["f32_dot"])
+    prec = str(TUNING[f"f32_dot_{group}"] or TUNING["f32_dot"])
+    if prec == "low":
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
+    if prec not in ("tf32", "tf32x3", "ieee"):
+        raise ValueError(f"TUNING f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee or low")
+    return prec
 
 
 def _num_chunks(T: int) -> int:
@@ -173,6 +189,19 @@ def _transpose_via(base, x, i, m, row_stride):
 
 
 @triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """a·b of fp32 tiles at one group's precision: "bf16" / "fp16" round both operands to that type
+    (tensor cores, fp32 accumulation), otherwise Triton's input_precision ("tf32", "tf32x3",
+    "ieee")."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _inv_unit_lower16(a):
     """(I + a)⁻¹ for a strictly lower-triangular 16×16 fp32 tile.
 
@@ -210,18 +239,18 @@ def _a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
 @triton.jit
 def _lower_block_product(x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, y0, y1, y2, y3, PREC: tl.constexpr):
     """Rows I of T·Y for the 4×4 block lower-triangular T (16-row blocks): Σ_{J<=I} T_IJ·Y_J."""
-    r0 = tl.dot(x0, y0, input_precision=PREC)
-    r1 = tl.dot(t10, y0, input_precision=PREC) + tl.dot(x1, y1, input_precision=PREC)
+    r0 = _mm(x0, y0, PREC)
+    r1 = _mm(t10, y0, PREC) + _mm(x1, y1, PREC)
     r2 = (
-        tl.dot(t20, y0, input_precision=PREC)
-        + tl.dot(t21, y1, input_precision=PREC)
-        + tl.dot(x2, y2, input_precision=PREC)
+        _mm(t20, y0, PREC)
+        + _mm(t21, y1, PREC)
+        + _mm(x2, y2, PREC)
     )
     r3 = (
-        tl.dot(t30, y0, input_precision=PREC)
-        + tl.dot(t31, y1, input_precision=PREC)
-        + tl.dot(t32, y2, input_precision=PREC)
-        + tl.dot(x3, y3, input_precision=PREC)
+        _mm(t30, y0, PREC)
+        + _mm(t31, y1, PREC)
+        + _mm(t32, y2, PREC)
+        + _mm(x3, y3, PREC)
     )
     return r0, r1, r2, r3
 
@@ -366,11 +395,11 @@ def _wu_kernel(
     gam, _, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
     tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
     kc = _load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D).to(tl.float32)
-    w = tl.dot(tm, kc * (beta * tl.exp(gam))[:, None], input_precision=PREC)
+    w = _mm(tm, kc * (beta * tl.exp(gam))[:, None], PREC)
     _store_rows(w_ptr + bh * T * D, w, t, m, D, D)
     if STORE_U:
         vc = _load_rows(v_ptr + b * T * HV * D + h * D, t, m, HV * D, D).to(tl.float32)
-        u = tl.dot(tm, vc * beta[:, None], input_precision=PREC)
+        u = _mm(tm, vc * beta[:, None], PREC)
         _store_rows(u_ptr + bh * T * D, u, t, m, D, D)
 
 
@@ -416,12 +445,16 @@ def intra_solve(
 @triton.jit
 def _state_fwd_kernel(
     k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr,
-    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
     STORE_HT: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
+    segment's chunks; the last segment writes the final state. One segment = the whole sequence."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    nseg = tl.num_programs(2)
     b, h = bh // HV, bh % HV
     hk = h // R
     dk = tl.arange(0, D)
@@ -429,10 +462,12 @@ def _state_fwd_kernel(
     k_base = k_ptr + b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     if HAS_H0:
-        S = tl.load(h0_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
+        S = tl.load(h0_ptr + (bh * nseg + seg) * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    for c in range(NT):
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
         t = c * BT + tl.arange(0, BT)
@@ -447,8 +482,152 @@ def _state_fwd_kernel(
         kc = _load_rows(k_base, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
-    if STORE_HT:
-        tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
+    if STORE_HT:  # noqa: SIM102 - a constexpr guard around a run-time test
+        if seg == nseg - 1:
+            tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
+
+
+@triton.jit
+def _segment_fwd_summary_kernel(
+    k_ptr, w_ptr, u_ptr, gamma_ptr, m_ptr, e_ptr,
+    T, NT, CPS, NSEG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_U: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Segment seg's affine map S_out = M·S_in + E (columns dv of both): E from S_in = 0 with U,
+    M from S_in = I with V = 0, walked together so each chunk's Wk and K are loaded once.
+    Written to m/e [B·Hv, NSEG, D, D] fp32 (the last segment's is never needed)."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    k_base = k_ptr + b * T * HQK * D + hk * D
+    dt = w_ptr.dtype.element_ty
+    E = tl.zeros([D, BV], dtype=tl.float32)
+    M = (dk[:, None] == dv[None, :]).to(tl.float32)
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for c in range(c0, c1):
+        t = c * BT + tl.arange(0, BT)
+        m = t < T
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        ve = -tl.dot(wk, E.to(dt))
+        if HAS_U:
+            ve += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        vm = -tl.dot(wk, M.to(dt))
+        gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
+        kc = _load_rows(k_base, t, m, HQK * D, D)
+        kdt = tl.trans((kc * tl.exp(g_last - gam)[:, None]).to(dt))
+        decay = tl.exp(g_last)
+        E = E * decay + tl.dot(kdt, ve.to(dt))
+        M = M * decay + tl.dot(kdt, vm.to(dt))
+    off = (bh * NSEG + seg) * D * D + dk[:, None] * D + dv[None, :]
+    tl.store(e_ptr + off, E)
+    tl.store(m_ptr + off, M)
+
+
+@triton.jit
+def _segment_scan_kernel(
+    m_ptr, e_ptr, x0_ptr, xs_ptr, NSEG,
+    HAS_X0: tl.constexpr, REVERSE: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Sequential scan over segments of the affine maps, columns dv of the state.
+    Forward (REVERSE = 0): X_0 = x0, X_{j+1} = M_j·X_j + E_j (states entering each segment).
+    Reverse (REVERSE = 1): X_{NSEG−1} = x0, X_{j−1} = M_jᵀ·X_j + E_j (state gradients leaving
+    each segment; M_j is the forward map, whose transpose carries dS back over segment j).
+    Writes every X_j to xs [B·Hv, NSEG, D, D] fp32; tf32x3 products (fp32-level accuracy on the
+    tensor cores; IEEE fp32 ones spill 13 KB of stack per program)."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    cols = dk[:, None] * D + dv[None, :]
+    if HAS_X0:
+        X = tl.load(x0_ptr + bh * D * D + cols)
+    else:
+        X = tl.zeros([D, BV], dtype=tl.float32)
+    for i in range(NSEG):
+        if REVERSE:
+            j = NSEG - 1 - i
+        else:
+            j = i
+        tl.store(xs_ptr + (bh * NSEG + j) * D * D + cols, X)
+        if REVERSE:
+            if j > 0:
+                mt = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[None, :] * D + dk[:, None])
+                X = tl.dot(mt, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+        else:
+            if j < NSEG - 1:
+                mj = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[:, None] * D + dk[None, :])
+                X = tl.dot(mj, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+
+
+def state_segments(batch_heads: int, T: int, device: torch.device) -> int:
+    """How many segments the state passes split the sequence into (1 = one sequential walk).
+
+    TUNING["seq_segments"] > 0 forces it (tests); 0 chooses from the shape: none while one walk
+    already has at least half as many programs (B·Hv·D/BV) as the device has multiprocessors,
+    else enough segments for about TUNING["seq_programs_per_sm"] programs per multiprocessor,
+    each segment at least TUNING["seq_min_chunks"] chunks. CPU tensors (the interpreter) count as one
+    multiprocessor, so the automatic choice there is 1."""
+    nt = _num_chunks(T)
+    forced = int(TUNING["seq_segments"])
+    if forced > 0:
+        return _even_segments(nt, forced)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    programs = batch_heads * (D // int(TUNING["state_bv"]))
+    if 2 * programs > sms:
+        # H200: with 128 programs (B·Hv = 32) every split measured slower (16K: 5.11 ms fwd+bwd
+        # unsplit, 5.44 with 2 segments, 5.77 with 16); with 32 programs 8 segments cut both
+        # passes at 64K from 5.04 to 1.94 ms (docs/kernels.md).
+        return 1
+    want = int(TUNING["seq_programs_per_sm"]) * sms // programs
+    return _even_segments(nt, min(want, nt // int(TUNING["seq_min_chunks"])))
+
+
+def _even_segments(nt: int, want: int) -> int:
+    """The segment count that `want` gives once every segment holds cdiv(nt, want) chunks (none
+    left empty)."""
+    want = max(1, min(want, nt))
+    return triton.cdiv(nt, triton.cdiv(nt, want))
+
+
+def segment_forward_summary(
+    k: torch.Tensor, w: torch.Tensor, u: torch.Tensor | None, gamma: torch.Tensor, num_v_heads: int,
+    nseg: int, *, with_last: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None: V = 0),
+    and of the last segment too when `with_last` (the backward's scan needs M of segments
+    1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
+    B, T, Hqk, _ = k.shape
+    Hv, NT = num_v_heads, _num_chunks(T)
+    cps = triton.cdiv(NT, nseg)
+    mm = torch.empty(B * Hv, nseg, D, D, device=k.device, dtype=torch.float32)
+    ee = torch.empty_like(mm)
+    BV = TUNING["state_bv"]
+    if nseg > 1:
+        _segment_fwd_summary_kernel[(D // BV, B * Hv, nseg if with_last else nseg - 1)](
+            k, w, u if u is not None else w, gamma, mm, ee, T, NT, cps, nseg, Hqk, Hv, Hv // Hqk,
+            HAS_U=u is not None, BT=BT, D=D, BV=BV,
+            num_warps=TUNING["state_warps"], num_stages=_tuned("state_stages", k.dtype),
+        )  # fmt: skip
+    return mm, ee
+
+
+def segment_scan(
+    mm: torch.Tensor, ee: torch.Tensor, x0: torch.Tensor | None, *, reverse: bool
+) -> torch.Tensor:
+    """States entering (forward) or state gradients leaving (reverse) every segment."""
+    BH, nseg = mm.shape[:2]
+    xs = torch.empty_like(mm)
+    BV = TUNING["state_bv"]
+    _segment_scan_kernel[(D // BV, BH)](
+        mm, ee, x0 if x0 is not None else mm, xs, nseg,
+        HAS_X0=x0 is not None, REVERSE=reverse, D=D, BV=BV, num_warps=TUNING["state_warps"],
+    )  # fmt: skip
+    return xs
 
 
 def state_forward(
@@ -462,10 +641,16 @@ def state_forward(
     store_states: bool,
     store_vn: bool,
     store_final: bool,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D] and the final fp32 state.
+    keep_maps: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D], the final fp32 state
+    and, when `keep_maps`, the segment transitions M [B·Hv, nseg, D, D] (None for one segment; the
+    backward reuses them transposed).
 
-    u=None means V = 0 (the transition-product run of the CP summary)."""
+    With nseg = `state_segments(...)` > 1 the sequence is cut into nseg runs of chunks: every
+    segment's affine map (M, E) from a zero start in parallel, a scan over segments for the state
+    entering each, then every segment's pass from its true state in parallel. Exact: the same
+    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary)."""
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, _num_chunks(T)
     dev = k.device
@@ -474,15 +659,23 @@ def state_forward(
     ht = torch.empty(B, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     BV = TUNING["state_bv"]
     h0 = initial_state.contiguous() if initial_state is not None else None
-    _state_fwd_kernel[(D // BV, B * Hv)](
+    nseg = state_segments(B * Hv, T, dev)
+    mm = None
+    if nseg > 1:
+        mm, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps)
+        h0 = segment_scan(mm, ee, h0, reverse=False)
+        del ee
+        if not keep_maps:
+            mm = None
+    _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
-        T, NT, Hqk, Hv, Hv // Hqk,
+        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
         STORE_HT=store_final, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
-        num_stages=TUNING["state_stages"],
+        num_stages=_tuned("state_stages", k.dtype),
     )  # fmt: skip
-    return s, vn, ht
+    return s, vn, ht, mm
 
 
 # ----------------------------------------------------------------------------------------------
@@ -569,24 +762,34 @@ def _dvn_local_kernel(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, scale,
-    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
+    STORE: write dS per chunk and dVn. The segment's start gradient goes to dh0[bh, seg] when
+    ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    seg = SEG0 + tl.program_id(2)
+    nseg = SEG0 + tl.num_programs(2)
     b, h = bh // HV, bh % HV
     hk = h // R
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
     qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
+    cols = dk[:, None] * D + dv[None, :]
     if HAS_DHT:
-        dS = tl.load(dht_ptr + bh * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
+        dS = tl.load(dht_ptr + (bh * nseg + seg) * D * D + cols).to(tl.float32)
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
-    for j in range(NT):
-        c = NT - 1 - j
-        tl.store(ds_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], dS.to(dt))
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for j in range(c1 - c0):
+        c = c1 - 1 - j
+        if STORE:
+            tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
         t = c * BT + tl.arange(0, BT)
         m = t < T
         gam, g_last, _ = _load_gamma(gamma_ptr, bh, c, T, BT)
@@ -594,14 +797,18 @@ def _state_bwd_kernel(
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         dvn = tl.dot(kd, dS.to(dt))
         dvn += tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
-        tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
+        if STORE:
+            tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
         q = _load_rows(q_ptr + qk_off, t, m, HQK * D, D)
         qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
         do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
-    if STORE_DH0:
-        tl.store(dh0_ptr + bh * D * D + dk[:, None] * D + dv[None, :], dS)
+    if ALL_DH0:
+        tl.store(dh0_ptr + (bh * nseg + seg) * D * D + cols, dS)
+    elif STORE_DH0:  # noqa: SIM102 - a constexpr guard around a run-time test
+        if seg == 0:
+            tl.store(dh0_ptr + bh * D * D + cols, dS)
 
 
 def dvn_local(
@@ -619,9 +826,14 @@ def dvn_local(
 
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
-    dht: torch.Tensor | None, scale: float, *, want_dh0: bool,
+    dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked."""
+    """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
+
+    `maps` are the forward's segment transitions (state_forward's fourth result): with them the
+    reverse pass is segmented the same way. Every segment but the first walks back from a zero
+    gradient (its affine part), a reverse scan carries dS over segments with Mᵀ, then every
+    segment walks back from its true gradient in parallel."""
     B, T, Hqk, _ = q.shape
     Hv, NT = do.shape[2], _num_chunks(T)
     R = Hv // Hqk
@@ -630,11 +842,23 @@ def state_backward(
     dvn = torch.empty_like(dvl)
     dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = TUNING["state_bv"]
-    _state_bwd_kernel[(D // BV, B * Hv)](
-        q, k, w, do, dvl, gamma, dht if dht is not None else w, ds, dvn, dh0 if dh0 is not None else w,
-        scale, T, NT, Hqk, Hv, R,
-        HAS_DHT=dht is not None, STORE_DH0=want_dh0, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
-        num_stages=TUNING["state_stages"],
+    nseg = 1 if maps is None else maps.shape[1]
+    cps = triton.cdiv(NT, nseg)
+    stages = _tuned("state_stages", q.dtype)
+    common = dict(BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
+    dend = dht
+    if nseg > 1:
+        dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
+        _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
+            q, k, w, do, dvl, gamma, w, w, w, dext, scale, T, NT, cps, 1, Hqk, Hv, R,
+            HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, **common,
+        )  # fmt: skip
+        dend = segment_scan(maps, dext, dht, reverse=True)
+        del dext
+    _state_bwd_kernel[(D // BV, B * Hv, nseg)](
+        q, k, w, do, dvl, gamma, dend if dend is not None else w, ds, dvn, dh0 if dh0 is not None else w,
+        scale, T, NT, cps, 0, Hqk, Hv, R,
+        HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False, **common,
     )  # fmt: skip
     return ds, dvn, dh0
 
@@ -707,7 +931,8 @@ def _bwd_dqk_kernel(
         dq_off = ((b * T + t[:, None]) * HV + h) * D + dkc[None, :]
     tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
     tl.store(dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :], dk, mask=m[:, None])
-    tl.store(dw_ptr + (bh * T + t[:, None]) * D + dkc[None, :], -dw_acc, mask=m[:, None])
+    dw_off = (bh * T + t[:, None]) * D + dkc[None, :]
+    tl.store(dw_ptr + dw_off, (-dw_acc).to(dw_ptr.dtype.element_ty), mask=m[:, None])
     tl.store(dgam_ptr + (ik * (tl.num_programs(2)) + bh) * T + t, dgam, mask=m)
 
 
@@ -746,14 +971,15 @@ def _bwd_wy_kernel(
         ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0)
         vs = tl.load(v_base + t[:, None] * (HV * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dws = dws.to(tl.float32)
         dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         xk = ks.to(tl.float32) * bg[:, None]
-        d_t += tl.dot(dws, tl.trans(xk), input_precision=PREC_DT)
-        d_t += tl.dot(dus.to(tl.float32), tl.trans(vs * beta[:, None]), input_precision=PREC_DT)
+        d_t += _mm(dws, tl.trans(xk), PREC_DT)
+        d_t += _mm(dus.to(tl.float32), tl.trans(vs * beta[:, None]), PREC_DT)
         kk += tl.dot(ks, tl.trans(ks))
     # dA = −Tᵀ·dT·Tᵀ on the strict lower triangle; A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
     strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
-    da = -tl.dot(tl.dot(tmt, d_t, input_precision=PREC_DA), tmt, input_precision=PREC_DA)
+    da = -_mm(_mm(tmt, d_t, PREC_DA), tmt, PREC_DA)
     e = tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0))
     dae = tl.where(strict, da * e, 0.0)
     dbeta = tl.sum(dae * kk, axis=1)
@@ -770,12 +996,13 @@ def _bwd_wy_kernel(
         ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         vs = tl.load(v_base + t[:, None] * (HV * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dws = dws.to(tl.float32)
         dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
-        dxk = tl.dot(tmt, dws, input_precision=PREC_DX)
-        dxv = tl.dot(tmt, dus.to(tl.float32), input_precision=PREC_DX)
+        dxk = _mm(tmt, dws, PREC_DX)
+        dxv = _mm(tmt, dus.to(tl.float32), PREC_DX)
         dks = tl.load(dkp_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dks += dxk * bg[:, None]
-        dks += tl.dot(bd, ks, input_precision=PREC_DX) + tl.dot(bdt, ks, input_precision=PREC_DX)
+        dks += _mm(bd, ks, PREC_DX) + _mm(bdt, ks, PREC_DX)
         dbeta += tl.sum(dxk * ks, axis=1) * eg + tl.sum(dxv * vs, axis=1)
         dgam += tl.sum(dxk * ks, axis=1) * bg
         if DK_HEADS == HQK:
@@ -805,7 +1032,8 @@ def bwd_dqk(
     heads = Hqk if R == 1 else Hv
     dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
-    dw = torch.empty_like(dkp)
+    low_dw = bool(TUNING["dw_low"]) and q.dtype != torch.float32
+    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
     BK = _tuned("dqk_bk", q.dtype)
     if BK < BT:
         raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
@@ -837,7 +1065,7 @@ def bwd_wy(
         T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4,
         PREC_DT=_dot_precision(k.dtype, "wy_dt"), PREC_DA=_dot_precision(k.dtype, "wy_da"),
         PREC_DX=_dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
-        NK=dgam.shape[0], num_warps=TUNING["wy_warps"],
+        NK=dgam.shape[0], num_warps=TUNING["wy_warps"], num_stages=TUNING["wy_stages"],
     )  # fmt: skip
     return dk, dv, dbeta, dg
 
@@ -884,14 +1112,15 @@ def _forward(
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
     w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep)
-    s, vn, ht = state_forward(
-        k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True, store_final=output_final_state
+    s, vn, ht, maps = state_forward(
+        k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
+        store_final=output_final_state, keep_maps=keep,
     )
     del u
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
     o = output(q, k, vn, s, gamma, Hv, scale, v.dtype)
-    return o, ht, ((w, tm, s, vn) if keep else ())
+    return o, ht, ((w, tm, s, vn, maps) if keep else ())
 
 
 class GatedDeltaRuleFunction(torch.autograd.Function):
@@ -938,16 +1167,19 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
         if kept:
-            w, tm, s, vn = kept
+            w, tm, s, vn, maps = kept
             del kept
         else:
             w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True)
-            s, vn, _ = state_forward(
-                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False
+            s, vn, _, maps = state_forward(
+                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
+                keep_maps=True,
             )
             del u
-        ds, dvn, dh0 = state_backward(q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None)
-        del w
+        ds, dvn, dh0 = state_backward(
+            q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps
+        )
+        del w, maps
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
         dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
@@ -1014,5 +1246,7 @@ def state_summary(
     gamma = gate_cumsum(g.contiguous())
     w, u, _ = intra_solve(k, None if zero_values else v.contiguous(), beta, gamma, Hv)
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    _, _, ht = state_forward(k, w, u, gamma, Hv, h0, store_states=False, store_vn=False, store_final=True)
+    _, _, ht, _ = state_forward(
+        k, w, u, gamma, Hv, h0, store_states=False, store_vn=False, store_final=True
+    )
     return ht

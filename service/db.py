@@ -5,7 +5,10 @@ Two things make that safe: WAL (readers never block the writer) with a busy time
 taking over transaction control from pysqlite (SQLAlchemy's documented recipe): pysqlite
 otherwise delays BEGIN until the first write, so a "read then update" claim would not be atomic.
 Write transactions that must see a stable snapshot (`write_tx`) start with BEGIN IMMEDIATE,
-which takes the write lock up front instead of failing on lock upgrade.
+which takes the write lock up front instead of failing on lock upgrade. On PostgreSQL the same
+transactions take one transaction-scoped advisory lock first, so several service or dispatcher
+replicas on one database serialise their read-modify-write steps exactly as SQLite does (two
+first jobs of a suite would otherwise both insert its metric rows and one would fail).
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 BUSY_TIMEOUT_MS = 30_000
 _IMMEDIATE = "gdnval_begin_immediate"
+WRITE_LOCK_KEY = 0x6764_6E76_616C  # PostgreSQL advisory lock of `write_tx` ("gdnval")
 
 
 def is_sqlite(url: str) -> bool:
@@ -72,12 +76,15 @@ def immediate(engine: Engine) -> Engine:
 
 @contextmanager
 def write_tx(engine: Engine) -> Iterator[Session]:
-    """A session whose transaction holds the write lock from its start (SQLite: BEGIN IMMEDIATE).
+    """A session whose transaction holds the write lock from its start (SQLite: BEGIN IMMEDIATE;
+    PostgreSQL: an advisory lock taken first, released at commit or rollback).
 
     Use it for read-modify-write steps (claims, idempotent submits) so two processes cannot both
     read the same state and act on it. Commits on success, rolls back on error.
     """
     with Session(immediate(engine), expire_on_commit=False) as session, session.begin():
+        if engine.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
         yield session
 
 

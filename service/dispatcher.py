@@ -6,7 +6,10 @@ reported. When a case ends (every rank reported it, so all its samples are in) i
 stored at once: a running job's page then computes live only the case in progress, and the
 job's end only fills in cases left without one. The dispatcher thread heartbeats its running
 jobs (a dead dispatcher's jobs are found by the next one), forwards cancel requests to the
-executor's cancel event, and settles orphans left by a crash at start and periodically.
+executor's cancel event, and settles orphans left by a crash at start and periodically. It
+claims only jobs its executor can place now (`Executor.free_ranks` per device kind and
+placement strategy, less what this tick already claimed), so a job that fits the cluster but
+not its free resources stays queued instead of failing on a timeout.
 """
 
 from __future__ import annotations
@@ -243,10 +246,32 @@ class Dispatcher:
                 entry = self._running.get(job_id)
             if entry:
                 entry[1].set()
+        free: dict[tuple[str, str | None], int | None] = {}  # asked of the executor once per tick
+        most: dict[tuple[str, str | None], int] = {}
+        claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
+
+        def fits(job: Job) -> bool:
+            """Placeable now; or never placeable (the cluster shrank since the submit): then it
+            is claimed too, and the executor fails it with the reason instead of it blocking its
+            kind's queue for good."""
+            key = (job.device, queue.job_placement(job))
+            try:
+                if key not in free:
+                    free[key] = self.executor.free_ranks(*key)
+                n = free[key]
+                if n is None or job.world_size <= n - claimed.get(job.device, 0):
+                    return True
+                if key not in most:
+                    most[key] = self.executor.most_ranks(*key)
+                return job.world_size > most[key]
+            except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
+                return True
+
         while not self._stop.is_set():
-            job = queue.claim(self.engine, self.owner, self.settings.device_limits)
+            job = queue.claim(self.engine, self.owner, self.settings.device_limits, fits)
             if job is None:
                 return
+            claimed[job.device] = claimed.get(job.device, 0) + job.world_size
             cancel = threading.Event()
             thread = threading.Thread(target=self._run_job, args=(job, cancel), name=f"gdnval-job-{job.id}",
                                       daemon=True)  # fmt: skip
@@ -285,7 +310,7 @@ class Dispatcher:
             spec = JobSpec(
                 job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
                 device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
-                cases=tuple(job.cases) if job.cases else None,
+                cases=tuple(job.cases) if job.cases else None, placement=queue.job_placement(job),
             )  # fmt: skip
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
             sink.info({

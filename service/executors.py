@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, str | None], Executor] = {}
+_cache: dict[tuple[str, str | None, str, str | None], Executor] = {}
 
 
 def build_executor(settings: Settings) -> Executor:
@@ -30,14 +30,15 @@ def build_executor(settings: Settings) -> Executor:
     from workers.executors import make_executor
 
     options: dict[str, Any] = {}
-    if kind == "ray" and settings.ray_address:
-        options["address"] = settings.ray_address
+    if kind == "ray":
+        options = {"address": settings.ray_address, "placement_strategy": settings.placement,
+                   "cpu_node_resource": settings.ray_cpu_resource}  # fmt: skip
     return make_executor(kind, **options)
 
 
 def get_executor(settings: Settings) -> Executor:
     """The shared executor for these settings (built on first use)."""
-    key = (settings.executor, settings.ray_address)
+    key = (settings.executor, settings.ray_address, settings.placement, settings.ray_cpu_resource)
     with _lock:
         if key not in _cache:
             _cache[key] = build_executor(settings)

@@ -1,10 +1,15 @@
 """The durable job queue: jobs are rows, and every state change is one short write transaction.
 
-Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE) and the status flip is a conditional
-UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in two processes on one file,
-can never both run a job. A dispatcher identifies itself as `host:pid:nonce`; a running job
-whose dispatcher is gone (same host, dead pid) or silent past the lease is an orphan and is
-settled: re-queued while it has attempts left, failed with the reason otherwise.
+Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock, see
+service/db.py; so claims are serialised and the per-device limits hold across replicas) and the
+status flip is a conditional UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in
+two processes or on two hosts sharing one database, can never both run a job. A dispatcher
+claims only what its executor can place now: per device kind, the best queued job (priority,
+then age) is taken when it fits, and a job that does not fit holds back the later jobs of its
+kind (no starvation of wide jobs) but never those of another kind. A dispatcher identifies
+itself as `host:pid:nonce`; a running job whose dispatcher is gone (same host, dead pid) or
+silent past the lease is an orphan and is settled: re-queued while it has attempts left, failed
+with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from service.db import write_tx
 from service.models import FINAL_STATUSES, Job, JobEvent, utcnow
 from service.store import add_event, ensure_commit
-from workers.executor import Executor
+from workers.executor import PLACEMENT_LABEL, Executor, check_placement
 from workers.registry import get_suite
 from workers.suite import UnknownSuiteInput, select_cases
 
@@ -114,10 +119,23 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
 
 
-def claim(engine: Engine, owner: str, limits: Mapping[str, int]) -> Job | None:
-    """Atomically move the best queued job to `running` for `owner`, within per-device limits.
+def job_placement(job: Job) -> str | None:
+    """The job's own placement strategy (its `placement` label), None for the executor's default."""
+    return (job.labels or {}).get(PLACEMENT_LABEL) or None
 
-    Best = highest priority, then oldest. Returns None when nothing may start now.
+
+def claim(
+    engine: Engine,
+    owner: str,
+    limits: Mapping[str, int],
+    fits: Callable[[Job], bool] | None = None,
+) -> Job | None:
+    """Atomically move the best queued job that may start now to `running` for `owner`.
+
+    Per device kind with room under `limits`, the candidate is that kind's best queued job
+    (highest priority, then oldest); `fits(job)` says whether the executor can place it now (a
+    kind whose candidate does not fit claims nothing). Of the candidates that fit, the best one
+    is claimed. Returns None when nothing may start now.
     """
     with write_tx(engine) as s:
         running = dict(
@@ -128,14 +146,19 @@ def claim(engine: Engine, owner: str, limits: Mapping[str, int]) -> Job | None:
         open_devices = [d for d, limit in limits.items() if running.get(d, 0) < limit]
         if not open_devices:
             return None
-        job = s.scalars(
-            select(Job)
-            .where(Job.status == "queued", Job.device.in_(open_devices))
-            .order_by(Job.priority.desc(), Job.id)
-            .limit(1)
-        ).first()
-        if job is None:
+        candidates = []
+        for device in open_devices:
+            head = s.scalars(
+                select(Job)
+                .where(Job.status == "queued", Job.device == device)
+                .order_by(Job.priority.desc(), Job.id)
+                .limit(1)
+            ).first()
+            if head is not None and (fits is None or fits(head)):
+                candidates.append(head)
+        if not candidates:
             return None
+        job = min(candidates, key=lambda j: (-j.priority, j.id))
         now = utcnow()
         res = s.execute(
             update(Job)
@@ -340,14 +363,21 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
         raise InvalidJob(
             f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
         )
+    placement = req.labels.get(PLACEMENT_LABEL) or None
+    if placement is not None:
+        try:
+            check_placement(placement)
+        except ValueError as exc:
+            raise InvalidJob(f"label {PLACEMENT_LABEL!r}: {exc}") from exc
     if executor is not None:
         try:
-            most = executor.max_world_size(req.device)
+            most = executor.most_ranks(req.device, placement)
         except ValueError as exc:
             raise InvalidJob(str(exc)) from exc
         if req.world_size > most:
+            how = f" with placement {placement}" if placement else ""
             raise InvalidJob(
-                f"world_size {req.world_size} on {req.device!r} can never be satisfied: the "
+                f"world_size {req.world_size} on {req.device!r}{how} can never be satisfied: the "
                 f"{executor.kind} executor offers at most {most} {req.device} rank(s)"
             )
     del params  # validated; the job stores the overrides as given, the preset fills the rest at run time

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.executor import check_placement
+
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")
 _FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -30,6 +32,15 @@ class Settings(BaseSettings):
         description="executor kind: local | ray, or a 'module:factory' path (plugins, tests)",
     )
     ray_address: str | None = Field(None, description="Ray cluster address for the ray executor")
+    placement: str = Field(
+        "PACK",
+        description="how a job's ranks spread over Ray nodes: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD "
+        "(a job's label `placement` overrides it)",
+    )
+    ray_cpu_resource: str | None = Field(
+        "cpu_node",
+        description="marker resource of the Ray nodes that take CPU ranks (empty: CPU ranks on any node)",
+    )
     device_limits: dict[str, int] = Field(
         default_factory=lambda: {"cuda": 1, "npu": 1, "cpu": 1},
         description="max concurrently running jobs per device kind (JSON in the environment)",
@@ -56,6 +67,16 @@ class Settings(BaseSettings):
                 "or a 'package.module:factory' path"
             )
         return value
+
+    @field_validator("placement")
+    @classmethod
+    def _check_placement(cls, value: str) -> str:
+        return check_placement(value)
+
+    @field_validator("ray_cpu_resource")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
     @field_validator("device_limits")
     @classmethod

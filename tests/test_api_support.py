@@ -199,7 +199,7 @@ class Server:
 
 
 def make_server(workdir: Path, executor: str = "tests.test_api_support:make_executor", **env: str) -> Server:
-    db_url = f"sqlite:///{workdir / 'gdnval.db'}"
+    db_url = env.pop("GDNVAL_DB_URL", None) or f"sqlite:///{workdir / 'gdnval.db'}"
     full = {
         **os.environ,
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),

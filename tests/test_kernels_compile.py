@@ -102,8 +102,13 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
             o.float().sum().backward()
             mod.state_summary(k, v, g, beta, initial_state=h0, zero_values=True)
             mod.state_summary(k, v, g, beta)
+    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here)
+    mod.TUNING.update(seq_segments=2)
+    q, k, v, g, beta, h0 = _inputs(dtype, 130, 1, 2)
+    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
     # the non-default variants that stay selectable (the caller restores TUNING)
-    mod.TUNING.update(intra_split=1, recompute=1)
+    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
@@ -191,7 +196,8 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     print("\n" + "\n".join(_row(c) for c in rows))
     kernels = {c.kernel for c in rows}
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_wu_kernel", "_state_fwd_kernel", "_output_kernel",
-                "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel"}  # fmt: skip
+                "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]

@@ -1,4 +1,8 @@
-"""The results store: migrations, SQLite connection setup, ingest atomicity, worst-rank summaries."""
+"""The results store: migrations, SQLite connection setup, ingest atomicity, worst-rank summaries.
+
+Every store test runs twice, on a SQLite file and on a fresh PostgreSQL database (`db_url` in
+tests/conftest.py); the connection-setup tests are SQLite's own.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,15 @@ METRICS = (Metric("t_ms", "ms", "time", "lower", bound=5.0), Metric("tput", "x",
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
+def engine(db_url: str):
+    eng = db.make_engine(db_url)
+    db.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path):
     eng = db.make_engine(f"sqlite:///{tmp_path / 'store.db'}")
     db.upgrade(eng)
     yield eng
@@ -45,8 +57,8 @@ def _job(engine, world_size: int = 2, cases: int = 1) -> tuple[int, dict[str, in
         return job.id, cids, mids
 
 
-def test_migrations_up_down_up_and_orm_matches(tmp_path: Path) -> None:
-    eng = db.make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+def test_migrations_up_down_up_and_orm_matches(db_url: str) -> None:
+    eng = db.make_engine(db_url)
     assert db.current_revision(eng) is None
     db.upgrade(eng)
     assert db.current_revision(eng) == db.head_revision() is not None
@@ -71,14 +83,14 @@ def test_migrations_up_down_up_and_orm_matches(tmp_path: Path) -> None:
     eng.dispose()
 
 
-def test_migration_tags_existing_case_results_with_their_jobs_attempt(tmp_path: Path) -> None:
+def test_migration_tags_existing_case_results_with_their_jobs_attempt(db_url: str) -> None:
     """0003: a case result takes its job's attempt (max(1, attempts)); downgrading keeps each job's
     latest-attempt rows only and restores the (job, case) key."""
-    eng = db.make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    eng = db.make_engine(db_url)
     db.upgrade(eng, "0002")
     job_cols = ("suite, preset, params, device, world_size, status, priority, labels, progress_done, "
                 "progress_total, progress_message, info, cancel_requested, created_at")  # fmt: skip
-    job_vals = "'s', 'q', '{}', 'cpu', 1, 'succeeded', 0, '{}', 0, 0, '', '{}', 0, '2026-01-01'"
+    job_vals = "'s', 'q', '{}', 'cpu', 1, 'succeeded', 0, '{}', 0, 0, '', '{}', false, '2026-01-01'"
     with eng.begin() as conn:
         for job_id, attempts in ((1, 2), (2, 0)):  # a retried job; one stored without being claimed
             conn.execute(text(f"INSERT INTO job (id, attempts, {job_cols}) "
@@ -106,8 +118,8 @@ def test_migration_tags_existing_case_results_with_their_jobs_attempt(tmp_path: 
     eng.dispose()
 
 
-def test_sqlite_connections_are_configured(engine) -> None:
-    with engine.connect() as conn:
+def test_sqlite_connections_are_configured(sqlite_engine) -> None:
+    with sqlite_engine.connect() as conn:
         pragma = lambda name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
         assert pragma("journal_mode") == "wal"
         assert pragma("foreign_keys") == 1
@@ -115,10 +127,11 @@ def test_sqlite_connections_are_configured(engine) -> None:
         assert pragma("synchronous") == 1  # NORMAL
 
 
-def test_write_tx_takes_the_write_lock_at_begin(engine) -> None:
+def test_write_tx_takes_the_write_lock_at_begin(sqlite_engine) -> None:
     """BEGIN IMMEDIATE: a second writer waits (here: times out) instead of reading stale state."""
     import sqlite3
 
+    engine = sqlite_engine
     other = sqlite3.connect(engine.url.database, timeout=0.2, isolation_level=None)
     with db.write_tx(engine) as s:
         s.execute(select(func.count()).select_from(Job)).scalar()  # read only, yet the lock is held
@@ -127,6 +140,30 @@ def test_write_tx_takes_the_write_lock_at_begin(engine) -> None:
     other.execute("BEGIN IMMEDIATE")  # free again after commit
     other.execute("ROLLBACK")
     other.close()
+
+
+def test_write_tx_serialises_writers_on_every_store(engine) -> None:
+    """SQLite: BEGIN IMMEDIATE; PostgreSQL: the advisory lock. A second read-modify-write waits."""
+    import threading
+    import time
+
+    held, times = threading.Event(), {}
+
+    def first() -> None:
+        with db.write_tx(engine) as s:
+            s.execute(select(func.count()).select_from(Job)).scalar()
+            held.set()
+            time.sleep(0.5)
+            times["first_end"] = time.monotonic()
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert held.wait(10)
+    with db.write_tx(engine) as s:
+        s.execute(select(func.count()).select_from(Job)).scalar()  # SQLite takes its lock here
+        times["second_start"] = time.monotonic()
+    t.join()
+    assert times["second_start"] >= times["first_end"]
 
 
 def test_sample_batch_is_all_or_nothing(engine) -> None:

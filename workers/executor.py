@@ -15,6 +15,19 @@ from typing import Any, Literal, Protocol
 from workers.suite import CaseStatus, Sample
 
 JobOutcomeStatus = Literal["succeeded", "failed", "cancelled"]
+# How a job's ranks spread over nodes (Ray's placement-group strategies): the service's default
+# comes from its settings, a job may override it with the label `placement`.
+PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+PLACEMENT_LABEL = "placement"
+
+
+def check_placement(value: str) -> str:
+    """`value` if it names a placement strategy; ValueError naming the choices otherwise."""
+    if value not in PLACEMENT_STRATEGIES:
+        raise ValueError(
+            f"unknown placement strategy {value!r}; expected one of {', '.join(PLACEMENT_STRATEGIES)}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,7 @@ class JobSpec:
     deadline_s: float | None = None  # wall-clock limit for the whole job
     deterministic: bool = False
     cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
+    placement: str | None = None  # None: the executor's default strategy
 
 
 class JobSink(Protocol):
@@ -67,6 +81,16 @@ class Executor(ABC):
     @abstractmethod
     def max_world_size(self, device: str) -> int:
         """The largest world size this executor could ever give `device` (0 = never)."""
+
+    def most_ranks(self, device: str, placement: str | None = None) -> int:
+        """The largest world size a job with this placement strategy could ever get on `device`
+        (executors without placement strategies ignore it)."""
+        return self.max_world_size(device)
+
+    def free_ranks(self, device: str, placement: str | None = None) -> int | None:
+        """How many ranks of `device` could be placed right now (None: this executor cannot tell,
+        so the dispatcher claims within its device limits only and the executor waits)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release long-lived resources (clusters, pools)."""

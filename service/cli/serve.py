@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from workers.executor import PLACEMENT_STRATEGIES
+
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="interface to listen on")
@@ -18,6 +20,10 @@ import click
 @click.option("--api-token", default=None, help="bearer token for writes [env GDNVAL_API_TOKEN]")
 @click.option("--executor", default=None, help="local | ray [env GDNVAL_EXECUTOR; local]")
 @click.option("--ray-address", default=None, help="Ray cluster address [env GDNVAL_RAY_ADDRESS]")
+@click.option("--placement", default=None,
+              type=click.Choice(PLACEMENT_STRATEGIES),
+              help="how a job's ranks spread over Ray nodes; a job's label `placement` overrides it "
+                   "[env GDNVAL_PLACEMENT; PACK]")  # fmt: skip
 @click.option(
     "--artifacts-dir", default=None, type=click.Path(path_type=Path), help="[env GDNVAL_ARTIFACTS_DIR]"
 )
@@ -30,7 +36,7 @@ import click
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 def serve(
     host: str, port: int, db_url: str | None, api_token: str | None, executor: str | None,
-    ray_address: str | None, artifacts_dir: Path | None, max_body_bytes: int | None,
+    ray_address: str | None, placement: str | None, artifacts_dir: Path | None, max_body_bytes: int | None,
     device_limits: tuple[str, ...], no_dispatch: bool, demo: bool, log_level: str,
 ) -> None:  # fmt: skip
     """Serve the API and pages; upgrades the store's schema and starts the dispatcher on start."""
@@ -42,7 +48,7 @@ def serve(
 
     flags = {
         "db_url": db_url, "api_token": api_token, "executor": executor, "ray_address": ray_address,
-        "artifacts_dir": artifacts_dir, "max_body_bytes": max_body_bytes,
+        "placement": placement, "artifacts_dir": artifacts_dir, "max_body_bytes": max_body_bytes,
         "dispatch": False if no_dispatch else None,
         "device_limits": _limits(device_limits) if device_limits else None,
     }  # fmt: skip

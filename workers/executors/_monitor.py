@@ -47,6 +47,7 @@ class JobMonitor:
         self._current: dict[int, tuple[str, float] | None] = {}
         self._finished_ranks: set[int] = set()
         self._infos: dict[int, dict[str, Any]] = {}
+        self.rank_extras: dict[int, dict[str, Any]] = {}  # per rank, from the executor (Ray node, ...)
         self._info_sent = False
         self._failures: list[_Failure] = []
         self._told_why: set[int] = set()  # ranks that sent a `fatal` message before exiting
@@ -125,7 +126,9 @@ class JobMonitor:
         self._info_sent = True
         first = self._infos[min(self._infos)]
         ranks = [
-            {k: info.get(k) for k in ("host", "pid", "device_name", "visible_devices")} | {"rank": r}
+            {k: info.get(k) for k in ("host", "pid", "device_name", "visible_devices")}
+            | self.rank_extras.get(r, {})
+            | {"rank": r}
             for r, info in sorted(self._infos.items())
         ]
         defs = {"metrics": [m.to_dict() for m in self.metrics.values()]} if self.metrics else {}

@@ -6,10 +6,19 @@ same runtime the local executor uses), so a rank that segfaults or kills itself 
 alive to report the exit code and output tail. The executor polls every actor for the channel
 messages its rank wrote, so samples reach the sink while the job runs.
 
+Placement: the job's placement group uses the job's strategy (label `placement`) or the
+executor's (PACK by default). Capacity is counted per alive node, over every node: "ever" from
+the nodes' totals (a job that can never fit is refused at submit), "now" from what is free (the
+dispatcher claims only jobs that fit now, so a full pool of one device kind leaves the others
+running). CPU ranks ask for the marker resource `cpu_node` as well, so they only land on nodes
+started with it and never take the CPUs a GPU/NPU node keeps for its accelerator ranks.
+
 The code under test is the job's commit: with a configured repository the driver archives the
-commit (`git archive`), puts the tar into the object store, and each actor extracts it once per
-node into its snapshot cache; the rank imports from there. The actor itself always runs the
-installed code, so an old commit cannot break the harness that reports on it.
+commit (`git archive`), stages the tree as `<dir>/<sha>/` and ships `<dir>` as the actors'
+runtime environment (`working_dir`: Ray zips it into its object store under a content hash and
+every node downloads and unpacks it once per hash), so worker nodes need no checkout. The rank
+imports from `<sha>/`; the actor itself runs the installed code (the snapshot is one level down,
+not on its import path), so an old commit cannot break the harness that reports on it.
 
 `import ray` happens on first use, never at import time (the service imports this lazily too).
 """
@@ -18,23 +27,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.executor import Executor, JobOutcome, JobSink, JobSpec
+from workers.executor import Executor, JobOutcome, JobSink, JobSpec, check_placement
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
 from workers.provenance import source_commit
-from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
+from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
-PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ranks
+CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
 
@@ -61,7 +73,8 @@ class RankActor:
         return {var: ",".join(str(i) for i in ids)} if ids else {}
 
     def node(self) -> dict[str, Any]:
-        """Where this actor runs; for rank 0 also a free port for the rendezvous."""
+        """Where this actor runs; also a free port there, which rank 0's actor offers for the
+        rendezvous."""
         import ray
 
         ip = ray.util.get_node_ip_address()
@@ -77,19 +90,20 @@ class RankActor:
             "assigned": self.visible_devices(),
         }
 
-    def start(
-        self,
-        rank: int,
-        payload: Mapping[str, Any],
-        env: Mapping[str, str],
-        snapshot: tuple[str, bytes] | None,
-        cache_dir: str | None,
-    ) -> int:
+    def start(self, rank: int, payload: Mapping[str, Any], env: Mapping[str, str], sha: str | None) -> int:
+        """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd."""
         from workers.provenance import SOURCE_ROOT
         from workers.runtime import rank_environment
-        from workers.snapshot import extract
+        from workers.snapshot import COMPLETE_MARKER
 
-        root = extract(snapshot[0], snapshot[1], cache_dir) if snapshot else SOURCE_ROOT
+        if sha:
+            root = Path.cwd() / sha
+            if not (root / COMPLETE_MARKER).is_file():
+                raise RuntimeError(
+                    f"the runtime environment holds no snapshot of {sha} (cwd {Path.cwd()})"
+                )
+        else:
+            root = SOURCE_ROOT
         child = dict(os.environ)
         child.update(
             rank_environment(
@@ -118,15 +132,30 @@ class RankActor:
             self.proc.reap(timeout=5.0)
 
 
+def fits(resources: Mapping[str, float], need: Mapping[str, float]) -> int:
+    """How many bundles `need` fit into one node's `resources`."""
+    return int(min(float(resources.get(k, 0.0)) / v + 1e-9 for k, v in need.items() if v > 0))
+
+
+def capacity(per_node: list[int], strategy: str) -> int:
+    """Ranks a placement group of `strategy` can hold, given how many bundles fit on each node."""
+    if strategy == "STRICT_PACK":
+        return max(per_node, default=0)
+    if strategy == "STRICT_SPREAD":
+        return sum(1 for n in per_node if n > 0)
+    return sum(per_node)
+
+
 class RayExecutor(Executor):
     """Ranks as Ray actors in a per-job placement group.
 
     address: Ray cluster to join (default GDNVAL_RAY_ADDRESS; none: start a local cluster with
-    `init_options`). placement_strategy: STRICT_PACK (one node, the default) | PACK | SPREAD |
-    STRICT_SPREAD. repo: git repository whose commits jobs may ask for (default GDNVAL_REPO).
-    cache_dir: where every node extracts snapshots (default: each node's GDNVAL_SNAPSHOT_CACHE).
-    cpus_per_rank: CPUs in each rank's bundle. schedule_timeout_s: how long a job may wait for
-    its placement group (capped by the job's deadline).
+    `init_options`, its one node marked for CPU ranks). placement_strategy: PACK (the default) |
+    SPREAD | STRICT_PACK | STRICT_SPREAD; a job's `placement` overrides it. cpu_node_resource:
+    the marker resource CPU ranks ask for (None: CPU ranks may land on any node). repo: git
+    repository whose commits jobs may ask for (default GDNVAL_REPO). cpus_per_rank: CPUs in each
+    rank's bundle. schedule_timeout_s: how long a claimed job may wait for its placement group
+    (capped by the job's deadline).
     """
 
     kind = "ray"
@@ -135,30 +164,32 @@ class RayExecutor(Executor):
         self,
         *,
         address: str | None = None,
-        placement_strategy: str = "STRICT_PACK",
+        placement_strategy: str = "PACK",
+        cpu_node_resource: str | None = CPU_NODE_RESOURCE,
         repo: str | Path | None = None,
-        cache_dir: str | Path | None = None,
         cpus_per_rank: float = 1.0,
         schedule_timeout_s: float = 60.0,
         poll_s: float = 0.25,
         init_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(
-                f"unknown placement strategy {placement_strategy!r}; expected one of "
-                f"{', '.join(PLACEMENT_STRATEGIES)}"
-            )
+        if cpus_per_rank <= 0:
+            raise ValueError(f"cpus_per_rank must be > 0 (a rank's bundle holds CPUs), got {cpus_per_rank}")
         self.address = address or os.environ.get(RAY_ADDRESS_ENV) or None
-        self.placement_strategy = placement_strategy
+        self.placement_strategy = check_placement(placement_strategy)
+        self.cpu_node_resource = cpu_node_resource
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
-        self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
-        self.cache_dir = str(cache_dir) if cache_dir else None
+        self.snapshots = SnapshotCache(repo) if repo else None
         self.cpus_per_rank = cpus_per_rank
         self.schedule_timeout_s = schedule_timeout_s
         self.poll_s = poll_s
         self.init_options = dict(init_options or {})
+        if not self.address and cpu_node_resource:  # the local cluster's one node takes CPU ranks
+            resources = dict(self.init_options.get("resources") or {})
+            resources.setdefault(cpu_node_resource, 1.0)
+            self.init_options["resources"] = resources
         self._actor_cls: Any = None
         self._lock = threading.Lock()
+        self._unplaced: dict[int, tuple[str, int]] = {}  # run id -> (device, ranks) not yet placed
 
     # -- cluster ------------------------------------------------------------------------------
 
@@ -176,28 +207,47 @@ class RayExecutor(Executor):
         return ray
 
     def bundle(self, device: str) -> dict[str, float]:
-        """The resources of one rank: its accelerator plus `cpus_per_rank` CPUs."""
+        """The resources of one rank: its accelerator (or the CPU-node marker) plus `cpus_per_rank`."""
         b: dict[str, float] = {"CPU": self.cpus_per_rank}
         if device == "cuda":
             b["GPU"] = 1
         elif device == "npu":
             b["NPU"] = 1
+        elif self.cpu_node_resource:
+            b[self.cpu_node_resource] = CPU_NODE_SHARE
         return b
 
-    def max_world_size(self, device: str) -> int:
+    def _check_device(self, device: str) -> None:
         if device not in DEVICE_KINDS:
             raise ValueError(f"unknown device kind {device!r}; expected one of {', '.join(DEVICE_KINDS)}")
+
+    def node_resources(self, free: bool) -> dict[str, dict[str, float]]:
+        """Resources of every alive node by node id: their totals, or what is free now."""
         ray = self._ray()
+        if free:
+            from ray._private.state import available_resources_per_node  # DeveloperAPI, alive nodes only
+
+            return {k: dict(v) for k, v in available_resources_per_node().items()}
+        return {n["NodeID"]: dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")}
+
+    def most_ranks(self, device: str, placement: str | None = None) -> int:
+        self._check_device(device)
         need = self.bundle(device)
-        per_node = []
-        for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            res = node.get("Resources", {})
-            per_node.append(int(min(res.get(k, 0.0) // v for k, v in need.items())))
-        if not per_node:
-            return 0
-        return max(per_node) if self.placement_strategy == "STRICT_PACK" else sum(per_node)
+        per_node = [fits(res, need) for res in self.node_resources(free=False).values()]
+        return capacity(per_node, check_placement(placement or self.placement_strategy))
+
+    def max_world_size(self, device: str) -> int:
+        return self.most_ranks(device)
+
+    def free_ranks(self, device: str, placement: str | None = None) -> int:
+        """Ranks of `device` placeable now: free resources per node, less the ranks of this
+        executor's jobs whose placement group is not placed yet (Ray reserves nothing for them)."""
+        self._check_device(device)
+        need = self.bundle(device)
+        per_node = [fits(res, need) for res in self.node_resources(free=True).values()]
+        with self._lock:
+            waiting = sum(n for d, n in self._unplaced.values() if d == device)
+        return max(0, capacity(per_node, check_placement(placement or self.placement_strategy)) - waiting)
 
     def close(self) -> None:
         import ray
@@ -208,15 +258,24 @@ class RayExecutor(Executor):
     # -- placement ----------------------------------------------------------------------------
 
     def _acquire(
-        self, device: str, world_size: int, timeout_s: float, cancel: threading.Event | None = None
+        self,
+        device: str,
+        world_size: int,
+        strategy: str,
+        timeout_s: float,
+        cancel: threading.Event | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
     ) -> tuple[Any, list[Any]]:
         """A ready placement group and one actor per bundle; raises TimeoutError naming the need."""
-        ray = self._ray()
+        self._ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle(device)
-        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=self.placement_strategy)
+        token = id(object())
+        with self._lock:
+            self._unplaced[token] = (device, world_size)
+        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy)
         actors: list[Any] = []
         try:
             end = time.monotonic() + timeout_s
@@ -225,10 +284,14 @@ class RayExecutor(Executor):
                     raise _Cancelled()
                 if time.monotonic() < end:
                     continue
+                free = {k[:12]: {r: v for r, v in res.items() if r in bundle}
+                        for k, res in self.node_resources(free=True).items()}  # fmt: skip
                 raise TimeoutError(
-                    f"could not place {world_size} rank(s) of {bundle} with {self.placement_strategy} "
-                    f"within {timeout_s:g} s; cluster resources: {ray.cluster_resources()}"
+                    f"could not place {world_size} rank(s) of {bundle} with {strategy} within "
+                    f"{timeout_s:g} s; free now per node: {free}"
                 )
+            with self._lock:
+                self._unplaced.pop(token, None)
             for rank in range(world_size):
                 opts: dict[str, Any] = {
                     "num_cpus": bundle["CPU"],
@@ -242,11 +305,16 @@ class RayExecutor(Executor):
                     opts["num_gpus"] = 1
                 elif device == "npu":
                     opts["resources"] = {"NPU": 1}
+                if runtime_env:
+                    opts["runtime_env"] = dict(runtime_env)
                 actors.append(self._actor_cls.options(**opts).remote(device))
             return pg, actors
         except BaseException:
             self._release(pg, actors)
             raise
+        finally:
+            with self._lock:
+                self._unplaced.pop(token, None)
 
     def _release(self, pg: Any, actors: list[Any]) -> None:
         """Kill the ranks, the actors and the placement group, and wait until the actors are gone."""
@@ -270,36 +338,66 @@ class RayExecutor(Executor):
         with contextlib.suppress(Exception):
             remove_placement_group(pg)
 
-    def placement(self, device: str, world_size: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    def placement(
+        self, device: str, world_size: int, strategy: str | None = None, timeout_s: float = 30.0
+    ) -> list[dict[str, Any]]:
         """Where `world_size` ranks of `device` would run: node, bundle and visible devices per rank.
 
         Places and releases real actors; for operators and the scheduling tests.
         """
         ray = self._ray()
-        pg, actors = self._acquire(device, world_size, timeout_s)
+        strategy = check_placement(strategy or self.placement_strategy)
+        pg, actors = self._acquire(device, world_size, strategy, timeout_s)
         try:
             nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
             return [{"rank": r, "bundle": r, **n} for r, n in enumerate(nodes)]
         finally:
             self._release(pg, actors)
 
+    # -- code under test ----------------------------------------------------------------------
+
+    def _ship(self, snapshot: tuple[str, bytes]) -> tuple[dict[str, Any], dict[str, str]]:
+        """Stage the snapshot as `<tmp>/<sha>/`, upload `<tmp>` to the cluster as a working_dir
+        package and delete the staging copy: (runtime_env for the actors, what to record)."""
+        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+        sha, data = snapshot
+        stage = Path(tempfile.mkdtemp(prefix="gdnval-ship-"))
+        try:
+            extract(sha, data, stage / "tree")
+            env = upload_working_dir_if_needed(
+                {"working_dir": str(stage / "tree")}, include_gitignore=False, scratch_dir=str(stage)
+            )
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        uri = str(env["working_dir"])
+        digest = uri.rsplit("_ray_pkg_", 1)[-1].removesuffix(".zip")
+        return {"working_dir": uri}, {"commit": sha, "runtime_env_uri": uri, "content_hash": digest}
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def run(self, spec: JobSpec, sink: JobSink, cancel: threading.Event) -> JobOutcome:
         start = time.monotonic()
         try:
-            problem = check_spec(spec, self.max_world_size(spec.device))
+            strategy = check_placement(spec.placement or self.placement_strategy)
+            problem = check_spec(spec, self.most_ranks(spec.device, strategy))
         except ValueError as exc:
             problem = str(exc)
         if problem:
             return JobOutcome("failed", problem)
-        snapshot: tuple[str, bytes] | None = None
+        runtime_env: dict[str, Any] | None = None
+        sha: str | None = None
         if self.snapshots is not None and spec.commit:
             try:
                 snapshot = self.snapshots.archive(spec.commit)
+                self._ray()
+                runtime_env, shipped = self._ship(snapshot)
             except SnapshotError as exc:
                 return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
-            commit: str | None = snapshot[0]
+            except Exception as exc:
+                return JobOutcome("failed", f"cannot ship the source snapshot to the cluster: {_short(exc)}")
+            sha = commit = snapshot[0]
+            sink.info({"snapshot": shipped})
         else:
             commit = source_commit()
             if spec.commit and not (commit or "").startswith(spec.commit):
@@ -312,18 +410,21 @@ class RayExecutor(Executor):
         if spec.deadline_s:
             timeout = min(timeout, spec.deadline_s)
         try:
-            pg, actors = self._acquire(spec.device, spec.world_size, timeout, cancel)
+            pg, actors = self._acquire(spec.device, spec.world_size, strategy, timeout, cancel, runtime_env)
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
         except _Cancelled:
             return JobOutcome("cancelled", "cancelled while waiting for resources")
         monitor = JobMonitor(spec, sink)
+        nodes: list[dict[str, Any]] = []
         try:
             if cancel.is_set():
                 return JobOutcome("cancelled", "cancelled before the ranks started")
-            master = ray.get(actors[0].node.remote(), timeout=max(5.0, timeout))
+            nodes = ray.get([a.node.remote() for a in actors], timeout=max(5.0, timeout))
+            monitor.rank_extras = {r: _rank_extra(n) for r, n in enumerate(nodes)}
+            sink.info({"placement": strategy})
+            master = nodes[0]
             payload = rank_payload(spec, commit)
-            snap_ref = ray.put(snapshot) if snapshot else None
             starts = []
             for rank, actor in enumerate(actors):
                 env = {
@@ -333,21 +434,24 @@ class RayExecutor(Executor):
                     "MASTER_ADDR": master["ip"],
                     "MASTER_PORT": str(master["port"]),
                 }
-                starts.append(actor.start.remote(rank, payload, env, snap_ref, self.cache_dir))
-            self._get_starts(ray, starts, monitor)
-            return self._watch(ray, spec, actors, monitor, cancel, start)
-        except Exception as exc:  # e.g. rank 0's actor died before it published its address
+                starts.append(actor.start.remote(rank, payload, env, sha))
+            self._get_starts(ray, starts, monitor, nodes)
+            return self._watch(ray, spec, actors, monitor, cancel, start, nodes)
+        except Exception as exc:  # e.g. an actor died before it said where it runs
             return JobOutcome("failed", monitor.failure(settle=True) or f"ray executor error: {_short(exc)}")
         finally:
             self._release(pg, actors)
             monitor.flush_info()
 
-    def _get_starts(self, ray: Any, starts: list[Any], monitor: JobMonitor) -> None:
+    def _get_starts(
+        self, ray: Any, starts: list[Any], monitor: JobMonitor, nodes: list[dict[str, Any]]
+    ) -> None:
         for rank, ref in enumerate(starts):
             try:
                 ray.get(ref, timeout=120.0)
             except Exception as exc:
-                monitor.rank_exited(rank, f"rank {rank} could not start: {_short(exc)}", None, "")
+                why = f"rank {rank}{_on(nodes, rank)} could not start: {_short(exc)}"
+                monitor.rank_exited(rank, why, None, "")
 
     def _watch(
         self,
@@ -357,6 +461,7 @@ class RayExecutor(Executor):
         monitor: JobMonitor,
         cancel: threading.Event,
         start: float,
+        nodes: list[dict[str, Any]],
     ) -> JobOutcome:
         reported: set[int] = set()
         while True:
@@ -369,7 +474,8 @@ class RayExecutor(Executor):
                         msgs, rc, tail = ray.get(ref)
                     except Exception as exc:  # the actor itself died (node lost, killed, OOM)
                         reported.add(rank)
-                        monitor.rank_exited(rank, f"rank {rank} actor died: {_short(exc)}", None, "")
+                        monitor.rank_exited(rank, f"rank {rank}{_on(nodes, rank)} actor died: {_short(exc)}",
+                                            None, "")  # fmt: skip
                         continue
                     for msg in msgs:
                         monitor.handle(rank, msg)
@@ -380,6 +486,22 @@ class RayExecutor(Executor):
             if outcome is not None:
                 return outcome
             cancel.wait(self.poll_s)
+
+
+def _rank_extra(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What the job info records per rank about where Ray put it."""
+    return {
+        "node_id": node.get("node_id"),
+        "node_ip": node.get("ip"),
+        "actor_pid": node.get("pid"),
+        "ray_visible_devices": {k: v for k, v in (node.get("env") or {}).items() if v is not None},
+    }
+
+
+def _on(nodes: list[dict[str, Any]], rank: int) -> str:
+    if rank >= len(nodes):
+        return ""
+    return f" on node {nodes[rank].get('node_id')} ({nodes[rank].get('ip')})"
 
 
 class _Cancelled(Exception):

@@ -1,0 +1,298 @@
+"""Time one GDN backend (ours, FLA or FlashQLA) on the gdn-op production shapes; one process each.
+
+    python benchmarks/bench_gdn_peers.py --backend ours --seq-lens 8192,65536 --qk-heads 32,16 \
+        --out ours.json [--variant NAME=JSON ...] [--profile 32768] [--accuracy-seeds 0,1,2]
+
+B = 1, Hv = 32, D = 128, bf16 inputs, stateful (fp32 h0 and final state, random dO and dHT), the
+inputs of the gdn-op suite. Per shape: forward and forward+backward medians
+(`triton.testing.do_bench`), the incremental peak of allocated memory over one forward+backward,
+and, per accuracy seed, the relative L2 error of o, ht and every gradient against the fp32 eager
+chunked backend (tf32 off). `--variant` runs ours again under TUNING overrides (one JSON dict
+each). `--profile T` records torch.profiler GPU time per kernel over 5 forward+backward steps at
+T (Hqk = Hv). Without a GPU nothing runs. FLA is timed with FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise
+dispatches to FlashQLA when that is importable) and with its Triton >= 3.7.1 flag set (it refuses
+its gated backward on Hopper before that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HV, DH = 32, 128
+TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def make_inputs(T: int, hqk: int, seed: int, device: Any) -> dict[str, Any]:
+    """The gdn-op suite's inputs: dO and dHT divided by their element count."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    bf = torch.bfloat16
+    x = {
+        "q": rnd(1, T, hqk, DH).to(bf),
+        "k": F.normalize(rnd(1, T, hqk, DH), dim=-1).to(bf),
+        "v": rnd(1, T, HV, DH).to(bf),
+        "g": F.logsigmoid(rnd(1, T, HV) + 2.0),
+        "beta": torch.sigmoid(rnd(1, T, HV)).to(bf),
+        "h0": rnd(1, HV, DH, DH) * 0.1,
+    }
+    do = rnd(1, T, HV, DH)
+    x["do"] = (do / do.numel()).to(bf)
+    dht = rnd(1, HV, DH, DH)
+    x["dht"] = dht / dht.numel()
+    return {n: t.to(device) for n, t in x.items()}
+
+
+LEAVES = ("q", "k", "v", "g", "beta", "h0")
+
+
+def leaves(x: dict[str, Any], dtype: Any = None) -> dict[str, Any]:
+    out = dict(x)
+    for n in LEAVES:
+        t = x[n].detach().clone()
+        out[n] = (t.to(dtype) if dtype is not None else t).requires_grad_(True)
+    return out
+
+
+def caller(backend: str) -> Any:
+    if backend == "fla":
+        import fla.ops.common.chunk_o as fla_chunk_o
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+
+        def call(x: dict[str, Any]) -> tuple[Any, Any]:
+            return chunk_gated_delta_rule(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True
+            )
+
+        return call
+    if backend == "flashqla":
+        from flash_qla import chunk_gated_delta_rule as qla
+
+        def call(x: dict[str, Any]) -> tuple[Any, Any]:
+            return qla(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True
+            )
+
+        return call
+    from gdn import gated_delta_rule
+
+    def call(x: dict[str, Any]) -> tuple[Any, Any]:
+        return gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
+            backend="triton" if backend == "ours" else backend,
+        )  # fmt: skip
+
+    return call
+
+
+def fwd_bwd(call: Any, x: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    o, ht = call(x)
+    torch.autograd.backward([o, ht], [x["do"].to(o.dtype), x["dht"].to(ht.dtype)])
+    res = {"o": o.detach(), "ht": ht.detach()}
+    for n in LEAVES:
+        res["dbeta" if n == "beta" else f"d{n}"] = x[n].grad
+    return res
+
+
+def reference(x: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        r = leaves(x, torch.float32)
+        r["do"] = x["do"].float()
+        return fwd_bwd(caller("eager"), r)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def rel_l2(a: Any, b: Any) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def measure(
+    call: Any, T: int, hqk: int, seeds: list[int], dev: Any, warm: int, rep: int, repro: bool = False
+) -> dict[str, Any]:
+    import torch
+    from triton.testing import do_bench
+
+    out: dict[str, Any] = {"T": T, "hqk": hqk}
+    x = leaves(make_inputs(T, hqk, 1000, dev))
+    grads = [x[n] for n in LEAVES]
+
+    def f() -> None:
+        call(x)
+
+    def fb() -> None:
+        fwd_bwd(call, x)
+
+    out["fwd_ms"] = do_bench(f, warmup=warm, rep=rep, return_mode="median")
+    out["fwd_bwd_ms"] = do_bench(fb, warmup=warm, rep=rep, grad_to_none=grads, return_mode="median")
+    out["fwd_bwd_ms_again"] = do_bench(fb, warmup=warm, rep=rep, grad_to_none=grads, return_mode="median")
+    for t in grads:
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fb()
+    torch.cuda.synchronize()
+    out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    x = grads = None  # the timed closures are done
+    torch.cuda.empty_cache()
+    errs: dict[str, float] = defaultdict(float)
+    for seed in seeds:
+        xs = make_inputs(T, hqk, seed, dev)
+        ref = reference(xs)
+        got = fwd_bwd(call, leaves(xs))
+        for n in TENSORS:
+            e = rel_l2(got[n], ref[n])
+            errs[n] = max(errs[n], e) if e == e else float("nan")
+        del ref, got, xs
+        torch.cuda.empty_cache()
+    if repro:
+        xs = make_inputs(T, hqk, 1, dev)
+        a, b = fwd_bwd(call, leaves(xs)), fwd_bwd(call, leaves(xs))
+        out["differ_between_runs"] = sorted(n for n in TENSORS if not torch.equal(a[n], b[n]))
+        del a, b, xs
+    if seeds:
+        out["rel_l2"] = dict(errs)
+        out["worst_rel_l2"] = max(errs.values())
+    return out
+
+
+def profile(call: Any, T: int, dev: Any, steps: int = 5) -> list[tuple[str, float, int]]:
+    """Mean GPU ms per kernel over `steps` forward+backward steps (calls per step beside it)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    x = leaves(make_inputs(T, HV, 1000, dev))
+    for _ in range(2):
+        fwd_bwd(call, x)
+        for n in LEAVES:
+            x[n].grad = None
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fwd_bwd(call, x)
+            for n in LEAVES:
+                x[n].grad = None
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if dt > 0:
+            rows.append((ev.key[:80], dt / 1e3 / steps, ev.count // steps))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def main() -> int:
+    global HV
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("ours", "fla", "flashqla"), required=True)
+    ap.add_argument("--seq-lens", default="8192,16384,32768,65536")
+    ap.add_argument("--qk-heads", default="32,16")
+    ap.add_argument("--v-heads", type=int, default=HV)
+    ap.add_argument("--accuracy-seeds", default="0")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON of TUNING overrides (ours)")
+    ap.add_argument("--variant-seq-lens", default=None, help="lengths for the variants (default --seq-lens)")
+    ap.add_argument("--profile", type=int, default=0, help="T of a per-kernel profile (0: none)")
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    ap.add_argument("--rep", type=int, default=200, help="do_bench repetition, ms")
+    ap.add_argument("--repro", action="store_true", help="also compare two identical fwd+bwd runs bitwise")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import torch
+    import triton
+
+    HV = args.v_heads
+    if not torch.cuda.is_available():
+        print("no GPU: nothing measured")
+        return 0
+    dev = torch.device("cuda")
+    if args.backend == "fla":
+        os.environ["FLA_FLASH_QLA"] = "0"
+    versions = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name()}
+    for mod in ("fla", "flash_qla", "tilelang"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as exc:  # recorded, not hidden: the version field says why it is missing
+            versions[mod] = f"not importable: {type(exc).__name__}"
+    lens = [int(t) for t in args.seq_lens.split(",") if t]
+    heads = [int(h) for h in args.qk_heads.split(",") if h]
+    seeds = [int(s) for s in args.accuracy_seeds.split(",") if s]
+    result: dict[str, Any] = {"backend": args.backend, "versions": versions, "command": " ".join(sys.argv),
+                              "runs": []}  # fmt: skip
+    variants: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for item in args.variant:
+        name, _, raw = item.partition("=")
+        variants.append((name, json.loads(raw)))
+    call = caller(args.backend)
+    saved = None
+    if args.backend == "ours":
+        import kernels.gdn_chunk as K
+
+        saved = dict(K.TUNING)
+    print(json.dumps(versions), flush=True)
+    for vname, over in variants:
+        if saved is not None:
+            K.TUNING.clear()
+            K.TUNING.update(saved)
+            K.TUNING.update(over)
+        vlens = lens if vname == "default" or not args.variant_seq_lens else [
+            int(t) for t in args.variant_seq_lens.split(",")]
+        for T in vlens:
+            for hqk in heads:
+                t0 = time.time()
+                try:
+                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro)
+                except Exception as exc:  # one failing shape is recorded and the run goes on
+                    r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                r["variant"] = vname
+                r["wall_s"] = round(time.time() - t0, 1)
+                result["runs"].append(r)
+                Path(args.out).write_text(json.dumps(result, indent=1))
+                err = r.get("worst_rel_l2")
+                print(f"{args.backend:8s} {vname:12s} T={T:6d} hqk={hqk:2d} fwd={r.get('fwd_ms', 0):7.3f} "
+                      f"fb={r.get('fwd_bwd_ms', 0):7.3f}/{r.get('fwd_bwd_ms_again', 0):7.3f} "
+                      f"peak={r.get('peak_mib', 0):7.0f}MiB worst={err if err is None else f'{err:.2e}'} "
+                      f"differ={r.get('differ_between_runs', '-')} {r.get('error', '')}",
+                      flush=True)  # fmt: skip
+    if saved is not None:
+        K.TUNING.clear()
+        K.TUNING.update(saved)
+    if args.profile:
+        rows = profile(call, args.profile, dev)
+        result["profile"] = {"T": args.profile, "kernels": rows}
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        total = sum(r[1] for r in rows)
+        print(f"profile T={args.profile} {args.backend}: {total:.2f} ms GPU per fwd+bwd")
+        for name, ms, n in rows[:14]:
+            print(f"  {ms:7.3f} ms  x{n:<3d} {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

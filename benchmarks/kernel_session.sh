@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device call for the GDN kernels: ours beside FLA 0.6.0 and FlashQLA 0.1.3, each backend in
+# its own process (benchmarks/bench_gdn_peers.py), plus the GPU kernel tests. Logs and JSON go to
+# $OUT (or ./device-out); a short table is printed last.
+#   bash benchmarks/kernel_session.sh step ...
+#   steps: gputest            tests/test_kernels_gpu.py (needs the pydantic wheels in .whl/py)
+#          ours[:LENS[:HEADS]] ours at the default settings (LENS e.g. 8192,65536; HEADS 32,16)
+#          sweep:LENS:NAME=JSON;NAME=JSON...   ours under TUNING overrides, 32/32, one seed
+#          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz)
+#          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
+#          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
+#                             (comma-separated TUNING keys; "-" for none), HEADS = Hqk,Hv
+# Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200).
+# Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
+# otherwise run FlashQLA); FlashQLA compiles its TileLang kernels on first use (~2 min cold).
+set -u
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SEEDS=${SEEDS:-0}
+REP=${REP:-200}
+DEFAULT_LENS=8192,16384,32768,65536
+ROOT=$PWD
+
+setup_fla() {
+    [ -d /tmp/site_fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/site_fla .whl/fla/*.whl >>"$OUT/summary.txt" 2>&1
+}
+setup_qla() {
+    [ -d /tmp/site_qla ] || { mkdir -p /tmp/site_qla && xz -dc .whl/qla_site.tar.xz | tar xf - -C /tmp/site_qla; }
+}
+setup_py() {
+    [ -d /tmp/site_py ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/site_py .whl/py/*.whl >>"$OUT/summary.txt" 2>&1
+}
+
+bench() {  # tag, limit, backend, extra PYTHONPATH, args...
+    local tag=$1 limit=$2 backend=$3 path=$4
+    shift 4
+    local t0=$SECONDS json="$OUT/$tag.json"
+    case $tag in prof_*) json="/tmp/$tag.json" ;; esac  # at most 8 files come back: profiles print only
+    PYTHONPATH="$ROOT${path:+:$path}" timeout "$limit" python3 benchmarks/bench_gdn_peers.py --backend "$backend" \
+        --accuracy-seeds "$SEEDS" --rep "$REP" --out "$json" "$@" 2>&1 | tee -a "$OUT/bench.log"
+    echo "$tag rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+}
+
+{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
+    >>"$OUT/summary.txt" 2>&1
+for step in "$@"; do
+    IFS=: read -r kind a b <<<"$step"
+    case $kind in
+        gputest)
+            setup_py
+            t0=$SECONDS
+            PYTHONPATH="$ROOT:/tmp/site_py" timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+                tests/test_kernels_gpu.py >"$OUT/gputest.log" 2>&1
+            echo "gputest rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+            tail -n 5 "$OUT/gputest.log" ;;
+        ours) bench ours 400 ours "" --repro --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
+        sweep)
+            args=()
+            IFS=';' read -ra vs <<<"$b"
+            for v in "${vs[@]}"; do args+=(--variant "$v"); done
+            bench sweep 400 ours "" --seq-lens "$a" --qk-heads 32 --repro "${args[@]}" ;;
+        fla) setup_fla; FLA_FLASH_QLA=0 bench fla 300 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
+        qla) setup_qla; bench qla 420 flashqla /tmp/site_qla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
+        prof)
+            path=""
+            [ "$b" = fla ] && { setup_fla; path=/tmp/site_fla; }
+            [ "$b" = flashqla ] && { setup_qla; path=/tmp/site_qla; }
+            FLA_FLASH_QLA=0 bench "prof_$b" 200 "$b" "$path" --seq-lens "$a" --qk-heads 32 --profile "$a" ;;
+        stages)
+            IFS=: read -r _ len heads knobs <<<"$step"
+            t0=$SECONDS
+            sweep=()
+            [ "${knobs:--}" != - ] && sweep=(--sweep --knobs "$knobs")
+            PYTHONPATH=$ROOT timeout 200 python3 benchmarks/profile_gdn_stages.py --seq-len "$len" \
+                --qk-heads "${heads%,*}" --v-heads "${heads#*,}" "${sweep[@]}" 2>&1 | tee -a "$OUT/stages.log"
+            echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
+        *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
+    esac
+done
+cat "$OUT/summary.txt"
