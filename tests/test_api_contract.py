@@ -57,7 +57,7 @@ def test_every_error_status_answers_one_shape(client: TestClient) -> None:
     _problem(client.post("/api/v1/jobs", json={"suite": "fake-store"}), 401)
     wrong = {"Authorization": "Bearer x"}
     _problem(client.post("/api/v1/jobs", json={"suite": "fake-store"}, headers=wrong), 403)
-    _problem(client.get("/api/v1/jobs/4611686018427387903"), 404)
+    _problem(client.get("/api/v1/jobs/2147483647"), 404)
     _problem(client.get("/api/v1/no-such-route"), 404)
     allowed = _problem(client.post("/api/v1/baselines/main"), 405)
     assert allowed and client.post("/api/v1/baselines/main").headers["allow"] == "GET, PUT"

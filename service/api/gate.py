@@ -16,13 +16,13 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
-from service.api.routes import get_session, require_read, require_write
+from service.api.routes import MAX_ID, get_session, require_read, require_write
 from service.gate import GateInputError, GateRequest, default_submit, evaluate_gate
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 SessionDep = Annotated[Session, Depends(get_session)]
-JobQuery = Annotated[int, Query(ge=1, le=2**62, description="job id")]
-JobPath = Annotated[int, Path(ge=1, le=2**62, description="job id")]
+JobQuery = Annotated[int, Query(ge=1, le=MAX_ID, description="job id")]
+JobPath = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 
 
 def _base_url(request: Request) -> str:
@@ -101,7 +101,7 @@ def report_endpoint(
     request: Request,
     session: SessionDep,
     base: Annotated[
-        list[Annotated[int, Query(ge=1, le=2**62)]] | None,
+        list[Annotated[int, Query(ge=1, le=MAX_ID)]] | None,
         Query(max_length=20, description="base job(s), one per suite"),
     ] = None,
 ) -> PlainTextResponse:

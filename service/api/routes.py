@@ -44,7 +44,7 @@ from workers.refs import HEX_SHA
 from workers.registry import get_suite, suite_names
 from workers.suite import UnknownSuiteInput
 
-MAX_ID = 2**62
+MAX_ID = 2**31 - 1  # ids are INTEGER columns: PostgreSQL's int4 ends here
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 LABEL_PATTERN = r"^[^=]+=[\s\S]*$"
 Cursor = Annotated[

@@ -222,7 +222,7 @@ class BaselineSet(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     commit: str | None = Field(None, description=f"a commit: {REF_RULE}", json_schema_extra=REF_SCHEMA)
-    job_id: int | None = Field(None, ge=1, le=2**62)
+    job_id: int | None = Field(None, ge=1, le=2**31 - 1)  # an INTEGER id (int4 on PostgreSQL)
     note: str = Field("", max_length=2000)
 
     @field_validator("commit")
