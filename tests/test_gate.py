@@ -221,7 +221,6 @@ def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> 
     cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
     assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
     assert "stability" in _suites_for(GateRequest(head=B, device="cpu", world_size=2))
-    assert "gdn-op" not in _suites_for(GateRequest(head=B, device="npu", world_size=2))
 
 
 def test_an_error_at_head_only_is_a_regression_and_on_both_sides_undecidable(env) -> None:
