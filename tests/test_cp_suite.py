@@ -122,4 +122,4 @@ def test_quick_cases_pass_on_two_ranks() -> None:
         assert by[(names[0], "hops_state_fwd")] == 1 and by[(names[0], "hops_halo")] == 2
         assert by[(names[1], "hops_state_fwd")] == 0
         assert by[(names[0], "padding_output_max_abs")] == 0.0
-        assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 2
+        assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 5  # quick repeat
