@@ -16,6 +16,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   wy_bwd     dk, dv, dβ, dg through the WY representation
   function   the autograd Function (wiring only) and `gated_delta_rule_triton`
   summary    the CP state summary (`state_summary`)
+  varlen     packed sequences (`cu_seqlens`) by per-sequence launches
 
 The algebra and the measurements behind the settings are in docs/kernels.md.
 """
@@ -30,6 +31,7 @@ from kernels.gdn.output import output
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 from kernels.gdn.state import state_backward, state_forward
 from kernels.gdn.summary import state_summary
+from kernels.gdn.varlen import gated_delta_rule_triton_varlen
 from kernels.gdn.wy_bwd import bwd_wy
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "dvn_local",
     "gate_cumsum",
     "gated_delta_rule_triton",
+    "gated_delta_rule_triton_varlen",
     "intra_solve",
     "output",
     "segment_forward_summary",
