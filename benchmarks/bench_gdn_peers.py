@@ -252,7 +252,7 @@ def main() -> int:
     call = caller(args.backend)
     saved = None
     if args.backend == "ours":
-        import kernels.gdn_chunk as K
+        import kernels.gdn as K
 
         saved = dict(K.TUNING)
     print(json.dumps(versions), flush=True)

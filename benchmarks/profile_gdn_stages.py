@@ -47,7 +47,7 @@ def main() -> None:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    import kernels.gdn_chunk as K
+    import kernels.gdn as K
 
     torch.manual_seed(0)
     B, T, Hq, Hv, D = 1, args.seq_len, args.qk_heads, args.v_heads, 128

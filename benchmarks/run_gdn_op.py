@@ -51,13 +51,13 @@ def main() -> int:
     ap.add_argument("--out", default="gdn_op.json")
     ap.add_argument("--set", action="append", default=[], help="parameter override key=value")
     ap.add_argument("--only", action="append", default=[], help="run cases whose name contains this")
-    ap.add_argument("--tuning", default=None, help="JSON of kernels.gdn_chunk.TUNING overrides")
+    ap.add_argument("--tuning", default=None, help="JSON of kernels.gdn.TUNING overrides")
     args = ap.parse_args()
 
 
     tuning = None
     if args.tuning and Path(args.tuning).is_file():
-        import kernels.gdn_chunk as kernels_gdn
+        import kernels.gdn as kernels_gdn
 
         tuning = json.loads(Path(args.tuning).read_text())
         kernels_gdn.TUNING.update(tuning)

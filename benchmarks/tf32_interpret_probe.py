@@ -82,7 +82,7 @@ def main() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (the probe patches the CPU interpreter)")
     _patch_interpreter_tf32()
-    import kernels.gdn_chunk as kg
+    import kernels.gdn as kg
 
     settings = {"all tf32": {"f32_dot": "tf32"}, "all tf32x3": {"f32_dot": "tf32x3"}}
     for g in GROUPS:

@@ -116,7 +116,7 @@ def is_triton_gdn_available(
     """True when `check_triton_gdn` passes and the kernel module imports on this machine."""
     try:
         check_triton_gdn(shape, device=device, dtype=dtype, chunk_size=chunk_size)
-        importlib.import_module("kernels.gdn_chunk")
+        importlib.import_module("kernels.gdn")
     except (UnsupportedGDNRequest, ImportError, RuntimeError):
         return False
     return True
@@ -212,7 +212,7 @@ def gated_delta_rule(
             output_final_state=output_final_state, chunk_size=chunk_size,
         )  # fmt: skip
     check_triton_gdn(GDNShape.of(q, v), device=q.device, dtype=v.dtype, chunk_size=chunk_size)
-    from kernels.gdn_chunk import gated_delta_rule_triton
+    from kernels.gdn import gated_delta_rule_triton
 
     return gated_delta_rule_triton(
         q, k, v, g, beta,

@@ -1,7 +1,7 @@
 """Every Triton kernel launch, compiled ahead of time for Hopper (sm_90), fits its shared memory.
 
-No GPU is needed: the kernels in `kernels.gdn_chunk` are swapped for recorders, the real wiring
-(forward + backward of `gated_delta_rule_triton`, the CP state summary, both intra variants) runs
+No GPU is needed: the kernels of every stage module of `kernels.gdn` are swapped for recorders, the
+real wiring (forward + backward of `gated_delta_rule_triton`, the CP state summary, both intra variants) runs
 on CPU tensors of each input dtype, and each recorded launch is specialised and compiled the way
 `JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
 num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
@@ -29,7 +29,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernels import gdn_chunk  # noqa: E402
+import kernels.gdn as gdn_kernels  # noqa: E402
+from kernels.gdn import config as gdn_config  # noqa: E402
 
 HOPPER_SMEM = 232448  # bytes of shared memory per block on sm_90 (H100/H200)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -115,21 +116,27 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
 
 
 def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
+    import importlib
+    import pkgutil
+
     from triton.runtime.jit import JITFunction
 
     sink: list = []
-    names = [n for n, f in vars(gdn_chunk).items() if isinstance(f, JITFunction) and n.endswith("_kernel")]
-    assert len(names) >= 9, f"compilable kernels found: {names} (is TRITON_INTERPRET set?)"
-    saved = dict(gdn_chunk.TUNING)
+    names = [m.name for m in pkgutil.iter_modules(gdn_kernels.__path__)]
+    mods = [importlib.import_module(f"kernels.gdn.{name}") for name in names]
+    patched = [(mod, n) for mod in mods for n, f in vars(mod).items()
+               if isinstance(f, JITFunction) and n.endswith("_kernel")]  # fmt: skip
+    assert len(patched) >= 11, f"compilable kernels found: {patched} (is TRITON_INTERPRET set?)"
+    saved = dict(gdn_kernels.TUNING)
     try:
-        for n in names:
-            setattr(gdn_chunk, n, _Recorder(getattr(gdn_chunk, n), sink))
-        _drive(gdn_chunk, dtype, full)
+        for mod, n in patched:
+            setattr(mod, n, _Recorder(getattr(mod, n), sink))
+        _drive(gdn_kernels, dtype, full)
     finally:
-        for n in names:
-            setattr(gdn_chunk, n, getattr(gdn_chunk, n).fn)
-        gdn_chunk.TUNING.clear()
-        gdn_chunk.TUNING.update(saved)
+        for mod, n in patched:
+            setattr(mod, n, getattr(mod, n).fn)
+        gdn_kernels.TUNING.clear()
+        gdn_kernels.TUNING.update(saved)
     return sink
 
 
@@ -205,11 +212,11 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
 
 
 def test_fp32_overrides_leave_half_precision_settings_alone() -> None:
-    for key, value in gdn_chunk.TUNING.items():
-        assert gdn_chunk._tuned(key, torch.bfloat16) == value
-        assert gdn_chunk._tuned(key, torch.float16) == value
-    for key, value in gdn_chunk.TUNING_FP32.items():
-        assert key in gdn_chunk.TUNING and gdn_chunk._tuned(key, torch.float32) == value
+    for key, value in gdn_config.TUNING.items():
+        assert gdn_config.tuned(key, torch.bfloat16) == value
+        assert gdn_config.tuned(key, torch.float16) == value
+    for key, value in gdn_config.TUNING_FP32.items():
+        assert key in gdn_config.TUNING and gdn_config.tuned(key, torch.float32) == value
 
 
 if __name__ == "__main__":

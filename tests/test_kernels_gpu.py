@@ -96,7 +96,7 @@ def test_fp32_inputs_on_gpu() -> None:
 
 def test_state_summary_on_gpu() -> None:
     from gdn import gated_delta_rule
-    from kernels.gdn_chunk import state_summary
+    from kernels.gdn import state_summary
 
     x = make_inputs(1, 8192, 16, 32, 128, dtype=torch.float32, seed=2, device="cuda")
     q, k, v, beta = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v, x.beta))

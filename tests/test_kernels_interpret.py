@@ -95,7 +95,7 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 
 def test_state_summary_composes_to_final_state() -> None:
     """S_end = M·S_in + S_ext with M from (V = 0, S_in = I) and S_ext from S_in = 0."""
-    from kernels.gdn_chunk import state_summary
+    from kernels.gdn import state_summary
 
     x = make_inputs(1, 130, 2, 4, 128, dtype=torch.float64, stateful=True, seed=5)
     _, s_ref = recurrent_gated_delta_rule(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 PACKAGES = ("gdn", "kernels", "workers", "service", "migrations")
 TOP_FILES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "MANIFEST.in")
-REQUIRED_KERNEL_FILES = ("kernels/__init__.py", "kernels/gdn_chunk.py")
+REQUIRED_KERNEL_FILES = ("kernels/__init__.py", "kernels/gdn/__init__.py", "kernels/gdn/function.py")
 
 _PROBE = """
 import json, sys

@@ -10,7 +10,7 @@ state. Both come from ordinary gated-delta-rule calls, so every backend that ret
 
 The eager backend does both in one call by concatenating along the value dim ([0 | v] with
 initial state [I | 0]). The Triton backend (head_dim fixed at 128) runs the kernels' forward-only
-summary (`kernels.gdn_chunk.state_summary`: no output, no per-chunk states) twice; its backward
+summary (`kernels.gdn.state_summary`: no output, no per-chunk states) twice; its backward
 recomputes the two final states through the differentiable Triton op and takes their gradients,
 so the forward critical path of P2P pays no output pass for the summary.
 """
@@ -81,7 +81,7 @@ class _TritonSummary(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, chunk_size: int):  # type: ignore[override]
-        from kernels.gdn_chunk import state_summary as kernel_summary
+        from kernels.gdn import state_summary as kernel_summary
 
         B, _, Hv, _ = v.shape
         eye = identity_state(B, Hv, k.shape[-1], torch.float32, v.device)

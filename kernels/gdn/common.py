@@ -1,0 +1,92 @@
+"""Device helpers shared by the stage kernels (tile loads, the exact 16×16 inverse, the
+global-memory transpose, products at a chosen precision)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_gamma(gamma_ptr, bh, c, T, BT: tl.constexpr):
+    """γ of chunk c with padded rows set to γ_last (so every exp(γ_i − γ_j) with j <= i is <= 1),
+    plus γ_last itself and the row mask."""
+    t = c * BT + tl.arange(0, BT)
+    m = t < T
+    last = tl.minimum(c * BT + BT - 1, T - 1)
+    g_last = tl.load(gamma_ptr + bh * T + last)
+    gam = tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0)
+    return tl.where(m, gam, g_last), g_last, m
+
+
+@triton.jit
+def load_rows(ptr, t, m, row_stride, D: tl.constexpr):
+    """A [len(t), D] tile of rows t (masked rows read as 0)."""
+    d = tl.arange(0, D)
+    return tl.load(ptr + t[:, None] * row_stride + d[None, :], mask=m[:, None], other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, x, t, m, row_stride, D: tl.constexpr):
+    d = tl.arange(0, D)
+    tl.store(ptr + t[:, None] * row_stride + d[None, :], x.to(ptr.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
+def transpose_via(base, x, i, m, row_stride):
+    """xᵀ of a [BT, BT] fp32 tile by a round trip through global memory this program owns and
+    has not read yet: rows at `base + r * row_stride` (fp32 units, row_stride >= BT), row r
+    valid where m[r]. The barriers order every warp's loads after all stores, and any later
+    overwrite of that memory after all loads. Used instead of tl.trans where the tile is a dot
+    result that feeds another dot: Triton 3.4-3.7.0 miscompiles that on Hopper (FLA issue 640),
+    and the H200 gave run-to-run different dk, dg and dβ."""
+    tl.store(base + i[:, None] * row_stride + i[None, :], x, mask=m[:, None])
+    tl.debug_barrier()
+    xt = tl.load(base + i[None, :] * row_stride + i[:, None], mask=m[None, :], other=0.0)
+    tl.debug_barrier()
+    return xt
+
+
+@triton.jit
+def mm(a, b, PREC: tl.constexpr):
+    """a·b of fp32 tiles at one group's precision: "bf16" / "fp16" round both operands to that type
+    (tensor cores, fp32 accumulation), otherwise Triton's input_precision ("tf32", "tf32x3",
+    "ieee")."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def inv_unit_lower16(a):
+    """(I + a)⁻¹ for a strictly lower-triangular 16×16 fp32 tile.
+
+    a is nilpotent (a¹⁶ = 0), so (I + a)⁻¹ = Σ_{k<16} (−a)ᵏ = (I − a)(I + a²)(I + a⁴)(I + a⁸):
+    six fp32 16×16 products instead of a 16-step substitution whose row extractions are
+    cross-thread reductions (measured 4.2 ms for the whole intra stage at 64K on an H200)."""
+    r = tl.arange(0, 16)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    a2 = tl.dot(a, a, input_precision="ieee")
+    a4 = tl.dot(a2, a2, input_precision="ieee")
+    a8 = tl.dot(a4, a4, input_precision="ieee")
+    x = eye - a
+    x += tl.dot(x, a2, input_precision="ieee")
+    x += tl.dot(x, a4, input_precision="ieee")
+    x += tl.dot(x, a8, input_precision="ieee")
+    return x
+
+
+@triton.jit
+def a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
+    """16×16 block of A = β_i·(k_i·k_j)·e^{γ_i−γ_j}; strictly lower when DIAG."""
+    kk = tl.dot(ki, tl.trans(kj))
+    diff = gi[:, None] - gj[None, :]
+    if DIAG:
+        r = tl.arange(0, 16)
+        low = r[:, None] > r[None, :]
+        return tl.where(low, bi[:, None] * kk * tl.exp(tl.where(low, diff, 0.0)), 0.0)
+    else:
+        return bi[:, None] * kk * tl.exp(diff)

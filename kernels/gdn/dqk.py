@@ -1,0 +1,108 @@
+"""Backward stage 3: per chunk dq, the state/output part of dk, dWk and the γ-gradient partials."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn.common import load_gamma, transpose_via
+from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+
+
+@triton.jit
+def _bwd_dqk_kernel(
+    q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
+    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk. Every γ-gradient term is linear in
+    the column split, so each program writes its own dγ partial (summed by the WY stage)."""
+    c = tl.program_id(0)
+    ik = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dkc = ik * BK + tl.arange(0, BK)
+    i = tl.arange(0, BT)
+    t = c * BT + i
+    m = t < T
+    qk_off = b * T * HQK * D + hk * D
+    q = tl.load(q_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
+    kc = tl.load(k_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
+    dt = q.dtype
+    gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dO·Sᵀ
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)  # Vn·dS'ᵀ
+    dw_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dVn·Sᵀ
+    dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO·Vnᵀ
+    sds = tl.zeros([BK], dtype=tl.float32)  # row sums of S ⊙ dS'
+    s_base = s_ptr + (bh * NT + c) * D * D
+    ds_base = ds_ptr + (bh * NT + c) * D * D
+    for iv in range(D // BV):
+        dv = iv * BV + tl.arange(0, BV)
+        S = tl.load(s_base + dkc[:, None] * D + dv[None, :])  # [BK, BV]
+        dS = tl.load(ds_base + dkc[:, None] * D + dv[None, :])
+        vn = tl.load(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        dvn = tl.load(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+        do = do.to(dt)
+        dq_acc += tl.dot(do, tl.trans(S))
+        dk_acc += tl.dot(vn, tl.trans(dS))
+        dw_acc += tl.dot(dvn, tl.trans(S))
+        dp += tl.dot(do, tl.trans(vn))
+        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
+    causal = i[:, None] >= i[None, :]
+    e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+    dpm = dp * e * scale
+    qk = tl.dot(q, tl.trans(kc))  # this program's column share of Q·Kᵀ
+    eg = tl.exp(gam)
+    ekd = tl.exp(g_last - gam)
+    dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
+    # dpmᵀ through this program's own dk tile (BK >= BT columns; written with dk below)
+    dpmt = transpose_via(dk_ptr + (bh * T + c * BT) * D + ik * BK, dpm, i, m, D)
+    dk = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
+    z = dpm * qk
+    y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
+    dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
+    last = tl.minimum(T - 1 - c * BT, BT - 1)
+    dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
+    # dq goes straight to [B, T, Hqk, D] when R == 1, else to a per-value-head fp32 buffer.
+    if DQ_HEADS == HQK:
+        dq_off = ((b * T + t[:, None]) * HQK + hk) * D + dkc[None, :]
+    else:
+        dq_off = ((b * T + t[:, None]) * HV + h) * D + dkc[None, :]
+    tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+    tl.store(dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :], dk, mask=m[:, None])
+    dw_off = (bh * T + t[:, None]) * D + dkc[None, :]
+    tl.store(dw_ptr + dw_off, (-dw_acc).to(dw_ptr.dtype.element_ty), mask=m[:, None])
+    tl.store(dgam_ptr + (ik * (tl.num_programs(2)) + bh) * T + t, dgam, mask=m)
+
+
+def bwd_dqk(
+    q: torch.Tensor, k: torch.Tensor, num_v_heads: int, gamma: torch.Tensor, s: torch.Tensor,
+    ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
+    (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]."""
+    B, T, Hqk, _ = q.shape
+    Hv, NT = num_v_heads, num_chunks(T)
+    R = Hv // Hqk
+    dev = q.device
+    heads = Hqk if R == 1 else Hv
+    dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
+    dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
+    low_dw = bool(TUNING["dw_low"]) and q.dtype != torch.float32
+    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
+    BK = tuned("dqk_bk", q.dtype)
+    if BK < BT:
+        raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
+                         f"so it needs at least {BT} columns per program")
+    dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
+    _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
+        q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
+        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BK=BK, BV=tuned("dqk_bv", q.dtype),
+        num_warps=tuned("dqk_warps", q.dtype),
+    )  # fmt: skip
+    return dq, dkp, dw, dgam

@@ -1,0 +1,151 @@
+"""The autograd Function: wires the stages of the forward and the backward, nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.gdn.config import TUNING, D
+from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.gate import gate_cumsum
+from kernels.gdn.intra import intra_solve
+from kernels.gdn.output import output
+from kernels.gdn.state import state_backward, state_forward
+from kernels.gdn.wy_bwd import bwd_wy
+
+StateCallback = Callable[[torch.Tensor], None]
+
+
+def _saved_tensors_hook_active() -> bool:
+    """True inside `torch.autograd.graph.saved_tensors_hooks` (non-reentrant activation
+    checkpointing installs one): what the forward keeps must then go through the hook or not at
+    all. False when this torch build does not expose the query."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+    scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
+    on_final_state: StateCallback | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
+    """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
+    backward.
+    `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
+    stage is launched (a CP chain can send it on while the output is computed)."""
+    Hv = v.shape[2]
+    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep)
+    s, vn, ht, maps = state_forward(
+        k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
+        store_final=output_final_state, keep_maps=keep,
+    )
+    del u
+    if on_final_state is not None and ht is not None:
+        on_final_state(ht)
+    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype)
+    return o, ht, ((w, tm, s, vn, maps) if keep else ())
+
+
+class GatedDeltaRuleFunction(torch.autograd.Function):
+    """Autograd wiring of the stages.
+
+    By default the forward keeps Wk, T, the per-chunk states and Vn for the backward: it writes
+    them anyway, and recomputing them costs a second sequential state pass (measured ~2 ms of a
+    64K fwd+bwd on an H200). They are held on ctx rather than by save_for_backward so that the
+    backward can drop each one as soon as its last stage has run (Wk and the segment maps after
+    the reverse pass, S, dS and Vn after bwd_dqk), which lowers the backward's peak. A second
+    backward through the same graph (retain_graph) finds them gone and recomputes them.
+    TUNING["recompute"] = 1 keeps only the inputs and γ and always recomputes; so does a
+    forward under a saved-tensors hook (an activation checkpoint drops the saved tensors and
+    re-runs the forward, but would never see what ctx holds)."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
+        on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        gamma = gate_cumsum(g)
+        keep = not TUNING["recompute"] and not _saved_tensors_hook_active()
+        o, ht, kept = _forward(
+            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state
+        )
+        ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
+        ctx.kept = list(kept) if keep else None  # intermediates, not inputs or outputs
+        ctx.scale = scale
+        ctx.g_dtype = g.dtype
+        ctx.on_initial_state_grad = on_initial_state_grad
+        return o, ht
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor | None, dht: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, beta, gamma, h0 = ctx.saved_tensors
+        B, T, Hqk, _ = q.shape
+        Hv = v.shape[2]
+        R = Hv // Hqk
+        do = torch.zeros_like(v) if do is None else do.contiguous().to(v.dtype)
+        dht = None if dht is None else dht.contiguous().float()
+        kept, ctx.kept = ctx.kept, None
+        if kept:
+            w, tm, s, vn, maps = kept
+            del kept
+        else:
+            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True)
+            s, vn, _, maps = state_forward(
+                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
+                keep_maps=True,
+            )
+            del u
+        ds, dvn, dh0 = state_backward(
+            q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps
+        )
+        del w, maps
+        if ctx.on_initial_state_grad is not None and dh0 is not None:
+            ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
+        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
+        del s, ds, vn
+        dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
+        del tm, dw, dvn, dkp, dgam
+        if R > 1:
+            dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
+            dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
+        if dh0 is not None:
+            dh0 = dh0.to(h0.dtype)
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
+
+
+def gated_delta_rule_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    on_final_state: StateCallback | None = None,
+    on_initial_state_grad: StateCallback | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated delta rule, [B, T, H, 128] layout, grouped heads native; returns (o, final_state | None).
+
+    Inputs are validated by `gdn.ops.gated_delta_rule`; this checks only what the kernels assume.
+    The callbacks receive the final state (fp32) as soon as the forward's state pass has it, and
+    the initial state's gradient (fp32) as soon as the backward's reverse state pass has it: the
+    points a context-parallel state chain waits on, ahead of the stages that follow them.
+    """
+    if q.shape[-1] != D or v.shape[-1] != D:
+        raise ValueError(f"head_dim must be {D}, got q {q.shape[-1]} and v {v.shape[-1]}")
+    if v.shape[2] % q.shape[2]:
+        raise ValueError(f"Hv={v.shape[2]} is not a multiple of Hqk={q.shape[2]}")
+    scale = D**-0.5 if scale is None else float(scale)
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    o, ht = GatedDeltaRuleFunction.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+        scale, h0, output_final_state, on_final_state, on_initial_state_grad,
+    )  # fmt: skip
+    return o, ht

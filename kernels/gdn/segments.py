@@ -1,0 +1,155 @@
+"""Sequence-parallel state passes: each segment's affine map (M, E) from a zero start, and the
+scan over segments that gives the state entering (forward) or the gradient leaving (reverse)
+each segment. The state stage then walks every segment in parallel from its true state."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn.common import load_gamma, load_rows
+from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+
+
+@triton.jit
+def _segment_fwd_summary_kernel(
+    k_ptr, w_ptr, u_ptr, gamma_ptr, m_ptr, e_ptr,
+    T, NT, CPS, NSEG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_U: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Segment seg's affine map S_out = M·S_in + E (columns dv of both): E from S_in = 0 with U,
+    M from S_in = I with V = 0, walked together so each chunk's Wk and K are loaded once.
+    Written to m/e [B·Hv, NSEG, D, D] fp32 (the last segment's is never needed)."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    k_base = k_ptr + b * T * HQK * D + hk * D
+    dt = w_ptr.dtype.element_ty
+    E = tl.zeros([D, BV], dtype=tl.float32)
+    M = (dk[:, None] == dv[None, :]).to(tl.float32)
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for c in range(c0, c1):
+        t = c * BT + tl.arange(0, BT)
+        m = t < T
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        ve = -tl.dot(wk, E.to(dt))
+        if HAS_U:
+            ve += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        vm = -tl.dot(wk, M.to(dt))
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        kc = load_rows(k_base, t, m, HQK * D, D)
+        kdt = tl.trans((kc * tl.exp(g_last - gam)[:, None]).to(dt))
+        decay = tl.exp(g_last)
+        E = E * decay + tl.dot(kdt, ve.to(dt))
+        M = M * decay + tl.dot(kdt, vm.to(dt))
+    off = (bh * NSEG + seg) * D * D + dk[:, None] * D + dv[None, :]
+    tl.store(e_ptr + off, E)
+    tl.store(m_ptr + off, M)
+
+
+@triton.jit
+def _segment_scan_kernel(
+    m_ptr, e_ptr, x0_ptr, xs_ptr, NSEG,
+    HAS_X0: tl.constexpr, REVERSE: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Sequential scan over segments of the affine maps, columns dv of the state.
+    Forward (REVERSE = 0): X_0 = x0, X_{j+1} = M_j·X_j + E_j (states entering each segment).
+    Reverse (REVERSE = 1): X_{NSEG−1} = x0, X_{j−1} = M_jᵀ·X_j + E_j (state gradients leaving
+    each segment; M_j is the forward map, whose transpose carries dS back over segment j).
+    Writes every X_j to xs [B·Hv, NSEG, D, D] fp32; tf32x3 products (fp32-level accuracy on the
+    tensor cores; IEEE fp32 ones spill 13 KB of stack per program)."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    cols = dk[:, None] * D + dv[None, :]
+    if HAS_X0:
+        X = tl.load(x0_ptr + bh * D * D + cols)
+    else:
+        X = tl.zeros([D, BV], dtype=tl.float32)
+    for i in range(NSEG):
+        if REVERSE:
+            j = NSEG - 1 - i
+        else:
+            j = i
+        tl.store(xs_ptr + (bh * NSEG + j) * D * D + cols, X)
+        if REVERSE:
+            if j > 0:
+                mt = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[None, :] * D + dk[:, None])
+                X = tl.dot(mt, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+        else:
+            if j < NSEG - 1:
+                mj = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[:, None] * D + dk[None, :])
+                X = tl.dot(mj, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+
+
+def state_segments(batch_heads: int, T: int, device: torch.device) -> int:
+    """How many segments the state passes split the sequence into (1 = one sequential walk).
+
+    TUNING["seq_segments"] > 0 forces it (tests); 0 chooses from the shape: none while one walk
+    already has at least half as many programs (B·Hv·D/BV) as the device has multiprocessors,
+    else enough segments for about TUNING["seq_programs_per_sm"] programs per multiprocessor,
+    each segment at least TUNING["seq_min_chunks"] chunks. CPU tensors (the interpreter) count as one
+    multiprocessor, so the automatic choice there is 1."""
+    nt = num_chunks(T)
+    forced = int(TUNING["seq_segments"])
+    if forced > 0:
+        return _even_segments(nt, forced)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    programs = batch_heads * (D // int(TUNING["state_bv"]))
+    if 2 * programs > sms:
+        # H200: with 128 programs (B·Hv = 32) every split measured slower (16K: 5.11 ms fwd+bwd
+        # unsplit, 5.44 with 2 segments, 5.77 with 16); with 32 programs 8 segments cut both
+        # passes at 64K from 5.04 to 1.94 ms (docs/kernels.md).
+        return 1
+    want = int(TUNING["seq_programs_per_sm"]) * sms // programs
+    return _even_segments(nt, min(want, nt // int(TUNING["seq_min_chunks"])))
+
+
+def _even_segments(nt: int, want: int) -> int:
+    """The segment count that `want` gives once every segment holds cdiv(nt, want) chunks (none
+    left empty)."""
+    want = max(1, min(want, nt))
+    return triton.cdiv(nt, triton.cdiv(nt, want))
+
+
+def segment_forward_summary(
+    k: torch.Tensor, w: torch.Tensor, u: torch.Tensor | None, gamma: torch.Tensor, num_v_heads: int,
+    nseg: int, *, with_last: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None: V = 0),
+    and of the last segment too when `with_last` (the backward's scan needs M of segments
+    1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
+    B, T, Hqk, _ = k.shape
+    Hv, NT = num_v_heads, num_chunks(T)
+    cps = triton.cdiv(NT, nseg)
+    mm = torch.empty(B * Hv, nseg, D, D, device=k.device, dtype=torch.float32)
+    ee = torch.empty_like(mm)
+    BV = TUNING["state_bv"]
+    if nseg > 1:
+        _segment_fwd_summary_kernel[(D // BV, B * Hv, nseg if with_last else nseg - 1)](
+            k, w, u if u is not None else w, gamma, mm, ee, T, NT, cps, nseg, Hqk, Hv, Hv // Hqk,
+            HAS_U=u is not None, BT=BT, D=D, BV=BV,
+            num_warps=TUNING["state_warps"], num_stages=tuned("state_stages", k.dtype),
+        )  # fmt: skip
+    return mm, ee
+
+
+def segment_scan(
+    mm: torch.Tensor, ee: torch.Tensor, x0: torch.Tensor | None, *, reverse: bool
+) -> torch.Tensor:
+    """States entering (forward) or state gradients leaving (reverse) every segment."""
+    BH, nseg = mm.shape[:2]
+    xs = torch.empty_like(mm)
+    BV = TUNING["state_bv"]
+    _segment_scan_kernel[(D // BV, BH)](
+        mm, ee, x0 if x0 is not None else mm, xs, nseg,
+        HAS_X0=x0 is not None, REVERSE=reverse, D=D, BV=BV, num_warps=TUNING["state_warps"],
+    )  # fmt: skip
+    return xs

@@ -1,0 +1,199 @@
+"""Stage 3 and its backward: the state passes, sequential in chunks within a segment.
+
+Forward: per-chunk incoming states S, Vn = U − Wk·S and the final state. Reverse: per-chunk dS'
+and the full dVn, dh0. Both split the sequence into segments when `state_segments` says so."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn.common import load_gamma, load_rows
+from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+from kernels.gdn.dvn_local import dvn_local
+from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
+
+
+@triton.jit
+def _state_fwd_kernel(
+    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr,
+    T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
+    STORE_HT: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
+    segment's chunks; the last segment writes the final state. One segment = the whole sequence."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2)
+    nseg = tl.num_programs(2)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    k_base = k_ptr + b * T * HQK * D + hk * D
+    dt = w_ptr.dtype.element_ty
+    if HAS_H0:
+        S = tl.load(h0_ptr + (bh * nseg + seg) * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
+    else:
+        S = tl.zeros([D, BV], dtype=tl.float32)
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for c in range(c0, c1):
+        if STORE_S:
+            tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
+        t = c * BT + tl.arange(0, BT)
+        m = t < T
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        vn = -tl.dot(wk, S.to(dt))
+        if HAS_U:
+            vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        if STORE_VN:
+            tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        kc = load_rows(k_base, t, m, HQK * D, D)
+        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
+        S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
+    if STORE_HT:  # noqa: SIM102 - a constexpr guard around a run-time test
+        if seg == nseg - 1:
+            tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, scale,
+    T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
+    STORE: write dS per chunk and dVn. The segment's start gradient goes to dh0[bh, seg] when
+    ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    seg = SEG0 + tl.program_id(2)
+    nseg = SEG0 + tl.num_programs(2)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    qk_off = b * T * HQK * D + hk * D
+    dt = w_ptr.dtype.element_ty
+    cols = dk[:, None] * D + dv[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + (bh * nseg + seg) * D * D + cols).to(tl.float32)
+    else:
+        dS = tl.zeros([D, BV], dtype=tl.float32)
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for j in range(c1 - c0):
+        c = c1 - 1 - j
+        if STORE:
+            tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
+        t = c * BT + tl.arange(0, BT)
+        m = t < T
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
+        dvn = tl.dot(kd, dS.to(dt))
+        dvn += tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        if STORE:
+            tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
+        q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+        qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
+        do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
+    if ALL_DH0:
+        tl.store(dh0_ptr + (bh * nseg + seg) * D * D + cols, dS)
+    elif STORE_DH0:  # noqa: SIM102 - a constexpr guard around a run-time test
+        if seg == 0:
+            tl.store(dh0_ptr + bh * D * D + cols, dS)
+
+
+def state_forward(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor | None,
+    gamma: torch.Tensor,
+    num_v_heads: int,
+    initial_state: torch.Tensor | None,
+    *,
+    store_states: bool,
+    store_vn: bool,
+    store_final: bool,
+    keep_maps: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D], the final fp32 state
+    and, when `keep_maps`, the segment transitions M [B·Hv, nseg, D, D] (None for one segment; the
+    backward reuses them transposed).
+
+    With nseg = `state_segments(...)` > 1 the sequence is cut into nseg runs of chunks: every
+    segment's affine map (M, E) from a zero start in parallel, a scan over segments for the state
+    entering each, then every segment's pass from its true state in parallel. Exact: the same
+    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary)."""
+    B, T, Hqk, _ = k.shape
+    Hv, NT = num_v_heads, num_chunks(T)
+    dev = k.device
+    s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
+    vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
+    ht = torch.empty(B, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
+    BV = TUNING["state_bv"]
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    nseg = state_segments(B * Hv, T, dev)
+    mm = None
+    if nseg > 1:
+        mm, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps)
+        h0 = segment_scan(mm, ee, h0, reverse=False)
+        del ee
+        if not keep_maps:
+            mm = None
+    _state_fwd_kernel[(D // BV, B * Hv, nseg)](
+        k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
+        s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
+        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
+        STORE_HT=store_final, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
+        num_stages=tuned("state_stages", k.dtype),
+    )  # fmt: skip
+    return s, vn, ht, mm
+
+
+def state_backward(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
+    dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
+
+    `maps` are the forward's segment transitions (state_forward's fourth result): with them the
+    reverse pass is segmented the same way. Every segment but the first walks back from a zero
+    gradient (its affine part), a reverse scan carries dS over segments with Mᵀ, then every
+    segment walks back from its true gradient in parallel."""
+    B, T, Hqk, _ = q.shape
+    Hv, NT = do.shape[2], num_chunks(T)
+    R = Hv // Hqk
+    dvl = dvn_local(q, k, do, gamma, scale)
+    ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
+    dvn = torch.empty_like(dvl)
+    dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
+    BV = TUNING["state_bv"]
+    nseg = 1 if maps is None else maps.shape[1]
+    cps = triton.cdiv(NT, nseg)
+    stages = tuned("state_stages", q.dtype)
+    common = dict(BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
+    dend = dht
+    if nseg > 1:
+        dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
+        _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
+            q, k, w, do, dvl, gamma, w, w, w, dext, scale, T, NT, cps, 1, Hqk, Hv, R,
+            HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, **common,
+        )  # fmt: skip
+        dend = segment_scan(maps, dext, dht, reverse=True)
+        del dext
+    _state_bwd_kernel[(D // BV, B * Hv, nseg)](
+        q, k, w, do, dvl, gamma, dend if dend is not None else w, ds, dvn, dh0 if dh0 is not None else w,
+        scale, T, NT, cps, 0, Hqk, Hv, R,
+        HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False, **common,
+    )  # fmt: skip
+    return ds, dvn, dh0

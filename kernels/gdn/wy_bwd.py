@@ -1,0 +1,113 @@
+"""Backward stage 4: through the WY representation (T, Wk, U) to dk, dv, dβ, dγ, then dg."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn.common import load_gamma, mm, transpose_via
+from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks
+
+
+@triton.jit
+def _bwd_wy_kernel(
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
+    dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
+    DK_ROW_F32: tl.constexpr, PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
+):  # fmt: skip
+    """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
+    over D), the second applies Tᵀ and writes dk, dv slice by slice."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    i = tl.arange(0, BT)
+    t = c * BT + i
+    m = t < T
+    k_base = k_ptr + b * T * HQK * D + hk * D
+    v_base = v_ptr + b * T * HV * D + h * D
+    beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+    gam, _, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    eg = tl.exp(gam)
+    bg = beta * eg
+    tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
+    tmt = tl.trans(tm)
+    d_t = tl.zeros([BT, BT], dtype=tl.float32)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for s0 in range(0, D, BD):
+        d = s0 + tl.arange(0, BD)
+        ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0)
+        vs = tl.load(v_base + t[:, None] * (HV * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+        dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dws = dws.to(tl.float32)
+        dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        xk = ks.to(tl.float32) * bg[:, None]
+        d_t += mm(dws, tl.trans(xk), PREC_DT)
+        d_t += mm(dus.to(tl.float32), tl.trans(vs * beta[:, None]), PREC_DT)
+        kk += tl.dot(ks, tl.trans(ks))
+    # dA = −Tᵀ·dT·Tᵀ on the strict lower triangle; A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}.
+    strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
+    da = -mm(mm(tmt, d_t, PREC_DA), tmt, PREC_DA)
+    e = tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0))
+    dae = tl.where(strict, da * e, 0.0)
+    dbeta = tl.sum(dae * kk, axis=1)
+    z = dae * kk * beta[:, None]
+    dgam = tl.sum(z, axis=1) - tl.sum(z, axis=0)
+    for ik in tl.static_range(NK):
+        dgam += tl.load(dgam_ptr + (ik * tl.num_programs(1) + bh) * T + t, mask=m, other=0.0)
+    bd = dae * beta[:, None]
+    # bdᵀ through this program's dk output rows seen as fp32 (the second pass writes dk there)
+    dk_rows = dk_ptr + ((b * T + c * BT) * DK_HEADS + h // (HV // DK_HEADS)) * D
+    bdt = transpose_via(dk_rows.to(tl.pointer_type(tl.float32)), bd, i, m, DK_ROW_F32)
+    for s0 in range(0, D, BD):
+        d = s0 + tl.arange(0, BD)
+        ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+        vs = tl.load(v_base + t[:, None] * (HV * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+        dws = tl.load(dw_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dws = dws.to(tl.float32)
+        dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dxk = mm(tmt, dws, PREC_DX)
+        dxv = mm(tmt, dus.to(tl.float32), PREC_DX)
+        dks = tl.load(dkp_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dks += dxk * bg[:, None]
+        dks += mm(bd, ks, PREC_DX) + mm(bdt, ks, PREC_DX)
+        dbeta += tl.sum(dxk * ks, axis=1) * eg + tl.sum(dxv * vs, axis=1)
+        dgam += tl.sum(dxk * ks, axis=1) * bg
+        if DK_HEADS == HQK:
+            tl.store(dk_ptr + ((b * T + t[:, None]) * HQK + hk) * D + d[None, :],
+                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+        else:
+            tl.store(dk_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
+                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+        tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
+                 (dxv * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+    dgam = tl.where(m, dgam, 0.0)
+    dg = tl.cumsum(dgam, axis=0, reverse=True)
+    tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
+    tl.store(dg_ptr + (b * T + t) * HV + h, dg.to(dg_ptr.dtype.element_ty), mask=m)
+
+
+def bwd_wy(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype, gamma: torch.Tensor,
+    tm: torch.Tensor, dw: torch.Tensor, dvn: torch.Tensor, dkp: torch.Tensor, dgam: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation."""
+    B, T, Hqk, _ = k.shape
+    Hv, NT = v.shape[2], num_chunks(T)
+    R = Hv // Hqk
+    heads = Hqk if R == 1 else Hv
+    dk = torch.empty(B, T, heads, D, device=k.device, dtype=k.dtype if R == 1 else torch.float32)
+    dv = torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
+    _bwd_wy_kernel[(NT, B * Hv)](
+        k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
+        T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4,
+        PREC_DT=dot_precision(k.dtype, "wy_dt"), PREC_DA=dot_precision(k.dtype, "wy_da"),
+        PREC_DX=dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
+        NK=dgam.shape[0], num_warps=TUNING["wy_warps"], num_stages=TUNING["wy_stages"],
+    )  # fmt: skip
+    return dk, dv, dbeta, dg
