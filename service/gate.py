@@ -18,8 +18,9 @@ significant (`inconclusive`) is measured again — `max_rounds` rounds of just t
 job then a head job each round (interleaved, so drift on a shared device cancels), pooled with
 what was measured before — until decided; still undecided -> exit 2 naming the cases.
 
-`confirm`: time regressions are re-measured once by a second head job; a regression counts only
-when the re-run regresses too (the re-run compares against the same base job).
+`confirm` (on by default for cpu, where timings shift from one process to the next): the cases
+with time regressions are measured again by a fresh base job and then a fresh head job; a
+regression counts only when that pair regresses too.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
 cpu). The default suites: every registered suite that runs on the device at the world size.
@@ -44,7 +45,7 @@ from service.compare import (
 )
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
-Role = Literal["head", "base", "confirm", "round-base", "round-head"]
+Role = Literal["head", "base", "confirm-base", "confirm", "round-base", "round-head"]
 
 
 class GateRequest(BaseModel):
@@ -68,7 +69,10 @@ class GateRequest(BaseModel):
     params: dict[str, JsonValue] = Field(
         default_factory=dict, description="parameter overrides applied to every gated suite"
     )
-    confirm: bool = False
+    confirm: bool | None = Field(
+        None, description="re-measure time regressions on both sides before counting them; null: on "
+        "for cpu (a CPU job's timings shift from process to process), off elsewhere",
+    )
     reuse: bool = Field(
         True, description="reuse a commit's existing job of the same setting; false: measure anew "
         "(the head and base jobs are this gate's own, even for one commit against itself)"
@@ -352,7 +356,7 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
         return _give_up(engine, state, f"could not run a re-measurement: {exc}")
     if waiting is not None:
         return waiting
-    if req.confirm:
+    if req.confirm or (req.confirm is None and req.device == "cpu"):
         try:
             waiting = _confirm(engine, req, state, pairs, submit)
         except CannotRun as exc:
@@ -541,7 +545,7 @@ def _ensure_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
                     params=dict(req.params), statuses=statuses,
                 )  # fmt: skip
-                if found is not None and not found.cases:
+                if found is not None:
                     return _job_view(found, role, True)
         if like is not None:
             template = s.get(Job, like.job_id)
@@ -569,34 +573,43 @@ def _confirm(
     pairs: Sequence[tuple[str, GateJob, GateJob]],
     submit: SubmitFn,
 ) -> GateState | None:
-    """Re-run the head once for suites with time regressions; keep only confirmed ones.
-    Returns a waiting/error state while re-runs are pending or broken, else None."""
+    """Measure the cases with time regressions again, a fresh base job then a fresh head job
+    (new processes on both sides: an offset of one process's timings cannot repeat), and keep
+    only the regressions that pair shows too. Returns a waiting/error state while re-runs are
+    pending or broken, else None."""
     from sqlalchemy.orm import Session
 
     from service.baselines import compare_jobs
 
-    reruns: list[tuple[int, GateJob]] = []
-    for i, (suite, head, _base) in enumerate(pairs):
-        if state.comparisons[i].time_regressions():
-            job = _ensure_job(engine, req, suite, "confirm", req.head, submit, key_extra=f":{head.job_id}")
-            state.jobs.append(job)
-            reruns.append((i, job))
-    broken = [j for _, j in reruns if j.status in ("failed", "cancelled")]
+    reruns: list[tuple[int, GateJob, GateJob]] = []
+    for i, (suite, head, base) in enumerate(pairs):
+        regressed = state.comparisons[i].time_regressions()
+        if not regressed:
+            continue
+        names = list(dict.fromkeys(c.name for c, _ in regressed))
+        extra = f":{head.job_id}:{base.job_id}"
+        b = _ensure_job(engine, req, suite, "confirm-base", base.commit or state.base or "", submit,
+                        key_extra=extra, cases=names, like=base)  # fmt: skip
+        h = _ensure_job(engine, req, suite, "confirm", req.head, submit, key_extra=extra, cases=names,
+                        like=head)  # fmt: skip
+        state.jobs += [b, h]
+        reruns.append((i, b, h))
+    broken = [j for _, b, h in reruns for j in (b, h) if j.status in ("failed", "cancelled")]
     if broken:
-        why = "; ".join(f"confirm job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
+        why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
         return _give_up(engine, state, f"could not run: {why}")
-    if any(j.status != "succeeded" for _, j in reruns):
-        state.reason = "re-running time regressions to confirm them"
+    if any(j.status != "succeeded" for _, b, h in reruns for j in (b, h)):
+        state.reason = "re-measuring time regressions on both sides to confirm them"
         return state
-    for i, job in reruns:
+    for i, base_job, head_job in reruns:
         first = state.comparisons[i]
         with Session(engine) as s:
-            again = compare_jobs(s, pairs[i][2].job_id, job.job_id)
+            again = compare_jobs(s, base_job.job_id, head_job.job_id)
         again_by = {(c.fingerprint, m.metric): m for c in again.cases for m in c.metrics}
         for case, metric in first.time_regressions():
             rerun = again_by.get((case.fingerprint, metric.metric))
             conf = Confirmation(
-                first.suite, case.name, case.fingerprint, metric.metric, metric.reason, job.job_id,
+                first.suite, case.name, case.fingerprint, metric.metric, metric.reason, head_job.job_id,
                 rerun.verdict if rerun else "removed",
                 rerun.reason if rerun else "not measured by the re-run",
             )  # fmt: skip

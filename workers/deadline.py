@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from workers.suite import Suite
 
 DEFAULT_STARTUP_S = 300.0  # interpreter, imports, Triton compilation, process-group set-up
-DEFAULT_PER_CASE_S: Mapping[str, float] = {"quick": 120.0, "gate": 600.0, "full": 1800.0}
+DEFAULT_PER_CASE_S: Mapping[str, float] = {"quick": 120.0, "gate-cpu": 120.0, "gate": 600.0, "full": 1800.0}
 COLLECTIVE_MARGIN_S = 30.0  # collectives outlive the deadline by this much: the executor names the rank
 
 

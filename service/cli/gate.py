@@ -47,7 +47,9 @@ def _resolve(repo: str, ref: str) -> str:
               help="re-measurement rounds for time changes beyond the minimum effect but not significant")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "npu", "cpu"]))
 @click.option("--world-size", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--confirm", is_flag=True, help="re-run time regressions once; fail only on confirmed ones")
+@click.option("--confirm/--no-confirm", default=None,
+              help="re-measure time regressions on both sides and fail only on confirmed ones "
+                   "[default: on for --device cpu]")
 @click.option("--fresh", is_flag=True,
               help="measure anew: never reuse a commit's earlier job (e.g. a commit against itself)")
 @click.option(
@@ -63,7 +65,8 @@ def _resolve(repo: str, ref: str) -> str:
 @token_option
 def gate(
     head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str | None,
-    param_items: tuple[str, ...], max_rounds: int, device: str, world_size: int, confirm: bool, fresh: bool,
+    param_items: tuple[str, ...], max_rounds: int, device: str, world_size: int, confirm: bool | None,
+    fresh: bool,
     repo: str,
     json_path: Path | None, timeout: float, poll: float, server: str, token: str | None,
 ) -> None:  # fmt: skip
