@@ -34,8 +34,8 @@ CASES = [Case(SUITE, "small", {"T": 1}), Case(SUITE, "big", {"T": 2}), Case(SUIT
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
-    eng = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+def engine(db_url: str):  # SQLite and PostgreSQL: the loader reads rows through the driver's cursor
+    eng = make_engine(db_url)
     upgrade(eng)
     yield eng
     eng.dispose()
