@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
 from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
@@ -62,7 +62,8 @@ def load_side(session: Session, job_id: int) -> JobSide:
     # a re-queued job keeps its interrupted run's samples (and a stale run may still write case
     # results under its attempt): read the latest run only, samples and statuses alike
     attempt = max(1, job.attempts or 0)
-    arr = _sample_array(session, job_id, attempt)
+    higher = [m.id for m in metric_rows.values() if m.direction == "higher"]
+    arr = _worst_rank_rows(session, job_id, attempt, higher, job.world_size)
     results = session.execute(
         select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(
             CaseResult.job_id == job_id, CaseResult.attempt == attempt
@@ -85,11 +86,12 @@ def load_side(session: Session, job_id: int) -> JobSide:
     table = SampleTable(
         case=case_codes.reshape(-1),
         metric=metric_codes.reshape(-1),
-        rank=arr[:, 2].astype(np.int64),
-        idx=arr[:, 3].astype(np.int64),
+        rank=np.zeros(len(arr), dtype=np.int64),
+        idx=arr[:, 2].astype(np.int64),
         value=arr[:, 4],
         case_keys=[case_rows[c].fingerprint for c in case_ids_s.tolist()],
         metric_keys=[metric_rows[m].name for m in metric_ids_s.tolist()],
+        ranks=arr[:, 3].astype(np.int64),
     )
     metrics = {m.name: metric_of(m) for m in metric_rows.values()}
     # the definition the job was judged with (copied onto its summaries), not today's
@@ -105,16 +107,24 @@ def load_side(session: Session, job_id: int) -> JobSide:
     return JobSide(job_ref(job), cases, metrics, table)
 
 
-def _sample_array(session: Session, job_id: int, attempt: int) -> np.ndarray:
-    """(n, 5) float64 rows of case id, metric id, rank, idx, value (NaN for a stored NULL).
+def _worst_rank_rows(
+    session: Session, job_id: int, attempt: int, higher: list[int], world_size: int
+) -> np.ndarray:
+    """(n, 5) float64 rows of case id, metric id, ranks reporting, idx and the worst rank's value
+    (NaN when any rank's is), one per (case, metric, idx): the rank reduction runs in SQL over
+    the covering job index (`store.worst_rank_per_idx`), and the rows come through the driver's
+    own cursor into numpy in one call. A CP job's 100k raw rows become ~25k: loading, not
+    comparing, was most of the gate's compare time."""
+    from service.store import worst_rank_per_idx
 
-    The rows come through the driver's own cursor over the covering job index and go into numpy
-    in one call (None becomes NaN): about 3x faster than SQLAlchemy Row objects for 100k rows,
-    and loading, not comparing, was most of the gate's compare time."""
     s = SampleRow
-    q = select(s.case_id, s.metric_id, s.rank, s.idx, s.value).where(s.job_id == job_id, s.attempt == attempt)
+    where = (s.job_id == job_id, s.attempt == attempt)
+    if world_size == 1:  # one rank: the rows are the reduction already
+        q: Any = select(s.case_id, s.metric_id, s.idx, literal(1), s.value).where(*where)
+    else:
+        q = worst_rank_per_idx(where, higher)
     conn = session.connection()
-    compiled = q.compile(dialect=conn.dialect)
+    compiled = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     params = compiled.construct_params()
     positional = compiled.positiontup
     cursor = conn.connection.cursor()
@@ -125,7 +135,7 @@ def _sample_array(session: Session, job_id: int, attempt: int) -> np.ndarray:
         cursor.close()
     if not rows:
         return np.empty((0, 5), dtype=np.float64)
-    return np.array(rows, dtype=np.float64)
+    return np.array(rows, dtype=np.float64)  # case_id, metric_id, idx, n, w (None -> NaN)
 
 
 def compare_jobs(
@@ -158,9 +168,10 @@ def load_pooled_side(session: Session, job_ids: list[int]) -> JobSide:
     for k, side in enumerate(sides):
         t = side.samples
         offset = k * POOL_IDX_STRIDE
-        parts += [
+        counts = t.ranks if t.ranks is not None else np.ones(len(t), dtype=np.int64)
+        parts += [  # rows reduced over ranks already: the rank column carries the rank count
             (t.case_keys[c], t.metric_keys[m], int(r), int(i) + offset, float(v))
-            for c, m, r, i, v in zip(t.case.tolist(), t.metric.tolist(), t.rank.tolist(), t.idx.tolist(),
+            for c, m, r, i, v in zip(t.case.tolist(), t.metric.tolist(), counts.tolist(), t.idx.tolist(),
                                      t.value.tolist(), strict=True)
         ]  # fmt: skip
         if k:
@@ -168,7 +179,9 @@ def load_pooled_side(session: Session, job_ids: list[int]) -> JobSide:
                 if info.status in ("error", "failed") or fp not in cases:
                     cases[fp] = info
     metrics = {name: m for side in sides for name, m in side.metrics.items()}
-    return JobSide(first.ref, cases, metrics, SampleTable.from_records(parts))
+    table = SampleTable.from_records(parts)
+    table.ranks, table.rank = table.rank, np.zeros(len(table), dtype=np.int64)
+    return JobSide(first.ref, cases, metrics, table)
 
 
 def compare_pooled(

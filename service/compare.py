@@ -164,6 +164,9 @@ class SampleTable:
     value: np.ndarray  # float64
     case_keys: list[str]  # fingerprints
     metric_keys: list[str]
+    # rows already reduced over ranks (the store's SQL rank reduction): how many ranks each row
+    # stands for, and `rank` is meaningless; None: raw rows, one per rank
+    ranks: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.value)
@@ -425,13 +428,17 @@ def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     values = reduced * np.repeat(sign_of_metric[metric_codes], counts)
     # distinct ranks per group: distinct (group, rank) pairs; within a (group, idx) run ranks are
     # sorted, so count rank changes over the (group, rank)-sorted order.
-    gr_order = np.lexsort((r_sorted, g_sorted))
-    gs, rs = g_sorted[gr_order], r_sorted[gr_order]
-    distinct = np.empty(n, dtype=bool)
-    distinct[0] = True
-    distinct[1:] = (gs[1:] != gs[:-1]) | (rs[1:] != rs[:-1])
-    g_first = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-    ranks_per_group = np.add.reduceat(distinct.astype(np.int64), g_first)
+    if samples.ranks is not None:  # pre-reduced rows: the most ranks any idx of the group had
+        reported = np.asarray(samples.ranks, dtype=np.int64)[order][run_starts]
+        ranks_per_group = np.maximum.reduceat(reported, gstarts)
+    else:
+        gr_order = np.lexsort((r_sorted, g_sorted))
+        gs, rs = g_sorted[gr_order], r_sorted[gr_order]
+        distinct = np.empty(n, dtype=bool)
+        distinct[0] = True
+        distinct[1:] = (gs[1:] != gs[:-1]) | (rs[1:] != rs[:-1])
+        g_first = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+        ranks_per_group = np.add.reduceat(distinct.astype(np.int64), g_first)
     keys = list(
         zip(
             map(samples.case_keys.__getitem__, (groups // n_metrics).tolist()),

@@ -382,21 +382,7 @@ def worst_rank_arrays(
             (c, m): WorstRank(_parse(text, nans), int(total), 1)
             for c, m, total, nans, text in session.execute(q)
         }
-    n = func.count(s.id)
-    worst = func.max(s.value)
-    if higher:
-        worst = sa_case((s.metric_id.in_(higher), func.min(s.value)), else_=func.max(s.value))
-    inner = (
-        select(
-            s.case_id.label("case_id"),
-            s.metric_id.label("metric_id"),
-            n.label("n"),
-            sa_case((func.count(s.value) < n, None), else_=worst).label("w"),
-        )
-        .where(*where)
-        .group_by(s.case_id, s.metric_id, s.idx)
-        .subquery()
-    )
+    inner = worst_rank_per_idx(where, higher).subquery()
     if agg_fn is not None:
         q = select(
             inner.c.case_id,
@@ -422,6 +408,28 @@ def worst_rank_arrays(
         )
         for key, items in groups.items()
     }
+
+
+def worst_rank_per_idx(where: Sequence[Any], higher: Sequence[int]) -> Any:
+    """The rank reduction of `workers.verdict` in SQL, one row per (case, metric, idx) over the
+    covering job index: case_id, metric_id, idx, n (rows: the ranks reporting) and w (the worst
+    rank's value: max, or min for the `higher` metric ids; NULL, i.e. NaN, when any rank's is)."""
+    s = SampleRow
+    n = func.count(s.id)
+    worst = func.max(s.value)
+    if higher:
+        worst = sa_case((s.metric_id.in_(list(higher)), func.min(s.value)), else_=func.max(s.value))
+    return (
+        select(
+            s.case_id.label("case_id"),
+            s.metric_id.label("metric_id"),
+            s.idx.label("idx"),
+            n.label("n"),
+            sa_case((func.count(s.value) < n, None), else_=worst).label("w"),
+        )
+        .where(*where)
+        .group_by(s.case_id, s.metric_id, s.idx)
+    )
 
 
 @dataclass(frozen=True)

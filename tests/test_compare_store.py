@@ -75,12 +75,14 @@ def add_job(engine, sha: str, *, slow: float = 1.0, nan_step: int | None = None,
     return job_id
 
 
-def test_load_side_reads_raw_samples_cases_and_metrics(engine) -> None:
+def test_load_side_reads_rank_reduced_samples_cases_and_metrics(engine) -> None:
     job = add_job(engine, "a" * 40, crash=True)
     with Session(engine) as s:
         side = load_side(s, job)
     assert side.ref.job_id == job and side.ref.commit == "a" * 40 and side.ref.world_size == 2
-    assert len(side.samples) == 2 * 2 * (20 + 1 + 1 + 5)
+    # one row per (case, metric, idx), reduced over the job's 2 ranks in SQL, each saying so
+    assert len(side.samples) == 2 * (20 + 1 + 1 + 5)
+    assert side.samples.ranks is not None and set(side.samples.ranks.tolist()) == {2}
     statuses = {c.name: c.status for c in side.cases.values()}
     assert statuses == {"small": "passed", "big": "passed", "crash": "error"}
     assert side.metrics["o_rel_l2"].bound == 1e-2 and side.metrics["fwd_ms"].kind == "time"
