@@ -539,9 +539,6 @@ def _bootstrap_ratio_ci(
     return sorted_ratios[rows, lo_pos], sorted_ratios[rows, hi_pos]
 
 
-min_two_sided_p = verdict.min_two_sided_p
-
-
 @dataclass(slots=True)
 class _TimeStats:
     ratio: np.ndarray
@@ -561,7 +558,7 @@ def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) ->
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = head_med / base_med
     ci_low, ci_high = _bootstrap_ratio_ci(bs, hs, cfg)
-    if min_two_sided_p(n1, n2) < cfg.alpha:
+    if verdict.min_two_sided_p(n1, n2) < cfg.alpha:
         p = np.asarray(mannwhitneyu(base, head, axis=1, alternative="two-sided").pvalue, dtype=np.float64)
     else:
         p = np.full(len(base), np.nan)

@@ -334,13 +334,9 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     if pairs is None:
         return state
 
-    broken = [j for j in state.jobs if j.status in ("failed", "cancelled")]
-    if broken:
-        why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
-        return _give_up(engine, state, f"could not run: {why}")
-    if any(j.status != "succeeded" for j in state.jobs):
-        state.reason = "waiting for jobs"
-        return state
+    unsettled = _unsettled(engine, state, state.jobs, "could not run", "waiting for jobs")
+    if unsettled is not None:
+        return unsettled
 
     from service.baselines import compare_jobs
 
@@ -424,27 +420,51 @@ def _measure_again(
         for suite, names in undecided.items():
             head = next(h for s_, h, _ in pairs if s_ == suite)
             base = next(b for s_, _, b in pairs if s_ == suite)
-            extra = f":r{rnd}:{head.job_id}:{base.job_id}"
-            b = _ensure_job(engine, req, suite, "round-base", base.commit or state.base or "", submit,
-                            key_extra=extra, cases=names, like=base)  # fmt: skip
-            h = _ensure_job(engine, req, suite, "round-head", req.head, submit, key_extra=extra, cases=names,
-                            like=head)  # fmt: skip
-            state.jobs += [b, h]
+            b, h = _measure_pair(engine, req, state, submit, "round", suite, base, head, names, f":r{rnd}")
             round_jobs.append((suite, h, b))
-        broken = [j for _, h, b in round_jobs for j in (b, h) if j.status in ("failed", "cancelled")]
-        if broken:
-            why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}"
-                            for j in broken)  # fmt: skip
-            return _give_up(engine, state, f"could not run a re-measurement: {why}")
-        if any(j.status != "succeeded" for _, h, b in round_jobs for j in (b, h)):
-            state.reason = f"re-measuring {sum(map(len, undecided.values()))} undecided case(s), round {rnd}"
-            return state
+        waiting = f"re-measuring {sum(map(len, undecided.values()))} undecided case(s), round {rnd}"
+        jobs = [j for _, h, b in round_jobs for j in (b, h)]
+        unsettled = _unsettled(engine, state, jobs, "could not run a re-measurement", waiting)
+        if unsettled is not None:
+            return unsettled
         state.rounds = rnd
         for suite, h, b in round_jobs:
             pools[suite][0].append(b.job_id)
             pools[suite][1].append(h.job_id)
         with Session(engine) as s:
             state.comparisons = [compare_pooled(s, *pools[suite]) for suite, _, _ in pairs]
+    return None
+
+
+def _measure_pair(
+    engine: Any, req: GateRequest, state: GateState, submit: SubmitFn, kind: Literal["round", "confirm"],
+    suite: str, base: GateJob, head: GateJob, cases: Sequence[str], key_extra: str = "",
+) -> tuple[GateJob, GateJob]:
+    """A fresh base job, then a fresh head job (queued in that order, so on a shared device they
+    interleave with the other pairs), of just `cases`, in the setting of the first pair."""
+    extra = f"{key_extra}:{head.job_id}:{base.job_id}"
+    roles: tuple[Role, Role] = ("round-base", "round-head")
+    if kind == "confirm":
+        roles = ("confirm-base", "confirm")
+    b = _ensure_job(engine, req, suite, roles[0], base.commit or state.base or "", submit,
+                    key_extra=extra, cases=cases, like=base)  # fmt: skip
+    h = _ensure_job(engine, req, suite, roles[1], req.head, submit, key_extra=extra, cases=cases, like=head)
+    state.jobs += [b, h]
+    return b, h
+
+
+def _unsettled(
+    engine: Any, state: GateState, jobs: Sequence[GateJob], broken_why: str, waiting_why: str
+) -> GateState | None:
+    """Exit 2 naming the jobs that failed or were cancelled; the waiting state while any other
+    has not succeeded; None once all have."""
+    broken = [j for j in jobs if j.status in ("failed", "cancelled")]
+    if broken:
+        why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
+        return _give_up(engine, state, f"{broken_why}: {why}")
+    if any(j.status != "succeeded" for j in jobs):
+        state.reason = waiting_why
+        return state
     return None
 
 
@@ -587,20 +607,13 @@ def _confirm(
         if not regressed:
             continue
         names = list(dict.fromkeys(c.name for c, _ in regressed))
-        extra = f":{head.job_id}:{base.job_id}"
-        b = _ensure_job(engine, req, suite, "confirm-base", base.commit or state.base or "", submit,
-                        key_extra=extra, cases=names, like=base)  # fmt: skip
-        h = _ensure_job(engine, req, suite, "confirm", req.head, submit, key_extra=extra, cases=names,
-                        like=head)  # fmt: skip
-        state.jobs += [b, h]
+        b, h = _measure_pair(engine, req, state, submit, "confirm", suite, base, head, names)
         reruns.append((i, b, h))
-    broken = [j for _, b, h in reruns for j in (b, h) if j.status in ("failed", "cancelled")]
-    if broken:
-        why = "; ".join(f"{j.role} job {j.job_id} ({j.suite}) {j.status}: {_tail(j.error)}" for j in broken)
-        return _give_up(engine, state, f"could not run: {why}")
-    if any(j.status != "succeeded" for _, b, h in reruns for j in (b, h)):
-        state.reason = "re-measuring time regressions on both sides to confirm them"
-        return state
+    jobs = [j for _, b, h in reruns for j in (b, h)]
+    waiting = "re-measuring time regressions on both sides to confirm them"
+    unsettled = _unsettled(engine, state, jobs, "could not run", waiting)
+    if unsettled is not None:
+        return unsettled
     for i, base_job, head_job in reruns:
         first = state.comparisons[i]
         with Session(engine) as s:

@@ -15,10 +15,10 @@ from service.compare import (
     JobSide,
     SampleTable,
     compare,
-    min_two_sided_p,
     reduce_ranks,
     unit_bytes,
 )
+from workers import verdict as verdict_rule
 from workers.suite import Metric
 
 TIME = Metric("fwd_ms", "ms", "time")
@@ -88,7 +88,7 @@ def test_three_noisy_reps_never_decide_a_change_beyond_the_min_effect(seed: int)
     verdict, m = one_time_verdict(0.10, 0.30, 3, seed)
     assert m.p_value is None
     assert verdict == ("inconclusive" if abs(m.ratio - 1) > 0.05 else "unchanged"), m.reason
-    assert min_two_sided_p(3, 3) == pytest.approx(0.1)
+    assert verdict_rule.min_two_sided_p(3, 3) == pytest.approx(0.1)
 
 
 def test_min_effect_of_the_metric_is_honoured() -> None:
