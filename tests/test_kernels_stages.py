@@ -299,3 +299,60 @@ def test_segmented_end_to_end_matches_unsplit(x) -> None:
         TUNING["seq_segments"] = saved
     for name, want in results[0].items():
         assert rel_l2(results[1][name], want) <= 1e-5, name
+
+
+@pytest.mark.parametrize("segments,store", [(1, True), (3, True), (2, False)])
+def test_fused_forward(x, ref, segments: int, store: bool) -> None:
+    """The fused walk's o, per-chunk S, Vn and final state against the chunk algebra, from the
+    true incoming state of every segment (forced segment counts)."""
+    from kernels.gdn import TUNING, fused_forward, intra_solve
+
+    gamma = ref["gam"].float()
+    w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
+    saved = TUNING["seq_segments"]
+    TUNING["seq_segments"] = segments
+    try:
+        o, s, vn, ht, maps = fused_forward(
+            x["q"], x["k"], w, u, gamma, HV, SCALE, torch.float32, x["h0"],
+            store_states=store, store_vn=store, store_final=True, keep_maps=store,
+        )  # fmt: skip
+    finally:
+        TUNING["seq_segments"] = saved
+    assert (maps is None) == (segments == 1 or not store)
+    assert (s is None) == (vn is None) == (not store)
+    for h in range(HV):
+        states, vns, final = ref["fwd"][h]
+        q, k, gam = head(x["q"], h // R), head(x["k"], h // R), ref["gam"][h]
+        for i, sl in enumerate(chunks()):
+            want = SCALE * (torch.exp(gam[sl])[:, None] * (q[sl] @ states[i])
+                            + attn(q[sl], k[sl], gam[sl]) @ vns[i])  # fmt: skip
+            assert rel_l2(o[0, sl, h], want) <= TOL
+            if store:
+                assert rel_l2(s[h, i], states[i]) <= TOL and rel_l2(vn[h, sl], vns[i]) <= TOL
+        assert rel_l2(ht[0, h], final) <= TOL
+
+
+def test_fused_end_to_end_matches_unfused(x) -> None:
+    """The whole op with the fused forward equals the unfused op (o, final state and every
+    gradient) up to fp32 rounding, and a forward without autograd gives the same o and state."""
+    from gdn import gated_delta_rule
+    from kernels.gdn import TUNING
+
+    results = []
+    saved = TUNING["fused_fwd"]
+    try:
+        for fused in (0, 1):
+            TUNING["fused_fwd"] = fused
+            y = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
+            o, s = gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"], initial_state=y["h0"],
+                                    output_final_state=True, backend="triton")  # fmt: skip
+            torch.autograd.backward([o, s], [x["do"], x["dht"]])
+            results.append({"o": o, "s": s, **{f"d{n}": y[n].grad for n in y}})
+        with torch.no_grad():
+            o, s = gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                                    output_final_state=True, backend="triton")  # fmt: skip
+    finally:
+        TUNING["fused_fwd"] = saved
+    for name, want in results[0].items():
+        assert rel_l2(results[1][name], want) <= 1e-5, name
+    assert rel_l2(o, results[1]["o"]) <= 1e-5 and rel_l2(s, results[1]["s"]) <= 1e-5

@@ -11,6 +11,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   segments   per-segment affine maps of the state and the scan across segments
   state      forward / reverse state passes (sequence-parallel over segments when it pays)
   output     O from per-chunk states and Vn
+  fused_fwd  the state walk and the output in one kernel per segment (TUNING["fused_fwd"])
   dvn_local  the intra-chunk part of dVn
   dqk        dq, the state part of dk, dWk and γ partials
   wy_bwd     dk, dv, dβ, dg through the WY representation
@@ -25,6 +26,7 @@ from kernels.gdn.config import BT, TUNING, TUNING_FP32, D
 from kernels.gdn.dqk import bwd_dqk
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.function import GatedDeltaRuleFunction, gated_delta_rule_triton
+from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
 from kernels.gdn.output import output
@@ -43,6 +45,7 @@ __all__ = [
     "bwd_dqk",
     "bwd_wy",
     "dvn_local",
+    "fused_forward",
     "gate_cumsum",
     "gated_delta_rule_triton",
     "gated_delta_rule_triton_varlen",

@@ -44,6 +44,13 @@ TUNING: dict[str, int | str] = {
     # loaded K tile as both operands of a pipelined product.
     "wy_stages": 1,
     "out_bv": 64,
+    # 1: the forward runs the state walk and the output in one kernel per segment (fused_fwd), so
+    # the output never reads per-chunk S and Vn back and a forward without a backward never stores
+    # them; 0: the separate state pass and output stage.
+    "fused_fwd": 0,
+    "fused_bv": 32,  # value columns per program of the fused walk (D/BV programs per head)
+    "fused_warps": 4,
+    "fused_stages": 3,
     "recompute": 0,  # 1: backward recomputes Wk, T, per-chunk S and Vn instead of saving them
     "dw_low": 1,  # 1: bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
@@ -58,6 +65,7 @@ TUNING: dict[str, int | str] = {
 # inputs only; tests/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
 TUNING_FP32: dict[str, int | str] = {
     "state_stages": 2,  # 3 stages of fp32 tiles would pass the limit in the reverse pass
+    "fused_stages": 1,  # the fused walk loads Wk, U, Q and K per chunk: 104 KiB a stage in fp32
     "dqk_bk": 64,
     "dqk_bv": 32,
     "dqk_warps": 4,

@@ -8,6 +8,7 @@ import torch
 
 from kernels.gdn.config import TUNING, D
 from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
 from kernels.gdn.output import output
@@ -33,9 +34,19 @@ def _forward(
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
     backward.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
-    stage is launched (a CP chain can send it on while the output is computed)."""
+    stage is launched (a CP chain can send it on while the output is computed); with
+    TUNING["fused_fwd"] the state and the output come from one kernel, and it runs after that."""
     Hv = v.shape[2]
     w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep)
+    if TUNING["fused_fwd"]:
+        o, s, vn, ht, maps = fused_forward(
+            q, k, w, u, gamma, Hv, scale, v.dtype, initial_state, store_states=keep, store_vn=keep,
+            store_final=output_final_state, keep_maps=keep,
+        )
+        del u
+        if on_final_state is not None and ht is not None:
+            on_final_state(ht)
+        return o, ht, ((w, tm, s, vn, maps) if keep else ())
     s, vn, ht, maps = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
         store_final=output_final_state, keep_maps=keep,
@@ -144,6 +155,15 @@ def gated_delta_rule_triton(
         raise ValueError(f"Hv={v.shape[2]} is not a multiple of Hqk={q.shape[2]}")
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
+    inputs = (q, k, v, g, beta, h0)
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
+        # No backward can follow: nothing is kept for one (with fused_fwd, no per-chunk S or Vn
+        # is ever stored).
+        o, ht, _ = _forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), gate_cumsum(g.contiguous()), beta.contiguous(),
+            scale, h0, output_final_state, keep=False, on_final_state=on_final_state,
+        )  # fmt: skip
+        return o, ht
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         scale, h0, output_final_state, on_final_state, on_initial_state_grad,
