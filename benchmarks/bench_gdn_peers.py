@@ -215,6 +215,7 @@ def main() -> int:
     ap.add_argument("--qk-heads", default="32,16")
     ap.add_argument("--v-heads", type=int, default=HV)
     ap.add_argument("--accuracy-seeds", default="0")
+    ap.add_argument("--set", default="", help="TUNING overrides (JSON) of ours' default settings")
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON of TUNING overrides (ours)")
     ap.add_argument("--variant-seq-lens", default=None, help="lengths for the variants (default --seq-lens)")
     ap.add_argument("--profile", type=int, default=0, help="T of a per-kernel profile (0: none)")
@@ -254,6 +255,7 @@ def main() -> int:
     if args.backend == "ours":
         import kernels.gdn as K
 
+        K.TUNING.update(json.loads(args.set or "{}"))
         saved = dict(K.TUNING)
     print(json.dumps(versions), flush=True)
     for vname, over in variants:

@@ -10,7 +10,8 @@
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
 #                             (comma-separated TUNING keys; "-" for none), HEADS = Hqk,Hv
-# Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200).
+# Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), SET (JSON of
+# TUNING overrides for ours' default settings in the ours/sweep/prof/stages steps).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
 # otherwise run FlashQLA); FlashQLA compiles its TileLang kernels on first use (~2 min cold).
 set -u
@@ -40,7 +41,7 @@ bench() {  # tag, limit, backend, extra PYTHONPATH, args...
     local t0=$SECONDS json="$OUT/$tag.json"
     case $tag in prof_*) json="/tmp/$tag.json" ;; esac  # at most 8 files come back: profiles print only
     PYTHONPATH="$ROOT${path:+:$path}" timeout "$limit" python3 benchmarks/bench_gdn_peers.py --backend "$backend" \
-        --accuracy-seeds "$SEEDS" --rep "$REP" --out "$json" "$@" 2>&1 | tee -a "$OUT/bench.log"
+        --accuracy-seeds "$SEEDS" --rep "$REP" --out "$json" ${SET:+--set "$SET"} "$@" 2>&1 | tee -a "$OUT/bench.log"
     echo "$tag rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
 }
 
@@ -75,7 +76,7 @@ for step in "$@"; do
             sweep=()
             [ "${knobs:--}" != - ] && sweep=(--sweep --knobs "$knobs")
             PYTHONPATH=$ROOT timeout 200 python3 benchmarks/profile_gdn_stages.py --seq-len "$len" \
-                --qk-heads "${heads%,*}" --v-heads "${heads#*,}" "${sweep[@]}" 2>&1 | tee -a "$OUT/stages.log"
+                --qk-heads "${heads%,*}" --v-heads "${heads#*,}" ${SET:+--set "$SET"} "${sweep[@]}" 2>&1 | tee -a "$OUT/stages.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac

@@ -1,6 +1,6 @@
 """Time each stage of the Triton GDN kernels and sweep their launch settings (one GPU).
 
-    python benchmarks/profile_gdn_stages.py --seq-len 65536 --qk-heads 32 [--sweep] [--fla]
+    python benchmarks/profile_gdn_stages.py --seq-len 65536 --qk-heads 32 [--sweep] [--fla] [--set JSON]
 
 Prints the median ms of every stage (`triton.testing.do_bench`), the whole fwd and fwd+bwd of
 ours and, with --fla, of flash-linear-attention 0.6.0 on the same inputs. --sweep retimes each
@@ -24,6 +24,9 @@ SWEEP: list[tuple[str, str, list[int]]] = [
     ("state_both", "state_bv", [16, 32, 64]),
     ("state_both", "state_warps", [2, 4, 8]),
     ("state_both", "state_stages", [1, 2, 3]),
+    ("fused_fwd", "fused_bv", [32, 64]),
+    ("fused_fwd", "fused_warps", [4, 8]),
+    ("fused_fwd", "fused_stages", [2, 3, 4]),
     ("intra", "intra_warps", [4, 8]),
     ("output", "output_warps", [4, 8]),
     ("bwd_dqk", "dqk_bv", [32, 64]),
@@ -41,6 +44,7 @@ def main() -> None:
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--knobs", default="", help="sweep only these TUNING keys (comma-separated)")
     ap.add_argument("--write-tuning", default=None, help="write the best TUNING found as JSON here")
+    ap.add_argument("--set", default="", help="TUNING overrides (JSON) applied before anything runs")
     args = ap.parse_args()
 
     import torch
@@ -49,6 +53,10 @@ def main() -> None:
 
     import kernels.gdn as K
 
+    if args.set:
+        import json
+
+        K.TUNING.update(json.loads(args.set))
     torch.manual_seed(0)
     B, T, Hq, Hv, D = 1, args.seq_len, args.qk_heads, args.v_heads, 128
     dev, bf = "cuda", torch.bfloat16
@@ -90,6 +98,11 @@ def main() -> None:
         "state_fwd": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
                                              store_final=True),
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
+        # the fused walk + output as a training forward runs it (S, Vn stored) and forward-only
+        "fused_fwd": lambda: K.fused_forward(q, k, w, u, gamma, Hv, scale, bf, h0, store_states=True,
+                                             store_vn=True, store_final=True),
+        "fused_fwd_only": lambda: K.fused_forward(q, k, w, u, gamma, Hv, scale, bf, h0, store_states=False,
+                                                  store_vn=False, store_final=True),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
@@ -111,10 +124,15 @@ def main() -> None:
         o, ht = K.gated_delta_rule_triton(*xs[:5], initial_state=xs[5], output_final_state=True)
         torch.autograd.backward([o, ht], [do, dht])
 
-    def ours_f():
+    def ours_f():  # inputs without requires_grad: the forward keeps nothing for a backward
         K.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
 
-    print(f"  ours fwd       {bench(ours_f):8.3f} ms")
+    def ours_f_train():  # a training forward: keeps what the backward reads
+        xs = [t.detach().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        K.gated_delta_rule_triton(*xs[:5], initial_state=xs[5], output_final_state=True)
+
+    print(f"  ours fwd       {bench(ours_f):8.3f} ms (no autograd)")
+    print(f"  ours fwd train {bench(ours_f_train):8.3f} ms")
     print(f"  ours fwd+bwd   {bench(ours_fb):8.3f} ms")
     if args.fla:
         import fla.ops.common.chunk_o as fco

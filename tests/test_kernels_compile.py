@@ -108,15 +108,15 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     q, k, v, g, beta, h0 = _inputs(dtype, 130, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
-    # the fused forward, split and not, with a backward and forward-only
-    mod.TUNING.update(fused_fwd=1)
+    # the fused forward (split and not, with a backward and forward-only) and the fused dqk + WY
+    mod.TUNING.update(fused_fwd=1, fused_dqk_wy=1)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
     mod.TUNING.update(seq_segments=0)
     with torch.no_grad():
         mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     # the non-default variants that stay selectable (the caller restores TUNING)
-    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0)
+    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
@@ -211,7 +211,8 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     kernels = {c.kernel for c in rows}
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_wu_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
-                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel"}  # fmt: skip
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel",
+                "_bwd_dqk_wy_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]

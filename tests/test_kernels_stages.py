@@ -280,6 +280,43 @@ def test_bwd_wy(x, ref) -> None:
         assert rel_l2(dg[0, :, h], want) <= TOL
 
 
+def test_bwd_dqk_wy(x, ref) -> None:
+    """The fused dqk + WY backward: dq, dk, dv, dβ and dg are the gradients of
+    <O, dO> + <S', dS'> (S, Vn, dS' held) plus <Wk, dWk> + <U, dU> through the WY representation
+    with dWk = −dVn·Sᵀ and dU = dVn held, and dg the in-chunk reverse cumsum of dγ."""
+    from kernels.gdn import bwd_dqk_wy, intra_solve
+
+    gamma = ref["gam"].float()
+    _, _, tm = intra_solve(x["k"], x["v"], x["beta"], gamma, HV, store_t=True)
+    s = torch.stack([torch.stack(ref["fwd"][h][0]) for h in range(HV)]).float()
+    vn = torch.stack([torch.cat(ref["fwd"][h][1]) for h in range(HV)]).float()
+    back = [_ref_state_backward(x, ref, h) for h in range(HV)]
+    ds = torch.stack([torch.stack(back[h][0]) for h in range(HV)]).float()
+    dvn = torch.stack([torch.cat(back[h][1]) for h in range(HV)]).float()
+    dq, dk, dv, dbeta, dg = bwd_dqk_wy(x["q"], x["k"], x["v"], x["beta"], torch.float32, gamma, tm, s, ds,
+                                       vn, dvn, x["do"], SCALE)  # fmt: skip
+    for h in range(HV):
+        q = head(x["q"], h // R).requires_grad_()
+        k = head(x["k"], h // R).requires_grad_()
+        v = head(x["v"], h).requires_grad_()
+        b = x["beta"][0, :, h].double().requires_grad_()
+        gam = ref["gam"][h].clone().requires_grad_()
+        _, ws, us = ref_wy(k, v, b, gam)
+        loss = 0.0
+        for i, sl in enumerate(chunks()):
+            S, V, dS, dV = s[h, i].double(), vn[h, sl].double(), ds[h, i].double(), dvn[h, sl].double()
+            o = SCALE * (torch.exp(gam[sl])[:, None] * (q[sl] @ S) + attn(q[sl], k[sl], gam[sl]) @ V)
+            gl = gam[sl][-1]
+            s_out = torch.exp(gl) * S + (k[sl] * torch.exp(gl - gam[sl])[:, None]).T @ V
+            loss = loss + (o * head(x["do"], h)[sl]).sum() + (s_out * dS).sum()
+            loss = loss - (ws[i] * (dV @ S.T)).sum() + (us[i] * dV).sum()
+        gq, gk, gv, gb, gg = torch.autograd.grad(loss, (q, k, v, b, gam))
+        assert rel_l2(dq[0, :, h], gq) <= TOL and rel_l2(dk[0, :, h], gk) <= TOL  # per value head
+        assert rel_l2(dv[0, :, h], gv) <= TOL and rel_l2(dbeta[0, :, h], gb) <= TOL
+        want = torch.cat([gg[sl].flip(0).cumsum(0).flip(0) for sl in chunks()])
+        assert rel_l2(dg[0, :, h], want) <= TOL
+
+
 def test_segmented_end_to_end_matches_unsplit(x) -> None:
     """The whole op with forced segments equals the one-walk op up to fp32 rounding."""
     from gdn import gated_delta_rule
@@ -333,16 +370,17 @@ def test_fused_forward(x, ref, segments: int, store: bool) -> None:
 
 
 def test_fused_end_to_end_matches_unfused(x) -> None:
-    """The whole op with the fused forward equals the unfused op (o, final state and every
-    gradient) up to fp32 rounding, and a forward without autograd gives the same o and state."""
+    """The whole op with the fused forward and the fused dqk + WY backward equals the unfused op
+    (o, final state and every gradient) up to fp32 rounding, and a forward without autograd gives
+    the same o and state."""
     from gdn import gated_delta_rule
     from kernels.gdn import TUNING
 
     results = []
-    saved = TUNING["fused_fwd"]
+    saved = dict(TUNING)
     try:
         for fused in (0, 1):
-            TUNING["fused_fwd"] = fused
+            TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
             y = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
             o, s = gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"], initial_state=y["h0"],
                                     output_final_state=True, backend="triton")  # fmt: skip
@@ -352,7 +390,7 @@ def test_fused_end_to_end_matches_unfused(x) -> None:
             o, s = gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                                     output_final_state=True, backend="triton")  # fmt: skip
     finally:
-        TUNING["fused_fwd"] = saved
+        TUNING.update(saved)
     for name, want in results[0].items():
         assert rel_l2(results[1][name], want) <= 1e-5, name
     assert rel_l2(o, results[1]["o"]) <= 1e-5 and rel_l2(s, results[1]["s"]) <= 1e-5

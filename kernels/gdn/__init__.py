@@ -15,6 +15,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   dvn_local  the intra-chunk part of dVn
   dqk        dq, the state part of dk, dWk and γ partials
   wy_bwd     dk, dv, dβ, dg through the WY representation
+  dqk_wy     dqk and wy_bwd in one kernel, dWk and the dk partial in registers (TUNING["fused_dqk_wy"])
   function   the autograd Function (wiring only) and `gated_delta_rule_triton`
   summary    the CP state summary (`state_summary`)
   varlen     packed sequences (`cu_seqlens`) by per-sequence launches
@@ -24,6 +25,7 @@ The algebra and the measurements behind the settings are in docs/kernels.md.
 
 from kernels.gdn.config import BT, TUNING, TUNING_FP32, D
 from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.dqk_wy import bwd_dqk_wy
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.function import GatedDeltaRuleFunction, gated_delta_rule_triton
 from kernels.gdn.fused_fwd import fused_forward
@@ -43,6 +45,7 @@ __all__ = [
     "D",
     "GatedDeltaRuleFunction",
     "bwd_dqk",
+    "bwd_dqk_wy",
     "bwd_wy",
     "dvn_local",
     "fused_forward",

@@ -44,6 +44,12 @@ TUNING: dict[str, int | str] = {
     # loaded K tile as both operands of a pipelined product.
     "wy_stages": 1,
     "out_bv": 64,
+    # 1: the backward runs bwd_dqk and bwd_wy as one kernel per chunk and head (dqk_wy), so dWk,
+    # the fp32 dk partial and the dγ partials never reach memory; 0: the two stages.
+    "fused_dqk_wy": 0,
+    "dqkwy_bv": 64,  # value columns per step of its S/dS loop
+    "dqkwy_warps": 8,
+    "dqkwy_stages": 1,  # as bwd_wy (wy_stages): K·Kᵀ from one loaded tile, unpipelined
     # 1: the forward runs the state walk and the output in one kernel per segment (fused_fwd), so
     # the output never reads per-chunk S and Vn back and a forward without a backward never stores
     # them; 0: the separate state pass and output stage.
@@ -69,6 +75,7 @@ TUNING_FP32: dict[str, int | str] = {
     "dqk_bk": 64,
     "dqk_bv": 32,
     "dqk_warps": 4,
+    "dqkwy_bv": 32,
 }
 
 

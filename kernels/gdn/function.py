@@ -8,6 +8,7 @@ import torch
 
 from kernels.gdn.config import TUNING, D
 from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.dqk_wy import bwd_dqk_wy
 from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
@@ -117,10 +118,15 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         del w, maps
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
-        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
-        del s, ds, vn
-        dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
-        del tm, dw, dvn, dkp, dgam
+        if TUNING["fused_dqk_wy"]:
+            dq, dk, dv, dbeta, dg = bwd_dqk_wy(q, k, v, beta, ctx.g_dtype, gamma, tm, s, ds, vn, dvn, do,
+                                               ctx.scale)  # fmt: skip
+            del s, ds, vn, tm, dvn
+        else:
+            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
+            del s, ds, vn
+            dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
+            del tm, dw, dvn, dkp, dgam
         if R > 1:
             dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
             dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
