@@ -74,49 +74,54 @@ def _bwd_dqk_wy_kernel(
     else:
         dq_off = ((b * T + t[:, None]) * HV + h) * D + d[None, :]
     tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+    dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1)  # dq_acc's last use
+    y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
+    z = dpm * tl.dot(q, tl.trans(kc))
+    dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
     # This program's dk output rows, seen as fp32, carry both transposes (dk is written last).
     dk_rows = dk_ptr + ((b * T + c * BT) * DK_HEADS + h // (HV // DK_HEADS)) * D
     scratch = dk_rows.to(tl.pointer_type(tl.float32))
     dpmt = transpose_via(scratch, dpm, i, m, DK_ROW_F32)
     dkp = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
-    z = dpm * tl.dot(q, tl.trans(kc))
-    y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
-    dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
     last = tl.minimum(T - 1 - c * BT, BT - 1)
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
     dw = -dw_acc  # dWk, fp32, never stored
 
-    # --- the WY part (bwd_wy on full-width tiles; dU = dVn)
+    # --- the WY part (bwd_wy on full-width tiles; dU = dVn), ordered so that few full-width
+    # fp32 tiles are live at once (dWk and dU die as soon as Tᵀ has been applied to them).
     beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
     bg = beta * eg
     tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
     tmt = tl.trans(tm)
-    kf = kc.to(tl.float32)
-    vf = load_rows(v_ptr + b * T * HV * D + h * D, t, m, HV * D, D).to(tl.float32)
+    v_base = v_ptr + b * T * HV * D + h * D
+    vf = load_rows(v_base, t, m, HV * D, D).to(tl.float32)
     du = tl.load(dvn_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    kf = kc.to(tl.float32)
     d_t = mm(dw, tl.trans(kf * bg[:, None]), PREC_DT) + mm(du, tl.trans(vf * beta[:, None]), PREC_DT)
+    dxk = mm(tmt, dw, PREC_DX)
+    xk = tl.sum(dxk * kf, axis=1)
+    dkp += dxk * bg[:, None]
+    dxv = mm(tmt, du, PREC_DX)
+    dbeta = xk * eg + tl.sum(dxv * vf, axis=1)
+    dgam += xk * bg
+    tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
+             (dxv * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
     kk = tl.dot(kc, tl.trans(kc))
     strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
     da = -mm(mm(tmt, d_t, PREC_DA), tmt, PREC_DA)
     ea = tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0))
     dae = tl.where(strict, da * ea, 0.0)
-    dbeta = tl.sum(dae * kk, axis=1)
+    dbeta += tl.sum(dae * kk, axis=1)
     z = dae * kk * beta[:, None]
     dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0)
     bd = dae * beta[:, None]
     bdt = transpose_via(scratch, bd, i, m, DK_ROW_F32)
-    dxk = mm(tmt, dw, PREC_DX)
-    dxv = mm(tmt, du, PREC_DX)
-    dks = dkp + dxk * bg[:, None] + mm(bd, kf, PREC_DX) + mm(bdt, kf, PREC_DX)
-    dbeta += tl.sum(dxk * kf, axis=1) * eg + tl.sum(dxv * vf, axis=1)
-    dgam += tl.sum(dxk * kf, axis=1) * bg
+    dkp += mm(bd, kf, PREC_DX) + mm(bdt, kf, PREC_DX)
     if DK_HEADS == HQK:
         dk_off = ((b * T + t[:, None]) * HQK + hk) * D + d[None, :]
     else:
         dk_off = ((b * T + t[:, None]) * HV + h) * D + d[None, :]
-    tl.store(dk_ptr + dk_off, dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])
-    tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
-             (dxv * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+    tl.store(dk_ptr + dk_off, dkp.to(dk_ptr.dtype.element_ty), mask=m[:, None])
     dgam = tl.where(m, dgam, 0.0)
     dg = tl.cumsum(dgam, axis=0, reverse=True)
     tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
