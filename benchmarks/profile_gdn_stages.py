@@ -31,6 +31,8 @@ SWEEP: list[tuple[str, str, list[int]]] = [
     ("output", "output_warps", [4, 8]),
     ("bwd_dqk", "dqk_bv", [32, 64]),
     ("bwd_dqk", "dqk_warps", [4, 8]),
+    ("bwd_dqk_wy", "dqkwy_bv", [32, 64]),
+    ("bwd_dqk_wy", "dqkwy_warps", [4, 8]),
     ("bwd_wy", "wy_warps", [4, 8]),
     ("bwd_wy", "wy_bd", [32, 64]),
 ]
@@ -107,6 +109,7 @@ def main() -> None:
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
         "bwd_wy": wy,
+        "bwd_dqk_wy": lambda: K.bwd_dqk_wy(q, k, v, beta, g.dtype, gamma, tm, s, ds, vn, dvn, do, scale),
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }  # fmt: skip
 

@@ -115,3 +115,33 @@ def test_triton_available_on_production_shapes() -> None:
     for T in (8192, 16384, 32768, 65536):
         for hq in (16, 32):
             assert is_triton_gdn_available(GDNShape(1, T, hq, 32, 128, 128), device="cuda")
+
+
+@pytest.mark.parametrize(
+    "tuning,heads",
+    [({"fused_fwd": 1}, (16, 32)), ({"fused_dqk_wy": 1}, (16, 32)),
+     ({"fused_fwd": 1, "fused_dqk_wy": 1}, (32, 32)), ({"fused_fwd": 1, "fused_dqk_wy": 1}, (16, 32))],
+    ids=lambda v: "-".join(k for k in v) if isinstance(v, dict) else f"{v[0]}x{v[1]}",
+)  # fmt: skip
+def test_fused_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
+    """The fused forward and the fused dqk + WY backward (selectable, TUNING) at 8K stateful: every
+    tensor within the bar against the fp32 eager backend, and bit-identical over two runs."""
+    from kernels.gdn import TUNING
+    from workers.context import RankContext
+    from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs
+
+    saved = dict(TUNING)
+    TUNING.update(tuning)
+    try:
+        p = _case(8192, heads[0], heads[1], "stateful", 0)
+        errs = _errors(p, 0)
+        ctx = RankContext(rank=0, world_size=1, device=torch.device("cuda"), device_kind="cuda")
+        x = _make_inputs(ctx, p, 0)
+        first, second = (_fwd_bwd("triton", _leaves(x), True) for _ in range(2))
+    finally:
+        TUNING.clear()
+        TUNING.update(saved)
+    bad = {k: v for k, v in errs.items() if v > BAR}
+    assert not bad, f"rel-L2 over {BAR}: {bad} (all: {errs})"
+    differ = sorted(n for n, t in first.items() if t is not None and not torch.equal(t, second[n]))
+    assert not differ, f"differ between two identical runs: {differ}"
