@@ -317,28 +317,36 @@ def test_bwd_dqk_wy(x, ref) -> None:
         assert rel_l2(dg[0, :, h], want) <= TOL
 
 
-def test_segmented_end_to_end_matches_unsplit(x) -> None:
-    """The whole op with forced segments equals the one-walk op up to fp32 rounding."""
+def test_end_to_end_variants_match_the_unsplit_unfused_op(x) -> None:
+    """The whole op with forced segments, with both fused paths (whose backward reuses the fused
+    forward's segment maps) and with both together equals the one-walk unfused op (o, final
+    state, every gradient) up to fp32 rounding; a forward without autograd gives the same o and
+    final state."""
     from gdn import gated_delta_rule
     from kernels.gdn import TUNING
 
     results = []
-    saved = TUNING["seq_segments"]
+    saved = dict(TUNING)
     try:
-        for segments in (1, 3):
-            TUNING["seq_segments"] = segments
+        for segments, fused in ((1, 0), (1, 1), (3, 0), (3, 1)):
+            TUNING.update(seq_segments=segments, fused_fwd=fused, fused_dqk_wy=fused)
             y = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
             o, s = gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"], initial_state=y["h0"],
                                     output_final_state=True, backend="triton")  # fmt: skip
             torch.autograd.backward([o, s], [x["do"], x["dht"]])
             results.append({"o": o, "s": s, **{f"d{n}": y[n].grad for n in y}})
+        with torch.no_grad():
+            o, s = gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                                    output_final_state=True, backend="triton")  # fmt: skip
     finally:
-        TUNING["seq_segments"] = saved
-    for name, want in results[0].items():
-        assert rel_l2(results[1][name], want) <= 1e-5, name
+        TUNING.update(saved)
+    for got in results[1:]:
+        for name, want in results[0].items():
+            assert rel_l2(got[name], want) <= 1e-5, name
+    assert rel_l2(o, results[0]["o"]) <= 1e-5 and rel_l2(s, results[0]["s"]) <= 1e-5
 
 
-@pytest.mark.parametrize("segments,store", [(1, True), (3, True), (2, False)])
+@pytest.mark.parametrize("segments,store", [(3, True), (2, False)])
 def test_fused_forward(x, ref, segments: int, store: bool) -> None:
     """The fused walk's o, per-chunk S, Vn and final state against the chunk algebra, from the
     true incoming state of every segment (forced segment counts)."""
@@ -367,30 +375,3 @@ def test_fused_forward(x, ref, segments: int, store: bool) -> None:
             if store:
                 assert rel_l2(s[h, i], states[i]) <= TOL and rel_l2(vn[h, sl], vns[i]) <= TOL
         assert rel_l2(ht[0, h], final) <= TOL
-
-
-def test_fused_end_to_end_matches_unfused(x) -> None:
-    """The whole op with the fused forward and the fused dqk + WY backward equals the unfused op
-    (o, final state and every gradient) up to fp32 rounding, and a forward without autograd gives
-    the same o and state."""
-    from gdn import gated_delta_rule
-    from kernels.gdn import TUNING
-
-    results = []
-    saved = dict(TUNING)
-    try:
-        for fused in (0, 1):
-            TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
-            y = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
-            o, s = gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"], initial_state=y["h0"],
-                                    output_final_state=True, backend="triton")  # fmt: skip
-            torch.autograd.backward([o, s], [x["do"], x["dht"]])
-            results.append({"o": o, "s": s, **{f"d{n}": y[n].grad for n in y}})
-        with torch.no_grad():
-            o, s = gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
-                                    output_final_state=True, backend="triton")  # fmt: skip
-    finally:
-        TUNING.update(saved)
-    for name, want in results[0].items():
-        assert rel_l2(results[1][name], want) <= 1e-5, name
-    assert rel_l2(o, results[1]["o"]) <= 1e-5 and rel_l2(s, results[1]["s"]) <= 1e-5
