@@ -2,11 +2,11 @@
 
 `bwd_dqk` and `bwd_wy` are both one program per chunk and head at the bf16 settings (BK = D), and
 the first hands the second dWk, the fp32 dk partial and the dγ partials through memory (at 64K and
-B·Hv = 32: 1 GiB of fp32 partial, 512 MiB of dWk, written once and read twice). Here they stay in
-registers: the S/dS products build dq, the state/output part of dk and dWk for all D columns,
-then the WY backward runs on full-width tiles. The two 64×64 transposes of dot results go through
-this program's rows of the dk output, which it writes last (`transpose_via`, never `tl.trans` of
-a dot result into a dot).
+B·Hv = 32: 1 GiB of fp32 partial written and read once, 512 MiB of dWk written once and read
+twice). Here they stay in registers: the S/dS products build dq, the state/output part of dk
+and dWk for all D columns, then the WY backward runs on full-width tiles. The two 64×64
+transposes of dot results go through this program's rows of the dk output, which it writes last
+(`transpose_via`, never `tl.trans` of a dot result into a dot).
 """
 
 from __future__ import annotations
