@@ -353,8 +353,9 @@ def to_jsonable(obj: Any) -> Any:
 class Series:
     """Rank-reduced values of one side: per (case, metric) group, values ordered by idx.
 
-    The per-group statistics are computed for all groups at once (`_group_stats`) and kept as
-    Python lists, so building thousands of results costs no per-group numpy calls.
+    The per-group statistics are computed for all groups at once (`_group_stats`) and every
+    group's `Summary` is built in one pass over them, so thousands of results cost no per-group
+    numpy call and no per-group indexing.
     """
 
     keys: list[tuple[str, str]]  # (fingerprint, metric) per group
@@ -362,26 +363,11 @@ class Series:
     idx: np.ndarray
     values: np.ndarray
     ranks: list[int]  # distinct ranks per group
-    n: list[int] = field(default_factory=list)
-    median: list[float] = field(default_factory=list)
-    p90: list[float] = field(default_factory=list)
-    vmin: list[float] = field(default_factory=list)
-    vmax: list[float] = field(default_factory=list)
-    finite: list[bool] = field(default_factory=list)
-    first_bad: list[int] = field(default_factory=list)  # idx of the first non-finite value, or -1
+    summaries: list[Summary] = field(default_factory=list)
 
     def get(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         s, e = self.starts[g], self.starts[g + 1]
         return self.idx[s:e], self.values[s:e]
-
-    def summary(self, g: int, direction: str) -> Summary:
-        fin = self.finite[g]
-        worst = (self.vmax[g] if direction == "lower" else self.vmin[g]) if fin else math.nan
-        bad = self.first_bad[g]
-        return Summary(
-            self.n[g], self.ranks[g], self.median[g], self.p90[g], self.vmin[g], self.vmax[g], worst, fin,
-            None if bad < 0 else bad,
-        )
 
 
 def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
@@ -447,12 +433,13 @@ def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
         )
     )
     series = Series(keys, starts, run_idx, values, ranks_per_group.tolist())
-    _group_stats(series, counts)
+    _group_stats(series, counts, sign_of_metric[metric_codes] > 0)
     return series
 
 
-def _group_stats(series: Series, counts: np.ndarray) -> None:
-    """n, median, p90, min, max, finiteness and first non-finite idx of every group at once."""
+def _group_stats(series: Series, counts: np.ndarray, lower: np.ndarray) -> None:
+    """Every group's `Summary` at once: n, median, p90, min, max, worst (by `lower`, the groups'
+    lower-is-better mask), finiteness and the first non-finite idx."""
     starts = series.starts[:-1]
     values = series.values
     gid = np.repeat(np.arange(len(counts)), counts)
@@ -472,15 +459,14 @@ def _group_stats(series: Series, counts: np.ndarray) -> None:
     with np.errstate(invalid="ignore"):
         vmin = np.fmin.reduceat(values, starts)
         vmax = np.fmax.reduceat(values, starts)
+    worst = np.where(finite, np.where(lower, vmax, vmin), np.nan)
     big = np.iinfo(np.int64).max
     first_bad = np.minimum.reduceat(np.where(finite_mask, big, series.idx), starts)
-    series.n = counts.tolist()
-    series.median = quantile(0.5).tolist()
-    series.p90 = quantile(0.9).tolist()
-    series.vmin = vmin.tolist()
-    series.vmax = vmax.tolist()
-    series.finite = finite.tolist()
-    series.first_bad = np.where(first_bad == big, -1, first_bad).tolist()
+    first_bad_idx = [None if i == big else i for i in first_bad.tolist()]  # None: all finite
+    series.summaries = list(
+        map(Summary, counts.tolist(), series.ranks, quantile(0.5).tolist(), quantile(0.9).tolist(),
+            vmin.tolist(), vmax.tolist(), worst.tolist(), finite.tolist(), first_bad_idx)
+    )  # fmt: skip
 
 
 def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarray | None = None) -> Summary:
@@ -491,8 +477,8 @@ def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarra
         return Summary(0, ranks, nan, nan, nan, nan, nan, True)
     idx = np.arange(len(values)) if idx is None else np.asarray(idx, dtype=np.int64)
     series = Series([("", "")], np.array([0, len(values)]), idx, values, [ranks])
-    _group_stats(series, np.array([len(values)]))
-    return series.summary(0, direction)
+    _group_stats(series, np.array([len(values)]), np.array([direction == "lower"]))
+    return series.summaries[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,17 +558,16 @@ def _time_verdict(
     minimum effect -> unchanged; larger but not (yet) significant -> inconclusive, which the gate
     measures again until decided (it never passes a gate silently)."""
     eff = verdict.min_effect(metric.kind, metric.min_effect, device)
-    change = ratio - 1.0
-    worse = change > 0 if metric.direction == "lower" else change < 0
+    moved = verdict.time_moved(ratio, eff, metric.direction)
     testable = p == p
     significant = testable and p < cfg.alpha
-    pct = f"{change:+.1%}"
+    pct = f"{ratio - 1.0:+.1%}"
     ptxt = f"p={p:.2g}" if testable else "too few samples for significance"
     ci_txt = f"CI [{lo:.3f}, {hi:.3f}]"
-    if significant and abs(change) > eff:
+    if significant and moved in ("worse", "better"):
         why = f"median {pct} ({ptxt}, {ci_txt}; min effect {eff:.0%})"
-        return ("regressed" if worse else "improved"), why
-    if abs(change) <= eff:
+        return ("regressed" if moved == "worse" else "improved"), why
+    if moved == "same":
         return "unchanged", f"median {pct} within the min effect ±{eff:.0%} ({ptxt}, {ci_txt})"
     return "inconclusive", f"median {pct} exceeds ±{eff:.0%} but is not significant ({ptxt}, {ci_txt})"
 
@@ -741,9 +726,9 @@ def _metric_result(
     d = metric.direction
     mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
     if hg is not None:
-        mr.head = hser.summary(hg, d)
+        mr.head = hser.summaries[hg]
     if bg is not None:
-        mr.base = bser.summary(bg, d)
+        mr.base = bser.summaries[bg]
     if mr.head is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr

@@ -184,7 +184,8 @@ class MetricDef(Base):
     direction: Mapped[str] = mapped_column(String(10), default="lower")
     bound: Mapped[float | None] = mapped_column(Float)
     description: Mapped[str] = mapped_column(Text, default="")
-    min_effect: Mapped[float] = mapped_column(Float, default=0.05)
+    # the metric's declared minimum effect; NULL: its kind's, resolved by workers.verdict.min_effect
+    min_effect: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("suite", "name"),)
 

@@ -41,7 +41,9 @@ class GateTimeSuite(Suite):
     params_model = GateTimeParams
     presets: ClassVar = {"quick": {"repeats": 8}, "gate": {}, "full": {"repeats": 20}}
     metrics = (
-        Metric("sleep_ms", "ms", "time", description="one timed sleep"),
+        # a sleep is not slowed by a busy CPU's lower throughput, only its wake-up is delayed by a
+        # few ms: it declares the 5 % a GPU timing has instead of the cpu default (a doubling)
+        Metric("sleep_ms", "ms", "time", min_effect=0.05, description="one timed sleep"),
         Metric("err", "", "accuracy", bound=1e-2, description="a constant error"),
     )
 

@@ -46,12 +46,13 @@ def add_job(engine, sha: str, *, slow: float = 1.0, nan_step: int | None = None,
     rng = np.random.default_rng(len(sha) + int(slow * 100))
     with Session(engine) as s, s.begin():
         commit = store.ensure_commit(s, sha)
-        job = Job(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cpu", world_size=ranks,
+        # cuda: 1 % noise is a quiet device's (on cpu an undeclared time counts from 2x only)
+        job = Job(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cuda", world_size=ranks,
                   status=status)
         s.add(job)
         s.flush()
         mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, CASES, "cpu", ranks)
+        cids = store.ensure_cases(s, CASES, "cuda", ranks)
         job_id = job.id
         for c in CASES:
             if c.name == "crash" and crash:
@@ -86,7 +87,7 @@ def test_load_side_reads_rank_reduced_samples_cases_and_metrics(engine) -> None:
     statuses = {c.name: c.status for c in side.cases.values()}
     assert statuses == {"small": "passed", "big": "passed", "crash": "error"}
     assert side.metrics["o_rel_l2"].bound == 1e-2 and side.metrics["fwd_ms"].kind == "time"
-    fp = CASES[0].fingerprint("cpu", 2)
+    fp = CASES[0].fingerprint("cuda", 2)
     assert fp in side.cases and side.cases[fp].params == {"T": 1}
 
 

@@ -39,7 +39,7 @@ def test_deterministic_and_cpu_thread_variables() -> None:
     env = rank_environment("cpu", deterministic=True, world_size=2, base_env={}, prefixes=[], cpu_count=8)
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert env["HCCL_DETERMINISTIC"] == "true"
-    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["OMP_NUM_THREADS"] == "3"  # (8 cores - 1 for the service) // 2 ranks
     assert env["TRITON_INTERPRET"] == "1"  # the only way Triton runs on a CPU rank
     plain = rank_environment("cpu", base_env={"OMP_NUM_THREADS": "3", "TRITON_INTERPRET": "0"}, prefixes=[])
     assert "CUBLAS_WORKSPACE_CONFIG" not in plain and "OMP_NUM_THREADS" not in plain

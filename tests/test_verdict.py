@@ -103,8 +103,21 @@ def test_min_effect_per_kind_declared_and_on_cpu() -> None:
     assert verdict.min_effect("time", None) == verdict.MIN_EFFECT["time"]
     assert verdict.min_effect("memory", None) == verdict.MIN_EFFECT["memory"]
     assert verdict.min_effect("time", 0.02, "cuda") == 0.02
-    assert verdict.min_effect("time", 0.02, "cpu") == verdict.CPU_TIME_MIN_EFFECT
+    # on cpu an undeclared time counts only from a doubling; a declared one is the metric's own
+    assert verdict.min_effect("time", None, "cpu") == verdict.CPU_TIME_MIN_EFFECT == 1.0
+    assert verdict.min_effect("time", 0.25, "cpu") == 0.25
     assert verdict.min_effect("accuracy", None, "cpu") == verdict.MIN_EFFECT["accuracy"]
+
+
+def test_a_time_change_is_judged_symmetrically_in_the_ratio() -> None:
+    # +100 %: a doubling is worse, a halving better, anything between is the same
+    assert verdict.time_moved(2.01, 1.0, "lower") == "worse"
+    assert verdict.time_moved(0.49, 1.0, "lower") == "better"
+    assert verdict.time_moved(1.9, 1.0, "lower") == verdict.time_moved(0.55, 1.0, "lower") == "same"
+    assert verdict.time_moved(1.3, 0.25, "higher") == "better"  # a higher-is-better rate grew
+    assert verdict.time_moved(float("nan"), 0.05, "lower") == "unknown"
+    assert verdict.classify_change("time", "lower", 10.0, 4.0, 1.0) == "better"
+    assert verdict.classify_change("time", "lower", 10.0, 19.0, 1.0) == "same"
 
 
 def test_significance_needs_five_repetitions_per_side_at_alpha_001() -> None:

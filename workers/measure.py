@@ -47,6 +47,58 @@ def time_repeats(
     return times
 
 
+class ReferenceWork:
+    """A fixed CPU workload (small batched products and element-wise passes, the op mix of the
+    eager core) whose time is the unit of `time_against_reference`. It is the same in every
+    commit that keeps this module, so a change in its time is the machine's, not the code's."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.a = torch.randn(16, 64, 64, generator=gen) * 0.1
+        self.b = torch.randn(16, 64, 64, generator=gen) * 0.1
+        self.x = torch.randn(1 << 16, generator=gen)
+
+    def __call__(self) -> None:
+        c = self.a
+        for _ in range(16):  # ~10 ms on one core of the 2-core CI machine, about an eager call
+            c = torch.bmm(c, self.b).tanh_()
+            (self.x * 1.0001).exp_().log_().cumsum(0)
+
+
+def time_against_reference(
+    ctx: RankContext, fn: Callable[[], object], *, warmup: int = 5, repeat: int = 20
+) -> tuple[list[float], list[float]]:
+    """(milliseconds, reference-relative times) of `repeat` calls of `fn` on a CPU rank.
+
+    The speed of a shared CPU drifts by tens of percent from one second to the next (other
+    tenants of the host), which swamps any change in a wall-clock comparison of two jobs run
+    minutes apart. Each call is timed between two runs of `ReferenceWork`, and its time over the
+    mean of those two is the relative time: the drift slows both and cancels in the ratio (its
+    minimum effect: `workers.verdict.REFERENCE_RELATIVE_MIN_EFFECT`).
+    """
+    ref = ReferenceWork()
+    for _ in range(warmup):
+        fn()
+    ref()
+    timer = devices.DeviceTimer(ctx.device)
+
+    def timed(work: Callable[[], object]) -> float:
+        timer.start()
+        work()
+        timer.stop()
+        return timer.elapsed_ms()
+
+    times: list[float] = []
+    refs = [timed(ref)]
+    for _ in range(repeat):
+        if ctx.distributed:
+            collectives.barrier(ctx.group, "timing repetition")
+        times.append(timed(fn))
+        refs.append(timed(ref))
+    relative = [t / (0.5 * (refs[i] + refs[i + 1])) for i, t in enumerate(times)]
+    return times, relative
+
+
 def rank_max(ctx: RankContext, values: list[float]) -> list[float]:
     """Element-wise max over ranks (identity on one rank); every rank gets the same list."""
     if not ctx.distributed:

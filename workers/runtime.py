@@ -139,7 +139,9 @@ def rank_environment(
         env["TRITON_INTERPRET"] = "1"  # compiled Triton cannot run on a CPU rank; its interpreter can
     if device == "cpu" and "OMP_NUM_THREADS" not in base:
         cores = cpu_count or os.cpu_count() or 1
-        env["OMP_NUM_THREADS"] = str(max(1, cores // max(1, world_size)))  # ranks share the cores
+        # ranks share the cores but one, which stays with the service and the rank monitor: a
+        # rank thread that has to wait for a core stalls every op of its rank at the next join
+        env["OMP_NUM_THREADS"] = str(max(1, (cores - 1) // max(1, world_size)))
     return env
 
 

@@ -7,6 +7,9 @@ are measured, not assembled across jobs.
 Per backend `<b>` in (eager, triton, fla):
 - `<b>_fwd_ms`, `<b>_fwd_bwd_ms`: every repetition (`time_repeats`: warm-up first, which absorbs
   Triton compile and autotune). fwd runs with grad-enabled inputs, as in training.
+- `<b>_fwd_rel`, `<b>_fwd_bwd_rel` (cpu only): each repetition's time over a fixed reference
+  workload timed around it (`time_against_reference`): what the CPU gate judges, since a shared
+  CPU's speed drift cancels in it while the wall clock moves by tens of percent.
 - `<b>_peak_bytes`: incremental peak allocated of one fwd+bwd (peak minus what the inputs hold).
 - `<b>_<tensor>_rel_l2|max_abs|max_rel|finite` for o, final state, dq, dk, dv, dg, dbeta, dh0,
   one sample per seed (idx = seed index), against the reference: the fp64 per-token oracle when
@@ -41,6 +44,7 @@ from workers.suite import (
     Suite,
     SuiteParams,
 )
+from workers.verdict import REFERENCE_RELATIVE_MIN_EFFECT
 
 BACKENDS = ("eager", "triton", "fla")
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -75,6 +79,10 @@ def _metrics() -> tuple[Metric, ...]:
         out += [
             Metric(f"{b}_fwd_ms", "ms", "time", description=f"{b} forward, every repetition"),
             Metric(f"{b}_fwd_bwd_ms", "ms", "time", description=f"{b} forward + backward, every repetition"),
+            Metric(f"{b}_fwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
+                   description=f"{b} forward over the reference workload timed around it (cpu only)"),
+            Metric(f"{b}_fwd_bwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
+                   description=f"{b} forward + backward over the reference workload (cpu only)"),
             Metric(f"{b}_peak_bytes", "bytes", "memory",
                    description=f"{b} incremental peak allocated of one fwd+bwd"),
         ]  # fmt: skip
@@ -313,7 +321,7 @@ def _accuracy(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[st
 
 def _timing(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]) -> Iterator[Sample]:
     from gdn import device as devices
-    from workers.measure import measure_peak_memory, time_repeats, time_samples
+    from workers.measure import measure_peak_memory, time_against_reference, time_repeats, time_samples
 
     final = p["mode"] == "stateful"
     x = _leaves(_make_inputs(ctx, p, 1000))
@@ -336,10 +344,13 @@ def _timing(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]
                     x[n].grad = None
             _fwd_bwd(b, x, final)
 
-        fwd_times = time_repeats(ctx, fwd, warmup=warm, repeat=rep)
-        yield from time_samples(ctx, case.name, f"{b}_fwd_ms", fwd_times)
-        times = time_repeats(ctx, fwd_bwd, warmup=warm, repeat=rep)
-        yield from time_samples(ctx, case.name, f"{b}_fwd_bwd_ms", times)
+        for fn, name in ((fwd, "fwd"), (fwd_bwd, "fwd_bwd")):
+            if ctx.device_kind == "cpu":  # a shared CPU's drift cancels in the relative time
+                times, relative = time_against_reference(ctx, fn, warmup=warm, repeat=rep)
+                yield from time_samples(ctx, case.name, f"{b}_{name}_rel", relative)
+            else:
+                times = time_repeats(ctx, fn, warmup=warm, repeat=rep)
+            yield from time_samples(ctx, case.name, f"{b}_{name}_ms", times)
         med[b] = median(times)
         for n in _LEAVES:
             if x[n] is not None:
