@@ -138,35 +138,11 @@ def _worst_rank_rows(
     return np.array(rows, dtype=np.float64)  # case_id, metric_id, idx, n, w (None -> NaN)
 
 
-def load_sides(session: Session, job_ids: list[int]) -> list[JobSide]:
-    """`load_side` of each job, the others each on a connection of its own in a thread while this
-    session loads the first: the drivers release the GIL while the database works, so on a
-    multi-core host two jobs load in about the time of one. Finished jobs are read-only, so the
-    separate transactions see the same (committed) rows. An in-memory SQLite store has one connection:
-    there the jobs load one after another."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    engine = session.get_bind()
-    url = getattr(engine, "url", None)
-    in_memory = url is None or (url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"))
-    if len(job_ids) < 2 or in_memory or session.new or session.dirty or session.deleted:
-        return [load_side(session, j) for j in job_ids]
-
-    def load_apart(job_id: int) -> JobSide:
-        with Session(engine) as own:
-            return load_side(own, job_id)
-
-    with ThreadPoolExecutor(max_workers=len(job_ids) - 1, thread_name_prefix="gdnval-load") as pool:
-        rest = [pool.submit(load_apart, j) for j in job_ids[1:]]
-        first = load_side(session, job_ids[0])
-        return [first, *(f.result() for f in rest)]
-
-
 def compare_jobs(
     session: Session, base_job: int, head_job: int, config: CompareConfig | None = None
 ) -> Comparison:
     """Compare two stored jobs; they must be of the same suite (a cross-suite diff is meaningless)."""
-    base, head = load_sides(session, [base_job, head_job])
+    base, head = load_side(session, base_job), load_side(session, head_job)
     if base.ref.suite != head.ref.suite:
         raise ValueError(
             f"job {base_job} is suite {base.ref.suite!r} but job {head_job} is {head.ref.suite!r}; "
@@ -183,7 +159,7 @@ def load_pooled_side(session: Session, job_ids: list[int]) -> JobSide:
     some of its cases) as one side: samples concatenated with each job's idx offset, so ranks
     are reduced within a repetition, never across jobs. A case takes the first job's status
     unless a later job errored or failed it."""
-    sides = load_sides(session, job_ids)
+    sides = [load_side(session, j) for j in job_ids]
     first = sides[0]
     if len(sides) == 1:
         return first

@@ -353,9 +353,8 @@ def to_jsonable(obj: Any) -> Any:
 class Series:
     """Rank-reduced values of one side: per (case, metric) group, values ordered by idx.
 
-    The per-group statistics are computed for all groups at once (`_group_stats`) and every
-    group's `Summary` is built in one pass over them, so thousands of results cost no per-group
-    numpy call and no per-group indexing.
+    The per-group statistics are computed for all groups at once (`_group_stats`) and kept as
+    Python lists, so building thousands of results costs no per-group numpy calls.
     """
 
     keys: list[tuple[str, str]]  # (fingerprint, metric) per group
@@ -363,11 +362,26 @@ class Series:
     idx: np.ndarray
     values: np.ndarray
     ranks: list[int]  # distinct ranks per group
-    summaries: list[Summary] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+    median: list[float] = field(default_factory=list)
+    p90: list[float] = field(default_factory=list)
+    vmin: list[float] = field(default_factory=list)
+    vmax: list[float] = field(default_factory=list)
+    finite: list[bool] = field(default_factory=list)
+    first_bad: list[int] = field(default_factory=list)  # idx of the first non-finite value, or -1
 
     def get(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         s, e = self.starts[g], self.starts[g + 1]
         return self.idx[s:e], self.values[s:e]
+
+    def summary(self, g: int, direction: str) -> Summary:
+        fin = self.finite[g]
+        worst = (self.vmax[g] if direction == "lower" else self.vmin[g]) if fin else math.nan
+        bad = self.first_bad[g]
+        return Summary(
+            self.n[g], self.ranks[g], self.median[g], self.p90[g], self.vmin[g], self.vmax[g], worst, fin,
+            None if bad < 0 else bad,
+        )
 
 
 def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
@@ -433,13 +447,12 @@ def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
         )
     )
     series = Series(keys, starts, run_idx, values, ranks_per_group.tolist())
-    _group_stats(series, counts, sign_of_metric[metric_codes] > 0)
+    _group_stats(series, counts)
     return series
 
 
-def _group_stats(series: Series, counts: np.ndarray, lower: np.ndarray) -> None:
-    """Every group's `Summary` at once: n, median, p90, min, max, worst (by `lower`, the groups'
-    lower-is-better mask), finiteness and the first non-finite idx."""
+def _group_stats(series: Series, counts: np.ndarray) -> None:
+    """n, median, p90, min, max, finiteness and first non-finite idx of every group at once."""
     starts = series.starts[:-1]
     values = series.values
     gid = np.repeat(np.arange(len(counts)), counts)
@@ -459,14 +472,15 @@ def _group_stats(series: Series, counts: np.ndarray, lower: np.ndarray) -> None:
     with np.errstate(invalid="ignore"):
         vmin = np.fmin.reduceat(values, starts)
         vmax = np.fmax.reduceat(values, starts)
-    worst = np.where(finite, np.where(lower, vmax, vmin), np.nan)
     big = np.iinfo(np.int64).max
     first_bad = np.minimum.reduceat(np.where(finite_mask, big, series.idx), starts)
-    first_bad_idx = [None if i == big else i for i in first_bad.tolist()]  # None: all finite
-    series.summaries = list(
-        map(Summary, counts.tolist(), series.ranks, quantile(0.5).tolist(), quantile(0.9).tolist(),
-            vmin.tolist(), vmax.tolist(), worst.tolist(), finite.tolist(), first_bad_idx)
-    )  # fmt: skip
+    series.n = counts.tolist()
+    series.median = quantile(0.5).tolist()
+    series.p90 = quantile(0.9).tolist()
+    series.vmin = vmin.tolist()
+    series.vmax = vmax.tolist()
+    series.finite = finite.tolist()
+    series.first_bad = np.where(first_bad == big, -1, first_bad).tolist()
 
 
 def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarray | None = None) -> Summary:
@@ -477,8 +491,8 @@ def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarra
         return Summary(0, ranks, nan, nan, nan, nan, nan, True)
     idx = np.arange(len(values)) if idx is None else np.asarray(idx, dtype=np.int64)
     series = Series([("", "")], np.array([0, len(values)]), idx, values, [ranks])
-    _group_stats(series, np.array([len(values)]), np.array([direction == "lower"]))
-    return series.summaries[0]
+    _group_stats(series, np.array([len(values)]))
+    return series.summary(0, direction)
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,9 +740,9 @@ def _metric_result(
     d = metric.direction
     mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
     if hg is not None:
-        mr.head = hser.summaries[hg]
+        mr.head = hser.summary(hg, d)
     if bg is not None:
-        mr.base = bser.summaries[bg]
+        mr.base = bser.summary(bg, d)
     if mr.head is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr
