@@ -52,6 +52,7 @@ class Row:
     fingerprint: str
     dims: dict[str, str]
     cells: dict[str, views.Cell] = field(default_factory=dict)
+    variant: str = ""  # the backend or mode a metric-name prefix named ('' for the case itself)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Variant:
     case: views.CaseStats
     params: dict[str, Any]  # the case's parameters, with the variant as 'backend' or 'mode'
     metrics: dict[str, Any]  # measure name (the prefix stripped) -> MetricStats
+    token: str = ""  # the metric-name prefix of this variant ('' for the case's own metrics)
 
 
 def _variant_of(name: str) -> tuple[str, str] | None:
@@ -105,7 +107,7 @@ def variants(cases: Sequence[views.CaseStats]) -> list[Variant]:
             else:
                 split.setdefault(v[0], {})[v[1]] = m
         for token, ms in split.items():
-            out.append(Variant(c, {**c.params, _variant_key(token, c.params): token}, ms))
+            out.append(Variant(c, {**c.params, _variant_key(token, c.params): token}, ms, token))
         if plain or not split:
             out.append(Variant(c, dict(c.params), plain))
     return out
@@ -136,7 +138,7 @@ def dimensions(rows: Sequence[Variant]) -> list[tuple[str, str]]:
 
 def _row(v: Variant, dims: Sequence[tuple[str, str]]) -> Row:
     texts = {k: (v.case.name if k == "case" else _dim_text(k, v.params.get(k))) for k, _ in dims}
-    return Row(v.case.name, v.case.fingerprint, texts)
+    return Row(v.case.name, v.case.fingerprint, texts, variant=v.token)
 
 
 def _bad_only(cell: views.Cell) -> views.Cell:
@@ -381,4 +383,42 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 
     p = _pivot(variants(cases), cells, label=lambda k: k.replace("_", " "))
     p.notes.append("worst value over steps and ranks; per-step plots on the job page")
+    return p
+
+
+# ------------------------------------------------------------------------ one row per case variant
+
+
+def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+    """What `gdnval run` prints: one row per case variant with its key numbers as columns (the
+    bounded checks holding, the worst tensor relative-L2, fwd / fwd+bwd / peak and the gain
+    from the timing table) and the metrics out of bound. Rows keep the cases' order."""
+    timing = {(r.fingerprint, r.variant): r.cells for r in timing_pivot(cases).rows}
+    keep = ("fwd_ms", "fwd_bwd_ms", *HEADLINE_MEMORY, "gain")
+
+    def cells(v: Variant) -> dict[str, views.Cell]:
+        out: dict[str, views.Cell] = {}
+        judged = [(m.metric, views.judge(views.worst(m), m)) for n, m in v.metrics.items()
+                  if m.bound is not None and m.kind in ("check", "accuracy", "trajectory")]  # fmt: skip
+        if judged:
+            held = sum(c.state != "bad" for _, c in judged)
+            out["bounds"] = views.Cell(f"{held}/{len(judged)}", "ok" if held == len(judged) else "bad")
+        rel = [(views.worst(m), t, m) for n, m in v.metrics.items()
+               if m.kind == "accuracy" and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]  # fmt: skip
+        if rel:
+            value, (tensor, _), m = max(rel, key=lambda x: -math.inf if x[0] != x[0] else x[0])
+            cell = _bad_only(views.judge(value, m))
+            out["worst_rel_l2"] = views.Cell(f"{cell.text} ({tensor})", cell.state, cell.mark, cell.title)
+        out.update({k: c for k, c in timing.get((v.case.fingerprint, v.token), {}).items() if k in keep})
+        bad = [name for name, c in judged if c.state == "bad"]
+        if bad:
+            out["out_of_bound"] = views.Cell(", ".join(bad), "bad")
+        return out
+
+    order = (("bounds", "bounds held"), ("worst_rel_l2", "worst rel-L2"), *TIMING_COLUMNS,
+             ("gain", "gain"), ("out_of_bound", "out of bound"))  # fmt: skip
+    p = _pivot(variants(cases), cells, order, label=_timing_label)
+    p.columns = [c for c in p.columns if c[0] != "out_of_bound"] + [
+        c for c in p.columns if c[0] == "out_of_bound"
+    ]
     return p
