@@ -11,6 +11,7 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,3 +110,47 @@ def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> 
     fp64 = [r for r in rows if r[col["dtype"]] == "float64"]
     # fp64 CP equals the no-CP layer to rounding (bound 1e-9)
     assert fp64 and all(float(r[head.index("fp64 worst")]) < 1e-9 for r in fp64)
+
+
+def _metric(name: str, kind: str, median: float, unit: str = "ms", bound: float | None = None) -> Any:
+    from service.store import MetricSummary
+
+    return MetricSummary(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
+                         None)  # fmt: skip
+
+
+def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
+    from service.store import CaseSummary
+
+    return CaseSummary(0, name, f"fp-{name}", params, "passed", None, None, {m.metric: m for m in metrics})
+
+
+def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() -> None:
+    """gdn-op names its backends in the metrics ('triton_fwd_bwd_ms'); a suite may instead make
+    the backend a case parameter. The report's tables read the same either way."""
+    from service.report_tables import accuracy_pivot, timing_pivot
+
+    t = {"seq_len": 8192}
+    in_names = [_case("T8192", t, [
+        _metric("eager_fwd_bwd_ms", "time", 126.5), _metric("triton_fwd_bwd_ms", "time", 10.0),
+        _metric("triton_o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2),
+        _metric("eager_o_rel_l2", "accuracy", 1e-6, "ratio"),
+        _metric("speedup_vs_eager", "time", 12.65, "x"),
+    ])]  # fmt: skip
+    in_cases = [
+        _case("T8192_eager", {**t, "backend": "eager"}, [
+            _metric("fwd_bwd_ms", "time", 126.5), _metric("o_rel_l2", "accuracy", 1e-6, "ratio")]),
+        _case("T8192_triton", {**t, "backend": "triton"}, [
+            _metric("fwd_bwd_ms", "time", 10.0), _metric("o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2)]),
+    ]  # fmt: skip
+
+    def shape(p: Any) -> list[tuple[Any, ...]]:
+        return [(r.dims.get("backend"), *(r.cells[k].text for k, _ in p.columns if k in r.cells))
+                for r in p.rows]  # fmt: skip
+
+    for build in (timing_pivot, accuracy_pivot):
+        a, b = build(in_names), build(in_cases)
+        assert [label for _, label in a.columns] == [label for _, label in b.columns], build
+        assert sorted(shape(a), key=str) == sorted(shape(b), key=str), build
+    rows = {r.dims["backend"]: r for r in timing_pivot(in_names).rows}
+    assert rows["triton"].cells["gain"].text == "12.65×" and "gain" not in rows["eager"].cells
