@@ -24,7 +24,14 @@ from service.settings import Settings
 from workers.provenance import installed_version
 
 log = logging.getLogger("gdnval.service")
-DEMO_SUITE = "capability"
+# `serve --demo` into an empty store: the capability checks, a gdn-op matrix (the eager core:
+# the Triton interpreter takes minutes on CPU) and a cp-layer matrix over two CPU ranks, so the
+# first pages show a verdict table, an accuracy matrix, P2P-vs-Ulysses tables and timing plots.
+DEMO_JOBS: tuple[dict[str, Any], ...] = (
+    {"suite": "capability", "preset": "quick", "device": "cpu"},
+    {"suite": "gdn-op", "preset": "quick", "device": "cpu", "params": {"backends": ["eager"]}},
+    {"suite": "cp-layer", "preset": "quick", "device": "cpu", "world_size": 2},
+)
 
 
 class BodyLimit:
@@ -83,8 +90,10 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"request body exceeds the limit of {limit} bytes")
 
 
-def _demo_job(app: FastAPI) -> None:
-    """Queue one quick CPU job when the store has none, so the pages have something to show."""
+def _demo_jobs(app: FastAPI) -> None:
+    """Queue the `DEMO_JOBS` when the store has none, so the pages have something to show; a
+    job that cannot be queued (its suite not registered, too many ranks) is logged, the others
+    still go."""
     from service import queue
     from service.models import Job
     from workers.registry import suite_names
@@ -93,17 +102,17 @@ def _demo_job(app: FastAPI) -> None:
     with Session(state.engine) as s:
         if s.scalar(select(func.count()).select_from(Job)):
             return
-    names = suite_names()
-    if not names:
-        log.warning("--demo: no suites are registered; nothing queued")
-        return
-    suite = DEMO_SUITE if DEMO_SUITE in names else names[0]
-    body = {"suite": suite, "preset": "quick", "device": "cpu", "labels": {"demo": "true"}}
-    try:
-        job, _ = queue.submit_checked(state.engine, state.settings, body, state.executor)
-        log.warning("--demo: queued job %s (%s, quick, cpu)", job.id, suite)
-    except Exception as exc:
-        log.warning("--demo: could not queue a %s job: %s", suite, exc)
+    names = set(suite_names())
+    for spec in DEMO_JOBS:
+        if spec["suite"] not in names:
+            log.warning("--demo: suite %r is not registered; not queued", spec["suite"])
+            continue
+        body = {**spec, "labels": {"demo": "true"}}
+        try:
+            job, _ = queue.submit_checked(state.engine, state.settings, body, state.executor)
+            log.warning("--demo: queued job %s (%s, quick, cpu)", job.id, spec["suite"])
+        except Exception as exc:
+            log.warning("--demo: could not queue a %s job: %s", spec["suite"], exc)
 
 
 def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastAPI:
@@ -127,7 +136,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
             app.state.dispatcher = Dispatcher(settings, engine, app.state.executor)
             app.state.dispatcher.start()
         if demo:
-            _demo_job(app)
+            _demo_jobs(app)
         try:
             yield
         finally:

@@ -209,13 +209,14 @@ def find_commit_job(
 ) -> Job | None:
     """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
     submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
+    from service.store import commit_ids
+
     q = (
         select(Job)
-        .join(Commit, Job.commit_id == Commit.id)
-        .where(Job.suite == suite, Job.status.in_(statuses))
+        .where(Job.commit_id.in_(commit_ids(sha, min_prefix=7)), Job.suite == suite,
+               Job.status.in_(statuses))
         .order_by(Job.id.desc())
     )
-    q = q.where(Commit.sha.startswith(sha, autoescape=True)) if len(sha) >= 7 else q.where(Commit.sha == sha)
     if preset is not None:
         q = q.where(Job.preset == preset)
     if device is not None:

@@ -118,6 +118,8 @@ class Job(Base):
     __table_args__ = (
         # the dispatcher's claim scan: queued jobs by priority, then age
         Index("ix_job_status_priority", "status", "priority", "id"),
+        # the newest jobs of one status (recent-jobs lists, a series' succeeded jobs)
+        Index("ix_job_status_id", "status", "id"),
     )
 
     @property
@@ -242,7 +244,10 @@ class SummaryRow(Base):
     bound: Mapped[float | None] = mapped_column(Float)
     nonfinite: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
-    __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),
+        Index("ix_summary_series", "case_id", "metric_id", "job_id"),  # one series across jobs
+    )
 
 
 class Artifact(Base):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from service.gate import GateState
+    from service.report_tables import Pivot
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -244,6 +245,7 @@ def job_report_markdown(
     title: str | None = None,
 ) -> str:
     """The test report for one or more jobs (one per suite), with optional comparisons."""
+    from service import report_tables as tables
     from service.web import views
 
     commits = sorted({_short(j.commit or j.info.get("commit")) for j in jobs})
@@ -274,86 +276,74 @@ def job_report_markdown(
                      + ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n))  # fmt: skip
     lines.append("")
 
-    def cases_of(pred: Any = lambda c: True) -> list[tuple[JobData, Any]]:
-        return [(j, c) for j in jobs for c in j.cases if pred(c)]
+    # the pivoted tables, section by section (the per-metric detail stays on the job page)
+    sections: tuple[tuple[str, Any, str], ...] = (
+        ("Capability checks", lambda j: tables.check_pivot(j.cases), "_No check metrics._"),
+        ("GDN accuracy matrix", lambda j: tables.accuracy_pivot(j.cases), "_No accuracy metrics._"),
+        ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)]),
+         "_No single-device timings._"),
+        ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)]), "_No CP timings._"),
+        ("Trajectories", lambda j: tables.trajectory_pivot(j.cases), "_No trajectories._"),
+    )  # fmt: skip
+    for heading, build, empty in sections:
+        built = [(j, build(j)) for j in jobs]
+        lines += [f"## {heading}", ""]
+        if not any(p for _, p in built):
+            lines += [empty, ""]
+            continue
+        for j, p in built:
+            if len(jobs) > 1:
+                job_link = link(f"#{j.job_id}", _job_url(base_url, j.job_id))
+                lines += [f"### {md_escape(j.suite)} (job {job_link})", ""]
+            if heading == "Capability checks" and p.counts.get("checks") and not p.counts.get("failing"):
+                recorded = p.counts.get("recorded", 0)
+                more = f" ({recorded} more values recorded without a bound)" if recorded else ""
+                page = link("job page", _job_url(base_url, j.job_id))
+                lines.append(f"All {p.counts['checks']} bounded checks of {len(p.rows)} case(s) hold{more}; "
+                             f"the values are on the {page}.")  # fmt: skip
+            else:
+                lines.append(pivot_markdown(p, j.job_id, base_url) if p else empty)
+            lines.append("")
 
-    # capability checks: check-kind metrics
-    lines += ["## Capability checks", ""]
-    rows = []
-    for j, c in cases_of():
-        for r in views.value_rows([c], "check"):
-            url = case_url(base_url, j.job_id, c.fingerprint)
-            bound = md_escape(r.value.title or "–")
-            rows.append([link(c.name, url), md_escape(r.metric), _cell(r.value, url), bound])
-    lines.append(
-        table(["case", "check", "value", "bound"], rows) if rows else "_No check metrics in these jobs._"
-    )
-    lines.append("")
-
-    # accuracy matrix per tensor
-    lines += ["## GDN accuracy matrix", "", "Worst rank; relative-L2 = ‖a−b‖/‖b‖ against the reference.", ""]
-    rows = []
-    for j, c in cases_of():
-        url = case_url(base_url, j.job_id, c.fingerprint)
-        for r in views.accuracy_rows([c]):
-            cells = [_cell(r.cells[k], url) if k in r.cells else "–" for k, _ in views.ACCURACY_COLUMNS]
-            other = _cell(r.cells["other"], url) if "other" in r.cells else ""
-            rows.append([link(c.name, url), md_escape(r.tensor), *cells, other])
-    head = ["case", "tensor", *(label for _, label in views.ACCURACY_COLUMNS), "other"]
-    lines.append(table(head, rows) if rows else "_No accuracy metrics in these jobs._")
-    lines.append("")
-
-    # speed and memory: single-device tables, then CP tables
-    for title_, pred in (("Speed and memory", lambda c: not _is_cp(c)), ("CP tables", _is_cp)):
-        lines += [f"## {title_}", ""]
-        srows, mrows = [], []
-        for j in jobs:
-            chosen = [c for c in j.cases if pred(c)]
-            for r in views.speed_rows(chosen):
-                url = case_url(base_url, j.job_id, r.fingerprint)
-                srows.append([link(r.case, url), md_escape(r.metric), _cell(r.median, url), md_escape(r.p90),
-                              md_escape(r.min), md_escape(r.n), _cell(r.speedup, url), md_escape(r.baseline)])
-            for r in views.memory_rows(chosen):
-                url = case_url(base_url, j.job_id, r.fingerprint)
-                mrows.append([link(r.case, url), md_escape(r.metric), _cell(r.value, url),
-                              _cell(r.versus, url), md_escape(r.baseline)])  # fmt: skip
-        lines.append(table(["case", "metric", "median", "p90", "min", "n", "speed-up", "vs"], srows)
-                     if srows else "_No timings in these jobs._")  # fmt: skip
-        lines.append("")
-        lines.append(table(["case", "metric", "peak", "vs baseline", "baseline"], mrows)
-                     if mrows else "_No memory readings in these jobs._")  # fmt: skip
-        lines.append("")
-
-    # trajectories
-    lines += ["## Trajectories", "", "Worst value over steps and ranks against the bound; NaN/Inf fails.", ""]
-    rows = []
-    for j, c in cases_of():
-        url = case_url(base_url, j.job_id, c.fingerprint)
-        for r in views.value_rows([c], "trajectory"):
-            m = c.metrics[r.metric]
-            rows.append([link(c.name, url), md_escape(r.metric), _cell(r.value, url), str(r.steps),
-                         link(fmt(m.median), url), link(fmt(m.min), url)])  # fmt: skip
-    lines.append(table(["case", "metric", "worst", "steps", "median", "min"], rows)
-                 if rows else "_No trajectories in these jobs._")  # fmt: skip
-    lines.append("")
-
-    # case outcomes that need attention
-    lines += ["## Case outcomes", ""]
-    rows = []
+    # case outcomes that need attention: the others passed (or raised their expected error)
+    attention = []
+    total = 0
     for j in jobs:
         for cv in views.case_views(j.cases):
+            total += 1
+            if cv.status in ("passed", "expected error"):
+                continue
             url = case_url(base_url, j.job_id, cv.fingerprint)
             note = md_escape(_first_line(cv.error)) if cv.error else (", ".join(cv.bad_metrics) or "")
             if cv.expected_error:
                 note = (note + f" (expects {cv.expected_error})").strip()
-            rows.append([link(cv.name, url), md_escape(j.suite), md_escape(cv.status), note])
-    lines.append(table(["case", "suite", "outcome", "note"], rows) if rows else "_No cases._")
+            attention.append([link(cv.name, url), md_escape(j.suite), md_escape(cv.status), note])
+    lines += ["## Case outcomes", ""]
+    if attention:
+        lines.append(table(["case", "suite", "outcome", "note"], attention))
+    else:
+        lines.append(f"All {total} cases passed or raised their expected error." if total else "_No cases._")
     lines.append("")
 
     for cmp in comparisons:
         lines += ["## Comparison with the base", ""]
         lines.append(comparison_markdown(cmp, base_url))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def pivot_markdown(p: Pivot, job_id: int, base_url: str) -> str:
+    """A pivot as a Markdown table: the first dimension of each row links to its case on the
+    job page (one link per row), the cells carry their ✗ marks; the notes follow in italics."""
+    header = [label for _, label in p.dims] + [label for _, label in p.columns]
+    rows = []
+    for r in p.rows:
+        dims = [md_escape(r.dims[k]) for k, _ in p.dims]
+        dims[0] = link(r.dims[p.dims[0][0]], case_url(base_url, job_id, r.fingerprint))
+        rows.append(dims + [_cell(r.cells[k], None) if k in r.cells else "–" for k, _ in p.columns])
+    out = table(header, rows)
+    if p.notes:
+        out += "\n\n" + " ".join(f"_{md_escape(n)}._" for n in p.notes)
+    return out
 
 
 def _status_counts(j: JobData) -> dict[str, int]:

@@ -9,6 +9,7 @@ in numpy over the rows SQL already grouped, never per-row Python.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, Text, cast, delete, func, insert, select
+from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select
 from sqlalchemy import case as sa_case
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
@@ -246,7 +247,7 @@ def list_jobs(
     if device:
         q = q.where(Job.device == device)
     if commit:
-        q = q.join(Commit, Job.commit_id == Commit.id).where(Commit.sha.startswith(commit, autoescape=True))
+        q = q.where(Job.commit_id.in_(commit_ids(commit)))
     if before_id is not None:
         q = q.where(Job.id < before_id)
     if label is not None:
@@ -812,14 +813,27 @@ def get_artifact(session: Session, job_id: int, name: str) -> Artifact | None:
     return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
 
 
+FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def commit_ids(sha: str, *, min_prefix: int = 1) -> Select[Any]:
+    """The ids of the commits `sha` names, as a subquery for `Job.commit_id.in_(...)`: a full hex
+    sha is one unique-index lookup; anything shorter than `min_prefix` must match whole; else
+    every commit whose sha starts with it. Commits are resolved first, so the jobs are then read
+    by `job.commit_id`, never by walking every job of a suite."""
+    q = select(Commit.id)
+    if FULL_SHA.fullmatch(sha) or len(sha) < min_prefix:
+        return q.where(Commit.sha == sha)
+    return q.where(Commit.sha.startswith(sha, autoescape=True))
+
+
 def latest_job_for_commit(
     session: Session, sha: str, suite: str, *, device: str | None = None, preset: str | None = None
 ) -> Job | None:
     """The newest succeeded job of `suite` at commit `sha` (prefix allowed): reuse by the gate."""
     q = (
         select(Job)
-        .join(Commit, Job.commit_id == Commit.id)
-        .where(Commit.sha.startswith(sha, autoescape=True), Job.suite == suite, Job.status == "succeeded")
+        .where(Job.commit_id.in_(commit_ids(sha)), Job.suite == suite, Job.status == "succeeded")
         .order_by(Job.id.desc())
         .limit(1)
     )

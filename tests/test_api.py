@@ -585,8 +585,9 @@ def test_chunked_body_over_the_limit_is_413(http: httpx.Client) -> None:
     assert r.json()["detail"] == "request body exceeds the limit of 20000 bytes"
 
 
-def test_demo_queues_one_quick_job_into_an_empty_store(tmp_path: Path) -> None:
-    """`gdnval serve --demo`: a capability quick CPU job when the store has none, never a second."""
+def test_demo_queues_the_quick_jobs_into_an_empty_store(tmp_path: Path) -> None:
+    """`gdnval serve --demo`: capability, gdn-op and cp-layer quick CPU jobs when the store has
+    none (a verdict table, a matrix and plots on the first page), never a second set."""
     from fastapi.testclient import TestClient
 
     from service.app import create_app
@@ -596,6 +597,8 @@ def test_demo_queues_one_quick_job_into_an_empty_store(tmp_path: Path) -> None:
     for _ in range(2):
         with TestClient(create_app(settings, demo=True)) as client:
             jobs = client.get("/api/v1/jobs").json()["items"]
-    assert [(j["suite"], j["preset"], j["device"], j["labels"]) for j in jobs] == [
-        ("capability", "quick", "cpu", {"demo": "true"})
-    ]
+    got = sorted((j["suite"], j["preset"], j["device"], j["world_size"], j["labels"]) for j in jobs)
+    assert got == [("capability", "quick", "cpu", 1, {"demo": "true"}),
+                   ("cp-layer", "quick", "cpu", 2, {"demo": "true"}),
+                   ("gdn-op", "quick", "cpu", 1, {"demo": "true"})]  # fmt: skip
+    assert next(j for j in jobs if j["suite"] == "gdn-op")["params"] == {"backends": ["eager"]}

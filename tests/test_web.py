@@ -32,6 +32,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.orm import Session
 
 from service import db, store
+from service.models import Case as CaseRow
 from service.models import Job
 from workers.suite import Case, Metric
 
@@ -353,7 +354,9 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     expect(mem.locator("td.num").nth(1)).to_have_text("3.84× lower")
     # the finite checks sit in the accuracy table, not in a table of their own
     expect(page.locator("#checks-table")).to_have_count(0)
-    # plots: every repetition of every timed backend (3 backends x fwd, fwd+bwd x 20 reps x 1 rank)
+    # plots: every repetition of every timed backend (3 backends x fwd, fwd+bwd x 20 reps x 1 rank),
+    # loaded when the case comes into view
+    page.locator(f"#case-{fp8}").scroll_into_view_if_needed()
     timing = page.locator(f"#case-{fp8} figure[data-plot=timing] svg")
     expect(timing.locator("circle.rep")).to_have_count(3 * 2 * REPS)
     expect(timing.locator("g.box")).to_have_count(6)
@@ -386,10 +389,12 @@ def test_multi_rank_job_plots_every_rank_and_each_step(site: Any, page: Page) ->
     expect(sp).to_contain_text("vs ulysses (ulysses-T16k)")
     expect(sp.locator("td.num").nth(4)).to_contain_text("faster")
     expect(sp.locator("td.num").nth(3)).to_have_text(f"{REPS} × {CP_WORLD} ranks")
+    page.locator(f"#case-{fp}").scroll_into_view_if_needed()  # its plots load as it comes into view
     timing = page.locator(f"#case-{fp} figure[data-plot=timing] svg")
     expect(timing.locator("circle.rep")).to_have_count(REPS * CP_WORLD)
     for r in range(CP_WORLD):
         expect(timing.locator("text", has_text=f"r{r}")).to_have_count(1)
+    page.locator(f"#case-{seeded.fingerprints['train-p2p-4l']}").scroll_into_view_if_needed()
     traj = page.locator(f"#case-{seeded.fingerprints['train-p2p-4l']} figure[data-plot=trajectory] svg")
     expect(traj.locator("circle.step")).to_have_count(2 * STEPS)
     expect(traj.locator("line.bound")).to_have_count(2)
@@ -397,6 +402,60 @@ def test_multi_rank_job_plots_every_rank_and_each_step(site: Any, page: Page) ->
     expect(loss.locator("td.num").first).to_contain_text("✓")  # worst rank 4e-5 * 2 < 4e-4
     expect(_row(page, "checks-table", fp, metric="no_order_mismatch")).to_contain_text("1✓")
     shot(page, "job-cp-desktop")
+
+
+PAGE_BUDGET = 250 * 1024  # the job page at ~100k samples (issue 22)
+
+
+def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
+    """A CP-shaped job of ~100k samples through the store: 16 cases x 8 ranks, 4 timed metrics x
+    100 repetitions and 2 trajectories x 200 steps each; finished, its summaries stored."""
+    suite, ranks, reps, steps = "web-size", 8, 100, 200
+    metrics = (*(Metric(f"{b}_{k}_ms", "ms", "time") for b in ("ulysses", "p2p") for k in ("fwd", "fwd_bwd")),
+               Metric("loss_max_rel", "", "trajectory", bound=4e-4),
+               Metric("grad_norm_max_rel", "", "trajectory", bound=1e-2))  # fmt: skip
+    cases = [Case(suite, f"T{16 * (i + 1)}k", {"seq_len": 16384 * (i + 1)}) for i in range(16)]
+    rng = np.random.default_rng(0)
+    with db.write_tx(engine) as s:
+        job = Job(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
+                  attempts=1)  # fmt: skip
+        s.add(job)
+        s.flush()
+        mids = store.ensure_metrics(s, suite, metrics)
+        cids = store.ensure_cases(s, cases, "cuda", ranks)
+        for c in cases:
+            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+        job_id = job.id
+    rows = []
+    for c in cases:
+        for m in metrics:
+            n = reps if m.kind == "time" else steps
+            vals = rng.normal(100, 2, (ranks, n)) if m.kind == "time" else rng.random((ranks, n)) * 1e-4
+            rows += [(cids[c.name], mids[m.name], r, i, float(vals[r, i]))
+                     for r in range(ranks) for i in range(n)]  # fmt: skip
+    store.insert_samples(engine, job_id, rows)
+    store.finish_summary(engine, job_id, 1)
+    with db.write_tx(engine) as s:
+        s.get(Job, job_id).status = "succeeded"
+    with Session(engine) as s:
+        fps = [s.get(CaseRow, cids[c.name]).fingerprint for c in cases]
+    return job_id, fps, len(rows)
+
+
+def test_job_page_at_100k_samples_stays_small_and_draws_each_case_in_view(site: Any, page: Page) -> None:
+    base, _, engine = site
+    job_id, fps, n = _ingest_big_cp_job(engine)
+    assert n >= 100_000
+    resp = page.goto(f"{base}/jobs/{job_id}")
+    body = resp.body()
+    assert len(body) <= PAGE_BUDGET, f"job page of {n} samples is {len(body) / 1024:.0f} KiB"
+    assert b"circle" not in body  # no case's plot inline: each arrives with its case
+    # the plots of a case far down the page arrive as it comes into view, drawn in full
+    last = page.locator(f"#case-{fps[-1]}")
+    last.scroll_into_view_if_needed()
+    expect(last.locator("figure[data-plot=timing] svg g.box")).to_have_count(4)
+    expect(last.locator("figure[data-plot=trajectory] svg polyline.traj")).to_have_count(2)
+    assert last.locator("figure[data-plot=timing] svg circle.rep").count() > 0
 
 
 def test_pages_fit_a_phone_screen(site: Any, browser: Browser) -> None:

@@ -13,7 +13,10 @@ httpx, uvicorn or ray.
      samples: [{case, metric, rank, idx, value}],
      logs:    [str]}
 Statistics and bounds are `workers.verdict`'s (worst rank per idx, then median/p90/min/max of
-the finite values with the non-finite ones counted). The JSON is strict: a non-finite value is
+the finite values with the non-finite ones counted). The table printed is one row per case
+(per backend a case measures side by side) with its key numbers as columns, the report's pivot
+(`service.report_tables.case_pivot`); `--failures` keeps only the cases that need attention,
+`--all-metrics` prints one row per case and metric. The JSON is strict: a non-finite value is
 written as null and its JSON pointer listed under `nonfinite`. `--json -` writes it to stdout
 (the table then goes to stderr).
 Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
@@ -33,6 +36,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +170,113 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink) -> None:
-    summary = summarise(suite, sink.samples_)
+@dataclass
+class _MetricStats:
+    """One summary row as the report's tables read it (`service.web.views.MetricStats`)."""
+
+    metric: str
+    unit: str
+    kind: str
+    direction: str
+    bound: float | None
+    count: int
+    samples: int
+    ranks: int
+    median: float
+    p90: float
+    min: float
+    max: float
+    nonfinite: int
+
+
+@dataclass
+class _CaseStats:
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str | None
+    error: str | None
+    expected_error: str | None
+    metrics: dict[str, _MetricStats]
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def case_stats(
+    cases: Sequence[Any], sink: CollectingSink, summary: Sequence[dict[str, Any]], device: str,
+    world_size: int,
+) -> list[_CaseStats]:  # fmt: skip
+    """The run's cases with their summaries, in the shape the report's pivots take."""
+    ranks: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for smp in sink.samples_:
+        ranks[(smp.case, smp.metric)].add(smp.rank)
+    by_case: dict[str, dict[str, _MetricStats]] = defaultdict(dict)
+    for r in summary:
+        by_case[r["case"]][r["metric"]] = _MetricStats(
+            r["metric"], r["unit"], r["kind"], r["direction"], r["bound"], r["count"], r["count"],
+            len(ranks[(r["case"], r["metric"])]), _nan(r["median"]), _nan(r["p90"]), _nan(r["min"]),
+            _nan(r["max"]), r["nonfinite"],
+        )  # fmt: skip
+    out = []
+    for c in cases:
+        status, error = sink.cases.get(c.name, ("not run", None))
+        out.append(_CaseStats(c.name, c.fingerprint(device, world_size), dict(c.params), status, error,
+                              c.expected_error, by_case.get(c.name, {})))  # fmt: skip
+    return out
+
+
+STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", "error": "red"}
+
+
+def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool) -> int:
+    """One row per case (per backend or mode a case measures side by side) with the key numbers
+    as columns (`service.report_tables.case_pivot`); with `failures`, only the cases that did not
+    pass or hold a number out of bound. Returns the number of rows printed."""
+    from service.report_tables import case_pivot
+
+    pivot = case_pivot(stats)
+    rows_of: dict[str, list[Any]] = defaultdict(list)
+    for row in pivot.rows:
+        rows_of[row.fingerprint].append(row)
+    variants = any(r.variant for r in pivot.rows)
+    title = f"{suite.name}: " + ("cases that need attention" if failures else "one row per case")
+    table = Table(title=title, show_lines=False)
+    table.add_column("case", no_wrap=True)
+    if variants:
+        table.add_column("variant")
+    table.add_column("status")
+    for _, label in pivot.columns:
+        table.add_column(label, justify="left" if label == "out of bound" else "right")
+    shown = 0
+    for c in stats:
+        rows = rows_of.get(c.fingerprint) or [None]
+        bad = c.status not in ("passed", "expected_error") or any(
+            "out_of_bound" in r.cells for r in rows if r is not None
+        )  # a slower gain is a number to read, not a failure
+        if failures and not bad:
+            continue
+        for i, row in enumerate(rows):
+            status = f"[{STATUS_COLORS.get(c.status or '', 'yellow')}]{c.status}[/]" if i == 0 else ""
+            cells = []
+            for key, _ in pivot.columns:
+                cell = row.cells.get(key) if row is not None else None
+                text = "" if cell is None else f"{cell.text} {cell.mark}".strip()
+                cells.append(f"[red]{text}[/]" if cell is not None and cell.state == "bad" else text)
+            lead = [c.name if i == 0 else ""] + ([row.variant if row is not None else ""] if variants else [])
+            table.add_row(*lead, status, *cells)
+            shown += 1
+    if shown:
+        console.print(table)
+    elif failures:
+        console.print(f"{suite.name}: every case passed and every bounded number holds", highlight=False)
+    return shown
+
+
+def _render_metrics(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink,
+                    summary: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+    """The full table: one row per (case, metric) with median / p90 / min / n and the bound."""
     by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in summary:
         by_case[row["case"]].append(row)
@@ -175,10 +284,9 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
     for col in ("case", "status", "metric", "median", "p90", "min", "n", "bound", "ok"):
         numeric = col in ("median", "p90", "min", "n", "bound")
         table.add_column(col, justify="right" if numeric else "left", no_wrap=col in ("case", "metric"))
-    colors = {"passed": "green", "expected_error": "green", "failed": "red", "error": "red"}
     for case in cases:
         status, _ = sink.cases.get(case.name, ("not run", None))
-        styled = f"[{colors.get(status, 'yellow')}]{status}[/]"
+        styled = f"[{STATUS_COLORS.get(status, 'yellow')}]{status}[/]"
         rows = by_case.get(case.name) or [None]
         for i, row in enumerate(rows):
             if row is None:
@@ -193,6 +301,18 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
                 str(row["count"]), bound, ok,
             )  # fmt: skip
     console.print(table)
+
+
+def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink, device: str,
+            world_size: int, *, view: str) -> None:  # fmt: skip
+    """The run's results: `view` cases (one row per case), failures (only what needs attention)
+    or metrics (one row per case and metric); then the errors of the cases that failed."""
+    summary = summarise(suite, sink.samples_)
+    if view == "metrics":
+        _render_metrics(console, suite, cases, sink, summary)
+    else:
+        _render_cases(console, suite, case_stats(cases, sink, summary, device, world_size),
+                      failures=view == "failures")  # fmt: skip
     for case in cases:
         status, error = sink.cases.get(case.name, ("not run", None))
         if status in ("failed", "error") and error:
@@ -214,6 +334,10 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
 @click.option("--repo", type=click.Path(file_okay=False, exists=True), default=None,
               help="git repository: run --commit's snapshot instead of the installed code")
 @click.option("--commit", default=None, help="commit to run (needs --repo)")
+@click.option("--failures", "view", flag_value="failures",
+              help="print only the cases that did not pass or hold a number out of bound")
+@click.option("--all-metrics", "view", flag_value="metrics",
+              help="print one row per case and metric (median, p90, min, n, bound) instead of per case")
 @click.option("--dry-run", is_flag=True,
               help="check the suite, preset, --param overrides, device and world size, print the cases "
                    "and exit 0 without starting any rank")
@@ -228,6 +352,7 @@ def run(
     deterministic: bool,
     repo: str | None,
     commit: str | None,
+    view: str | None,
     dry_run: bool,
 ) -> None:
     """Run SUITE on this machine through the local executor and print its results."""
@@ -280,7 +405,7 @@ def run(
     result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
     to_stdout = json_path is not None and str(json_path) == "-"
     out = output.console(sys.stderr if to_stdout else None)  # piped: never truncate names
-    _render(out, suite, cases, sink)
+    _render(out, suite, cases, sink, device, world_size, view=view or "cases")
     ran = result.status == "succeeded"
     judged = verdict.job_verdict(
         [sink.cases[c.name][0] for c in cases if c.name in sink.cases], ran=ran, expected=len(cases)

@@ -31,7 +31,8 @@ from workers.executor import PLACEMENT_STRATEGIES
 @click.option("--device-limit", "device_limits", multiple=True, metavar="KIND=N",
               help="concurrent jobs per device kind, e.g. cuda=2 [env GDNVAL_DEVICE_LIMITS as JSON]")
 @click.option("--no-dispatch", is_flag=True, help="serve results only; run no jobs in this process")
-@click.option("--demo", is_flag=True, help="queue a quick CPU job when the store has no jobs")
+@click.option("--demo", is_flag=True,
+              help="queue capability, gdn-op and cp-layer quick CPU jobs when the store has no jobs")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 def serve(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from sqlalchemy import Select, func, literal, select
 from sqlalchemy import case as sa_case
 from sqlalchemy.orm import Session
 
-from service.models import Case, CaseResult, Job, MetricDef, SampleRow, SummaryRow
+from service.models import Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -250,15 +251,20 @@ def suites_with_results(session: Session) -> list[str]:
 
 
 def case_metric_names(session: Session, fingerprint: str) -> list[str]:
-    """Metrics that have samples for this case in any job (for the history picker)."""
-    q = (
-        select(MetricDef.name)
-        .join(SampleRow, SampleRow.metric_id == MetricDef.id)
-        .join(Case, Case.id == SampleRow.case_id)
-        .where(Case.fingerprint == fingerprint)
-        .distinct()
-        .order_by(MetricDef.name)
+    """Metrics that have samples for this case in any job (for the history picker).
+
+    One EXISTS per metric of the case's suite, each answered by the first entry of
+    `ix_sample_case`: flat in the number of jobs and samples, where a DISTINCT over the case's
+    samples read every sample of the case in every job."""
+    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    if case is None:
+        return []
+    has_samples = (
+        select(SampleRow.id)
+        .where(SampleRow.case_id == case.id, SampleRow.metric_id == MetricDef.id)
+        .exists()
     )
+    q = select(MetricDef.name).where(MetricDef.suite == case.suite, has_samples).order_by(MetricDef.name)
     return list(session.scalars(q).all())
 
 
@@ -275,11 +281,20 @@ def previous_job(session: Session, job: Job) -> Job | None:
     return session.scalars(q).unique().first()
 
 
+@dataclass(frozen=True)
+class SeriesJob:
+    """What the history page shows of a job: its id, commit and end."""
+
+    id: int
+    commit_sha: str | None
+    finished_at: datetime | None
+
+
 @dataclass
 class SeriesStat:
     """One job's statistics of one case and metric (worst rank applied), as stored at its end."""
 
-    job: Job
+    job: SeriesJob | Job
     count: int
     median: float
     min: float
@@ -289,19 +304,23 @@ class SeriesStat:
 
 def series_summaries(session: Session, case_id: int, metric_id: int, *, last: int = 200) -> list[SeriesStat]:
     """The last `last` succeeded jobs' stored summaries of one series, oldest first: one indexed
-    query instead of re-reducing every job's raw samples (finished jobs' samples never change)."""
+    query instead of re-reducing every job's raw samples (finished jobs' samples never change).
+    Ordered by the summary's job id so that `ix_summary_series` is read newest-first and stops
+    after `last` rows, whatever the number of jobs in the store; only the three job columns the
+    page shows are read (a whole `Job` row, with its JSON columns, cost more than the query)."""
     r = SummaryRow
     q = (
-        select(Job, r.count, r.median, r.min, r.p90, r.max)
-        .join(r, r.job_id == Job.id)
+        select(Job.id, Commit.sha, Job.finished_at, r.count, r.median, r.min, r.p90, r.max)
+        .select_from(r)
+        .join(Job, Job.id == r.job_id)
+        .outerjoin(Commit, Commit.id == Job.commit_id)
         .where(r.case_id == case_id, r.metric_id == metric_id, Job.status == "succeeded",
                r.attempt == _job_attempt())
-        .order_by(Job.id.desc())
+        .order_by(r.job_id.desc())
         .limit(last)
     )
     nan = float("nan")
-    out = [SeriesStat(job, n, nan if med is None else med, nan if lo is None else lo,
+    out = [SeriesStat(SeriesJob(jid, sha, end), n, nan if med is None else med, nan if lo is None else lo,
                       nan if p90 is None else p90, nan if hi is None else hi)
-           for job, n, med, lo, p90, hi in session.execute(q).unique()]  # fmt: skip
+           for jid, sha, end, n, med, lo, p90, hi in session.execute(q)]  # fmt: skip
     return out[::-1]
-

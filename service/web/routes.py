@@ -266,8 +266,12 @@ PAGE_POINTS = 5000  # repetition dots per job page; more lanes -> each lane subs
 MIN_LANE_POINTS = 10
 
 
-def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[str, list[dict[str, Any]]]:
-    """Per case fingerprint: the timing distribution and the trajectory errors, as SVG.
+def _plots(
+    session: Session, job: Job, cases: list[store.CaseSummary], only: set[str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Per case fingerprint (of `only`, else every case): the timing distribution and the
+    trajectory errors, as SVG. The point budget is the whole job's, so a case drawn alone looks
+    as it does among the others.
 
     The summaries say how many samples each lane holds, so the queries ask only for what is
     drawn: at most PAGE_POINTS repetition dots per page (every k-th repetition of a long lane,
@@ -300,7 +304,7 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
             elif m.id in traj_ids and ms.count > charts.MAX_STEPS:
                 bins[m.id] = max(bins.get(m.id, 1), math.ceil(ms.count / charts.MAX_STEPS))
     attempt = max(1, job.attempts)
-    case_ids = [c.case_id for c in cases]
+    case_ids = [c.case_id for c in cases if only is None or c.fingerprint in only]
     timing = queries.timing_groups(session, job.id, attempt, case_ids, timed_ids, strides)
     steps = queries.step_groups(session, job.id, attempt, case_ids, traj_ids, bins)
     names = {c.case_id: (c.fingerprint, c.name) for c in cases}
@@ -353,6 +357,28 @@ def _plots(session: Session, job: Job, cases: list[store.CaseSummary]) -> dict[s
     return out
 
 
+def _plottable(cases: list[store.CaseSummary]) -> set[str]:
+    """The cases with a timing lane or a trajectory to draw (their plots load with the case)."""
+    return {c.fingerprint for c in cases for m in c.metrics.values()
+            if m.kind == "trajectory" or (m.kind == "time" and m.unit in views.TIME_UNITS)}  # fmt: skip
+
+
+@pages.get("/jobs/{job_id}/plots", response_class=HTMLResponse)
+def job_plots(
+    request: Request, job_id: int, case: str, session: Session = Depends(get_session)
+) -> HTMLResponse:
+    """One case's plots as an HTML fragment: the job page fetches it when the case comes near
+    the screen, so a 100k-sample page is not ~700 KiB of inline SVG before anyone looks."""
+    job = store.get_job(session, job_id)
+    if job is None:
+        return _error(request, 404, "No such job", f"There is no job #{job_id}.")
+    cases = store.case_summaries(session, job_id)
+    if case not in {c.fingerprint for c in cases}:
+        return _error(request, 404, "No such case", f"Job #{job_id} has no case {case!r}.")
+    plots = _plots(session, job, cases, only={case}).get(case, [])
+    return _page(request, "_plots.html", plots=plots)
+
+
 def _case_counts(cases: list[views.CaseView]) -> list[tuple[str, str, int]]:
     counts: dict[tuple[str, str], int] = {}
     for c in cases:
@@ -383,7 +409,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         case_counts=_case_counts(cviews), acc_rows=acc, acc_columns=views.ACCURACY_COLUMNS,
         acc_other=any("other" in r.cells for r in acc), speed_rows=views.speed_rows(cases),
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
-        check_rows=views.value_rows(cases, "check"), case_plots=_plots(session, job, cases),
+        check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
         deadline=_deadline(request, job),
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),

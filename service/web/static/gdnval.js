@@ -56,8 +56,32 @@
     if (s === "queued" || s === "running") { setTimeout(tick, PERIOD_MS); }
   }
 
+  // Job page: each case's plots are a fragment fetched when the case comes near the screen, so
+  // a page of many cases does not carry every case's SVG before anyone scrolls to it.
+  function loadPlots(el) {
+    if (el.getAttribute("data-loaded")) { return; }
+    el.setAttribute("data-loaded", "pending");
+    fetch(el.getAttribute("data-plots"), { headers: { "Accept": "text/html" } })
+      .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.text(); })
+      .then(function (html) { el.innerHTML = html; el.setAttribute("data-loaded", "yes"); })
+      .catch(function (e) {
+        el.textContent = "Plots could not be loaded (" + e.message + ").";
+        el.setAttribute("data-loaded", "failed");
+      });
+  }
+  function watchPlots(els) {
+    if (!("IntersectionObserver" in window)) { els.forEach(loadPlots); return; }
+    var seen = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) {
+        if (e.isIntersecting) { seen.unobserve(e.target); loadPlots(e.target); }
+      });
+    }, { rootMargin: "800px 0px" });
+    els.forEach(function (el) { seen.observe(el); });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-poll]").forEach(pollRows);
     document.querySelectorAll("[data-poll-json]").forEach(pollJob);
+    watchPlots(Array.prototype.slice.call(document.querySelectorAll("[data-plots]")));
   });
 })();

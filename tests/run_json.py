@@ -1,0 +1,44 @@
+"""Store a `gdnval run --json` document (format gdnval-run/1) as a job, through the same sink
+the dispatcher writes with (`service.dispatcher.StoreSink`): the report and page tests then read
+a job that a real suite produced, without re-running it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from service import store
+from service.db import write_tx
+from service.dispatcher import StoreSink
+from service.models import Job
+from workers.suite import Sample
+
+
+def store_run(engine: Engine, path: Path, artifacts: Path, *, commit: str | None = None) -> int:
+    """The run in `path` as a finished job of the store; returns its id."""
+    doc: dict[str, Any] = json.loads(path.read_text())
+    if doc.get("format") != "gdnval-run/1":
+        raise ValueError(f"{path}: format {doc.get('format')!r}, expected 'gdnval-run/1'")
+    with write_tx(engine) as s:
+        row = store.ensure_commit(s, commit or doc.get("commit"))
+        job = Job(suite=doc["suite"], preset=doc["preset"], params=doc.get("overrides") or {},
+                  device=doc["device"], world_size=doc["world_size"], status="running", attempts=1,
+                  commit=row, info=doc.get("info") or {}, progress_total=len(doc["cases"]))  # fmt: skip
+        s.add(job)
+        s.flush()
+        s.expunge(job)
+    sink = StoreSink(engine, job, artifacts)
+    nan = float("nan")
+    sink.samples([Sample(x["case"], x["metric"], nan if x["value"] is None else x["value"], rank=x["rank"],
+                         idx=x["idx"]) for x in doc["samples"]])  # fmt: skip
+    for c in doc["cases"]:
+        if c["status"] != "not run":
+            sink.case_result(c["name"], c["status"], c.get("error"))
+    store.finish_summary(engine, job.id, 1)
+    with write_tx(engine) as s:
+        s.get(Job, job.id).status = doc["status"]
+    store.record_verdict(engine, job.id, ran=doc["status"] == "succeeded")
+    return job.id
