@@ -7,7 +7,7 @@ series' stored summaries across jobs (the history page) are read from the index 
 probing every job's summaries.
 
 Revision ID: 0006
-Revises: 0004 (the lead chains it after 0005 at merge)
+Revises: 0005
 Create Date: 2026-12-01 12:10:00.000000
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
