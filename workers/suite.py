@@ -178,6 +178,11 @@ class Suite(ABC):
         except ValidationError as exc:
             raise UnknownSuiteInput(f"invalid parameters for suite {self.name!r}: {exc}") from exc
 
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        """The core backends a job with `params` runs; the ranks record where each one's code
+        comes from (workers.provenance.backend_provenance)."""
+        return ()
+
     def metric(self, name: str) -> Metric:
         for m in self.metrics:
             if m.name == name:
