@@ -143,3 +143,13 @@ def test_sources_that_cannot_be_had_are_refused(ext_repo, tmp_path: Path) -> Non
     assert sink.outcome.status == "failed"  # type: ignore[attr-defined]
     assert "cannot install the backend source" in sink.outcome.error  # type: ignore[attr-defined]
     assert not sink.cases  # nothing ran without the code it names
+
+
+def test_a_job_request_names_its_backend_source_in_a_label() -> None:
+    from service.queue import InvalidJob, validate_request
+
+    body = {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager", "extgdn"]},
+            "labels": {"backend_source": "git+https://example.invalid/ext-gdn.git@v1"}}  # fmt: skip
+    assert validate_request(body, None).labels["backend_source"].endswith("@v1")
+    with pytest.raises(InvalidJob, match=r"label 'backend_source': backend source 'git\+x'"):
+        validate_request({**body, "labels": {"backend_source": "git+x"}}, None)
