@@ -2,10 +2,12 @@
 (a plain-torch per-token recurrence, autograd for the backward) in a git repository with two
 commits, the second numerically wrong; installed per commit into a folder of its own
 (workers.backend_source), found through its `gdnval.backends` entry point, and run by gdn-op's
-quick preset beside `eager` through the real local executor."""
+quick preset beside `eager` in the jobs of a real gate between the two commits (the service on
+SQLite, the local executor), which fails."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 from pathlib import Path
@@ -88,46 +90,79 @@ def ext_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
 
 
 def _job(cache: Path, source: str, params: dict) -> RecordingSink:
+    """A gdn-op quick job with this backend source on the real local executor."""
     sink = RecordingSink()
     spec = JobSpec(job_id=1, suite="gdn-op", preset="quick", params=params, deadline_s=300.0,
                    backend_source=source)  # fmt: skip
-    outcome = LocalExecutor(cache_dir=cache / "snapshots").run(spec, sink, threading.Event())
-    sink.outcome = outcome  # type: ignore[attr-defined]
+    sink.outcome = LocalExecutor(cache_dir=cache / "snapshots").run(spec, sink, threading.Event())  # type: ignore[attr-defined]
     return sink
 
 
-def _provenance(sink: RecordingSink, name: str) -> dict:
-    found = [b for info in sink.infos for b in info.get("backends", []) if b["backend"] == name]
-    assert found, sink.infos
-    return found[0]
-
-
-def test_each_commit_installs_once_and_runs_beside_eager(ext_repo, tmp_path: Path) -> None:
+def test_each_commit_installs_once_into_a_folder_of_its_own(ext_repo, tmp_path: Path) -> None:
     repo, right, wrong = ext_repo
     site = install_backend_source(f"git+{repo}@{right[:10]}", tmp_path / "backends")
     assert (site / BACKEND_COMMIT_FILE).read_text().strip() == right
+    assert (site / "extgdn" / "__init__.py").read_text().endswith(RIGHT)
     stamp = (site / BACKEND_COMMIT_FILE).stat().st_mtime_ns
     assert install_backend_source(f"git+{repo}@{right}", tmp_path / "backends") == site  # cached
     assert (site / BACKEND_COMMIT_FILE).stat().st_mtime_ns == stamp
+    other = install_backend_source(f"git+{repo}@{wrong}", tmp_path / "backends")
+    assert other != site and (other / "extgdn" / "__init__.py").read_text().endswith(WRONG)
 
-    good = _job(tmp_path, f"git+{repo}@{right}", {"backends": ["eager", "extgdn"]})
-    assert good.outcome.status == "succeeded", good.outcome.error  # type: ignore[attr-defined]
-    assert {n: s for n, (s, _) in good.cases.items()} == {
-        f"T65_{m}_hqk1_hv2_b1_{b}": "passed" for m in ("stateless", "stateful") for b in ("eager", "extgdn")
-    }
-    worst = max(v for t in ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
-                for v in good.values("T65_stateful_hqk1_hv2_b1_extgdn", f"{t}_rel_l2")[0])  # fmt: skip
-    assert worst < 1e-5  # fp32 per-token recurrence against the fp64 oracle
-    assert good.values("T65_stateful_hqk1_hv2_b1_eager", "fwd_ms")[0]  # eager timed beside it
-    prov = _provenance(good, "extgdn")
-    assert (prov["distribution"], prov["version"], prov["commit"]) == ("ext-gdn", "0.2.0", right)
 
-    bad = _job(tmp_path, f"git+{repo}@{wrong}",
-               {"backends": ["extgdn"], "baseline": "extgdn", "modes": ["stateful"], "timing": False})
-    status, why = bad.cases["T65_stateful_hqk1_hv2_b1_extgdn"]
-    assert status == "failed" and "rel_l2" in (why or ""), (status, why)
-    assert min(bad.values("T65_stateful_hqk1_hv2_b1_extgdn", "o_rel_l2")[0]) > 5e-3
-    assert _provenance(bad, "extgdn")["commit"] == wrong
+def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monkeypatch) -> None:
+    """`gdnval gate --backend-repo`: the real service (SQLite, local executor) installs each side's
+    commit as the jobs' backend source; the wrong commit fails its bounds, eager is unchanged."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+    from service.executors import close_executors
+    from service.settings import Settings
+    from tests.gate_suite_for_tests import serve_in_thread
+
+    repo, right, wrong = ext_repo
+    monkeypatch.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp_path / "snapshots"))
+    monkeypatch.delenv("GDNVAL_REPO", raising=False)
+    out = tmp_path / "gate.json"
+    close_executors()
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'svc.db'}", artifacts_dir=tmp_path / "artifacts",
+                        executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
+    try:
+        with serve_in_thread(settings) as url:
+            result = CliRunner().invoke(main, [
+                "gate", "--head", wrong[:12], "--base", right[:12], "--backend-repo", str(repo),
+                "--suite", "gdn-op", "--preset", "quick", "--param", 'backends=["eager","extgdn"]',
+                "--param", "baseline=eager", "--param", "timing=false", "--server", url, "--poll", "0.3",
+                "--json", str(out),
+            ], catch_exceptions=False)  # fmt: skip
+    finally:
+        close_executors()
+    assert result.exit_code == 1, result.stdout
+    data = json.loads(out.read_text())
+    verdicts = {c["name"]: c["verdict"] for cmp in data["comparisons"] for c in cmp["cases"]}
+    assert verdicts == {
+        "T65_stateless_hqk1_hv2_b1_eager": "unchanged", "T65_stateful_hqk1_hv2_b1_eager": "unchanged",
+        "T65_stateless_hqk1_hv2_b1_extgdn": "failed", "T65_stateful_hqk1_hv2_b1_extgdn": "failed",
+    }, result.stdout
+    assert (data["head"], data["base"]) == (wrong, right)  # resolved in the backend's repository
+    cases = {c["name"]: c for cmp in data["comparisons"] for c in cmp["cases"]}
+    assert all(c["base_status"] == "passed" for c in cases.values()), cases  # the right commit passes
+    o_err = {m["metric"]: m for m in cases["T65_stateful_hqk1_hv2_b1_extgdn"]["metrics"]}["o_rel_l2"]
+    assert o_err["base"]["max"] < 1e-5 < 5e-3 < o_err["head"]["max"] and o_err["bound_ok"] is False
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from service.models import Job
+
+    engine = create_engine(settings.db_url)
+    with Session(engine) as s:
+        for side, sha in (("base", right), ("head", wrong)):
+            job = s.get(Job, data["comparisons"][0][side]["job_id"])
+            prov = {b["backend"]: b for b in job.info["backends"]}
+            assert (prov["extgdn"]["distribution"], prov["extgdn"]["version"]) == ("ext-gdn", "0.2.0")
+            assert prov["extgdn"]["commit"] == sha and prov["eager"]["distribution"] == "gdnval"
+    engine.dispose()
 
 
 def test_sources_that_cannot_be_had_are_refused(ext_repo, tmp_path: Path) -> None:
