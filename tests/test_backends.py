@@ -99,3 +99,36 @@ def test_entry_point_backend_is_found_checked_and_traced(
     assert backend_provenance("eager")["distribution"] == "gdnval"
     assert "not supported" in (backend_provenance("missing")["error"] or "")
     sys.modules.pop("tiny_gdn", None)
+
+
+def test_p2p_emulation_runs_over_a_named_backend() -> None:
+    """P2P needs only a final state and its initial-state gradient: over a one-off backend (the
+    per-token oracle by `module:function`) the emulated 3-shard chain equals that backend's own
+    no-CP run in fp64, gradients too."""
+    from gdn.cp.emulation import emulated_p2p_gated_delta_rule
+
+    name = "gdn.reference:recurrent_gated_delta_rule"
+    x = make_inputs(1, 51, 1, 2, 4, stateful=True, seed=9).requires_grad_()
+    do, dht = torch.randn(1, 51, 2, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
+    o, ht = emulated_p2p_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, num_shards=3, backend=name,
+                                          initial_state=x.h0)  # fmt: skip
+    got = torch.autograd.grad([o, ht], x.tensors(), [do, dht])
+    o_ref, ht_ref = gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
+                                     backend=name)  # fmt: skip
+    want = torch.autograd.grad([o_ref, ht_ref], x.tensors(), [do, dht])
+    assert rel_l2(o, o_ref) < 1e-12 and rel_l2(ht, ht_ref) < 1e-12
+    assert all(rel_l2(a, b) < 1e-12 for a, b in zip(got, want, strict=True))
+
+
+def test_suites_take_backends_by_name_and_refuse_malformed_ones() -> None:
+    from workers.registry import get_suite
+
+    cp = get_suite("cp-layer")
+    cases = cp.cases(cp.resolve_params("quick", {"candidates": ["ulysses+mypkg.gdn:core", "p2p+extgdn"]}))
+    assert {c.params["backend"] for c in cases} == {"mypkg.gdn:core", "extgdn"}
+    op = get_suite("gdn-op")
+    with pytest.raises(ValueError, match=r"bad backend name\(s\) \['no way'\]"):
+        op.cases(op.resolve_params("quick", {"backends": ["eager", "no way"]}))
+    with pytest.raises(ValueError, match=r"baseline 'fla' is not one of the backends \['eager'\]"):
+        op.cases(op.resolve_params("quick", {"backends": ["eager"], "baseline": "fla"}))
+    assert op.backends(op.resolve_params("full")) == ("eager", "triton", "fla")

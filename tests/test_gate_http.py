@@ -171,8 +171,8 @@ def test_report_of_real_quick_jobs(server: SimpleNamespace) -> None:
     assert re.search(r"failfast_backend_auto\]\([^)]*\) \| capability \| expected error", outcomes)
     acc_start = md.index("## GDN accuracy matrix", md.index("gdn-op"))
     acc = md[acc_start: md.index("## Speed and memory", acc_start)]
-    o_row = next(ln for ln in acc.splitlines() if "| eager_o |" in ln)
+    o_row = next(ln for ln in acc.splitlines() if "_eager" in ln and "| o |" in ln)
     assert re.search(r"\[\d\.\d{3}e-\d\d\]\(", o_row) and "yes" in o_row  # a real relative-L2, linked
     speed = md[md.index("## Speed and memory", acc_start): md.index("## CP tables", acc_start)]
-    assert re.search(r"eager_fwd_bwd_ms \| \[[\d.]+ ms\]", speed)
+    assert re.search(r"_eager\]\([^)]*\) \| fwd_bwd_ms \| \[[\d.]+ ms\]", speed)
     assert f"({server.url}/jobs/{ids[1]}#case-" in speed

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -115,6 +116,18 @@ def select_cases(cases: list[Case], only: list[str] | None) -> list[Case]:
 DType = Literal["float64", "float32", "float16", "bfloat16"]
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
+
+
+# A core backend as a suite parameter names it: a registered name or `module:function`
+# (gdn.backends). Only the form is checked here, where no torch is loaded; the ranks resolve it.
+BACKEND_NAME = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z_][\w.]*)?")
+
+
+def check_backend_names(names: Sequence[str]) -> None:
+    """ValueError naming the malformed backend names, if any."""
+    bad = [b for b in names if not BACKEND_NAME.fullmatch(b)]
+    if bad:
+        raise ValueError(f"bad backend name(s) {bad}; expected a registered name or 'module:function'")
 
 
 class SuiteParams(BaseModel):

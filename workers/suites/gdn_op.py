@@ -28,7 +28,6 @@ g = logsigmoid(randn + 2).
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Iterator
 from dataclasses import replace
@@ -45,13 +44,13 @@ from workers.suite import (
     Sample,
     Suite,
     SuiteParams,
+    check_backend_names,
 )
 
 BACKENDS = ("eager", "triton", "fla")  # the GPU presets' default; any registered names are accepted
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 ACC_BOUND = 5e-3
 CHUNK = 64
-BACKEND_NAME = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z_][\w.]*)?")
 # 8 sequences of mixed lengths (1, 63, 64, 65: boundaries inside, on and across a chunk) summing to 16K / 64K
 PACKED_16K = (1, 63, 64, 65, 1000, 3000, 4096, 8095)
 PACKED_64K = (4096, 12288, 1, 65, 8192, 16384, 20000, 4510)
@@ -164,9 +163,7 @@ class GDNOpSuite(Suite):
         """(shape, backend) pairs; the names are checked for form here (no torch on the service)
         and resolved on the ranks, where an unknown one fails naming the registered ones."""
         assert isinstance(params, GDNOpParams)
-        bad = [b for b in (*params.backends, params.baseline) if not BACKEND_NAME.fullmatch(b)]
-        if bad:
-            raise ValueError(f"bad backend name(s) {bad}; expected a registered name or 'module:function'")
+        check_backend_names([*params.backends, params.baseline])
         if len(set(params.backends)) != len(params.backends):
             raise ValueError(f"backends {list(params.backends)} name a backend twice")
         if params.baseline not in params.backends:
