@@ -184,7 +184,7 @@ def test_a_job_request_names_its_backend_source_in_a_label() -> None:
     from service.queue import InvalidJob, validate_request
 
     body = {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager", "extgdn"]},
-            "labels": {"backend_source": "git+https://example.invalid/ext-gdn.git@v1"}}  # fmt: skip
+            "labels": {"backend_source": "git+../ext-gdn@v1"}}  # fmt: skip
     assert validate_request(body, None).labels["backend_source"].endswith("@v1")
     with pytest.raises(InvalidJob, match=r"label 'backend_source': backend source 'git\+x'"):
         validate_request({**body, "labels": {"backend_source": "git+x"}}, None)
