@@ -26,10 +26,8 @@ from workers.context import RankContext
 from workers.suites.gdn_op import SUITE
 
 COLUMNS = [
-    ("triton_fwd_ms", "tri fwd"), ("triton_fwd_bwd_ms", "tri f+b"), ("fla_fwd_bwd_ms", "fla f+b"),
-    ("eager_fwd_bwd_ms", "eag f+b"), ("ratio_to_fla", "/fla"), ("speedup_vs_eager", "x eager"),
-    ("triton_tflops", "TF/s"), ("peak_ratio_to_fla", "mem/fla"), ("triton_peak_bytes", "tri GiB"),
-    ("fla_peak_bytes", "fla GiB"),
+    ("fwd_ms", "fwd"), ("fwd_bwd_ms", "f+b"), ("ratio_to_baseline", "/base"), ("tflops", "TF/s"),
+    ("peak_bytes", "GiB"), ("peak_ratio_to_baseline", "mem/base"),
 ]  # fmt: skip
 
 
@@ -69,12 +67,9 @@ def main() -> int:
     dev = devices.get_device(args.device)
     ctx = RankContext(rank=0, world_size=1, device=dev, device_kind=args.device)
     info = devices.device_info(dev)
-    try:
-        from importlib.metadata import version
+    from workers.provenance import backend_provenance
 
-        info["fla"] = version("flash-linear-attention")
-    except Exception:
-        info["fla"] = None
+    info["backends"] = [backend_provenance(b) for b in SUITE.backends(params)]
     result: dict[str, object] = {"preset": args.preset, "params": params.model_dump(), "info": info,
                                  "command": " ".join(sys.argv), "tuning": tuning, "cases": {}}  # fmt: skip
     rows = []
@@ -101,7 +96,7 @@ def main() -> int:
         devices.empty_cache(dev)
 
     print(f"\n{info}")
-    print("case".ljust(34) + "".join(h.rjust(9) for _, h in COLUMNS) + "  worst triton rel_l2 / fla")
+    print("case".ljust(44) + "".join(h.rjust(9) for _, h in COLUMNS) + "  worst rel_l2")
     for name, med, worst, error in rows:
         cells = []
         for key, _ in COLUMNS:
@@ -109,9 +104,8 @@ def main() -> int:
             if v is not None and key.endswith("_bytes"):
                 v = v / 2**30
             cells.append(f"{v:9.3f}" if v is not None else " " * 8 + "-")
-        tri = max((v for m, v in worst.items() if m.startswith("triton_")), default=float("nan"))
-        fla = max((v for m, v in worst.items() if m.startswith("fla_")), default=float("nan"))
-        print(name.ljust(34) + "".join(cells) + f"  {tri:.2e} / {fla:.2e}" + (" ERROR" if error else ""))
+        acc = max(worst.values(), default=float("nan"))
+        print(name.ljust(44) + "".join(cells) + f"  {acc:.2e}" + (" ERROR" if error else ""))
     return 1 if any(r[3] for r in rows) else 0
 
 

@@ -1,8 +1,9 @@
-"""gdn: the system under test: the gated delta rule (eager and Triton), CP layouts, layer and model.
+"""gdn: the system under test: the gated delta rule (backends by name), CP layouts, layer and model.
 
 `import gdn` loads torch but never Triton or `kernels`: the Triton backend is imported on first use.
 """
 
+from gdn.backends import Backend, get_backend, registered_backends
 from gdn.cp import CPConfig
 from gdn.layer import GatedDeltaNet, GDNLayerConfig
 from gdn.ops import (
@@ -15,6 +16,7 @@ from gdn.ops import (
 from gdn.reference import chunk_gated_delta_rule_eager, recurrent_gated_delta_rule
 
 __all__ = [
+    "Backend",
     "CPConfig",
     "GDNLayerConfig",
     "GDNShape",
@@ -23,6 +25,8 @@ __all__ = [
     "check_triton_gdn",
     "chunk_gated_delta_rule_eager",
     "gated_delta_rule",
+    "get_backend",
     "is_triton_gdn_available",
     "recurrent_gated_delta_rule",
+    "registered_backends",
 ]

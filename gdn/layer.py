@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gdn.backends import get_backend
 from gdn.conv import causal_depthwise_conv1d, compute_dtype
 from gdn.cp.comm import (
     PendingSend,
@@ -37,7 +38,7 @@ from gdn.cp.comm import (
 )
 from gdn.cp.config import CPConfig, CPError, ulysses_misfit
 from gdn.cp.p2p import all_gather_gated_delta_rule, p2p_gated_delta_rule
-from gdn.ops import BACKENDS, UnsupportedGDNRequest, gated_delta_rule
+from gdn.ops import gated_delta_rule
 
 L2NORM_EPS = 1e-6
 
@@ -105,10 +106,7 @@ class GatedDeltaNet(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
-        if backend not in BACKENDS:
-            raise UnsupportedGDNRequest(
-                f"backend={backend!r} is not supported; choose one of {', '.join(map(repr, BACKENDS))}"
-            )
+        get_backend(backend)  # an unknown name fails here, naming the registered ones
         self.config = config
         self.backend = backend
         self.chunk_size = chunk_size

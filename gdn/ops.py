@@ -1,8 +1,10 @@
-"""Backend dispatch for the gated delta rule, the Triton capability check, and fail-fast errors.
+"""`gated_delta_rule`: input checks and dispatch by backend name, the Triton capability check,
+the eager core, and fail-fast errors.
 
-No request falls back silently: an unsupported backend, shape, dtype or device raises at once
-with the value and what is supported. The Triton backend is imported on first use only, so
-`import gdn` on a CPU machine never loads Triton or `kernels`.
+No request falls back silently: an unknown backend, or a shape, dtype or device the named backend
+does not support, raises at once with the value and what is supported. Backends are looked up in
+`gdn.backends` (built-ins, the `gdnval.backends` entry points, `module:function`); the Triton one
+imports `kernels` on first use only, so `import gdn` on a CPU machine never loads Triton.
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from gdn.packing import check_cu_seqlens
 from gdn.reference import chunk_gated_delta_rule_eager
 
-Backend = Literal["eager", "triton"]
-BACKENDS: tuple[str, ...] = ("eager", "triton")
 TRITON_HEAD_DIM = 128
 TRITON_CHUNK_SIZE = 64
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -31,7 +31,8 @@ class UnsupportedGDNRequest(ValueError):
 
 @dataclass(frozen=True)
 class GDNShape:
-    """Problem size of one call: batch, tokens, q/k heads, value heads, key and value head dims."""
+    """Problem size of one call: batch, tokens, q/k heads, value heads, key and value head dims,
+    and the number of packed sequences (None: a dense batch, no `cu_seqlens`)."""
 
     batch: int
     seq_len: int
@@ -39,10 +40,12 @@ class GDNShape:
     num_v_heads: int
     head_dim_k: int = 128
     head_dim_v: int = 128
+    num_seqs: int | None = None
 
     @classmethod
-    def of(cls, q: torch.Tensor, v: torch.Tensor) -> GDNShape:
-        return cls(q.shape[0], q.shape[1], q.shape[2], v.shape[2], q.shape[3], v.shape[3])
+    def of(cls, q: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> GDNShape:
+        n = None if cu_seqlens is None else cu_seqlens.numel() - 1
+        return cls(q.shape[0], q.shape[1], q.shape[2], v.shape[2], q.shape[3], v.shape[3], n)
 
 
 def triton_interpreter_on() -> bool:
@@ -129,6 +132,7 @@ def _validate_inputs(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> None:
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     if initial_state is not None:
@@ -150,7 +154,14 @@ def _validate_inputs(
     for name in ("g", "beta"):
         if tuple(named[name].shape) != (B, T, Hv):
             raise ValueError(f"{name} must be [B, T, Hv]=[{B}, {T}, {Hv}], got {tuple(named[name].shape)}")
-    if initial_state is not None and tuple(initial_state.shape) != (B, Hv, Dk, Dv):
+    if cu_seqlens is not None:
+        n = len(check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)) - 1
+        if initial_state is not None and tuple(initial_state.shape) != (n, Hv, Dk, Dv):
+            raise ValueError(
+                f"initial_state must be [N, Hv, Dk, Dv]=[{n}, {Hv}, {Dk}, {Dv}], one state per packed "
+                f"sequence (N=len(cu_seqlens)-1={n}), got {tuple(initial_state.shape)}"
+            )
+    elif initial_state is not None and tuple(initial_state.shape) != (B, Hv, Dk, Dv):
         raise ValueError(
             f"initial_state must be [B, Hv, Dk, Dv]=[{B}, {Hv}, {Dk}, {Dv}], got {tuple(initial_state.shape)}"
         )
@@ -167,6 +178,32 @@ def _validate_inputs(
         raise TypeError(f"dtype {v.dtype} is not supported; expected one of {EAGER_DTYPES}")
 
 
+def eager_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `eager` backend: the chunked torch form with autograd (gdn.reference). The dense call
+    is a branch of its own: tests/test_gate_scenario.py plants its slow-down and perturbation there."""
+    if cu_seqlens is None:
+        return chunk_gated_delta_rule_eager(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size,
+        )  # fmt: skip
+    return chunk_gated_delta_rule_eager(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -177,7 +214,8 @@ def gated_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    backend: Backend = "eager",
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str = "eager",
     chunk_size: int = 64,
     on_final_state: Callable[[torch.Tensor], None] | None = None,
     on_initial_state_grad: Callable[[torch.Tensor], None] | None = None,
@@ -186,36 +224,41 @@ def gated_delta_rule(
 
     q, k: [B, T, Hqk, Dk]; v: [B, T, Hv, Dv] with Hv % Hqk == 0; g (log-space decay, <= 0) and
     beta: [B, T, Hv]; initial_state: [B, Hv, Dk, Dv] fp32. `o` has v's dtype; the final state is
-    fp32 (fp64 for fp64 inputs on the eager backend).
+    fp32 (fp64 for fp64 inputs on the eager backend). With `cu_seqlens` (N+1 int offsets), B = 1
+    holds N packed sequences and the states are [N, Hv, Dk, Dv] (gdn.packing).
 
-    Triton only: `on_final_state(S_end)` runs once the forward's state pass is done, before the
-    output stage; `on_initial_state_grad(dS_0)` once the backward's reverse state pass is done,
-    before the input-gradient stages. The P2P chain sends these on early (gdn/cp/p2p.py).
+    `backend` is any name `gdn.backends.get_backend` resolves. `chunk_size` other than 64 and the
+    two hooks go only to backends that declare them (eager: chunk_size; triton: the hooks):
+    `on_final_state(S_end)` runs once the forward's state pass is done, before the output stage;
+    `on_initial_state_grad(dS_0)` once the backward's reverse state pass is done, before the
+    input-gradient stages. The P2P chain sends these on early (gdn/cp/p2p.py).
     """
-    if backend not in BACKENDS:
-        raise UnsupportedGDNRequest(
-            f"backend={backend!r} is not supported; choose one of {', '.join(map(repr, BACKENDS))} "
-            "explicitly (there is no automatic fall-back)"
-        )
-    _validate_inputs(q, k, v, g, beta, initial_state)
+    from gdn.backends import get_backend
+
+    impl = get_backend(backend)
+    _validate_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     if chunk_size < 1:
         raise UnsupportedGDNRequest(f"chunk_size must be >= 1, got {chunk_size}")
-    if backend == "eager":
-        if on_final_state is not None or on_initial_state_grad is not None:
-            raise UnsupportedGDNRequest(
-                "on_final_state / on_initial_state_grad need backend='triton' (the eager backend "
-                "has no stage boundary to call them at)"
-            )
-        return chunk_gated_delta_rule_eager(
-            q, k, v, g, beta,
-            scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )  # fmt: skip
-    check_triton_gdn(GDNShape.of(q, v), device=q.device, dtype=v.dtype, chunk_size=chunk_size)
-    from kernels.gdn import gated_delta_rule_triton
-
-    return gated_delta_rule_triton(
-        q, k, v, g, beta,
-        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad,
+    extra: dict[str, object] = {"chunk_size": chunk_size} if chunk_size != TRITON_CHUNK_SIZE else {}
+    if on_final_state is not None:
+        extra["on_final_state"] = on_final_state
+    if on_initial_state_grad is not None:
+        extra["on_initial_state_grad"] = on_initial_state_grad
+    refused = sorted(set(extra) - impl.options)
+    if any(n.startswith("on_") for n in refused):
+        raise UnsupportedGDNRequest(
+            f"on_final_state / on_initial_state_grad need backend='triton' (backend {backend!r} has "
+            "no stage boundary to call them at)"
+        )
+    if refused:
+        raise UnsupportedGDNRequest(
+            f"chunk_size={chunk_size} is not supported by backend {backend!r}, which runs its own "
+            f"chunking; leave chunk_size at {TRITON_CHUNK_SIZE} or use backend='eager'"
+        )
+    reason = impl.unsupported(GDNShape.of(q, v, cu_seqlens), v.dtype, q.device)
+    if reason is not None:
+        raise UnsupportedGDNRequest(reason)
+    return impl.fn(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
     )  # fmt: skip

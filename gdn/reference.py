@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from gdn.device import autocast_off
+from gdn.packing import per_sequence
 
 
 def _grouped(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
@@ -51,11 +52,18 @@ def recurrent_gated_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token recurrence in the dtype of `v` (callers pass fp32 or fp64).
 
     S_t = exp(g_t)·(I − β_t k_t k_tᵀ)·S_{t−1} + β_t k_t v_tᵀ,   o_t = scale · S_tᵀ q_t.
+    With `cu_seqlens` (checked by the caller, gdn.packing) each packed sequence runs alone.
     """
+    if cu_seqlens is not None:
+        return per_sequence(
+            recurrent_gated_delta_rule, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+        )  # fmt: skip
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
         T = v.shape[1]
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -82,6 +90,7 @@ def chunk_gated_delta_rule_eager(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with a Python loop over chunks; autograd gives the backward.
 
@@ -91,7 +100,13 @@ def chunk_gated_delta_rule_eager(
       S1 = e^{γ_C}·S0 + (K ⊙ e^{γ_C−γ})ᵀ·W
     Compute runs in fp32 for half-precision inputs and in the input dtype otherwise; the output is
     returned in v's dtype and the final state in fp32 (fp64 when the inputs are fp64).
+    With `cu_seqlens` each packed sequence runs alone, with its own chunk grid and state.
     """
+    if cu_seqlens is not None:
+        return per_sequence(
+            chunk_gated_delta_rule_eager, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size,
+        )  # fmt: skip
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
         B, T, Hv, Dv = v.shape
         out_dtype = v.dtype

@@ -311,6 +311,7 @@ class Dispatcher:
                 job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
                 device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
                 cases=tuple(job.cases) if job.cases else None, placement=queue.job_placement(job),
+                backend_source=queue.job_backend_source(job),
             )  # fmt: skip
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
             sink.info({

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from service.compare import (
     SEVERITY,
@@ -83,6 +83,21 @@ class GateRequest(BaseModel):
     run_id: str = Field(
         "", max_length=64, description="the gate run: jobs it submits are keyed by it (empty: derived)"
     )
+    backend_repo: str | None = Field(
+        None, min_length=1, max_length=1000,
+        description="head and base are commits of this backend repository (a git path or URL the "
+        "service host reads), installed per commit as the jobs' backend source; our code runs as "
+        "the service has it. Needs an explicit base commit",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _backend_base(self) -> GateRequest:
+        from service.baselines import parse_job_ref
+
+        if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
+            raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
+                             f"got base={self.base!r}")  # fmt: skip
+        return self
 
     @field_validator("suites")
     @classmethod
@@ -559,7 +574,7 @@ def _ensure_job(
         own = s.scalars(select(Job).where(Job.idempotency_key == key)).first()
         if own is not None:
             return _job_view(own, role, False)
-        if role in ("head", "base") and req.reuse:
+        if role in ("head", "base") and req.reuse and not req.backend_repo:
             for statuses in (("succeeded",), ("running", "queued")):
                 found = find_commit_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
@@ -571,15 +586,20 @@ def _ensure_job(
             template = s.get(Job, like.job_id)
             preset = template.preset if template is not None else preset
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
+    labels = {"gate": req.key(), "role": role}
+    if req.backend_repo:  # the commits are the backend's: installed per job, our code as it is
+        from workers.backend_source import BACKEND_SOURCE_LABEL
+
+        labels[BACKEND_SOURCE_LABEL] = f"git+{req.backend_repo}@{commit}"
     job_id = submit(
         suite=suite,
         preset=preset,
         params=dict(req.params),
-        commit=commit,
+        commit=None if req.backend_repo else commit,
         device=req.device,
         world_size=req.world_size,
         idempotency_key=key,
-        labels={"gate": req.key(), "role": role},
+        labels=labels,
         **extra,
     )
     with Session(engine) as s:

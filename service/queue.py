@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from service.db import write_tx
 from service.models import FINAL_STATUSES, Job, JobEvent, utcnow
 from service.store import add_event, ensure_commit
+from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executor import PLACEMENT_LABEL, Executor, check_placement
 from workers.registry import get_suite
 from workers.suite import UnknownSuiteInput, select_cases
@@ -117,6 +118,11 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
         except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
             continue
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
+
+
+def job_backend_source(job: Job) -> str | None:
+    """Where the job's backend under test comes from (its `backend_source` label), None for ours."""
+    return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 
 
 def job_placement(job: Job) -> str | None:
@@ -369,6 +375,12 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
             check_placement(placement)
         except ValueError as exc:
             raise InvalidJob(f"label {PLACEMENT_LABEL!r}: {exc}") from exc
+    source = req.labels.get(BACKEND_SOURCE_LABEL) or None
+    if source is not None:
+        try:
+            BackendSource.parse(source)
+        except BackendSourceError as exc:
+            raise InvalidJob(f"label {BACKEND_SOURCE_LABEL!r}: {exc}") from exc
     if executor is not None:
         try:
             most = executor.most_ranks(req.device, placement)

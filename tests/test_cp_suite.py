@@ -92,6 +92,9 @@ def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
     assert compare_emulated(replace(case, ref_dtype=None), 4, cpu).plain is None
 
 
+PLUGIN = "gdn.reference:recurrent_gated_delta_rule"  # a backend by name: the per-token recurrence
+
+
 def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:
     import torch
     import torch.distributed as dist
@@ -102,7 +105,10 @@ def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str,
     suite = get_suite("cp-layer")
     ctx = RankContext(rank, world, torch.device("cpu"), "cpu", group=dist.group.WORLD, seed=7)
     out = []
-    for case in suite.cases(suite.resolve_params("quick")):
+    plugin = [f"{mode}+{PLUGIN}" for mode in ("p2p", "ulysses")]
+    params = suite.resolve_params("quick")
+    params = suite.resolve_params("quick", {"candidates": [*params.candidates, *plugin]})
+    for case in suite.cases(params):
         if case.name in names:
             for s in suite.run(ctx, case):
                 out.append((case.name, s.metric, s.value, suite.metric(s.metric).passes(s.value)))
@@ -111,7 +117,8 @@ def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str,
 
 @pytest.mark.slow
 def test_quick_cases_pass_on_two_ranks() -> None:
-    names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64"]
+    names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64",
+             f"p2p_{PLUGIN}_T128_B1_float64", f"ulysses_{PLUGIN}_T128_B1_float64"]  # fmt: skip
     per_rank = run_distributed(_rank_suite, 2, (names,), timeout_s=180)
     for rank, samples in enumerate(per_rank):
         failed = [s for s in samples if not s[3]]
@@ -121,5 +128,8 @@ def test_quick_cases_pass_on_two_ranks() -> None:
         assert by[(names[0], "hop_counts_ok")] == 1.0
         assert by[(names[0], "hops_state_fwd")] == 1 and by[(names[0], "hops_halo")] == 2
         assert by[(names[1], "hops_state_fwd")] == 0
+        for plugin_case in names[2:]:  # P2P and Ulysses over a backend named by module:function
+            assert by[(plugin_case, "fp64_worst_rel_l2")] <= 1e-9
+            assert by[(plugin_case, "cp_worst_rel_l2")] <= 1e-9
         assert by[(names[0], "padding_output_max_abs")] == 0.0
         assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 5  # quick repeat

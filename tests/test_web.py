@@ -47,10 +47,10 @@ STEPS = 30
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 
 # Realistic jobs of the real `gdn-op` suite (its metrics and case matrix, VALIDATION_MATRIX §4):
-# per backend and tensor the errors per seed, every timing repetition, incremental peak memory,
-# and the derived ratios; numbers shaped like the report's.
+# one case per shape and backend; per tensor the errors per seed, every timing repetition,
+# incremental peak memory, and the ratios to the baseline (fla); numbers shaped like the report's.
 GDN = "gdn-op"
-GDN_PARAMS = {"seq_lens": [8192, 16384], "modes": ["stateful"], "qk_heads": [16]}
+GDN_PARAMS = {"seq_lens": [8192, 16384], "packed": [], "modes": ["stateful"], "qk_heads": [16]}
 TRITON_MS = {8192: 9.8, 16384: 17.0}
 EAGER_X = {8192: 12.65, 16384: 22.37}
 REL_L2 = {"o": 2.1e-3, "ht": 1.2e-3, "dq": 3.3e-3, "dk": 4.1e-3, "dv": 2.2e-3, "dg": 3.9e-3,
@@ -121,35 +121,34 @@ def _gdn_job(engine: Any, *, commit: str, status: str, minutes_ago: int, rng: np
     from workers.registry import get_suite
 
     cases = _gdn_cases()
-    broken = {c.name: "failed" for c in cases if head and c.params["seq_len"] == BROKEN[0]}
+    broken = {c.name: "failed" for c in cases
+              if head and c.params["seq_len"] == BROKEN[0] and c.params["backend"] == "triton"}  # fmt: skip
     job_id, mids, cids = _job(engine, GDN, 1, commit, status, minutes_ago, get_suite(GDN).metrics, cases,
                               broken)
     rows: list[tuple[int, int, int, int, float]] = []
+    peaks = {"eager": 3.84, "triton": 1.0, "fla": 1.05}
     for case in cases:
-        cid, T = cids[case.name], case.params["seq_len"]
-        med = {}
+        cid, T, b = cids[case.name], case.params["seq_len"], case.params["backend"]
         slow = SLOW if head and T == 8192 else 1.0
-        for b, factor in (("eager", EAGER_X[T]), ("triton", slow), ("fla", 1.12)):
-            fwd_bwd = TRITON_MS[T] * factor
-            med[b] = fwd_bwd
-            for metric, share in ((f"{b}_fwd_ms", 0.35), (f"{b}_fwd_bwd_ms", 1.0)):
-                vals = rng.normal(fwd_bwd * share, fwd_bwd * share * 0.015, REPS)
-                rows += [(cid, mids[metric], 0, i, float(v)) for i, v in enumerate(vals)]
-            peak = {"eager": 3.84, "triton": 1.0, "fla": 1.05}[b] * 400 * MIB * T / 8192
-            rows.append((cid, mids[f"{b}_peak_bytes"], 0, 0, peak))
-            for t, rel in REL_L2.items():
-                scale = {"eager": 0.2, "triton": 1.0, "fla": 1.1}[b]
-                for seed in range(3):
-                    v = rel * scale * (1 - 0.1 * seed)
-                    if head and b == "triton" and (T, t) == BROKEN[:2]:
-                        v = BROKEN[2]
-                    rows += [(cid, mids[f"{b}_{t}_rel_l2"], 0, seed, v),
-                             (cid, mids[f"{b}_{t}_max_abs"], 0, seed, v * 4.0),
-                             (cid, mids[f"{b}_{t}_max_rel"], 0, seed, v * 30.0),
-                             (cid, mids[f"{b}_{t}_finite"], 0, seed, 1.0)]  # fmt: skip
-        rows.append((cid, mids["speedup_vs_eager"], 0, 0, med["eager"] / med["triton"]))
-        rows.append((cid, mids["ratio_to_fla"], 0, 0, med["triton"] / med["fla"]))
-        rows.append((cid, mids["peak_ratio_to_fla"], 0, 0, 1 / 1.05))
+        factor = {"eager": EAGER_X[T], "triton": slow, "fla": 1.12}[b]
+        fwd_bwd = TRITON_MS[T] * factor
+        for metric, share in (("fwd_ms", 0.35), ("fwd_bwd_ms", 1.0)):
+            vals = rng.normal(fwd_bwd * share, fwd_bwd * share * 0.015, REPS)
+            rows += [(cid, mids[metric], 0, i, float(v)) for i, v in enumerate(vals)]
+        rows.append((cid, mids["peak_bytes"], 0, 0, peaks[b] * 400 * MIB * T / 8192))
+        for t, rel in REL_L2.items():
+            scale = {"eager": 0.2, "triton": 1.0, "fla": 1.1}[b]
+            for seed in range(3):
+                v = rel * scale * (1 - 0.1 * seed)
+                if head and b == "triton" and (T, t) == BROKEN[:2]:
+                    v = BROKEN[2]
+                rows += [(cid, mids[f"{t}_rel_l2"], 0, seed, v),
+                         (cid, mids[f"{t}_max_abs"], 0, seed, v * 4.0),
+                         (cid, mids[f"{t}_max_rel"], 0, seed, v * 30.0),
+                         (cid, mids[f"{t}_finite"], 0, seed, 1.0)]  # fmt: skip
+        if b != "fla":  # the baseline: the ratios are the other backends'
+            rows.append((cid, mids["ratio_to_baseline"], 0, 0, fwd_bwd / (TRITON_MS[T] * 1.12)))
+            rows.append((cid, mids["peak_ratio_to_baseline"], 0, 0, peaks[b] / 1.05))
     store.insert_samples(engine, job_id, rows)
     return job_id
 
@@ -319,8 +318,9 @@ def _no_horizontal_overflow(page: Page) -> None:
 
 # ---------------------------------------------------------------------------------------- tests
 
-T8 = "T8192_stateful_hqk16_hv32_b1"
-T16 = "T16384_stateful_hqk16_hv32_b1"
+T8 = "T8192_stateful_hqk16_hv32_b1_triton"
+T16 = "T16384_stateful_hqk16_hv32_b1_triton"
+T8_EAGER = "T8192_stateful_hqk16_hv32_b1_eager"
 
 
 def _row(page: Page, table: str, fp: str, **data: str) -> Any:
@@ -336,30 +336,30 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     expect(page.locator("dl.facts").nth(1)).to_contain_text("NVIDIA H200")
     fp8, fp16 = seeded.fingerprints[T8], seeded.fingerprints[T16]
     # accuracy: the stored worst value over seeds, judged by the bound, a word beside the colour
-    o = _row(page, "accuracy-table", fp8, tensor="triton_o")
+    o = _row(page, "accuracy-table", fp8, tensor="o")
     expect(o.locator("td.num").nth(0)).to_have_text("2.100e-03✓")
     expect(o.locator("td.num").nth(1)).to_have_text("8.400e-03")
     expect(o.locator("td.num").nth(2)).to_have_text("0.063")
     expect(o.locator("td.num").nth(3)).to_have_text("yes✓")
-    dk = _row(page, "accuracy-table", fp16, tensor="triton_dk").locator("td.num").first
+    dk = _row(page, "accuracy-table", fp16, tensor="dk").locator("td.num").first
     expect(dk).to_have_text("7.200e-03✗ > bound")
     expect(dk).to_have_class("num bad")
     expect(dk).to_have_attribute("title", "bound ≤ 5.000e-03")
-    # speed and memory: Triton against eager in the same case
-    sp = _row(page, "speed-table", fp8, metric="triton_fwd_bwd_ms")
-    expect(sp).to_contain_text("vs eager_fwd_bwd_ms")
+    # speed and memory: the Triton case against its eager sibling
+    sp = _row(page, "speed-table", fp8, metric="fwd_bwd_ms")
+    expect(sp).to_contain_text(f"vs eager ({T8_EAGER})")
     expect(sp.locator("td.num").nth(4)).to_contain_text(re.compile(r"^\d+\.\d\d× ?faster$"))
-    mem = _row(page, "memory-table", fp8, metric="triton_peak_bytes")
+    mem = _row(page, "memory-table", fp8, metric="peak_bytes")
     expect(mem.locator("td.num").nth(0)).to_have_text("400.0 MiB")
     expect(mem.locator("td.num").nth(1)).to_have_text("3.84× lower")
     # the finite checks sit in the accuracy table, not in a table of their own
     expect(page.locator("#checks-table")).to_have_count(0)
-    # plots: every repetition of every timed backend (3 backends x fwd, fwd+bwd x 20 reps x 1 rank),
-    # loaded when the case comes into view
+    # plots: every repetition of the case's backend (fwd, fwd+bwd x 20 reps x 1 rank), loaded when
+    # the case comes into view
     page.locator(f"#case-{fp8}").scroll_into_view_if_needed()
     timing = page.locator(f"#case-{fp8} figure[data-plot=timing] svg")
-    expect(timing.locator("circle.rep")).to_have_count(3 * 2 * REPS)
-    expect(timing.locator("g.box")).to_have_count(6)
+    expect(timing.locator("circle.rep")).to_have_count(2 * REPS)
+    expect(timing.locator("g.box")).to_have_count(2)
     expect(timing.locator("title").first).to_contain_text(f"Timing distribution of {T8}")
     # downloads: samples from the API, the stored profiler trace, the Markdown report
     def download(text: str) -> Any:
@@ -482,8 +482,8 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     running = job_row(seeded.running)
     expect(running).to_contain_text("running")
     expect(running).to_contain_text("1/6")
-    expect(job_row(seeded.head)).to_contain_text("failed (1 of 2 cases)")
-    expect(job_row(seeded.base)).to_contain_text("passed (2 cases)")
+    expect(job_row(seeded.head)).to_contain_text("failed (1 of 6 cases)")  # 2 shapes x 3 backends
+    expect(job_row(seeded.base)).to_contain_text("passed (6 cases)")
     expect(job_row(seeded.failed).locator("td").nth(1)).to_have_text("failed")
     shot(page, "jobs-desktop")
     page.evaluate("window.__marker = 'same page'")
@@ -573,33 +573,34 @@ def test_compare_page_shows_the_planted_regression(site: Any, page: Page) -> Non
     base, seeded, _ = site
     page.goto(f"{base}/compare?base={seeded.base}&head={seeded.head}")
     fp8, fp16 = seeded.fingerprints[T8], seeded.fingerprints[T16]
-    row = _row(page, "compare-table", fp8, metric="triton_fwd_bwd_ms")
+    fp8_eager = seeded.fingerprints[T8_EAGER]
+    row = _row(page, "compare-table", fp8, metric="fwd_bwd_ms")
     expect(row).to_have_attribute("data-verdict", "regressed")
     expect(row.locator(".badge")).to_have_text("regressed")
     expect(row.locator("td.num").nth(3)).to_have_text(re.compile(r"^1\.[23]\d\d$"))  # ratio ~1.3
     expect(row.locator("td.num").nth(5)).not_to_have_text("–")  # p-value
-    expect(_row(page, "compare-table", fp8, metric="eager_fwd_bwd_ms")).to_have_count(0)  # unchanged: hidden
+    expect(_row(page, "compare-table", fp8_eager, metric="fwd_bwd_ms")).to_have_count(0)  # unchanged: hidden
     case_cell = page.locator(f'#compare-table tr[data-case="{fp8}"] td.casecell')
     expect(case_cell).to_contain_text("unchanged not shown")
-    dk = _row(page, "compare-table", fp16, metric="triton_dk_rel_l2")
+    dk = _row(page, "compare-table", fp16, metric="dk_rel_l2")
     expect(dk).to_have_attribute("data-verdict", "failed")
     expect(page.locator("#base-job")).to_have_attribute("href", f"/jobs/{seeded.base}")
     expect(page.locator("#head-job")).to_have_attribute("href", f"/jobs/{seeded.head}")
     expect(page.locator("main")).to_contain_text("FAIL")
     shot(page, "compare-desktop")
     page.click("p.small a:text-is('every metric')")
-    expect(_row(page, "compare-table", fp8, metric="eager_fwd_bwd_ms")).to_have_attribute(
+    expect(_row(page, "compare-table", fp8_eager, metric="fwd_bwd_ms")).to_have_attribute(
         "data-verdict", re.compile("unchanged|inconclusive"))
     page.click("p.small a:text-is('regressions and failures')")
     verdicts = page.locator("#compare-table tbody tr").evaluate_all("rs => rs.map(r => r.dataset.verdict)")
     assert verdicts and set(verdicts) <= {"regressed", "failed", "worsened", "errored"}, verdicts
     # by commit: the newest succeeded job of the suite at each commit
     page.goto(f"{base}/compare?base=a1b2c3d4&head=f0e1d2c3&suite={GDN}")
-    expect(_row(page, "compare-table", fp8, metric="triton_fwd_bwd_ms")).to_have_attribute(
+    expect(_row(page, "compare-table", fp8, metric="fwd_bwd_ms")).to_have_attribute(
         "data-verdict", "regressed")
     # by a named baseline, and from the head job's "previous run" link
     page.goto(f"{base}/compare?base=release&head={seeded.head}")
-    expect(_row(page, "compare-table", fp8, metric="triton_fwd_bwd_ms")).to_have_attribute(
+    expect(_row(page, "compare-table", fp8, metric="fwd_bwd_ms")).to_have_attribute(
         "data-verdict", "regressed")
     page.goto(f"{base}/jobs/{seeded.head}")
     page.click("#compare-previous")
@@ -611,7 +612,7 @@ def test_compare_page_shows_the_planted_regression(site: Any, page: Page) -> Non
 def test_history_and_suite_overview(site: Any, page: Page) -> None:
     base, seeded, _ = site
     fp = seeded.fingerprints[T8]
-    page.goto(f"{base}/history?fingerprint={fp}&metric=triton_fwd_bwd_ms")
+    page.goto(f"{base}/history?fingerprint={fp}&metric=fwd_bwd_ms")
     svg = page.locator("figure[data-plot=history] svg")
     expect(svg.locator("circle.point")).to_have_count(2)  # the succeeded jobs: base and head
     rows = page.locator("#history-table tbody tr")
@@ -621,9 +622,10 @@ def test_history_and_suite_overview(site: Any, page: Page) -> None:
     shot(page, "history-desktop")
     page.goto(f"{base}/history/{GDN}")
     rows = page.locator("#overview-table tbody tr")
-    expect(rows).to_have_count(2 * 8)  # 2 cases x (3 backends x fwd, fwd+bwd + 2 derived ratios)
+    # 2 shapes x 3 backends x (fwd, fwd+bwd), + ratio_to_baseline of the 2 x 2 non-baseline cases
+    expect(rows).to_have_count(2 * 3 * 2 + 2 * 2)
     expect(page.locator("#overview-table svg.spark")).to_have_count(16)
-    moved = page.locator(f'#overview-table tr[data-case="{fp}"][data-metric="triton_fwd_bwd_ms"]')
+    moved = page.locator(f'#overview-table tr[data-case="{fp}"][data-metric="fwd_bwd_ms"]')
     expect(moved).to_contain_text("worse")
     shot(page, "history-suite-desktop")
 
@@ -644,7 +646,7 @@ def test_suites_page_lists_presets_cases_and_bounds(site: Any, page: Page) -> No
         expect(section.locator("table.metrics tbody tr")).to_have_count(len(d["metrics"]))
         quick = d["presets"]["quick"]["cases"]
         expect(section.locator("details").first.locator("tbody tr")).to_have_count(len(quick))
-    bound = page.locator("#suite-gdn-op table.metrics tr", has=page.locator('td:text-is("triton_o_rel_l2")'))
+    bound = page.locator("#suite-gdn-op table.metrics tr", has=page.locator('td:text-is("o_rel_l2")'))
     expect(bound.locator("td.num")).to_have_text("≤ 5.000e-03")
     shot(page, "suites-desktop", full=False)
 

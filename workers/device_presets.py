@@ -6,7 +6,7 @@ backends that declare `npu` (`DEVICE_BACKENDS`: the eager core today; an Ascend 
 FLA's triton_ascend or ours ported to triton-ascend, adds itself to that entry when it is
 registered). The rule reads the parameters every suite names its backends by:
 
-- `backend`, `<side>_backend` (a string): replaced by the device's first backend;
+- `backend`, `baseline`, `<side>_backend` (a string): replaced by the device's first backend;
 - `backends` (a sequence): filtered to the device's backends (the first one when none is left);
 - `candidates` (a sequence of "<mode>+<backend>"): each backend replaced, duplicates dropped.
 
@@ -35,7 +35,7 @@ def adapt_preset(values: Mapping[str, Any], device: str | None) -> dict[str, Any
     if not allowed:
         return out
     for key, value in values.items():
-        if (key == "backend" or key.endswith("_backend")) and isinstance(value, str):
+        if (key in ("backend", "baseline") or key.endswith("_backend")) and isinstance(value, str):
             out[key] = value if value in allowed else allowed[0]
         elif key == "backends" and isinstance(value, Sequence) and not isinstance(value, str):
             kept = [b for b in value if b in allowed]

@@ -43,6 +43,7 @@ class JobSpec:
     deterministic: bool = False
     cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
     placement: str | None = None  # None: the executor's default strategy
+    backend_source: str | None = None  # a backend under test from elsewhere (workers.backend_source)
 
 
 class JobSink(Protocol):

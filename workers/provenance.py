@@ -42,3 +42,59 @@ def source_modified(root: Path = SOURCE_ROOT) -> bool | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+BACKEND_COMMIT_FILE = "GDNVAL_BACKEND_COMMIT"  # written beside a backend installed from a commit
+
+
+def _distribution_of(module: str | None) -> str | None:
+    from importlib.metadata import packages_distributions
+
+    if not module:
+        return None
+    names = packages_distributions().get(module.split(".")[0]) or []
+    return names[0] if names else None
+
+
+def _dist_commit(dist_name: str) -> str | None:
+    """The commit a distribution was installed from: ours (workers.backend_source) or pip's VCS record."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution(dist_name)
+    except PackageNotFoundError:
+        return None
+    marker = Path(str(dist.locate_file(BACKEND_COMMIT_FILE)))
+    if marker.is_file():
+        return marker.read_text().strip() or None
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return None
+    return (direct.get("vcs_info") or {}).get("commit_id")
+
+
+def backend_provenance(name: str) -> dict[str, str | None]:
+    """Where backend `name`'s code comes from: its distribution, version and (when known) commit.
+    Our built-ins report gdnval and this tree's commit; a backend that cannot be loaded reports
+    the reason instead of a distribution."""
+    from gdn.backends import get_backend
+    from gdn.ops import UnsupportedGDNRequest
+
+    try:
+        backend = get_backend(name)
+    except UnsupportedGDNRequest as exc:
+        return {"backend": name, "distribution": None, "version": None, "commit": None, "error": str(exc)}
+    top = (backend.module or getattr(backend.fn, "__module__", "") or "").split(".")[0]
+    if top in ("gdn", "kernels"):
+        return {"backend": name, "distribution": "gdnval", "version": installed_version(),
+                "commit": source_commit()}  # fmt: skip
+    dist = backend.distribution or _distribution_of(top)
+    if dist is None:
+        return {"backend": name, "distribution": None, "version": None, "commit": None, "module": top}
+    try:
+        ver = version(dist)
+    except PackageNotFoundError:
+        ver = None
+    return {"backend": name, "distribution": dist, "version": ver, "commit": _dist_commit(dist)}

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.context import RankContext
+from workers.provenance import backend_provenance
 from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
@@ -425,6 +426,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
         ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)  # the case-end exchange, CPU only
 
     info = rank_info(device, kind, payload.get("commit"))
+    info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
     # this code's metric definitions judge this job (and are what its summaries are stored with)
     metrics = [m.to_dict() for m in suite.metrics]
     channel.send("info", info={**info, "suite_version": suite.version, "metrics": metrics})

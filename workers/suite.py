@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -117,6 +118,18 @@ Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
 
 
+# A core backend as a suite parameter names it: a registered name or `module:function`
+# (gdn.backends). Only the form is checked here, where no torch is loaded; the ranks resolve it.
+BACKEND_NAME = re.compile(r"[A-Za-z0-9_.\-]+(:[A-Za-z_][\w.]*)?")
+
+
+def check_backend_names(names: Sequence[str]) -> None:
+    """ValueError naming the malformed backend names, if any."""
+    bad = [b for b in names if not BACKEND_NAME.fullmatch(b)]
+    if bad:
+        raise ValueError(f"bad backend name(s) {bad}; expected a registered name or 'module:function'")
+
+
 class SuiteParams(BaseModel):
     """Base of every suite's parameter schema: unknown parameters are an error, not ignored."""
 
@@ -177,6 +190,11 @@ class Suite(ABC):
             return self.params_model(**{**values, **overrides})
         except ValidationError as exc:
             raise UnknownSuiteInput(f"invalid parameters for suite {self.name!r}: {exc}") from exc
+
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        """The core backends a job with `params` runs; the ranks record where each one's code
+        comes from (workers.provenance.backend_provenance)."""
+        return ()
 
     def metric(self, name: str) -> Metric:
         for m in self.metrics:

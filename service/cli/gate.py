@@ -55,6 +55,9 @@ def _resolve(repo: str, ref: str) -> str:
 @click.option(
     "--repo", default=".", show_default=True, help="git repository that resolves refs and the parent"
 )
+@click.option("--backend-repo", default=None,
+              help="gate a backend's commits: --head/--base are commits of this repository (resolved "
+                   "there), installed per job as its backend source")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the machine-readable verdict here")  # fmt: skip
 @click.option(
@@ -67,13 +70,14 @@ def gate(
     head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str | None,
     param_items: tuple[str, ...], max_rounds: int, device: str, world_size: int, confirm: bool | None,
     fresh: bool,
-    repo: str,
+    repo: str, backend_repo: str | None,
     json_path: Path | None, timeout: float, poll: float, server: str, token: str | None,
 ) -> None:  # fmt: skip
     """Run or reuse jobs for HEAD and its base, compare them, print the Markdown report."""
     from service.cli.run import parse_params
 
     params = parse_params(param_items)
+    repo = backend_repo or repo
     if base and baseline:
         raise click.UsageError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
     head_sha = _resolve(repo, head)
@@ -87,6 +91,8 @@ def gate(
         "device": device, "world_size": world_size, "params": params, "confirm": confirm,
         "max_rounds": max_rounds, "reuse": not fresh, "run_id": uuid.uuid4().hex[:16],
     }  # fmt: skip
+    if backend_repo:
+        body["backend_repo"] = backend_repo
     state = _run(server, token, body, timeout, poll)
     if state.get("markdown"):
         click.echo(state["markdown"])

@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from workers.backend_source import BackendSourceError, install_backend_source
 from workers.deadline import collective_timeout_s
 from workers.executor import Executor, JobOutcome, JobSink, JobSpec
 from workers.executors._monitor import JobMonitor
@@ -139,6 +140,7 @@ class LocalExecutor(Executor):
     ) -> None:
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
+        self.backend_cache = Path(cache_dir).parent / "backends" if cache_dir else None
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
@@ -169,14 +171,17 @@ class LocalExecutor(Executor):
             return self._pools[device]
 
     def rank_env(
-        self, spec: JobSpec, rank: int, root: Path, port: int, devices: list[int] | None = None
+        self, spec: JobSpec, rank: int, root: Path, port: int, devices: list[int] | None = None,
+        extra_paths: list[Path] | None = None,
     ) -> dict[str, str]:
-        """The rank's environment; `devices[rank]` is its accelerator's index on this machine."""
+        """The rank's environment; `devices[rank]` is its accelerator's index on this machine;
+        `extra_paths` (an installed backend source) follow the source root on the path."""
         env = dict(os.environ)
         env.update(
             rank_environment(spec.device, deterministic=spec.deterministic, world_size=spec.world_size)
         )
-        env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+        paths = [str(root), *map(str, extra_paths or []), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
         env.update(
             {
                 "RANK": str(rank),
@@ -206,6 +211,13 @@ class LocalExecutor(Executor):
         except SnapshotError as exc:
             return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
         payload = rank_payload(spec, commit)
+        extra: list[Path] = []
+        if spec.backend_source:
+            try:
+                extra.append(install_backend_source(spec.backend_source, self.backend_cache, self.python))
+            except BackendSourceError as exc:
+                return JobOutcome("failed", f"cannot install the backend source: {exc}")
+            sink.log(f"backend source {spec.backend_source} installed at {extra[0]}")
         devices: list[int] | None = None
         if spec.device != "cpu":
             devices = self._pool(spec.device).acquire(spec.world_size, cancel, spec.deadline_s)
@@ -216,7 +228,7 @@ class LocalExecutor(Executor):
                 return JobOutcome("failed", f"no {need} before the job's deadline")
             sink.log(f"{spec.device} device(s) {devices} of this machine")
         try:
-            return self._run(spec, sink, cancel, root, payload, devices)
+            return self._run(spec, sink, cancel, root, payload, devices, extra)
         finally:
             if devices is not None:
                 self._pool(spec.device).release(devices)
@@ -229,6 +241,7 @@ class LocalExecutor(Executor):
         root: Path,
         payload: dict[str, Any],
         devices: list[int] | None,
+        extra_paths: list[Path] | None = None,
     ) -> JobOutcome:
         wakeup = threading.Event()
         port = free_port()
@@ -237,7 +250,7 @@ class LocalExecutor(Executor):
         start = time.monotonic()
         try:
             for rank in range(spec.world_size):
-                env = self.rank_env(spec, rank, root, port, devices)
+                env = self.rank_env(spec, rank, root, port, devices, extra_paths)
                 procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang

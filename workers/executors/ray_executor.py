@@ -385,6 +385,9 @@ class RayExecutor(Executor):
             problem = str(exc)
         if problem:
             return JobOutcome("failed", problem)
+        if spec.backend_source:  # never run the job without the code it names
+            why = "the Ray executor does not install backend sources yet; use the local executor"
+            return JobOutcome("failed", f"backend source {spec.backend_source!r}: {why}")
         runtime_env: dict[str, Any] | None = None
         sha: str | None = None
         if self.snapshots is not None and spec.commit:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from workers.context import RankContext
 from workers.suite import (
+    BACKEND_NAME,
     CPU_GATE_PRESETS,
     Case,
     DType,
@@ -43,7 +44,7 @@ from workers.suite import (
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated")
 DISTRIBUTED_MODES = ("ulysses", "p2p", "all_gather")
-BACKENDS = ("eager", "triton")
+BACKENDS = ("eager", "triton")  # ours; any registered backend name is accepted as well
 TENSORS = ("output", "input_grad", "param_grad")
 ACC_BOUND = 1e-2  # the report's acceptance threshold for bf16 against the eager reference
 FP64_BOUND = 1e-9  # fp64 eager CP must equal the no-CP layer to rounding (issue 4)
@@ -188,9 +189,10 @@ class CPLayerSuite(Suite):
         out = []
         for cand in params.candidates:
             mode, _, backend = cand.partition("+")
-            if mode not in MODES or backend not in BACKENDS:
+            if mode not in MODES or not BACKEND_NAME.fullmatch(backend):
                 raise ValueError(f"bad candidate {cand!r}; expected '<mode>+<backend>' with mode in "
-                                 f"{MODES} and backend in {BACKENDS}")  # fmt: skip
+                                 f"{MODES} and a backend name (gdn.backends: {BACKENDS}, an entry point "
+                                 "or 'module:function')")  # fmt: skip
             shard_counts = params.emulated_shards if mode == "p2p_emulated" else (None,)
             for dtype in params.dtypes:
                 for batch, T, valid in shapes:

@@ -1,32 +1,36 @@
-"""`gdn-op`: the single-device GDN core, our Triton kernels against our eager backend and FLA (§4).
+"""`gdn-op`: the single-device GDN core, any registered backends side by side (§4).
 
-One case per shape (T, stateless/stateful, Hqk, Hv, B): every backend of the case runs on the
-same inputs in the same process, so the ratios (speed-up over eager, ratio to FLA, memory ratio)
-are measured, not assembled across jobs.
+One case per (shape, backend): shape = T (or a packed batch of sequences), stateless/stateful,
+Hqk, Hv, B; `backend` is any name `gdn.backends.get_backend` resolves (built-ins, entry points of
+`gdnval.backends`, `module:function`). The backend is a parameter of the case, so a metric means
+the same thing for every backend and the pages pair a case with its `eager` sibling. A backend's
+capability check refusing the case is the case's error (its reason), never a silent skip.
 
-Per backend `<b>` in (eager, triton, fla):
-- `<b>_fwd_ms`, `<b>_fwd_bwd_ms`: every repetition (`time_repeats`: warm-up first, which absorbs
+Per case:
+- `fwd_ms`, `fwd_bwd_ms`: every repetition (`time_repeats`: warm-up first, which absorbs
   Triton compile and autotune). fwd runs with grad-enabled inputs, as in training.
-- `<b>_fwd_rel`, `<b>_fwd_bwd_rel` (cpu only): each repetition's time over a fixed reference
-  workload timed around it (`time_against_reference`): what the CPU gate judges, since a shared
-  CPU's speed drift cancels in it while the wall clock moves by tens of percent.
-- `<b>_peak_bytes`: incremental peak allocated of one fwd+bwd (peak minus what the inputs hold).
-- `<b>_<tensor>_rel_l2|max_abs|max_rel|finite` for o, final state, dq, dk, dv, dg, dbeta, dh0,
+- `fwd_rel`, `fwd_bwd_rel` (cpu only): each repetition's time over a fixed reference workload
+  timed around it (`time_against_reference`): what the CPU gate judges, since a shared CPU's
+  speed drift cancels in it while the wall clock moves by tens of percent.
+- `peak_bytes`: incremental peak allocated of one fwd+bwd (peak minus what the inputs hold).
+- `<tensor>_rel_l2|max_abs|max_rel|finite` for o, final state, dq, dk, dv, dg, dbeta, dh0,
   one sample per seed (idx = seed index), against the reference: the fp64 per-token oracle when
   T <= `oracle_max_seq_len`, else our chunked eager backend in fp32 on the device (it equals the
-  oracle to ~1e-15 in fp64, so in fp32 it is an fp32-exact oracle). Bound 5e-3 for triton; eager
-  and fla are recorded without a bound.
-Derived in-run (medians of fwd+bwd): `speedup_vs_eager` (triton), `ratio_to_fla` (triton / fla,
-lower is better, bound 1.0: "no slower"; the issue's 0.8 at 16K+ stateful is read off the table),
-`peak_ratio_to_fla` (bound 1.0), `tflops` (model FLOPs of the chunked algorithm / median time).
+  oracle to ~1e-15 in fp64, so in fp32 it is an fp32-exact oracle). Bound 5e-3 for every backend
+  (the eager backend is checked only against the oracle: it is the reference above that).
+- `ratio_to_baseline` (this / `baseline` median fwd+bwd, lower is better) and
+  `peak_ratio_to_baseline`: the baseline is timed in the same case, on the same inputs, in the
+  same process, so the ratio is measured, not assembled across cases. `tflops`: model FLOPs of
+  the chunked algorithm / median fwd+bwd.
 
-dO and dHT are random and divided by their tensor's element count, so gradient scale does not
-grow with T. Inputs: l2-normalised k, β = sigmoid(randn), g = logsigmoid(randn + 2).
+Packed cases (`packed`: lists of sequence lengths) run B = 1 with `cu_seqlens`, one initial and
+final state per sequence. dO and dHT are random and divided by their tensor's element count, so
+gradient scale does not grow with T. Inputs: l2-normalised k, β = sigmoid(randn),
+g = logsigmoid(randn + 2).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 from collections.abc import Iterator
 from dataclasses import replace
@@ -43,17 +47,22 @@ from workers.suite import (
     Sample,
     Suite,
     SuiteParams,
+    check_backend_names,
 )
 from workers.verdict import REFERENCE_RELATIVE_MIN_EFFECT
 
-BACKENDS = ("eager", "triton", "fla")
+BACKENDS = ("eager", "triton", "fla")  # the GPU presets' default; any registered names are accepted
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 ACC_BOUND = 5e-3
 CHUNK = 64
+# 8 sequences of mixed lengths (1, 63, 64, 65: boundaries inside, on and across a chunk) summing to 16K / 64K
+PACKED_16K = (1, 63, 64, 65, 1000, 3000, 4096, 8095)
+PACKED_64K = (4096, 12288, 1, 65, 8192, 16384, 20000, 4510)
 
 
 class GDNOpParams(SuiteParams):
     seq_lens: tuple[Positive, ...] = (8192, 16384, 32768, 65536)
+    packed: tuple[tuple[Positive, ...], ...] = ()  # packed batches (sequence lengths), B = 1, cu_seqlens
     modes: tuple[str, ...] = ("stateless", "stateful")
     qk_heads: tuple[Positive, ...] = (32, 16)
     v_heads: Positive = 32
@@ -61,6 +70,7 @@ class GDNOpParams(SuiteParams):
     head_dim: Positive = 128
     dtype: DType = "bfloat16"  # bfloat16 | float16 | float32 (the CPU interpreter needs fp16/fp32)
     backends: tuple[str, ...] = BACKENDS
+    baseline: str = "fla"  # the ratios' denominator; timed beside every other timed backend
     warmup: NonNegative = 5
     repeat: Positive = 20
     eager_warmup: NonNegative = 5  # the eager backend at 64K takes ~1 s per fwd+bwd
@@ -74,39 +84,31 @@ class GDNOpParams(SuiteParams):
 
 
 def _metrics() -> tuple[Metric, ...]:
-    out: list[Metric] = []
-    for b in BACKENDS:
+    out: list[Metric] = [
+        Metric("fwd_ms", "ms", "time", description="forward, every repetition"),
+        Metric("fwd_bwd_ms", "ms", "time", description="forward + backward, every repetition"),
+        Metric("fwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
+               description="forward over the reference workload timed around it (cpu only)"),
+        Metric("fwd_bwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
+               description="forward + backward over the reference workload (cpu only)"),
+        Metric("peak_bytes", "bytes", "memory", description="incremental peak allocated of one fwd+bwd"),
+    ]  # fmt: skip
+    for t in TENSORS:
         out += [
-            Metric(f"{b}_fwd_ms", "ms", "time", description=f"{b} forward, every repetition"),
-            Metric(f"{b}_fwd_bwd_ms", "ms", "time", description=f"{b} forward + backward, every repetition"),
-            Metric(f"{b}_fwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
-                   description=f"{b} forward over the reference workload timed around it (cpu only)"),
-            Metric(f"{b}_fwd_bwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
-                   description=f"{b} forward + backward over the reference workload (cpu only)"),
-            Metric(f"{b}_peak_bytes", "bytes", "memory",
-                   description=f"{b} incremental peak allocated of one fwd+bwd"),
+            Metric(f"{t}_rel_l2", "ratio", "accuracy", bound=ACC_BOUND,
+                   description=f"{t}: ||a-ref|| / ||ref||, one sample per seed"),
+            Metric(f"{t}_max_abs", "abs", "accuracy", description=f"{t}: max |a-ref|"),
+            Metric(f"{t}_max_rel", "ratio", "accuracy", description=f"{t}: max |a-ref|/|ref|"),
+            Metric(f"{t}_finite", "bool", "check", "higher", bound=1.0, description=f"{t}: all finite"),
         ]  # fmt: skip
-        bound = ACC_BOUND if b == "triton" else None
-        for t in TENSORS:
-            out += [
-                Metric(f"{b}_{t}_rel_l2", "ratio", "accuracy", bound=bound,
-                       description=f"{b} {t}: ||a-ref|| / ||ref||, one sample per seed"),
-                Metric(f"{b}_{t}_max_abs", "abs", "accuracy", description=f"{b} {t}: max |a-ref|"),
-                Metric(f"{b}_{t}_max_rel", "ratio", "accuracy", description=f"{b} {t}: max |a-ref|/|ref|"),
-                Metric(f"{b}_{t}_finite", "bool", "check", "higher", bound=1.0 if b == "triton" else None,
-                       description=f"{b} {t}: all finite"),
-            ]  # fmt: skip
     out += [
-        Metric("speedup_vs_eager", "x", "time", "higher", repeated=False,
-               description="eager / triton median fwd+bwd (report: 12.65/22.37/40.08/74.17 at 8K-64K)"),
-        Metric("ratio_to_fla", "x", "time", "lower", bound=1.0, repeated=False,
-               description="triton / fla median fwd+bwd (goal <= 0.8 at 16K+ stateful 32/32)"),
-        Metric("peak_ratio_to_fla", "x", "memory", "lower", bound=1.0,
-               description="triton / fla incremental peak allocated"),
-        Metric("triton_tflops", "TFLOP/s", "time", "higher", repeated=False,
-               description="model FLOPs of the chunked algorithm / triton median fwd+bwd"),
-        Metric("fla_tflops", "TFLOP/s", "time", "higher", repeated=False,
-               description="same FLOPs / fla median fwd+bwd"),
+        Metric("ratio_to_baseline", "x", "time", "lower", repeated=False,
+               description="median fwd+bwd / the baseline's, timed in the same case (triton/fla goal "
+                           "<= 0.8 at 16K+ stateful 32/32)"),
+        Metric("peak_ratio_to_baseline", "x", "memory", "lower",
+               description="incremental peak allocated / the baseline's"),
+        Metric("tflops", "TFLOP/s", "time", "higher", repeated=False,
+               description="model FLOPs of the chunked algorithm / median fwd+bwd (not for eager)"),
     ]  # fmt: skip
     return tuple(out)
 
@@ -122,14 +124,10 @@ def fwd_bwd_flops(batch: int, seq_len: int, v_heads: int, head_dim: int = 128) -
     return 2.0 * macs * chunks * batch * v_heads
 
 
-def fla_available() -> bool:
-    return importlib.util.find_spec("fla") is not None
-
-
 class GDNOpSuite(Suite):
     name = "gdn-op"
     gate_presets = CPU_GATE_PRESETS
-    description = "single-device GDN core: Triton vs eager vs flash-linear-attention (time, memory, accuracy)"
+    description = "single-device GDN core: any registered backends side by side (time, memory, accuracy)"
     params_model = GDNOpParams
     devices: ClassVar[tuple[str, ...]] = ("cuda", "npu", "cpu")  # npu: eager (device_presets)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -137,25 +135,28 @@ class GDNOpSuite(Suite):
         # only the eager core is timed (the interpreter's times say nothing about the kernels).
         "quick": {
             "seq_lens": (65,), "modes": ("stateless", "stateful"), "qk_heads": (1,), "v_heads": 2,
-            "dtype": "float32", "backends": ("eager", "triton"), "timed_backends": ("eager",),
-            "eager_warmup": 1, "eager_repeat": 5, "accuracy_seeds": (0,),
+            "dtype": "float32", "backends": ("eager", "triton"), "baseline": "eager",
+            "timed_backends": ("eager",), "eager_warmup": 1, "eager_repeat": 5, "accuracy_seeds": (0,),
         },
         # The gate on a CPU machine (2 shared cores): Triton's accuracy under the interpreter, and
         # the eager core timed 15 times at a length where a call takes ~15 ms (at 2 ms a call,
         # process-to-process shifts of 20-40% swamp any change; docs/benchmarks.md, the CPU gate).
         "gate-cpu": {
             "seq_lens": (512,), "modes": ("stateful",), "qk_heads": (2,), "v_heads": 4,
-            "dtype": "float32", "backends": ("eager", "triton"), "timed_backends": ("eager",),
-            "eager_warmup": 3, "eager_repeat": 15, "accuracy_seeds": (0,),
+            "dtype": "float32", "backends": ("eager", "triton"), "baseline": "eager",
+            "timed_backends": ("eager",), "eager_warmup": 3, "eager_repeat": 15, "accuracy_seeds": (0,),
         },
         # Per-commit GPU check: one stateful length per head layout, one seed.
         "gate": {
             "seq_lens": (16384,), "modes": ("stateful",), "qk_heads": (32, 16),
             "accuracy_seeds": (0,), "eager_warmup": 1, "eager_repeat": 5,
         },
-        "full": {},
+        "full": {"packed": (PACKED_16K, PACKED_64K)},
     }  # fmt: skip
     metrics = _metrics()
+    # 2: one case per backend, metric names without the backend (version 1 had `<backend>_<metric>`
+    # in one case per shape): a gate across the change is refused, not passed with nothing paired
+    version = 2
 
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, GDNOpParams)
@@ -165,23 +166,38 @@ class GDNOpSuite(Suite):
         reps = [params.eager_repeat if b == "eager" else params.repeat for b in timed]
         return min(reps, default=0)
 
-    def cases(self, params: SuiteParams) -> list[Case]:
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
         assert isinstance(params, GDNOpParams)
-        unknown = sorted(set(params.backends) - set(BACKENDS))
-        if unknown:
-            raise ValueError(f"unknown backend(s) {unknown}; expected a subset of {BACKENDS}")
+        return tuple(dict.fromkeys((*params.backends, params.baseline)))
+
+    def cases(self, params: SuiteParams) -> list[Case]:
+        """(shape, backend) pairs; the names are checked for form here (no torch on the service)
+        and resolved on the ranks, where an unknown one fails naming the registered ones."""
+        assert isinstance(params, GDNOpParams)
+        check_backend_names([*params.backends, params.baseline])
+        if len(set(params.backends)) != len(params.backends):
+            raise ValueError(f"backends {list(params.backends)} name a backend twice")
+        if params.baseline not in params.backends:
+            raise ValueError(f"baseline {params.baseline!r} is not one of the backends "
+                             f"{list(params.backends)}; add it or name another")  # fmt: skip
         bad_modes = sorted(set(params.modes) - {"stateless", "stateful"})
         if bad_modes:
             raise ValueError(f"unknown mode(s) {bad_modes}; expected stateless and/or stateful")
         base = params.model_dump()
+        drop = ("seq_lens", "packed", "modes", "qk_heads", "backends")
+        shapes: list[tuple[str, dict[str, Any]]] = [(f"T{T}", {"seq_len": T}) for T in params.seq_lens]
+        for lens in params.packed:
+            shapes.append((f"packed{len(lens)}_T{sum(lens)}", {"seq_len": sum(lens), "packed": list(lens)}))
         out = []
-        for T in params.seq_lens:
+        for tag, shape in shapes:
+            batch = 1 if "packed" in shape else params.batch
             for mode in params.modes:
                 for hqk in params.qk_heads:
-                    p = {k: v for k, v in base.items() if k not in ("seq_lens", "modes", "qk_heads")}
-                    p.update(seq_len=T, mode=mode, qk_heads=hqk)
-                    name = f"T{T}_{mode}_hqk{hqk}_hv{params.v_heads}_b{params.batch}"
-                    out.append(Case(self.name, name, p))
+                    for backend in params.backends:
+                        p = {k: v for k, v in base.items() if k not in drop}
+                        p.update(shape, batch=batch, mode=mode, qk_heads=hqk, backend=backend)
+                        name = f"{tag}_{mode}_hqk{hqk}_hv{params.v_heads}_b{batch}_{backend}"
+                        out.append(Case(self.name, name, p))
         return out
 
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
@@ -192,12 +208,15 @@ class GDNOpSuite(Suite):
 # Rank side: everything below imports torch inside the functions.
 # ------------------------------------------------------------------------------------------------
 def _make_inputs(ctx: RankContext, p: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Inputs in the case dtype on the device, plus dO and dHT divided by their element count."""
+    """Inputs in the case dtype on the device, plus dO and dHT divided by their element count.
+    A packed case (`packed`: sequence lengths) adds `cu` (int32 offsets) and one state per sequence."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     B, T, Hq, Hv, Dh = p["batch"], p["seq_len"], p["qk_heads"], p["v_heads"], p["head_dim"]
+    packed = p.get("packed")
+    states = len(packed) if packed else B
     dt = getattr(torch, p["dtype"])
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -209,33 +228,24 @@ def _make_inputs(ctx: RankContext, p: dict[str, Any], seed: int) -> dict[str, An
         "v": rnd(B, T, Hv, Dh).to(dt),
         "g": F.logsigmoid(rnd(B, T, Hv) + 2.0),
         "beta": torch.sigmoid(rnd(B, T, Hv)).to(dt),
-        "h0": rnd(B, Hv, Dh, Dh) * 0.1 if p["mode"] == "stateful" else None,
+        "h0": rnd(states, Hv, Dh, Dh) * 0.1 if p["mode"] == "stateful" else None,
+        "cu": torch.tensor([0, *torch.tensor(packed).cumsum(0).tolist()], dtype=torch.int32)
+        if packed else None,
     }
     do = rnd(B, T, Hv, Dh)
     x["do"] = (do / do.numel()).to(dt)
-    dht = rnd(B, Hv, Dh, Dh)
+    dht = rnd(states, Hv, Dh, Dh)
     x["dht"] = dht / dht.numel() if p["mode"] == "stateful" else None
     return {k: (v.to(ctx.device) if v is not None else None) for k, v in x.items()}
 
 
 def _call(backend: str, x: dict[str, Any], final: bool) -> tuple[Any, Any]:
-    """One forward of `backend` on leaves x; returns (o, final_state | None)."""
-    if backend == "fla":
-        import fla.ops.common.chunk_o as fla_chunk_o
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-        # FLA 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its issue 640);
-        # we set its own flag to time it and record its accuracy beside ours.
-        fla_chunk_o.TRITON_ABOVE_3_7_1 = True
-        return chunk_gated_delta_rule(
-            x["q"], x["k"], x["v"], x["g"], x["beta"],
-            initial_state=x["h0"], output_final_state=final,
-        )  # fmt: skip
+    """One forward of `backend` (any registered name) on leaves x; returns (o, final_state | None)."""
     from gdn import gated_delta_rule
 
     return gated_delta_rule(
         x["q"], x["k"], x["v"], x["g"], x["beta"],
-        initial_state=x["h0"], output_final_state=final, backend=backend,
+        initial_state=x["h0"], output_final_state=final, cu_seqlens=x.get("cu"), backend=backend,
     )  # fmt: skip
 
 
@@ -279,8 +289,9 @@ def _reference(x: dict[str, Any], p: dict[str, Any], final: bool) -> dict[str, A
         r = _leaves(x, torch.float64)
         r["do"], r["dht"] = x["do"].double(), None if x["dht"] is None else x["dht"].double()
         o, ht = recurrent_gated_delta_rule(
-            r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["h0"], output_final_state=final
-        )
+            r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["h0"], output_final_state=final,
+            cu_seqlens=x.get("cu"),
+        )  # fmt: skip
         outs, grads = [o], [r["do"]]
         if final and r["dht"] is not None:
             outs.append(ht)
@@ -300,39 +311,42 @@ def _reference(x: dict[str, Any], p: dict[str, Any], final: bool) -> dict[str, A
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
-def _accuracy(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]) -> Iterator[Sample]:
+def _accuracy(ctx: RankContext, case: Case, p: dict[str, Any], backend: str) -> Iterator[Sample]:
     from workers.measure import error_samples, tensor_error
 
     final = p["mode"] == "stateful"
     for idx, seed in enumerate(p["accuracy_seeds"]):
         x = _make_inputs(ctx, p, seed)
         ref = _reference(x, p, final)
-        for b in backends:
-            got = _fwd_bwd(b, _leaves(x), final)
-            for t in TENSORS:
-                if ref.get(t) is None or got.get(t) is None:
-                    continue
-                err = tensor_error(got[t], ref[t])
-                for s in error_samples(ctx, case.name, f"{b}_{t}", err):
-                    yield replace(s, idx=idx)
-            del got
-        del ref, x
+        got = _fwd_bwd(backend, _leaves(x), final)
+        for t in TENSORS:
+            if ref.get(t) is None or got.get(t) is None:
+                continue
+            err = tensor_error(got[t], ref[t])
+            for s in error_samples(ctx, case.name, t, err):
+                yield replace(s, idx=idx)
+        del got, ref, x
+
+
+def _timed(p: dict[str, Any], b: str) -> bool:
+    if b == "eager" and p["seq_len"] > p["eager_max_seq_len"]:
+        return False
+    timed = p.get("timed_backends")
+    return timed is None or b in timed
 
 
 def _timing(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]) -> Iterator[Sample]:
+    """Times `backends` on one set of inputs; the samples are the case's backend's (the last),
+    the others (its baseline) only give the ratios' denominators."""
     from gdn import device as devices
     from workers.measure import measure_peak_memory, time_against_reference, time_repeats, time_samples
 
     final = p["mode"] == "stateful"
     x = _leaves(_make_inputs(ctx, p, 1000))
+    mine = p["backend"]
     med: dict[str, float] = {}
     peak: dict[str, float] = {}
-    timed = p.get("timed_backends")
     for b in backends:
-        if b == "eager" and p["seq_len"] > p["eager_max_seq_len"]:
-            continue
-        if timed is not None and b not in timed:
-            continue
         warm, rep = (p["eager_warmup"], p["eager_repeat"]) if b == "eager" else (p["warmup"], p["repeat"])
 
         def fwd(b: str = b) -> None:
@@ -344,13 +358,17 @@ def _timing(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]
                     x[n].grad = None
             _fwd_bwd(b, x, final)
 
+        times_of: dict[str, list[float]] = {}
         for fn, name in ((fwd, "fwd"), (fwd_bwd, "fwd_bwd")):
             if ctx.device_kind == "cpu":  # a shared CPU's drift cancels in the relative time
-                times, relative = time_against_reference(ctx, fn, warmup=warm, repeat=rep)
-                yield from time_samples(ctx, case.name, f"{b}_{name}_rel", relative)
+                times_of[name], relative = time_against_reference(ctx, fn, warmup=warm, repeat=rep)
+                if b == mine:
+                    yield from time_samples(ctx, case.name, f"{name}_rel", relative)
             else:
-                times = time_repeats(ctx, fn, warmup=warm, repeat=rep)
-            yield from time_samples(ctx, case.name, f"{b}_{name}_ms", times)
+                times_of[name] = time_repeats(ctx, fn, warmup=warm, repeat=rep)
+            if b == mine:
+                yield from time_samples(ctx, case.name, f"{name}_ms", times_of[name])
+        times = times_of["fwd_bwd"]
         med[b] = median(times)
         for n in _LEAVES:
             if x[n] is not None:
@@ -358,37 +376,55 @@ def _timing(ctx: RankContext, case: Case, p: dict[str, Any], backends: list[str]
         mem = measure_peak_memory(ctx, fwd_bwd, incremental=True)
         if mem.tracked:
             peak[b] = float(mem.peak_allocated)
-            yield Sample(case.name, f"{b}_peak_bytes", peak[b], rank=ctx.rank)
+            if b == mine:
+                yield Sample(case.name, "peak_bytes", peak[b], rank=ctx.rank)
         for n in _LEAVES:
             if x[n] is not None:
                 x[n].grad = None
         devices.empty_cache(ctx.device)
-    flops = fwd_bwd_flops(p["batch"], p["seq_len"], p["v_heads"], p["head_dim"])
-    if "triton" in med and "eager" in med:
-        yield Sample(case.name, "speedup_vs_eager", med["eager"] / med["triton"], rank=ctx.rank)
-    if "triton" in med and "fla" in med:
-        yield Sample(case.name, "ratio_to_fla", med["triton"] / med["fla"], rank=ctx.rank)
-    if "triton" in peak and "fla" in peak:
-        yield Sample(case.name, "peak_ratio_to_fla", peak["triton"] / peak["fla"], rank=ctx.rank)
-    for b in ("triton", "fla"):
-        if b in med:
-            yield Sample(case.name, f"{b}_tflops", flops / (med[b] * 1e-3) / 1e12, rank=ctx.rank)
+    base = p["baseline"]
+    if mine != base and mine in med and base in med:
+        yield Sample(case.name, "ratio_to_baseline", med[mine] / med[base], rank=ctx.rank)
+    if mine != base and mine in peak and base in peak:
+        yield Sample(case.name, "peak_ratio_to_baseline", peak[mine] / peak[base], rank=ctx.rank)
+    if mine in med and mine != "eager":  # the eager core's FLOP rate says nothing
+        lens = p.get("packed") or [p["seq_len"]] * p["batch"]
+        flops = sum(fwd_bwd_flops(1, n, p["v_heads"], p["head_dim"]) for n in lens)
+        yield Sample(case.name, "tflops", flops / (med[mine] * 1e-3) / 1e12, rank=ctx.rank)
+
+
+def _unsupported(ctx: RankContext, p: dict[str, Any], backend: str) -> str | None:
+    """The backend's capability check for this case (an unknown name raises, naming the known ones)."""
+    import torch
+
+    from gdn import GDNShape, get_backend
+
+    n = len(p["packed"]) if p.get("packed") else None
+    shape = GDNShape(p["batch"], p["seq_len"], p["qk_heads"], p["v_heads"], p["head_dim"], p["head_dim"], n)
+    return get_backend(backend).unsupported(shape, getattr(torch, p["dtype"]), ctx.device)
 
 
 def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     p = dict(case.params)
-    backends = [b for b in p["backends"] if b != "fla" or fla_available()]
-    if "fla" in p["backends"] and "fla" not in backends:
-        print(f"{case.name}: flash-linear-attention is not importable; fla left out")
-    if ctx.device_kind == "cpu":
-        backends = [b for b in backends if b != "fla"]  # FLA needs a GPU
-    if p["seq_len"] <= p["accuracy_max_seq_len"]:
-        # The eager backend is the reference above oracle_max_seq_len: comparing it with itself
-        # would prove nothing, so it is checked only against the fp64 oracle.
-        acc = [b for b in backends if b != "eager" or p["seq_len"] <= p["oracle_max_seq_len"]]
-        yield from _accuracy(ctx, case, p, acc)
-    if p["timing"]:
-        yield from _timing(ctx, case, p, backends)
+    mine, base = p["backend"], p["baseline"]
+    timed = [b for b in dict.fromkeys((base, mine)) if _timed(p, b)]
+    timed = timed if p["timing"] and _timed(p, mine) else []
+    from gdn import UnsupportedGDNRequest
+
+    reason = _unsupported(ctx, p, mine)
+    if reason is not None:  # the case's error, with the backend's own reason
+        raise UnsupportedGDNRequest(reason)
+    if base in timed and base != mine and (why := _unsupported(ctx, p, base)) is not None:
+        # its own case errors with this reason; here only the ratios are missing
+        print(f"{case.name}: baseline {base!r} cannot run, no ratios: {why}")
+        timed.remove(base)
+    # The eager backend is the reference above oracle_max_seq_len: comparing it with itself would
+    # prove nothing, so it is checked only against the fp64 oracle.
+    oracle = p["seq_len"] <= p["oracle_max_seq_len"]
+    if p["seq_len"] <= p["accuracy_max_seq_len"] and (mine != "eager" or oracle):
+        yield from _accuracy(ctx, case, p, mine)
+    if timed:
+        yield from _timing(ctx, case, p, timed)
 
 
 def median(xs: list[float]) -> float:

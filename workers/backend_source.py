@@ -1,0 +1,140 @@
+"""Where a backend under test comes from: a git repository at a commit, or a package requirement.
+
+A job names it as one string (the job label `backend_source`):
+
+- `git+<repository>@<commit>`: any path or URL git can read, and a commit (sha, branch, tag);
+- anything else: a pip requirement (`fla-core==0.6.0`).
+
+Each source is installed once, without its dependencies (they are the job's environment's
+business), into a folder of its own under the cache, named by what it contains: the full commit
+sha (the snapshot machinery of workers.snapshot extracts the tree) or a hash of the requirement.
+The ranks put that folder first on their path, so its `gdnval.backends` entry points are found.
+An install is built in a temporary folder and renamed into place, so a half-built one is never
+used; a source that cannot be fetched or built fails with pip's or git's own message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.provenance import BACKEND_COMMIT_FILE
+from workers.snapshot import SnapshotCache, SnapshotError, default_cache_dir
+
+BACKEND_SOURCE_LABEL = "backend_source"
+INSTALL_TIMEOUT_S = 600
+_MARKER = ".gdnval-backend"
+
+
+class BackendSourceError(RuntimeError):
+    """The source cannot be parsed, fetched or built; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class BackendSource:
+    """One parsed source: (repo, commit) for git, or a requirement."""
+
+    repo: str | None = None
+    commit: str | None = None
+    requirement: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> BackendSource:
+        text = text.strip()
+        if text.startswith("git+"):
+            repo, sep, commit = text[4:].rpartition("@")
+            if not sep or not repo or not commit:
+                raise BackendSourceError(
+                    f"backend source {text!r}: expected 'git+<repository>@<commit>' (a path or URL, a commit)"
+                )
+            return cls(repo=repo, commit=commit)
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        try:
+            Requirement(text)
+        except InvalidRequirement as exc:
+            raise BackendSourceError(
+                f"backend source {text!r} is neither 'git+<repository>@<commit>' nor a pip requirement: {exc}"
+            ) from exc
+        return cls(requirement=text)
+
+    def __str__(self) -> str:
+        return f"git+{self.repo}@{self.commit}" if self.repo else str(self.requirement)
+
+
+def _pip_install(target: Path, what: str, python: str, *, build_isolation: bool) -> None:
+    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
+           "--target", str(target), what]  # fmt: skip
+    if not build_isolation:
+        cmd.insert(4, "--no-build-isolation")  # a source tree builds with this environment's setuptools
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendSourceError(f"pip install of {what} failed: {exc}") from exc
+    if out.returncode != 0:
+        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-12:])
+        raise BackendSourceError(f"pip install of {what} failed (exit {out.returncode}):\n{tail}")
+
+
+def _local_repo(repo: str, mirrors: Path) -> Path:
+    """`repo` itself when it is a folder here, else a bare mirror of the URL, fetched anew."""
+    if Path(repo).is_dir():
+        return Path(repo)
+    mirror = mirrors / hashlib.sha256(repo.encode()).hexdigest()[:24]
+    fetch = ["git", "-C", str(mirror), "fetch", "--quiet", "--prune", "origin", "+refs/*:refs/*"]
+    cmd = fetch if (mirror / "HEAD").exists() else ["git", "clone", "--quiet", "--bare", repo, str(mirror)]
+    mirrors.mkdir(parents=True, exist_ok=True)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {exc}") from exc
+    if out.returncode != 0:
+        raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {out.stderr.strip()}")
+    return mirror
+
+
+def install_backend_source(
+    source: BackendSource | str, cache_dir: str | Path | None = None, python: str = sys.executable
+) -> Path:
+    """The folder holding the installed source (built on first use), to put first on the path."""
+    if isinstance(source, str):
+        source = BackendSource.parse(source)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir().parent / "backends"
+    if source.repo is not None:
+        snapshots = SnapshotCache(_local_repo(source.repo, cache / "repos"), cache / "trees")
+        try:
+            sha = snapshots.resolve(str(source.commit))
+            tree = snapshots.path(sha)
+        except SnapshotError as exc:
+            raise BackendSourceError(f"backend source {source}: {exc}") from exc
+        key, commit = f"git-{sha}", sha
+    else:
+        key, commit = "req-" + hashlib.sha256(str(source.requirement).encode()).hexdigest()[:24], None
+    target = cache / key
+    if (target / _MARKER).exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache))
+    try:
+        site = tmp / "site"
+        if commit is not None:
+            build = tmp / "src"  # a copy: the build writes into the tree, the snapshot stays as extracted
+            shutil.copytree(tree, build)
+            _pip_install(site, str(build), python, build_isolation=False)
+            (site / BACKEND_COMMIT_FILE).write_text(commit + "\n")
+        else:
+            _pip_install(site, str(source.requirement), python, build_isolation=True)
+        (site / _MARKER).write_text(f"{source}\n")
+        try:
+            site.rename(target)
+        except OSError:
+            if not (target / _MARKER).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
