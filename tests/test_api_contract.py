@@ -131,6 +131,7 @@ def _failures(stdout: str) -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow  # about a minute: a server subprocess and 45 s of schemathesis
 def test_schemathesis_finds_no_contract_failure(tmp_path: Path) -> None:
     """`st run --checks all` against a real server (uvicorn subprocess, SQLite file; no dispatcher,
     so accepted jobs stay queued), bounded to 10 examples per operation and 45 s."""

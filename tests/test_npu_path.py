@@ -313,6 +313,7 @@ def test_dry_run_network_gate_on_npu_lists_cases():
 # ------------------------------------------------------------------------------ acceptance runs
 
 
+@pytest.mark.slow  # a 2-rank job per suite
 @pytest.mark.parametrize(
     "args",
     [
