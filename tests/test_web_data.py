@@ -52,7 +52,10 @@ def page_html(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     with TestClient(create_app(settings)) as client:
         r = client.get(f"/jobs/{job_id}")
         assert r.status_code == 200
-        return r.text, job_id
+        # the case's plots are a fragment the page loads as the case comes into view
+        plots = client.get(f"/jobs/{job_id}/plots", params={"case": cases[0].fingerprint("cuda", RANKS)})
+        assert plots.status_code == 200 and 'class="rep"' not in r.text
+        return r.text + plots.text, job_id
 
 
 def test_long_lanes_are_subsampled_in_sql_with_the_counts_shown(page_html: tuple[str, int]) -> None:
