@@ -13,6 +13,7 @@ from tests.suites_for_tests import RecordingSink, make_marker_repo
 from workers.executor import JobSpec
 from workers.executors.local import LocalExecutor
 from workers.registry import SUITE_MODULES
+from workers.runtime import rank_environment
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 15.0  # the hang test's deadline: long enough to reach the faulty case on a busy machine
@@ -88,7 +89,8 @@ def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:
     assert sink.artifacts == [("rank0/note.txt", "text/plain", b"world 2")]
     assert "[rank 1] probe output from rank 1" in sink.logs  # rank output arrives as job log lines
     info = sink.infos[0]
-    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, ((os.cpu_count() or 1) - 1) // 2))
+    threads = int(os.environ.get("OMP_NUM_THREADS")
+                  or rank_environment("cpu", world_size=2, base_env={}, prefixes=[])["OMP_NUM_THREADS"])
     assert info["deterministic"] is False and info["torch_threads"] == threads  # ranks share the cores
     assert info["world_size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]
     assert info["device_kind"] == "cpu" and info["torch"] and info["commit"]
