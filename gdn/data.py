@@ -1,4 +1,4 @@
-"""Memory-mapped token stream for the whole-network trajectories (VALIDATION_MATRIX §2, §6).
+"""Memory-mapped token stream for the whole-network trajectories (docs/benchmarks.md, Network).
 
 A token file is a flat little-endian uint16/uint32 array (`OUT.bin`) plus a JSON header beside it
 (`OUT.bin.json`: format, version, dtype, vocab size, token count). Nothing is downloaded: the

@@ -1,4 +1,4 @@
-"""The hybrid Qwen3.5-style decoder the whole-network suites train (VALIDATION_MATRIX §6).
+"""The hybrid Qwen3.5-style decoder the whole-network suites train (docs/benchmarks.md, Network).
 
 Layers alternate linear attention (the GatedDeltaNet layer of `gdn.layer`) and full attention
 3:1: every `full_attention_interval`-th layer is causal GQA with RoPE. Each decoder layer is

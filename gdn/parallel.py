@@ -1,7 +1,7 @@
 """Distributed wrapping of the hybrid model: CP group and device mesh, FSDP2 over the CP group,
 per-layer activation checkpointing, deterministic mode, gradient norm and gradient sync.
 
-Report layout (VALIDATION_MATRIX §6): the FSDP sharding group *is* the CP group, each rank holds
+Report layout (docs/cp.md, Contract): the FSDP sharding group *is* the CP group, each rank holds
 one sequence shard of the same sample and one parameter shard. Each rank's loss is its share of
 the global mean (see `gdn.model.HybridModel.loss`), so the parameter gradient is the *sum* over
 ranks: FSDP's reduce-scatter is told to divide by 1, not by the group size (averaging would be

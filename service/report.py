@@ -1,6 +1,6 @@
 """The Markdown test report, in the shape of the user's hand-written one, and the gate's report.
 
-Sections (VALIDATION_MATRIX): environment (device, driver, torch/Triton, commit), verdicts,
+Sections (one per suite of workers/suites): environment (device, driver, torch/Triton, commit), verdicts,
 capability checks, the GDN accuracy matrix per tensor (relative-L2, max abs, max rel, finite),
 speed with speed-ups (Triton vs eager), memory, CP tables (P2P vs Ulysses), trajectory
 summaries, and, with a base, the comparison. Every number links to its case on the job page

@@ -1,4 +1,4 @@
-"""The report's GPU acceptance (VALIDATION_MATRIX §6) on one CUDA device; skipped without one.
+"""The report's GPU acceptance (docs/benchmarks.md, Network) on one CUDA device; skipped without one.
 
 The 4-layer hidden-2048 network trains 200 steps from the token stream with the Triton backend
 against the eager reference, bf16 (autocast over fp32 master weights on both sides): loss max rel

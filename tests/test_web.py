@@ -46,7 +46,7 @@ STEPS = 30
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 
-# Realistic jobs of the real `gdn-op` suite (its metrics and case matrix, VALIDATION_MATRIX §4):
+# Realistic jobs of the real `gdn-op` suite (its metrics and case matrix: workers/suites/gdn_op.py):
 # one case per shape and backend; per tensor the errors per seed, every timing repetition,
 # incremental peak memory, and the ratios to the baseline (fla); numbers shaped like the report's.
 GDN = "gdn-op"

@@ -1,7 +1,8 @@
 """Measurement helpers shared by every suite: timing repetitions, memory, tensor errors.
 
-The report's method (VALIDATION_MATRIX §2): warm up (which also absorbs Triton compile and
-autotune), then time each repetition with device events; reset peak memory after warm-up.
+The report's method (docs/benchmarks.md gives it beside each table): warm up (which also
+absorbs Triton compile and autotune), then time each repetition with device events; reset peak
+memory after warm-up.
 
 Suites emit raw per-rank samples (rank = this rank, idx = repetition or step). The worst rank of
 each idx (max for lower-is-better metrics, min for higher-is-better) is applied when samples are

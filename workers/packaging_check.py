@@ -1,6 +1,6 @@
 """Delivery check: the built wheel, installed into an isolated environment, carries the kernels.
 
-The report shipped a wheel and checked it in a clean environment (VALIDATION_MATRIX §3): a wheel
+The report shipped a wheel and checked it in a clean environment (the capability suite's wheel case): a wheel
 that forgets `kernels/` imports fine on CPU and fails only when the Triton backend is first asked
 for on a GPU. `check_wheel` builds the wheel from a copy of the source (the tree itself is never
 written to), lists what it contains, installs it into a fresh venv without pip and without the

@@ -424,3 +424,69 @@ def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per st
         desc.append(f"{s.name}: {np.asarray(s.steps).size} steps, worst {worst}"
                     + (f", bound {fmt(s.bound, unit)}" if s.bound is not None else ""))
     return _svg(width, height, title, "; ".join(desc) or "no steps", body)
+
+
+@dataclass(frozen=True)
+class SweepSeries:
+    """One line of a sweep: a statistic (e.g. the median fwd+bwd time) at each size (e.g. T)."""
+
+    name: str
+    sizes: Sequence[float]
+    values: Sequence[float]
+    lo: Sequence[float] | None = None  # optional spread per size (e.g. min .. p90), drawn as a whisker
+    hi: Sequence[float] | None = None
+
+
+def _size_label(size: float) -> str:
+    """8192 -> '8K', 1048576 -> '1M': sequence lengths as people write them."""
+    for factor, suffix in ((1 << 20, "M"), (1 << 10, "K")):
+        if size >= factor and size % factor == 0:
+            return f"{int(size // factor)}{suffix}"
+    return f"{size:g}"
+
+
+def sweep_chart(series: Sequence[SweepSeries], *, title: str, x_label: str = "sequence length",
+                unit: str = "", width: int = 640, height: int = 260) -> Markup:
+    """A statistic against a size that doubles (sequence lengths), one line per series: the x axis
+    is log2, ticked at every measured size; each point carries its value (and spread) as a tooltip."""
+    extra = 14 * max(0, (len(series) - 1) // 3)
+    left, right, top, bottom = 64, 14, 10, 50 + extra
+    height += extra
+    sizes = sorted({float(s) for ser in series for s in ser.sizes if s > 0})
+    xs = Scale.fit(np.log2(np.asarray(sizes, dtype=float)) if sizes else np.empty(0), left, width - right)
+    vals = [float(v) for ser in series for arr in (ser.values, ser.lo or (), ser.hi or ()) for v in arr]
+    ys = Scale.fit(np.asarray(vals, dtype=float), height - bottom, top, include=[0.0])
+    body: list[str] = []
+    for t in ys.ticks(4):
+        py = ys(t)
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
+        body.append(_text(left - 6, py + 3, fmt(t), anchor="end", css="lbl small"))
+    for s in sizes:
+        body.append(_text(xs(math.log2(s)), height - bottom + 14, _size_label(s), anchor="middle",
+                          css="lbl small"))  # fmt: skip
+    body.append(_text(width - right, height - bottom + 28, x_label, anchor="end", css="lbl small"))
+    body.append(_text(4, top + 8, unit, css="lbl small"))
+    desc: list[str] = []
+    for i, ser in enumerate(series):
+        color = PALETTE[i % len(PALETTE)]
+        pairs = enumerate(zip(ser.sizes, ser.values, strict=True))
+        pts = sorted((float(a), float(b), j) for j, (a, b) in pairs if a > 0 and math.isfinite(float(b)))
+        line = " ".join(f"{xs(math.log2(a)):.1f},{ys(b):.1f}" for a, b, _ in pts)
+        body.append(f'<polyline class="traj" stroke="{color}" points="{line}"/>')
+        for a, b, j in pts:
+            px = xs(math.log2(a))
+            tip = f"{ser.name} at {_size_label(a)}: {fmt(b, unit)}"
+            if ser.lo is not None and ser.hi is not None:
+                lo, hi = float(ser.lo[j]), float(ser.hi[j])
+                body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{ys(lo):.1f}" y2="{ys(hi):.1f}" '
+                            f'class="whisker" style="stroke: {color}"/>')
+                tip += f" (spread {fmt(lo)}–{fmt(hi, unit)})"
+            body.append(f'<circle class="point" cx="{px:.1f}" cy="{ys(b):.1f}" r="3" style="fill: {color}">'
+                        f"<title>{escape(tip)}</title></circle>")
+        lx = left + (i % 3) * ((width - left) / 3)
+        ly = height - bottom + 40 + (i // 3) * 14
+        body.append(f'<line x1="{lx:.1f}" x2="{lx + 14:.1f}" y1="{ly - 3:.1f}" y2="{ly - 3:.1f}" '
+                    f'stroke="{color}" class="legend"/>')
+        body.append(_text(lx + 18, ly, ser.name, css="lbl small"))
+        desc.append(f"{ser.name}: " + ", ".join(f"{_size_label(a)} {fmt(b, unit)}" for a, b, _ in pts))
+    return _svg(width, height, title, "; ".join(desc) or "no values", body)

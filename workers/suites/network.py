@@ -1,4 +1,4 @@
-"""`network`: the whole hybrid Qwen3.5-style network with FSDP over the CP group (VALIDATION_MATRIX §6).
+"""`network`: the whole hybrid Qwen3.5-style network with FSDP over the CP group (docs/cp.md).
 
 Case families (one case per mode x activation checkpoint where it applies):
 - `traj/<mode>/ckpt-<c>`: optimizer trajectory of the candidate (the case's CP mode and backend,
