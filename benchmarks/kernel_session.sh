@@ -10,6 +10,11 @@
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
 #                             (comma-separated TUNING keys; "-" for none), HEADS = Hqk,Hv
+#          gdnop:LIMIT[:ONLY,...]   the gdn-op suite's full preset (benchmarks/run_gdn_op.py) with
+#                             BACKENDS (default triton, fla, flashqla) in one process, FLA the baseline,
+#                             only the cases whose name contains one of ONLY; cut at LIMIT seconds
+#                             (each case is written as it ends). Cold: ~2-3 min of FLA autotuning and
+#                             FlashQLA compiles per head layout
 # Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), SET (JSON of
 # TUNING overrides for ours' default settings in the ours/sweep/prof/stages steps).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
@@ -77,6 +82,17 @@ for step in "$@"; do
             [ "${knobs:--}" != - ] && sweep=(--sweep --knobs "$knobs")
             PYTHONPATH=$ROOT timeout 200 python3 benchmarks/profile_gdn_stages.py --seq-len "$len" \
                 --qk-heads "${heads%,*}" --v-heads "${heads#*,}" ${SET:+--set "$SET"} "${sweep[@]}" 2>&1 | tee -a "$OUT/stages.log"
+            echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
+        gdnop)
+            setup_py; setup_fla; setup_qla
+            t0=$SECONDS n=$((${n:-0} + 1))
+            only=()
+            IFS=, read -ra pats <<<"$b"
+            for pat in "${pats[@]}"; do only+=(--only "$pat"); done
+            PYTHONPATH="$ROOT:/tmp/site_py:/tmp/site_fla:/tmp/site_qla" timeout "$a" python3 benchmarks/run_gdn_op.py \
+                --preset full --device cuda --out "$OUT/gdnop_$n.json" \
+                --set "backends=${BACKENDS:-[\"triton\",\"fla\",\"flashqla\"]}" "${only[@]}" 2>&1 \
+                | grep -v TileLang | tee "$OUT/gdnop_$n.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac

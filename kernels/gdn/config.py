@@ -45,14 +45,18 @@ TUNING: dict[str, int | str] = {
     "wy_stages": 1,
     "out_bv": 64,
     # 1: the backward runs bwd_dqk and bwd_wy as one kernel per chunk and head (dqk_wy), so dWk,
-    # the fp32 dk partial and the dγ partials never reach memory; 0: the two stages.
+    # the fp32 dk partial and the dγ partials never reach memory; 0: the two stages. Off: slower on
+    # the H200 (32K stage 4.01 vs 1.34 + 1.31 ms, it spills; fwd+bwd +19-20% at 16K/64K) for 8%
+    # less peak memory (docs/kernels.md, "Fused stages").
     "fused_dqk_wy": 0,
     "dqkwy_bv": 64,  # value columns per step of its S/dS loop
     "dqkwy_warps": 8,
     "dqkwy_stages": 1,  # as bwd_wy (wy_stages): K·Kᵀ from one loaded tile, unpipelined
     # 1: the forward runs the state walk and the output in one kernel per segment (fused_fwd), so
     # the output never reads per-chunk S and Vn back and a forward without a backward never stores
-    # them; 0: the separate state pass and output stage.
+    # them; 0: the separate state pass and output stage. Off: slower on the H200 (32K stage 1.79
+    # vs 0.87 + 0.52 ms: the output's products lengthen each step of the sequential walk; fwd+bwd
+    # +5-6% at 16K/64K).
     "fused_fwd": 0,
     "fused_bv": 32,  # value columns per program of the fused walk (D/BV programs per head)
     "fused_warps": 4,
