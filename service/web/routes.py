@@ -411,7 +411,8 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
-        deadline=_deadline(request, job),
+        deadline=_deadline(request, job), case_backends=views.case_backends(cases),
+        backend_records=views.backend_records(job.info or {}),
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip
