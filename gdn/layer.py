@@ -215,13 +215,15 @@ class GatedDeltaNet(nn.Module):
         return out if m is None else out * m
 
     def packed_conv(
-        self, qkv: torch.Tensor, cu: list[int] | None, channels: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """`conv` with no halo, restarted at every packed sequence (`cu`: offsets; None: one sequence),
-        so no sequence sees the tokens of the one before it."""
+        self, qkv: torch.Tensor, cu: list[int] | None, channels: torch.Tensor | None = None,
+        halo: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """`conv` restarted at every packed sequence (`cu`: offsets; None: one sequence), so no
+        sequence sees the tokens of the one before it; `halo` goes before the first one only."""
         if cu is None or len(cu) == 2:
-            return self.conv(qkv, None, channels)
-        return torch.cat([self.conv(qkv[:, a:b], None, channels) for a, b in pairwise(cu)], dim=1)
+            return self.conv(qkv, halo, channels)
+        return torch.cat([self.conv(qkv[:, a:b], halo if a == 0 else None, channels)
+                          for a, b in pairwise(cu)], dim=1)  # fmt: skip
 
     def core(
         self, q, k, v, g, beta, *, initial_state: torch.Tensor | None = None,
@@ -254,9 +256,10 @@ class GatedDeltaNet(nn.Module):
             cu = check_cu_seqlens(cu_seqlens, batch=x.shape[0], seq_len=x.shape[1] * cp.world_size)
         if not cp.enabled:
             return self._forward_local(x, m, cu)
+        misfit = None
         if cu is not None and cp.mode != "ulysses":
             misfit = packed_shard_misfit(cu, x.shape[1], cp.world_size, cp.mode)
-            if misfit is not None:
+            if misfit is not None and cp.mode != "p2p":
                 raise CPError(misfit)
         drain_sends(cp)  # anything a cut-short (recomputed) forward left in flight
         key = tuple(x.shape)
@@ -265,11 +268,11 @@ class GatedDeltaNet(nn.Module):
             self._checked_shapes.add(key)
         if cp.mode == "ulysses":
             return self._forward_ulysses(x, m, cu)
-        if cu is not None:  # every shard holds whole sequences: nothing crosses a rank
+        if cu is not None and misfit is None:  # every shard holds whole sequences: nothing crosses
             lo = cp.rank * x.shape[1]
             local = [a - lo for a in cu if lo <= a <= lo + x.shape[1]]
             return self._forward_local(x, m, local)
-        return self._forward_sequence_sharded(x, m)
+        return self._forward_sequence_sharded(x, m, cu)
 
     def _forward_local(
         self, x: torch.Tensor, m: torch.Tensor | None, cu: list[int] | None = None
@@ -280,18 +283,29 @@ class GatedDeltaNet(nn.Module):
         g, beta = self.gates(b, a, m)
         return self.finish(self.core(q, k, v, g, beta, cu_seqlens=_offsets(cu, x.device)), z, m)
 
-    def _forward_sequence_sharded(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    def _forward_sequence_sharded(
+        self, x: torch.Tensor, m: torch.Tensor | None, cu: list[int] | None = None
+    ) -> torch.Tensor:
         c, cp = self.config, self.cp
         pending: list[PendingSend] = []
         pending_bwd: list[PendingSend] = []
         qkv, z, b, a = self.project(x, m)
-        halo = conv_halo(qkv, cp, c.conv_size - 1, pending, pending_bwd)
-        q, k, v = self.split_qkv(self.conv(qkv, halo), c.num_qk_heads, c.num_v_heads)
+        width = c.conv_size - 1
+        halo = conv_halo(qkv, cp, width, pending, pending_bwd)
+        segments, continues = None, True
+        if cu is not None:  # packed, a sequence crosses a boundary (P2P): see p2p_gated_delta_rule
+            lo, T = cp.rank * x.shape[1], x.shape[1]
+            segments = [0, *(s - lo for s in cu if lo < s < lo + T), T]
+            continues = lo not in cu
+            start = max(s for s in cu if s <= lo)  # where the sequence holding token lo began
+            keep = torch.arange(lo - width, lo, device=x.device) >= start  # halo tokens of that sequence
+            halo = halo * keep.to(halo.dtype)[None, :, None]
+        q, k, v = self.split_qkv(self.packed_conv(qkv, segments, None, halo), c.num_qk_heads, c.num_v_heads)
         g, beta = self.gates(b, a, m)
         if cp.mode == "p2p":
             o = p2p_gated_delta_rule(
                 q, k, v, g, beta, cp, backend=self.backend, chunk_size=self.chunk_size,
-                pending=pending, pending_bwd=pending_bwd,
+                pending=pending, pending_bwd=pending_bwd, segments=segments, continues=continues,
             )  # fmt: skip
         else:
             o = all_gather_gated_delta_rule(

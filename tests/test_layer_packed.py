@@ -1,8 +1,11 @@
 """The layer on a packed batch (`cu_seqlens`, B = 1): the conv and the core restart at every
 sequence, so the packed layer equals the layer run on each sequence alone (fp64, CPU), outputs,
-input gradients and parameter gradients alike. Under CP (2 gloo ranks): Ulysses is exact for any
-packing; P2P and AllGather are exact when every rank boundary is a sequence boundary, and refuse
-a sequence that crosses one, naming the sequence and the boundary."""
+input gradients and parameter gradients alike. Under CP (3 gloo ranks, so that a middle rank
+passes a state on): Ulysses is exact for any packing; P2P is exact for any packing too, with
+sequences crossing one or two rank boundaries, starting exactly on one, or a middle rank holding
+the end of one sequence and the start of the next; AllGather is exact when every rank boundary
+is a sequence boundary and refuses a sequence that crosses one, naming the sequence and the
+boundary."""
 
 from __future__ import annotations
 
@@ -19,18 +22,24 @@ TOL = 1e-9
 CFG = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
 # 1, 63, 64, 65 and a chunk boundary (64) inside the last two sequences
 LENS = (1, 63, 64, 65, 70)
-ALIGNED = (5, 59, 30, 34)  # T = 128: the CP2 boundary (64) is a sequence boundary
-CROSSING = (5, 60, 63)  # sequence 1 holds tokens [5, 65): it crosses the boundary at 64
+CFG3 = GDNLayerConfig(hidden_size=24, num_qk_heads=3, num_v_heads=6, head_dim=8)  # heads split over 3 ranks
+P, T_LOCAL = 3, 64
+ALIGNED = (5, 59, 64, 30, 34)  # T = 192: the boundaries 64 and 128 are sequence boundaries
+CROSSING = {
+    "two_boundaries": (5, 150, 37),  # sequence 1, tokens [5, 155), crosses 64 and 128
+    "end_and_start": (5, 95, 40, 52),  # rank 1 holds the end of one sequence and the start of the next
+    "starts_on_one": (64, 100, 28),  # sequence 1 starts on the boundary 64 and crosses 128
+}
 
 
-def _layer(cp: Any = None) -> GatedDeltaNet:
-    return gdn_layer_init_(GatedDeltaNet(CFG, cp=cp), seed=7).double()
+def _layer(cp: Any = None, cfg: GDNLayerConfig = CFG) -> GatedDeltaNet:
+    return gdn_layer_init_(GatedDeltaNet(cfg, cp=cp), seed=7).double()
 
 
-def _inputs(T: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(T: int, cfg: GDNLayerConfig = CFG) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(11)
-    x = torch.randn(1, T, CFG.hidden_size, generator=gen, dtype=torch.float64)
-    dy = torch.randn(1, T, CFG.hidden_size, generator=gen, dtype=torch.float64)
+    x = torch.randn(1, T, cfg.hidden_size, generator=gen, dtype=torch.float64)
+    dy = torch.randn(1, T, cfg.hidden_size, generator=gen, dtype=torch.float64)
     return x, dy
 
 
@@ -82,40 +91,44 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
     from gdn.cp import CPConfig
     from gdn.cp.config import CPError
 
+    runs = [("ulysses", "two_boundaries", CROSSING["two_boundaries"]), ("p2p", "aligned", ALIGNED),
+            ("all_gather", "aligned", ALIGNED), *(("p2p", name, lens) for name, lens in CROSSING.items())]
     out: dict[str, Any] = {}
-    for mode, lens in (("ulysses", CROSSING), ("p2p", ALIGNED), ("all_gather", ALIGNED)):
-        x, dy = _inputs(sum(lens))
-        ref = _run(_layer(), x, dy, _cu(lens))
-        lo, hi = rank * x.shape[1] // world, (rank + 1) * x.shape[1] // world
-        got = _run(_layer(CPConfig(mode)), x[:, lo:hi], dy[:, lo:hi], _cu(lens))  # type: ignore[arg-type]
+    refs: dict[tuple[int, ...], dict[str, Any]] = {}
+    lo, hi = rank * T_LOCAL, (rank + 1) * T_LOCAL
+    for mode, name, lens in runs:
+        x, dy = _inputs(sum(lens), CFG3)
+        if lens not in refs:  # the no-CP packed layer, this rank's slice of it
+            ref = _run(_layer(cfg=CFG3), x, dy, _cu(lens))
+            refs[lens] = {**ref, "y": ref["y"][:, lo:hi], "dx": ref["dx"][:, lo:hi]}
+        got = _run(_layer(CPConfig(mode), CFG3), x[:, lo:hi], dy[:, lo:hi], _cu(lens))  # type: ignore[arg-type]
         for g in got["params"].values():
             torch.distributed.all_reduce(g)
-        ref["y"], ref["dx"] = ref["y"][:, lo:hi], ref["dx"][:, lo:hi]
-        out[mode] = _max_diff(got, ref)
-    x, _ = _inputs(sum(CROSSING))
-    for mode in ("p2p", "all_gather"):
-        try:
-            _layer(CPConfig(mode))(x[:, rank * 64 : (rank + 1) * 64], cu_seqlens=_cu(CROSSING))  # type: ignore[arg-type]
-            out[f"{mode}_crossing"] = "no error"
-        except CPError as exc:
-            out[f"{mode}_crossing"] = str(exc)
+        out[f"{mode}/{name}"] = _max_diff(got, refs[lens])
+    x, _ = _inputs(P * T_LOCAL, CFG3)
+    try:
+        _layer(CPConfig("all_gather"), CFG3)(x[:, rank * T_LOCAL : (rank + 1) * T_LOCAL],
+                                             cu_seqlens=_cu(CROSSING["two_boundaries"]))  # fmt: skip
+        out["all_gather_crossing"] = "no error"
+    except CPError as exc:
+        out["all_gather_crossing"] = str(exc)
     return out
 
 
 @pytest.fixture(scope="module")
-def cp2() -> list[dict[str, Any]]:
-    return run_distributed(_rank, 2, timeout_s=120)
+def cp3() -> list[dict[str, Any]]:
+    return run_distributed(_rank, P, timeout_s=120)
 
 
-@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather"])
-def test_packed_cp_equals_the_packed_layer(cp2: list[dict[str, Any]], mode: str) -> None:
-    for rank, res in enumerate(cp2):
-        assert max(res[mode].values()) <= TOL, (rank, res[mode])
+@pytest.mark.parametrize("run", ["ulysses/two_boundaries", "p2p/aligned", "all_gather/aligned",
+                                 *(f"p2p/{name}" for name in CROSSING)])  # fmt: skip
+def test_packed_cp_equals_the_packed_layer(cp3: list[dict[str, Any]], run: str) -> None:
+    for rank, res in enumerate(cp3):
+        assert max(res[run].values()) <= TOL, (rank, res[run])
 
 
-@pytest.mark.parametrize("mode", ["p2p", "all_gather"])
-def test_a_sequence_across_a_rank_boundary_is_refused_naming_it(cp2: list[dict[str, Any]], mode: str) -> None:
-    for res in cp2:
-        msg = res[f"{mode}_crossing"]
-        assert f"CP mode {mode!r}" in msg and "sequence 1 (tokens [5, 65))" in msg, msg
-        assert "boundary at token 64 between rank 0 and rank 1" in msg, msg
+def test_all_gather_refuses_a_sequence_across_a_rank_boundary_naming_it(cp3: list[dict[str, Any]]) -> None:
+    for res in cp3:
+        msg = res["all_gather_crossing"]
+        assert "CP mode 'all_gather'" in msg and "sequence 1 (tokens [5, 155))" in msg, msg
+        assert "boundary at token 64 between rank 0 and rank 1" in msg and "'p2p'" in msg, msg

@@ -137,10 +137,10 @@ def ulysses_misfit(num_qk_heads: int, num_v_heads: int, world_size: int) -> str 
 
 
 def packed_shard_misfit(cu_seqlens: list[int], local_len: int, world_size: int, mode: str) -> str | None:
-    """Why packed sequences (`cu_seqlens` offsets over the global T) cannot run sequence-sharded
-    (P2P, AllGather), or None. Rank r holds tokens [r·T_local, (r+1)·T_local); a sequence that
-    starts on one rank and ends on another would need its state, and only its state, carried over
-    the boundary, which these modes do not do yet: the first such sequence and boundary are named."""
+    """Why packed sequences (`cu_seqlens` offsets over the global T) cannot run under AllGather, or
+    None. Rank r holds tokens [r·T_local, (r+1)·T_local); a sequence that starts on one rank and
+    ends on another needs its state, and only its state, carried over the boundary, which P2P does
+    and AllGather does not: the first such sequence and boundary are named."""
     for r in range(1, world_size):
         edge = r * local_len
         for i in range(len(cu_seqlens) - 1):
@@ -148,9 +148,9 @@ def packed_shard_misfit(cu_seqlens: list[int], local_len: int, world_size: int, 
             if a < edge < b:
                 return (f"CP mode {mode!r} with packed sequences: sequence {i} (tokens [{a}, {b})) "
                         f"crosses the boundary at token {edge} between rank {r - 1} and rank {r} "
-                        f"(T_local={local_len}); carrying one sequence's state across ranks is not "
-                        f"supported yet: pack so that every boundary k·{local_len} is a cu_seqlens "
-                        f"offset, or use mode 'ulysses'")  # fmt: skip
+                        f"(T_local={local_len}); this mode does not carry one sequence's state across "
+                        f"ranks: pack so that every boundary k·{local_len} is a cu_seqlens offset, or "
+                        f"use mode 'p2p' or 'ulysses'")  # fmt: skip
     return None
 
 
