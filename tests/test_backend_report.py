@@ -111,7 +111,7 @@ def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> N
     listed = re.search(r'<dd id="job-backends">(.*?)</dd>', job.text, re.S)
     assert listed is not None and all(f"<code>{b}</code>" in listed.group(1) for b in BACKENDS)
     # every table row that starts a case, and every case section, names the case's backend
-    tag = r'<a href="#case-[0-9a-f]+">([^<]+)</a> <span class="badge backend" data-backend="([^"]+)"'
+    tag = r'<a href="#case-[0-9a-f]+">([^<]+)</a> <span class="backend-tag" data-backend="([^"]+)"'
     labelled = re.findall(tag, job.text)
     tables = job.text.split('<h2 id="cases">')[0]
     assert len(re.findall(r'<a href="#case-', tables)) == len(re.findall(tag, tables)) > 0
@@ -120,6 +120,6 @@ def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> N
         heading = rf'<h3 id="h-[0-9a-f]+">{re.escape(name)} .*?data-backend="{re.escape(b)}"'
         assert re.search(heading, job.text)
 
-    cells = re.findall(r'<td rowspan="\d+" class="casecell"><strong>([^<]+)</strong> <span class="badge '
-                       r'backend" data-backend="([^"]+)"', cmp.text)  # fmt: skip
+    cells = re.findall(r'<td rowspan="\d+" class="casecell"><strong>([^<]+)</strong> '
+                       r'<span class="backend-tag" data-backend="([^"]+)"', cmp.text)  # fmt: skip
     assert sorted(cells) == sorted(backend_of.items())
