@@ -87,24 +87,23 @@ def test_bad_offsets_name_the_value() -> None:
         layer(torch.cat([x, x]), cu_seqlens=torch.tensor([0, 4, 10]))
 
 
-def _rank(rank: int, world: int) -> dict[str, Any]:
+RUNS = [("ulysses", "two_boundaries", CROSSING["two_boundaries"]), ("p2p", "aligned", ALIGNED),
+        ("all_gather", "aligned", ALIGNED), *(("p2p", name, lens) for name, lens in CROSSING.items())]
+
+
+def _rank(rank: int, world: int, refs: dict[tuple[int, ...], dict[str, Any]]) -> dict[str, Any]:
     from gdn.cp import CPConfig
     from gdn.cp.config import CPError
 
-    runs = [("ulysses", "two_boundaries", CROSSING["two_boundaries"]), ("p2p", "aligned", ALIGNED),
-            ("all_gather", "aligned", ALIGNED), *(("p2p", name, lens) for name, lens in CROSSING.items())]
     out: dict[str, Any] = {}
-    refs: dict[tuple[int, ...], dict[str, Any]] = {}
     lo, hi = rank * T_LOCAL, (rank + 1) * T_LOCAL
-    for mode, name, lens in runs:
+    for mode, name, lens in RUNS:
         x, dy = _inputs(sum(lens), CFG3)
-        if lens not in refs:  # the no-CP packed layer, this rank's slice of it
-            ref = _run(_layer(cfg=CFG3), x, dy, _cu(lens))
-            refs[lens] = {**ref, "y": ref["y"][:, lo:hi], "dx": ref["dx"][:, lo:hi]}
         got = _run(_layer(CPConfig(mode), CFG3), x[:, lo:hi], dy[:, lo:hi], _cu(lens))  # type: ignore[arg-type]
         for g in got["params"].values():
             torch.distributed.all_reduce(g)
-        out[f"{mode}/{name}"] = _max_diff(got, refs[lens])
+        ref = refs[lens]
+        out[f"{mode}/{name}"] = _max_diff(got, {**ref, "y": ref["y"][:, lo:hi], "dx": ref["dx"][:, lo:hi]})
     x, _ = _inputs(P * T_LOCAL, CFG3)
     try:
         _layer(CPConfig("all_gather"), CFG3)(x[:, rank * T_LOCAL : (rank + 1) * T_LOCAL],
@@ -117,7 +116,12 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cp3() -> list[dict[str, Any]]:
-    return run_distributed(_rank, P, timeout_s=120)
+    refs = {}  # the no-CP packed layer, once here rather than on every rank
+    for _, _, lens in RUNS:
+        if lens not in refs:
+            x, dy = _inputs(sum(lens), CFG3)
+            refs[lens] = _run(_layer(cfg=CFG3), x, dy, _cu(lens))
+    return run_distributed(_rank, P, args=(refs,), timeout_s=120)
 
 
 @pytest.mark.parametrize("run", ["ulysses/two_boundaries", "p2p/aligned", "all_gather/aligned",
