@@ -110,6 +110,7 @@ def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> N
 
     listed = re.search(r'<dd id="job-backends">(.*?)</dd>', job.text, re.S)
     assert listed is not None and all(f"<code>{b}</code>" in listed.group(1) for b in BACKENDS)
+    assert "<dt>backends</dt>" not in job.text.split('id="job-backends"')[1]  # not again as raw JSON
     # every table row that starts a case, and every case section, names the case's backend
     tag = r'<a href="#case-[0-9a-f]+">([^<]+)</a> <span class="backend-tag" data-backend="([^"]+)"'
     labelled = re.findall(tag, job.text)

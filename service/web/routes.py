@@ -247,7 +247,7 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
     shown = [k for k in INFO_KEYS if info.get(k) not in (None, "", [], {})]
     items = [(k, _info_text(info[k])) for k in shown]
     more = [(k, _info_text(v)) for k, v in sorted(info.items())
-            if k not in shown and v not in (None, "", [], {})]
+            if k not in shown and k != "backends" and v not in (None, "", [], {})]  # backends: own row
     return {
         "id": job.id, "suite": job.suite, "preset": job.preset, "params": job.params or {},
         "labels": job.labels or {}, "commit": job.commit_sha, "device": job.device,
