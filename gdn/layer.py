@@ -8,7 +8,9 @@ x -> in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
 
 Parameters are full on every rank (FSDP may shard them outside). Padding (mask 0) zeroes the
 token's q|k|v before the conv and its beta and g (so the state passes unchanged: exp(0)·(I − 0)),
-and its output is exactly zero. CP modes (see `gdn.cp`):
+and its output is exactly zero. A packed batch (`cu_seqlens`, B = 1, offsets over the global T)
+restarts the conv and the core at every sequence start: each sequence's output is the layer's
+output for that sequence alone. CP modes (see `gdn.cp`):
   none       : the whole sequence on one rank;
   ulysses    : all-to-all to head shards before the conv (conv weights, A_log and dt_bias are
                sliced to the local heads; no halo), all-to-all back after the core;
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +39,10 @@ from gdn.cp.comm import (
     seq_to_head,
     wait_sends,
 )
-from gdn.cp.config import CPConfig, CPError, ulysses_misfit
+from gdn.cp.config import CPConfig, CPError, packed_shard_misfit, ulysses_misfit
 from gdn.cp.p2p import all_gather_gated_delta_rule, p2p_gated_delta_rule
 from gdn.ops import gated_delta_rule
+from gdn.packing import check_cu_seqlens
 
 L2NORM_EPS = 1e-6
 
@@ -210,7 +214,21 @@ class GatedDeltaNet(nn.Module):
         out = self.out_proj(y)
         return out if m is None else out * m
 
-    def core(self, q, k, v, g, beta, *, initial_state: torch.Tensor | None = None) -> torch.Tensor:
+    def packed_conv(
+        self, qkv: torch.Tensor, cu: list[int] | None, channels: torch.Tensor | None = None,
+        halo: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """`conv` restarted at every packed sequence (`cu`: offsets; None: one sequence), so no
+        sequence sees the tokens of the one before it; `halo` goes before the first one only."""
+        if cu is None or len(cu) == 2:
+            return self.conv(qkv, halo, channels)
+        return torch.cat([self.conv(qkv[:, a:b], halo if a == 0 else None, channels)
+                          for a, b in pairwise(cu)], dim=1)  # fmt: skip
+
+    def core(
+        self, q, k, v, g, beta, *, initial_state: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         o, _ = gated_delta_rule(
             q,
             k,
@@ -218,6 +236,7 @@ class GatedDeltaNet(nn.Module):
             g,
             beta,
             initial_state=initial_state,
+            cu_seqlens=cu_seqlens,
             backend=self.backend,
             chunk_size=self.chunk_size,  # type: ignore[arg-type]
         )
@@ -225,39 +244,68 @@ class GatedDeltaNet(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [B, T_local, hidden]; `cu_seqlens`: N+1 offsets of packed sequences over the global T
+        (B = 1, the same tensor on every rank), or None."""
         m = self.check_input(x, mask)
         cp = self.cp
+        cu = None
+        if cu_seqlens is not None:
+            cu = check_cu_seqlens(cu_seqlens, batch=x.shape[0], seq_len=x.shape[1] * cp.world_size)
         if not cp.enabled:
-            return self._forward_local(x, m)
+            return self._forward_local(x, m, cu)
+        misfit = None
+        if cu is not None and cp.mode != "ulysses":
+            misfit = packed_shard_misfit(cu, x.shape[1], cp.world_size, cp.mode)
+            if misfit is not None and cp.mode != "p2p":
+                raise CPError(misfit)
         drain_sends(cp)  # anything a cut-short (recomputed) forward left in flight
         key = tuple(x.shape)
         if key not in self._checked_shapes:  # once per shape: ranks must hold equal shards
             check_same_shape(key, cp, "the layer input [B, T_local, hidden]", x.device)
             self._checked_shapes.add(key)
         if cp.mode == "ulysses":
-            return self._forward_ulysses(x, m)
-        return self._forward_sequence_sharded(x, m)
+            return self._forward_ulysses(x, m, cu)
+        if cu is not None and misfit is None:  # every shard holds whole sequences: nothing crosses
+            lo = cp.rank * x.shape[1]
+            local = [a - lo for a in cu if lo <= a <= lo + x.shape[1]]
+            return self._forward_local(x, m, local)
+        return self._forward_sequence_sharded(x, m, cu)
 
-    def _forward_local(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    def _forward_local(
+        self, x: torch.Tensor, m: torch.Tensor | None, cu: list[int] | None = None
+    ) -> torch.Tensor:
         c = self.config
         qkv, z, b, a = self.project(x, m)
-        q, k, v = self.split_qkv(self.conv(qkv, None), c.num_qk_heads, c.num_v_heads)
+        q, k, v = self.split_qkv(self.packed_conv(qkv, cu), c.num_qk_heads, c.num_v_heads)
         g, beta = self.gates(b, a, m)
-        return self.finish(self.core(q, k, v, g, beta), z, m)
+        return self.finish(self.core(q, k, v, g, beta, cu_seqlens=_offsets(cu, x.device)), z, m)
 
-    def _forward_sequence_sharded(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    def _forward_sequence_sharded(
+        self, x: torch.Tensor, m: torch.Tensor | None, cu: list[int] | None = None
+    ) -> torch.Tensor:
         c, cp = self.config, self.cp
         pending: list[PendingSend] = []
         pending_bwd: list[PendingSend] = []
         qkv, z, b, a = self.project(x, m)
-        halo = conv_halo(qkv, cp, c.conv_size - 1, pending, pending_bwd)
-        q, k, v = self.split_qkv(self.conv(qkv, halo), c.num_qk_heads, c.num_v_heads)
+        width = c.conv_size - 1
+        halo = conv_halo(qkv, cp, width, pending, pending_bwd)
+        segments, continues = None, True
+        if cu is not None:  # packed, a sequence crosses a boundary (P2P): see p2p_gated_delta_rule
+            lo, T = cp.rank * x.shape[1], x.shape[1]
+            segments = [0, *(s - lo for s in cu if lo < s < lo + T), T]
+            continues = lo not in cu
+            start = max(s for s in cu if s <= lo)  # where the sequence holding token lo began
+            keep = torch.arange(lo - width, lo, device=x.device) >= start  # halo tokens of that sequence
+            halo = halo * keep.to(halo.dtype)[None, :, None]
+        q, k, v = self.split_qkv(self.packed_conv(qkv, segments, None, halo), c.num_qk_heads, c.num_v_heads)
         g, beta = self.gates(b, a, m)
         if cp.mode == "p2p":
             o = p2p_gated_delta_rule(
                 q, k, v, g, beta, cp, backend=self.backend, chunk_size=self.chunk_size,
-                pending=pending, pending_bwd=pending_bwd,
+                pending=pending, pending_bwd=pending_bwd, segments=segments, continues=continues,
             )  # fmt: skip
         else:
             o = all_gather_gated_delta_rule(
@@ -280,7 +328,9 @@ class GatedDeltaNet(nn.Module):
         ])  # fmt: skip
         return hq, hv, r, idx
 
-    def _forward_ulysses(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    def _forward_ulysses(
+        self, x: torch.Tensor, m: torch.Tensor | None, cu: list[int] | None = None
+    ) -> torch.Tensor:
         from gdn.cp.comm import all_gather_nograd
 
         c, cp = self.config, self.cp
@@ -301,9 +351,9 @@ class GatedDeltaNet(nn.Module):
             m_full = (
                 all_gather_nograd(m, cp, "ulysses mask all_gather").permute(1, 0, 2, 3).reshape(B, P * Tl, 1)
             )
-        qh, kh, vh = self.split_qkv(self.conv(qkv_h, None, channels), hq, hv)
+        qh, kh, vh = self.split_qkv(self.packed_conv(qkv_h, cu, channels), hq, hv)
         g, beta = self.gates(b_h, a_h, m_full, heads=slice(r * hv, (r + 1) * hv))
-        o = self.core(qh, kh, vh, g, beta)  # [B, T, hv, D]
+        o = self.core(qh, kh, vh, g, beta, cu_seqlens=_offsets(cu, x.device))  # [B, T, hv, D]
         o = head_to_seq(o.reshape(B, P * Tl, hv * D), cp).reshape(B, Tl, c.num_v_heads, D)
         return self.finish(o, z, m)
 
@@ -313,6 +363,13 @@ class GatedDeltaNet(nn.Module):
             f"hidden={c.hidden_size}, heads qk={c.num_qk_heads} v={c.num_v_heads}, head_dim={c.head_dim}, "
             f"conv={c.conv_size}, backend={self.backend!r}, cp={self.cp.mode!r}"
         )
+
+
+def _offsets(cu: list[int] | None, device: torch.device) -> torch.Tensor | None:
+    """Checked offsets as the core's `cu_seqlens` (None for a single sequence: the dense path)."""
+    if cu is None or len(cu) == 2:
+        return None
+    return torch.tensor(cu, dtype=torch.int32, device=device)
 
 
 def gdn_layer_init_(layer: GatedDeltaNet, seed: int) -> GatedDeltaNet:

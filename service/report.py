@@ -229,6 +229,17 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     return rows
 
 
+def _backend_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
+    """Where each job's backends came from (distribution, version, commit, or why it did not
+    load), so the report names which code ran."""
+    from service.web import views
+
+    return [[link(f"#{j.job_id}", _job_url(base_url, j.job_id)), f"`{md_escape(b['backend'])}`",
+             md_escape(b["distribution"]), md_escape(b["version"]),
+             f"`{_short(b['commit'])}`" if b["commit"] else "–"]
+            for j in jobs for b in views.backend_records(j.info)]  # fmt: skip
+
+
 CP_MODES = frozenset({"ulysses", "p2p", "p2p_emulated", "all_gather"})
 
 
@@ -255,6 +266,11 @@ def job_report_markdown(
     lines.append(table(["job", "suite", "preset", "commit", "device", "driver", "torch", "Triton", "Python",
                         "status"], _env_rows(jobs, base_url)))  # fmt: skip
     lines.append("")
+    backend_rows = _backend_rows(jobs, base_url)
+    if backend_rows:
+        lines += ["### Backends under test", ""]
+        lines.append(table(["job", "backend", "distribution", "version", "commit"], backend_rows))
+        lines.append("")
 
     # verdicts first: what a reader wants to know
     lines += ["## Verdicts", ""]
@@ -280,6 +296,7 @@ def job_report_markdown(
     sections: tuple[tuple[str, Any, str], ...] = (
         ("Capability checks", lambda j: tables.check_pivot(j.cases), "_No check metrics._"),
         ("GDN accuracy matrix", lambda j: tables.accuracy_pivot(j.cases), "_No accuracy metrics._"),
+        ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)]), ""),
         ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)]),
          "_No single-device timings._"),
         ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)]), "_No CP timings._"),
@@ -287,11 +304,15 @@ def job_report_markdown(
     )  # fmt: skip
     for heading, build, empty in sections:
         built = [(j, build(j)) for j in jobs]
+        if not empty and not any(p for _, p in built):
+            continue  # a section shown only when it has rows
         lines += [f"## {heading}", ""]
         if not any(p for _, p in built):
             lines += [empty, ""]
             continue
         for j, p in built:
+            if not p and not empty:
+                continue
             if len(jobs) > 1:
                 job_link = link(f"#{j.job_id}", _job_url(base_url, j.job_id))
                 lines += [f"### {md_escape(j.suite)} (job {job_link})", ""]

@@ -422,3 +422,79 @@ def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         c for c in p.columns if c[0] == "out_of_bound"
     ]
     return p
+
+
+# ----------------------------------------------------------------------- backends side by side
+
+BACKEND_MEASURES: tuple[tuple[str, str], ...] = (
+    ("fwd_bwd", "fwd+bwd"), ("ratio", "× {baseline}"), ("rel_l2", "worst rel-L2"), ("peak", "peak"),
+)  # fmt: skip
+
+
+def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
+    rel = [(views.worst(m), views.split_accuracy_metric(n)[0], m) for n, m in metrics.items()
+           if m.kind == "accuracy" and views.split_accuracy_metric(n)[1] == "rel_l2"]  # fmt: skip
+    if not rel:
+        return None
+    value, tensor, m = max(rel, key=lambda x: math.inf if x[0] != x[0] else x[0])
+    cell = _bad_only(views.judge(value, m))
+    return views.Cell(f"{cell.text} ({tensor})", cell.state, cell.mark, cell.title)
+
+
+def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, views.Cell]:
+    """One backend's cells of a side-by-side row, keyed '<backend>|<measure>'."""
+    ms, out = v.metrics, {}
+    if not ms and v.case.status in ("errored", "failed"):
+        out["fwd_bwd"] = views.Cell(v.case.status, "bad", "✗", "the case's error is under its outcome")
+    if (m := ms.get("fwd_bwd_ms")) is not None and m.kind == "time":
+        out["fwd_bwd"] = _time_cell(m)
+    if backend == baseline and "fwd_bwd" in out and out["fwd_bwd"].state != "bad":
+        out["ratio"] = views.Cell("1 (baseline)")
+    elif (m := ms.get("ratio_to_baseline")) is not None:
+        out["ratio"] = views.Cell(f"{fmt(m.median)}×", "none", "", "median fwd+bwd over the baseline's, "
+                                  "timed in the same case on the same inputs")  # fmt: skip
+    if (cell := _worst_rel_l2(ms)) is not None:
+        out["rel_l2"] = cell
+    peak = next((ms[k] for k in HEADLINE_MEMORY if k in ms), None)
+    if peak is not None:
+        out["peak"] = _memory_cell(peak)
+    return {f"{backend}|{k}": c for k, c in out.items()}
+
+
+def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+    """The single-device table with backends side by side, as the hand-written report's
+    eager-vs-Triton table: one row per shape (the case parameters but the backend), a column
+    group per backend (fwd+bwd median, its ratio to the baseline backend, the worst tensor's
+    relative-L2, the peak). Empty unless at least two backends ran."""
+    rows = [v for v in variants(cases) if views.backend_of(v.params) is not None]
+    order = list(dict.fromkeys(views.backend_of(v.params) for v in rows))
+    if len(order) < 2:
+        return Pivot([], [], [])
+    baselines = {v.params.get("baseline") for v in rows} - {None}
+    baseline = next(iter(baselines)) if len(baselines) == 1 else None
+    groups: dict[str, list[Variant]] = {}
+    for v in rows:
+        shape = {k: x for k, x in v.params.items() if k != "backend"}
+        groups.setdefault(views.params_key(shape), []).append(v)
+    shapes = [Variant(vs[0].case, {k: x for k, x in vs[0].params.items() if k != "backend"}, {})
+              for vs in groups.values()]  # fmt: skip
+    dims = dimensions(shapes)
+    if dims == [("case", "case")]:
+        dims = [("seq_len", "T")] if "seq_len" in shapes[0].params else dims
+    out: list[Row] = []
+    for shape, vs in zip(shapes, groups.values(), strict=True):
+        first = next((v for v in vs if views.backend_of(v.params) == baseline), vs[0])
+        texts = {k: (shape.case.name if k == "case" else _dim_text(k, shape.params.get(k))) for k, _ in dims}
+        row = Row(first.case.name, first.case.fingerprint, texts)
+        for v in vs:
+            row.cells.update(_backend_cells(v, str(views.backend_of(v.params)), baseline))
+        out.append(row)
+    present = {k for r in out for k in r.cells}
+    columns = [(f"{b}|{k}", f"{b}: {label.format(baseline=baseline or 'baseline')}")
+               for b in order for k, label in BACKEND_MEASURES if f"{b}|{k}" in present]  # fmt: skip
+    p = Pivot(dims, columns, out)
+    p.notes.append("per backend: median fwd+bwd of the slowest rank, its ratio to the baseline backend "
+                   + (f"'{baseline}' " if baseline else "")
+                   + "(timed in the same case), the worst tensor's relative-L2 (worst rank), the peak "
+                   "allocated (max over ranks)")  # fmt: skip
+    return p

@@ -221,6 +221,66 @@ def test_a_job_runs_its_commit_from_the_shipped_runtime_env(executor, cluster, t
     assert _leftovers() == ([], [])
 
 
+EXT_PYPROJECT = """[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "ext-ray-gdn"
+version = "0.3.0"
+
+[project.entry-points."gdnval.backends"]
+extray = "extray:core"
+"""
+EXT_CORE = '''"""A backend from another repository: our eager core under its own name."""
+from gdn.ops import eager_core
+
+
+def core(q, k, v, g, beta, **kw):
+    return eager_core(q, k, v, g, beta, **kw)
+'''
+
+
+def test_a_job_gets_its_backend_source_on_every_ranks_node(cluster, tmp_path: Path) -> None:
+    """A backend named by a git repository and commit (on no node's path): the driver installs it
+    once, Ray ships it with the job, and the ranks on two nodes find its entry point, record its
+    distribution and commit, and run its capability contract. A commit that does not exist fails
+    the job before any actor starts, naming the source."""
+    import subprocess
+
+    from workers.executors.ray_executor import RayExecutor
+
+    repo = tmp_path / "ext"
+    (repo / "extray").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(EXT_PYPROJECT)
+    (repo / "extray" / "__init__.py").write_text(EXT_CORE)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "backend"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    sha = head.stdout.strip()
+
+    ex = RayExecutor(address=cluster[0].address, backend_cache=tmp_path / "backends")
+    params = {"process_checks": False, "backends": ["extray"], "contract_packed": False, "seq_lens": [8192],
+              "qk_heads": [16]}  # fmt: skip
+    outcome, sink, _ = _run(ex, suite="capability", params=params, world_size=2, placement="STRICT_SPREAD",
+                            backend_source=f"git+{repo}@{sha}")  # fmt: skip
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.values("backend_extray_float64_d64", "backend_contract") == {0: [1.0], 1: [1.0]}
+    assert len({r["node_id"] for r in _ranks(sink)}) == 2
+    shipped = next(i["snapshot"] for i in sink.infos if "snapshot" in i)
+    assert shipped["backend_dir"] == f"backend-git-{sha}" and "commit" not in shipped  # no snapshot of ours
+    provenance = next(i["backends"] for i in sink.infos if "backends" in i)
+    assert provenance == [{"backend": "extray", "distribution": "ext-ray-gdn", "version": "0.3.0",
+                           "commit": sha}]  # fmt: skip
+    assert _leftovers() == ([], [])
+
+    outcome, _, _ = _run(ex, suite="capability", params=params, backend_source=f"git+{repo}@{'0' * 40}")
+    assert outcome.status == "failed" and outcome.error.startswith("cannot install the backend source")
+    assert f"git+{repo}@{'0' * 40}" in outcome.error
+
+
 def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path) -> None:
     """A CPU job holding every CPU-node CPU: a fake-GPU job submitted meanwhile runs at once on
     the accelerator node (on CPU it then fails with the documented "no cuda device"), a second

@@ -555,8 +555,9 @@ def test_submit_form_needs_the_token_and_runs_a_real_job(site: Any, page: Page) 
     section = page.locator(f"#case-{failfast.fingerprint('cpu', 1)}")
     expect(section.locator(".badge")).to_have_text("expected error")
     expect(section.locator("pre")).to_contain_text(failfast.expected_error)
-    expect(page.locator("#checks-table tbody tr[data-metric]")).to_have_count(
-        sum(1 for c in cases if c.name.startswith("triton_available")))
+    expect(page.locator("#checks-table tbody tr[data-metric]")).to_have_count(  # 2 checks per backend probe
+        sum(1 for c in cases if c.name.startswith("triton_available")) + 2 * sum(
+            1 for c in cases if c.name.startswith("backend_")))
     expect(page.locator("dl.facts").nth(1)).to_contain_text("torch")  # versions reported by the run
     shot(page, "job-real-capability")
 

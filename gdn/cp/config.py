@@ -136,6 +136,24 @@ def ulysses_misfit(num_qk_heads: int, num_v_heads: int, world_size: int) -> str 
     return None
 
 
+def packed_shard_misfit(cu_seqlens: list[int], local_len: int, world_size: int, mode: str) -> str | None:
+    """Why packed sequences (`cu_seqlens` offsets over the global T) cannot run under AllGather, or
+    None. Rank r holds tokens [r·T_local, (r+1)·T_local); a sequence that starts on one rank and
+    ends on another needs its state, and only its state, carried over the boundary, which P2P does
+    and AllGather does not: the first such sequence and boundary are named."""
+    for r in range(1, world_size):
+        edge = r * local_len
+        for i in range(len(cu_seqlens) - 1):
+            a, b = cu_seqlens[i], cu_seqlens[i + 1]
+            if a < edge < b:
+                return (f"CP mode {mode!r} with packed sequences: sequence {i} (tokens [{a}, {b})) "
+                        f"crosses the boundary at token {edge} between rank {r - 1} and rank {r} "
+                        f"(T_local={local_len}); this mode does not carry one sequence's state across "
+                        f"ranks: pack so that every boundary k·{local_len} is a cu_seqlens offset, or "
+                        f"use mode 'p2p' or 'ulysses'")  # fmt: skip
+    return None
+
+
 def cp_world_size(cp: CPConfig | None) -> int:
     return 1 if cp is None else cp.world_size
 

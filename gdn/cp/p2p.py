@@ -16,6 +16,14 @@ and ranks >= 1 run their reverse-chain step as soon as their reverse state pass 
 their input-gradient stages: the shard passes on the critical path shrink to those state passes
 wherever the chain waits on them.
 
+Packed sequences (`segments`: this shard's local sequence offsets; `continues`: whether its first
+token continues a sequence of the previous rank): the chain carries the state of the sequence
+that crosses each boundary. A shard that is one segment continuing a sequence keeps the summary
+above; any other shard's end state is its last segment's final state from zero (M = 0, no wait);
+a shard that starts a sequence multiplies the state it receives by zero (the chain, forward and
+backward, stays the same on every rank). Every segment gets its own initial state in the
+shard's pass (the received one for the first, zero for the others).
+
 AllGather (eager): every rank computes its summary, all ranks gather all summaries and fold the
 prefix locally; the gather's backward is an all-reduce of the summary gradients.
 """
@@ -125,13 +133,20 @@ def p2p_gated_delta_rule(
     chunk_size: int = 64,
     pending: list[PendingSend] | None = None,
     pending_bwd: list[PendingSend] | None = None,
+    segments: list[int] | None = None,
+    continues: bool = True,
 ) -> torch.Tensor:
     """The gated delta rule over a sequence sharded on the CP group, states passed rank to rank.
 
     Inputs are this rank's shard ([B, T_local, H, D], [B, T_local, Hv]); returns its output.
     `pending`/`pending_bwd` collect forward/backward sends in flight; when omitted they are waited
-    before return (forward) or at the end of this call's backward.
+    before return (forward) or at the end of this call's backward. `segments` (B = 1): the local
+    offsets [0, ..., T_local] of the packed sequences in this shard, `continues`: whether the
+    first one began on an earlier rank (the module docstring).
     """
+    if segments is not None:
+        return _p2p_packed(q, k, v, g, beta, cp, backend, chunk_size, pending, pending_bwd, segments,
+                           continues)  # fmt: skip
     size, rank = cp.world_size, cp.rank
     if size == 1:
         o, _ = gated_delta_rule(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
@@ -166,6 +181,43 @@ def p2p_gated_delta_rule(
             initial_state=s_in, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
             on_initial_state_grad=chain.on_state_grad if early else None,
         )  # fmt: skip
+    if own_pending:
+        wait_sends(pending, cp)
+    return o
+
+
+def _p2p_packed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cp: CPConfig,
+    backend: str, chunk_size: int, pending: list[PendingSend] | None, pending_bwd: list[PendingSend] | None,
+    segments: list[int], continues: bool,
+) -> torch.Tensor:  # fmt: skip
+    """P2P over packed sequences (see the module docstring); no early-state hooks."""
+    size, rank = cp.world_size, cp.rank
+    own_pending = pending is None
+    pending = [] if pending is None else pending
+    _, _, Hv, dv = v.shape
+    dk, n, sdt = k.shape[-1], len(segments) - 1, state_dtype(v)
+    cu = torch.tensor(segments, dtype=torch.int32, device=v.device) if n > 1 else None
+    kw = {"backend": backend, "chunk_size": chunk_size}
+    if rank == 0:  # its first token starts a sequence: every segment from zero
+        o, finals = gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu, **kw)  # type: ignore[arg-type]
+        o = _ChainHead.apply(o, finals[-1:], cp, pending, True)
+    else:
+        m = ext = None
+        if rank + 1 < size:
+            if n == 1 and continues:  # the whole shard is one sequence's middle: its summary
+                m, ext = state_summary(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)
+            else:  # the end state is the last segment's, whatever arrives
+                a = segments[-2]
+                _, ext = gated_delta_rule(q[:, a:], k[:, a:], v[:, a:], g[:, a:], beta[:, a:],
+                                          output_final_state=True, **kw)  # type: ignore[arg-type]  # fmt: skip
+                m = torch.zeros(1, Hv, dk, dk, dtype=sdt, device=v.device)
+        like = torch.empty(1, Hv, dk, dv, dtype=sdt, device=v.device)
+        chain = _BackwardChain(cp, has_next=rank + 1 < size)
+        s_in = _ChainHop.apply(m, ext, g, chain, like, pending, pending_bwd)
+        first = s_in if continues else s_in * 0.0  # kept in the graph: its gradient (zero) goes back
+        h0 = torch.cat([first, first.new_zeros(n - 1, Hv, dk, dv)]) if n > 1 else first
+        o, _ = gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw)  # type: ignore[arg-type]
     if own_pending:
         wait_sends(pending, cp)
     return o

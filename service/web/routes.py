@@ -247,7 +247,7 @@ def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
     shown = [k for k in INFO_KEYS if info.get(k) not in (None, "", [], {})]
     items = [(k, _info_text(info[k])) for k in shown]
     more = [(k, _info_text(v)) for k, v in sorted(info.items())
-            if k not in shown and v not in (None, "", [], {})]
+            if k not in shown and k != "backends" and v not in (None, "", [], {})]  # backends: own row
     return {
         "id": job.id, "suite": job.suite, "preset": job.preset, "params": job.params or {},
         "labels": job.labels or {}, "commit": job.commit_sha, "device": job.device,
@@ -411,7 +411,8 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
-        deadline=_deadline(request, job),
+        deadline=_deadline(request, job), case_backends=views.case_backends(cases),
+        backend_records=views.backend_records(job.info or {}),
         downloads={"csv": _api_samples(job_id, "csv"), "json": _api_samples(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip

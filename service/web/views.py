@@ -108,6 +108,28 @@ def judge(value: float, m: MetricStats, unit: str | None = None) -> Cell:
     return Cell(text, "ok" if ok else "bad", "✓" if ok else f"✗ {over} bound", title)
 
 
+def backend_of(params: Mapping[str, Any]) -> str | None:
+    """The core backend a case ran (its `backend` parameter: gdn-op, cp-layer), or None."""
+    value = params.get("backend")
+    return value if isinstance(value, str) and value else None
+
+
+def case_backends(cases: Sequence[Any]) -> dict[str, str]:
+    """fingerprint -> backend of every case that names one: the pages label each row with it."""
+    return {c.fingerprint: b for c in cases if (b := backend_of(c.params or {})) is not None}
+
+
+def backend_records(info: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The ranks' record of where each backend's code came from (`info["backends"]`), as text."""
+    out = []
+    for b in info.get("backends") or []:
+        if isinstance(b, Mapping) and b.get("backend"):
+            where = b.get("distribution") or (f"not found: {b['error']}" if b.get("error") else "–")
+            out.append({"backend": str(b["backend"]), "distribution": str(where),
+                        "version": str(b.get("version") or "–"), "commit": str(b.get("commit") or "")})
+    return out
+
+
 def params_key(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, default=str)
 
@@ -486,7 +508,8 @@ def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
                     delta += f" ({m.rel_delta:+.1%})"
             rows.append({
                 "case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
-                "metric": m.metric, "verdict": m.verdict, "reason": m.reason,
+                "backend": backend_of(c.params or {}), "metric": m.metric, "verdict": m.verdict,
+                "reason": m.reason,
                 "base": _stat_text(b, m.unit), "head": _stat_text(h, m.unit), "delta": delta,
                 "ratio": f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–",
                 "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
@@ -499,7 +522,8 @@ def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
                 extra = f"; {reason}" if reason and c.verdict != "unchanged" else ""
                 reason = f"{hidden} metric(s) unchanged{extra}"
             rows.append({"case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
-                         "metric": "(case)", "verdict": c.verdict, "reason": reason, "base": "–",
+                         "backend": backend_of(c.params or {}), "metric": "(case)", "verdict": c.verdict,
+                         "reason": reason, "base": "–",
                          "head": "–", "delta": "–", "ratio": "–", "ci": "–", "p": "–"})
         rows[first]["span"] = len(rows) - first
         rows[first]["hidden"] = hidden if len(rows) - first > 0 and metrics else 0

@@ -20,6 +20,12 @@ every node downloads and unpacks it once per hash), so worker nodes need no chec
 imports from `<sha>/`; the actor itself runs the installed code (the snapshot is one level down,
 not on its import path), so an old commit cannot break the harness that reports on it.
 
+A job naming a backend source (label `backend_source`: a git repository at a commit, or a
+requirement) has it installed once on the driver (workers.backend_source, cached by content) and
+shipped in the same working_dir as `<dir>/backend-<key>/`; the rank puts that folder on its path
+after the source root, as the local executor does, so the backend's entry points are found on
+every node. A source that cannot be fetched, built or shipped fails the job, naming it.
+
 `import ray` happens on first use, never at import time (the service imports this lazily too).
 """
 
@@ -37,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers.backend_source import BackendSourceError, install_backend_source
 from workers.executor import Executor, JobOutcome, JobSink, JobSpec, check_placement
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
@@ -90,8 +97,12 @@ class RankActor:
             "assigned": self.visible_devices(),
         }
 
-    def start(self, rank: int, payload: Mapping[str, Any], env: Mapping[str, str], sha: str | None) -> int:
-        """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd."""
+    def start(
+        self, rank: int, payload: Mapping[str, Any], env: Mapping[str, str], sha: str | None,
+        backend_dir: str | None = None,
+    ) -> int:  # fmt: skip
+        """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd, with
+        `backend_dir` the installed backend source shipped beside it goes on its path."""
         from workers.provenance import SOURCE_ROOT
         from workers.runtime import rank_environment
         from workers.snapshot import COMPLETE_MARKER
@@ -114,7 +125,15 @@ class RankActor:
         )
         child.update(env)
         child.update(self.visible_devices())
-        child["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+        paths = [str(root)]
+        if backend_dir:
+            site = Path.cwd() / backend_dir
+            if not site.is_dir():
+                raise RuntimeError(
+                    f"the runtime environment holds no backend folder {backend_dir} (cwd {Path.cwd()})"
+                )
+            paths.append(str(site))
+        child["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
         self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable)
         return self.proc.pid
 
@@ -167,6 +186,7 @@ class RayExecutor(Executor):
         placement_strategy: str = "PACK",
         cpu_node_resource: str | None = CPU_NODE_RESOURCE,
         repo: str | Path | None = None,
+        backend_cache: str | Path | None = None,
         cpus_per_rank: float = 1.0,
         schedule_timeout_s: float = 60.0,
         poll_s: float = 0.25,
@@ -179,6 +199,7 @@ class RayExecutor(Executor):
         self.cpu_node_resource = cpu_node_resource
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo) if repo else None
+        self.backend_cache = Path(backend_cache) if backend_cache else None  # None: the default cache
         self.cpus_per_rank = cpus_per_rank
         self.schedule_timeout_s = schedule_timeout_s
         self.poll_s = poll_s
@@ -356,15 +377,24 @@ class RayExecutor(Executor):
 
     # -- code under test ----------------------------------------------------------------------
 
-    def _ship(self, snapshot: tuple[str, bytes]) -> tuple[dict[str, Any], dict[str, str]]:
-        """Stage the snapshot as `<tmp>/<sha>/`, upload `<tmp>` to the cluster as a working_dir
-        package and delete the staging copy: (runtime_env for the actors, what to record)."""
+    def _ship(
+        self, snapshot: tuple[str, bytes] | None, backend: Path | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Stage the snapshot as `<tmp>/<sha>/` and the installed backend source as
+        `<tmp>/backend-<key>/`, upload `<tmp>` to the cluster as a working_dir package and delete
+        the staging copy: (runtime_env for the actors, what to record)."""
         from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
-        sha, data = snapshot
         stage = Path(tempfile.mkdtemp(prefix="gdnval-ship-"))
+        shipped: dict[str, str] = {}
         try:
-            extract(sha, data, stage / "tree")
+            (stage / "tree").mkdir()
+            if snapshot is not None:
+                extract(snapshot[0], snapshot[1], stage / "tree")
+                shipped["commit"] = snapshot[0]
+            if backend is not None:
+                shipped["backend_dir"] = f"backend-{backend.name}"
+                shutil.copytree(backend, stage / "tree" / shipped["backend_dir"], symlinks=True)
             env = upload_working_dir_if_needed(
                 {"working_dir": str(stage / "tree")}, include_gitignore=False, scratch_dir=str(stage)
             )
@@ -372,7 +402,7 @@ class RayExecutor(Executor):
             shutil.rmtree(stage, ignore_errors=True)
         uri = str(env["working_dir"])
         digest = uri.rsplit("_ray_pkg_", 1)[-1].removesuffix(".zip")
-        return {"working_dir": uri}, {"commit": sha, "runtime_env_uri": uri, "content_hash": digest}
+        return {"working_dir": uri}, {**shipped, "runtime_env_uri": uri, "content_hash": digest}
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -385,22 +415,32 @@ class RayExecutor(Executor):
             problem = str(exc)
         if problem:
             return JobOutcome("failed", problem)
+        backend: Path | None = None
         if spec.backend_source:  # never run the job without the code it names
-            why = "the Ray executor does not install backend sources yet; use the local executor"
-            return JobOutcome("failed", f"backend source {spec.backend_source!r}: {why}")
+            try:
+                backend = install_backend_source(spec.backend_source, self.backend_cache)
+            except BackendSourceError as exc:
+                return JobOutcome("failed", f"cannot install the backend source: {exc}")
+            sink.log(f"backend source {spec.backend_source} installed at {backend}, shipped to the ranks")
         runtime_env: dict[str, Any] | None = None
         sha: str | None = None
-        if self.snapshots is not None and spec.commit:
+        backend_dir: str | None = None
+        snapshot = None
+        if (self.snapshots is not None and spec.commit) or backend is not None:
+            what = "the source snapshot" if backend is None else "the source snapshot and the backend source"
             try:
-                snapshot = self.snapshots.archive(spec.commit)
+                if self.snapshots is not None and spec.commit:
+                    snapshot = self.snapshots.archive(spec.commit)
                 self._ray()
-                runtime_env, shipped = self._ship(snapshot)
+                runtime_env, shipped = self._ship(snapshot, backend)
             except SnapshotError as exc:
                 return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
             except Exception as exc:
-                return JobOutcome("failed", f"cannot ship the source snapshot to the cluster: {_short(exc)}")
-            sha = commit = snapshot[0]
+                return JobOutcome("failed", f"cannot ship {what} to the cluster: {_short(exc)}")
+            backend_dir = shipped.get("backend_dir")
             sink.info({"snapshot": shipped})
+        if snapshot is not None:
+            sha = commit = snapshot[0]
         else:
             commit = source_commit()
             if spec.commit and not (commit or "").startswith(spec.commit):
@@ -437,7 +477,7 @@ class RayExecutor(Executor):
                     "MASTER_ADDR": master["ip"],
                     "MASTER_PORT": str(master["port"]),
                 }
-                starts.append(actor.start.remote(rank, payload, env, sha))
+                starts.append(actor.start.remote(rank, payload, env, sha, backend_dir))
             self._get_starts(ray, starts, monitor, nodes)
             return self._watch(ray, spec, actors, monitor, cancel, start, nodes)
         except Exception as exc:  # e.g. an actor died before it said where it runs

@@ -11,6 +11,13 @@ Cases:
 - `eager_without_triton`: with Triton made unimportable the eager backend still matches the
   recurrent oracle, and asking for Triton raises the clear error.
 - `wheel_contains_kernels` (gate/full): the built wheel in an isolated venv has the kernels.
+- `backend_<name>_<dtype>_d<D>` (and `..._packed_...`), for each of `backends` (any registered
+  name or `module:function`): the backend's capability check on the rank's device for that
+  dtype, head dim (and a packed batch), then its contract: a request it claims runs and meets
+  the protocol (output and final state shaped and typed as promised, finite, a gradient for every
+  input, the initial state included); a request it refuses raises `UnsupportedGDNRequest` with the
+  check's own reason through `gdn.gated_delta_rule`. A crash, a silent run of a refused request or
+  a missing gradient breaks the contract (`backend_contract` = 0): a failed case, never a crash.
 
 Fresh-interpreter checks run on rank 0 only; they import the `gdn` the rank imported (the job's
 snapshot, when there is one).
@@ -30,7 +37,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, Metric, Positive, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+    check_backend_names,
+)
 
 ERROR = "UnsupportedGDNRequest"
 SUBPROCESS_TIMEOUT_S = 300
@@ -44,6 +61,10 @@ class CapabilityParams(SuiteParams):
     head_dim: Positive = 128
     process_checks: bool = True  # fresh-interpreter import checks
     wheel: bool = False  # build + install the wheel (tens of seconds)
+    backends: tuple[str, ...] = ("eager", "triton")  # each one's capability check and contract
+    contract_dtypes: tuple[DType, ...] = ("bfloat16", "float32", "float64")
+    contract_head_dims: tuple[Positive, ...] = (128, 64)
+    contract_packed: bool = True  # one probe of a packed batch (cu_seqlens) per backend
 
 
 def _gdn_tree() -> Path | None:
@@ -69,8 +90,10 @@ class CapabilitySuite(Suite):
     )
     params_model = CapabilityParams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"wheel": False},
-        "gate-cpu": {"wheel": False},
+        # the quick probes are the cheap ones: fp64 at head dim 64 runs on eager and is refused
+        # by Triton (whose interpreter would take seconds per claimed request)
+        "quick": {"wheel": False, "contract_dtypes": ("float64",), "contract_head_dims": (64,)},
+        "gate-cpu": {"wheel": False, "contract_dtypes": ("float32", "float64")},
         "gate": {"wheel": True},
         "full": {"wheel": True},
     }
@@ -89,6 +112,10 @@ class CapabilitySuite(Suite):
                description="kernels/*.py files in the wheel (including __init__)"),
         Metric("wheel_installs_and_imports", "bool", "check", "higher", bound=1.0,
                description="the wheel installs into an isolated venv and `import gdn, kernels` works there"),
+        Metric("backend_supported", "bool", "check", "higher",
+               description="the backend's capability check accepts the request (recorded, no bound)"),
+        Metric("backend_contract", "bool", "check", "higher", bound=1.0,
+               description="accepted: runs and meets the protocol; refused: raises its own reason"),
     )  # fmt: skip
 
     def cases(self, params: SuiteParams) -> list[Case]:
@@ -117,7 +144,24 @@ class CapabilitySuite(Suite):
             out.append(Case(self.name, "eager_without_triton", {"check": "eager_without_triton"}))
         if params.wheel:
             out.append(Case(self.name, "wheel_contains_kernels", {"check": "wheel"}))
-        return out
+        return out + self._backend_cases(params)
+
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        assert isinstance(params, CapabilityParams)
+        return tuple(params.backends)
+
+    def _backend_cases(self, params: CapabilityParams) -> list[Case]:
+        check_backend_names(params.backends)
+        if len(set(params.backends)) != len(params.backends):
+            raise ValueError(f"backends {list(params.backends)} name a backend twice")
+        probes = [(dt, d, None) for dt in params.contract_dtypes for d in params.contract_head_dims]
+        if params.contract_packed and probes:
+            probes.append((probes[0][0], probes[0][1], list(PACKED_PROBE)))
+        return [
+            Case(self.name, f"backend_{b}_{'packed_' if packed else ''}{dt}_d{d}",
+                 {"check": "backend_contract", "backend": b, "dtype": dt, "head_dim": d, "packed": packed})
+            for b in params.backends for dt, d, packed in probes
+        ]  # fmt: skip
 
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
         check = case.params["check"]
@@ -125,6 +169,8 @@ class CapabilitySuite(Suite):
             yield from self._triton_available(ctx, case)
         elif check == "failfast":
             self._failfast(ctx, case)
+        elif check == "backend_contract":
+            yield from _backend_contract(ctx, case)
         elif ctx.rank != 0:
             return  # fresh-interpreter checks: once per job
         elif check == "lazy_import":
@@ -190,6 +236,100 @@ class CapabilitySuite(Suite):
         yield Sample(case.name, "wheel_installs_and_imports", 1.0 if result.ok else 0.0, rank=ctx.rank)
         if not result.ok:
             raise RuntimeError("wheel check failed: " + "; ".join(result.problems))
+
+
+PACKED_PROBE = (1, 63)  # a one-token sequence, then one a token short of a chunk
+PROBE_T, PROBE_HQK, PROBE_HV = 64, 1, 2
+
+
+def _backend_contract(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    """The backend's check for the probe, then whether the backend keeps what the check said."""
+    import torch
+
+    from gdn import GDNShape, get_backend
+
+    p = case.params
+    name, d, packed = p["backend"], int(p["head_dim"]), p.get("packed")
+    dtype = getattr(torch, p["dtype"])
+    n = len(packed) if packed else None
+    shape = GDNShape(1, PROBE_T, PROBE_HQK, PROBE_HV, d, d, n)
+    try:
+        reason = get_backend(name).unsupported(shape, dtype, ctx.device)
+    except Exception as exc:  # a check that crashes says nothing: the contract is broken
+        broken: str | None = f"its capability check raised {type(exc).__name__}: {exc}"
+        reason = None
+    else:
+        broken = _keeps_refusal(ctx, p, reason) if reason is not None else _keeps_claim(ctx, p)
+    print(f"{case.name}: " + (f"refused: {reason}" if reason is not None else "accepted")
+          + (f"; CONTRACT BROKEN: {broken}" if broken else "; contract kept"), file=sys.stderr)  # fmt: skip
+    yield Sample(case.name, "backend_supported", 0.0 if reason is not None else 1.0, rank=ctx.rank)
+    yield Sample(case.name, "backend_contract", 0.0 if broken else 1.0, rank=ctx.rank)
+
+
+def _probe(ctx: RankContext, p: dict[str, Any]) -> dict[str, Any]:
+    """Small leaves in the probe's dtype (g in fp32, the states in fp32, fp64 for fp64)."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    dt, d, packed = getattr(torch, p["dtype"]), int(p["head_dim"]), p.get("packed")
+    sdt = torch.float64 if dt == torch.float64 else torch.float32
+    n = len(packed) if packed else 1
+
+    def rnd(*shape: int, dtype: Any = dt) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    T, hq, hv = PROBE_T, PROBE_HQK, PROBE_HV
+    x = {
+        "q": rnd(1, T, hq, d), "k": F.normalize(rnd(1, T, hq, d, dtype=sdt), dim=-1).to(dt),
+        "v": rnd(1, T, hv, d), "g": F.logsigmoid(rnd(1, T, hv, dtype=sdt) + 2).float(),
+        "beta": torch.sigmoid(rnd(1, T, hv, dtype=sdt)).to(dt), "h0": 0.1 * rnd(n, hv, d, d, dtype=sdt),
+    }  # fmt: skip
+    x = {k: t.to(ctx.device).requires_grad_(True) for k, t in x.items()}
+    x["cu"] = torch.tensor([0, *torch.tensor(packed).cumsum(0).tolist()], dtype=torch.int32,
+                           device=ctx.device) if packed else None  # fmt: skip
+    return x
+
+
+def _call_backend(p: dict[str, Any], x: dict[str, Any]) -> tuple[Any, Any]:
+    from gdn import gated_delta_rule
+
+    return gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                            output_final_state=True, cu_seqlens=x["cu"], backend=p["backend"])  # fmt: skip
+
+
+def _keeps_claim(ctx: RankContext, p: dict[str, Any]) -> str | None:
+    """None when the accepted request runs as the protocol promises, else what went wrong."""
+    import torch
+
+    x = _probe(ctx, p)
+    try:
+        o, ht = _call_backend(p, x)
+        if tuple(o.shape) != tuple(x["v"].shape) or o.dtype != x["v"].dtype:
+            return f"output {tuple(o.shape)} {o.dtype}, expected {tuple(x['v'].shape)} {x['v'].dtype}"
+        if ht is None or tuple(ht.shape) != tuple(x["h0"].shape):
+            return f"final state {None if ht is None else tuple(ht.shape)}, expected {tuple(x['h0'].shape)}"
+        if not (torch.isfinite(o).all() and torch.isfinite(ht).all()):
+            return "non-finite output or final state"
+        (o.float().sum() + ht.float().sum()).backward()
+    except Exception as exc:
+        return f"the accepted request raised {type(exc).__name__}: {str(exc)[:500]}"
+    missing = [k for k in ("q", "k", "v", "g", "beta", "h0")
+               if x[k].grad is None or not torch.isfinite(x[k].grad).all()]  # fmt: skip
+    return f"no finite gradient for {', '.join(missing)}" if missing else None
+
+
+def _keeps_refusal(ctx: RankContext, p: dict[str, Any], reason: str) -> str | None:
+    """None when the refused request raises UnsupportedGDNRequest with the check's reason."""
+    from gdn import UnsupportedGDNRequest
+
+    try:
+        _call_backend(p, _probe(ctx, p))
+    except UnsupportedGDNRequest as exc:
+        return None if reason in str(exc) else f"refused for another reason: {exc} (its check said: {reason})"
+    except Exception as exc:
+        return f"crashed with {type(exc).__name__}: {str(exc)[:500]} instead of refusing: {reason}"
+    return f"ran a request its check refuses ({reason}): a silent fall-back"
 
 
 def _all_gather_triton(ctx: RankContext, q: Any, k: Any, v: Any, g: Any, beta: Any) -> None:
