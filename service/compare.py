@@ -385,6 +385,16 @@ class Series:
             None if bad < 0 else bad,
         )
 
+    def summaries(self, lower: list[bool]) -> list[Summary]:
+        """`summary(g, ...)` of every group at once; `lower[g]`: group g is lower-is-better."""
+        nan = math.nan
+        cols = zip(self.n, self.ranks, self.median, self.p90, self.vmin, self.vmax, self.finite,
+                   self.first_bad, lower, strict=True)  # fmt: skip
+        return [
+            Summary(n, r, m, p, lo, hi, (hi if low else lo) if ok else nan, ok, None if bad < 0 else bad)
+            for n, r, m, p, lo, hi, ok, bad, low in cols
+        ]
+
 
 def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     """Worst rank per (case, metric, idx): max for lower-is-better metrics, min for higher.
@@ -568,13 +578,13 @@ def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) ->
 
 
 def _time_verdict(
-    ratio: float, lo: float, hi: float, p: float, metric: Metric, cfg: CompareConfig, device: str | None
+    ratio: float, lo: float, hi: float, p: float, rule: _Rule, cfg: CompareConfig
 ) -> tuple[Verdict, str]:
     """Significant and larger than the minimum effect -> regressed/improved; a change within the
     minimum effect -> unchanged; larger but not (yet) significant -> inconclusive, which the gate
     measures again until decided (it never passes a gate silently)."""
-    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
-    moved = verdict.time_moved(ratio, eff, metric.direction)
+    eff = rule.min_effect
+    moved = verdict.time_moved(ratio, eff, rule.metric.direction)
     testable = p == p
     significant = testable and p < cfg.alpha
     pct = f"{ratio - 1.0:+.1%}"
@@ -626,6 +636,16 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
     bser = reduce_ranks(base.samples, metrics)
     hser = reduce_ranks(head.samples, metrics)
+    rules: dict[str, _Rule] = {}
+
+    def rule_of(name: str) -> _Rule:
+        rule = rules.get(name)
+        if rule is None:
+            rule = rules[name] = _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
+        return rule
+
+    bsums = bser.summaries([rule_of(m).lower for _, m in bser.keys])
+    hsums = hser.summaries([rule_of(m).lower for _, m in hser.keys])
     bgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(bser.keys)}
     hgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(hser.keys)}
     by_case_b: dict[str, list[str]] = {}
@@ -671,12 +691,11 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
             continue
         base_usable = in_base and bstat not in ("error", "skipped")
         names = list(dict.fromkeys([*by_case_h.get(fp, []), *(by_case_b.get(fp, []) if base_usable else [])]))
+        results = cr.metrics
         for name in names:
-            metric = metrics.get(name) or Metric(name, "", "accuracy")
             hg = hgroups.get((fp, name))
             bg = bgroups.get((fp, name)) if base_usable else None
-            mr = _metric_result(metric, bser, bg, hser, hg, cfg, pending, device)
-            cr.metrics.append(mr)
+            results.append(_metric_result(rule_of(name), bser, bsums, bg, hser, hsums, hg, pending))
         undecided.append(cr)
 
     for (n1, n2), items in pending.items():
@@ -688,10 +707,9 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         rows = zip(stats.ratio.tolist(), stats.ci_low.tolist(), stats.ci_high.tolist(), stats.p.tolist(),
                    strict=True)
         for (mr, _, _), (r, lo, hi, p) in zip(items, rows, strict=True):
-            metric = metrics.get(mr.metric) or Metric(mr.metric, mr.unit, "time")
             mr.ratio, mr.ci_low, mr.ci_high = r, lo, hi
             mr.p_value = p if p == p else None
-            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, metric, cfg, device)
+            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, rules[mr.metric], cfg)
     for cr in undecided:
         _settle_case(cr, cr.base_status is not None, cr.base_status)
     return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, case_results)
@@ -753,78 +771,103 @@ def _settle_case(cr: CaseResult, in_base: bool, bstat: str | None) -> None:
     cr.reason = f"{worst.metric}: {worst.reason}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What the rules need of one metric, worked out once per comparison instead of per case."""
+
+    metric: Metric
+    lower: bool  # lower is better
+    judged_on_median: bool  # the bound's statistic (workers.verdict.JUDGED_ON)
+    min_effect: float  # workers.verdict.min_effect for this metric on this device
+    floor: float  # accuracy and trajectory: no 'worsened' at or below this absolute value
+    memory_abs_bytes: float  # memory: no regression below this growth
+
+    @classmethod
+    def of(cls, metric: Metric, cfg: CompareConfig, device: str | None) -> _Rule:
+        floor = cfg.accuracy_floor
+        if metric.bound is not None:
+            floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
+        return cls(
+            metric,
+            metric.direction != "higher",
+            verdict.JUDGED_ON.get(metric.kind) == "median",
+            verdict.min_effect(metric.kind, metric.min_effect, device),
+            floor,
+            cfg.memory_abs_bytes,
+        )
+
+
 def _metric_result(
-    metric: Metric,
+    rule: _Rule,
     bser: Series,
+    bsums: list[Summary],
     bg: int | None,
     hser: Series,
+    hsums: list[Summary],
     hg: int | None,
-    cfg: CompareConfig,
     pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
-    device: str | None = None,
 ) -> MetricResult:
-    d = metric.direction
-    mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
-    if hg is not None:
-        mr.head = hser.summary(hg, d)
-    if bg is not None:
-        mr.base = bser.summary(bg, d)
-    if mr.head is None:
+    metric = rule.metric
+    kind = metric.kind
+    h = hsums[hg] if hg is not None else None
+    b = bsums[bg] if bg is not None else None
+    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
+    if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr
-    _fill_deltas(mr, metric)
-    if metric.kind == "trajectory" and bg is not None:
-        _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))
+    if b is not None:
+        _fill_deltas(mr, b, h, kind == "time")
+        if kind == "trajectory":
+            _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))  # type: ignore[arg-type]
 
     # The head against the bound (workers.verdict: non-finite fails every kind; the judged
     # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
-    h = mr.head
     if not h.finite:
         mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
         return mr
     if metric.bound is not None:
-        value = h.median if verdict.JUDGED_ON.get(metric.kind) == "median" else h.worst
-        mr.bound_ok = verdict.bound_holds(value, metric.bound, d)
+        value = h.median if rule.judged_on_median else h.worst
+        mr.bound_ok = verdict.bound_holds(value, metric.bound, metric.direction)
         if not mr.bound_ok:
             stats = verdict.Stats(h.n, 0, h.median, h.p90, h.min, h.max, math.nan, h.worst)
-            mr.verdict, mr.reason = "failed", verdict.judge(metric.kind, d, metric.bound, stats).reason
+            judged = verdict.judge(kind, metric.direction, metric.bound, stats)
+            mr.verdict, mr.reason = "failed", judged.reason
             return mr
-    if mr.base is None:
+    if b is None:
         mr.verdict, mr.reason = "added", "metric only in head"
         return mr
-    if not mr.base.finite:
+    if not b.finite:
         mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
         return mr
 
-    if metric.kind == "time" and metric.repeated:
-        if mr.base.median <= 0 or mr.head.median <= 0:
+    if kind == "time" and metric.repeated:
+        if b.median <= 0 or h.median <= 0:
             mr.verdict, mr.reason = "changed", "non-positive median time, ratio undefined (recorded)"
             return mr
         assert bg is not None and hg is not None
-        pending.setdefault((mr.base.n, mr.head.n), []).append((mr, bg, hg))
+        pending.setdefault((b.n, h.n), []).append((mr, bg, hg))
         return mr
-    if metric.kind == "memory":
-        _memory_verdict(mr, metric, cfg)
-        return mr
-    if metric.kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
-        _recorded_verdict(mr, metric, device)
-        return mr
-    _accuracy_verdict(mr, metric, cfg)
+    if kind == "memory":
+        _memory_verdict(mr, rule)
+    elif kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
+        _recorded_verdict(mr, rule)
+    else:
+        _accuracy_verdict(mr, rule)
     return mr
 
 
-def _recorded_verdict(mr: MetricResult, metric: Metric, device: str | None) -> None:
+def _recorded_verdict(mr: MetricResult, rule: _Rule) -> None:
     """A check, or a time metric with one value per case: judged only by its bound (above); a
     move beyond the kind's minimum effect is shown as `changed` (recorded, never a gate failure:
     for a derived ratio the metrics it derives from carry the verdict)."""
     assert mr.base is not None and mr.head is not None
+    metric = rule.metric
     b, h = mr.base.worst, mr.head.worst
     if metric.kind == "time":
         b, h = mr.base.median, mr.head.median
-    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
-    moved = verdict.classify_change(metric.kind, metric.direction, b, h, eff)
+    moved = verdict.classify_change(metric.kind, metric.direction, b, h, rule.min_effect)
     if moved == "same":
         mr.verdict, mr.reason = "unchanged", f"{h:g}" if b == h else f"{b:.4g} -> {h:.4g}"
     elif moved == "better":
@@ -833,20 +876,15 @@ def _recorded_verdict(mr: MetricResult, metric: Metric, device: str | None) -> N
         mr.verdict, mr.reason = "changed", f"{b:.4g} -> {h:.4g} (recorded, not judged)"
 
 
-def _fill_deltas(mr: MetricResult, metric: Metric) -> None:
-    """Deltas of the compared statistic; trajectories also step-wise max abs / max rel."""
-    if mr.base is None or mr.head is None:
-        return
-    if metric.kind == "time":
-        b, h = mr.base.median, mr.head.median
-    else:
-        b, h = mr.base.worst, mr.head.worst
+def _fill_deltas(mr: MetricResult, base: Summary, head: Summary, is_time: bool) -> None:
+    """Deltas of the compared statistic (the median for time, else the worst value)."""
+    b, h = (base.median, head.median) if is_time else (base.worst, head.worst)
     if not (math.isfinite(b) and math.isfinite(h)):
         return
     mr.delta = h - b
     if b != 0:
         mr.rel_delta = mr.delta / abs(b)
-        if metric.kind != "time":
+        if not is_time:
             mr.ratio = h / b
 
 
@@ -863,12 +901,13 @@ def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray,
     mr.max_rel_diff = float(np.max(rel))
 
 
-def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+def _memory_verdict(mr: MetricResult, rule: _Rule) -> None:
     """Bytes: more than the minimum effect (1 % by default) and more than 1 MiB. A memory metric
     in another unit (a ratio of two peaks) has no absolute scale: only the relative rule applies."""
     assert mr.base is not None and mr.head is not None
+    metric = rule.metric
     b, h = mr.base.worst, mr.head.worst
-    eff = verdict.min_effect("memory", metric.min_effect)
+    eff = rule.min_effect
     grow = (h - b) if metric.direction == "lower" else (b - h)
     rel = grow / abs(b) if b else (math.inf if grow > 0 else 0.0)
     if metric.unit.strip().lower() not in _UNIT_BYTES:
@@ -882,22 +921,20 @@ def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> Non
         return
     grow_bytes = grow * unit_bytes(metric.unit)
     mib = grow_bytes / MIB
-    if grow_bytes > cfg.memory_abs_bytes and rel > eff:
+    if grow_bytes > rule.memory_abs_bytes and rel > eff:
         mr.verdict, mr.reason = "regressed", f"grew {mib:+.2f} MiB ({rel:+.1%})"
-    elif -grow_bytes > cfg.memory_abs_bytes and -rel > eff:
+    elif -grow_bytes > rule.memory_abs_bytes and -rel > eff:
         mr.verdict, mr.reason = "improved", f"shrank {mib:+.2f} MiB ({rel:+.1%})"
     else:
         mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or {eff:.0%}"
 
 
-def _accuracy_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+def _accuracy_verdict(mr: MetricResult, rule: _Rule) -> None:
     assert mr.base is not None and mr.head is not None
     b, h = mr.base.worst, mr.head.worst
-    floor = cfg.accuracy_floor
-    if metric.bound is not None:
-        floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
-    f = 1.0 + verdict.min_effect(metric.kind, metric.min_effect)  # 2x by default
-    if metric.direction == "lower":
+    floor = rule.floor
+    f = 1.0 + rule.min_effect  # 2x by default
+    if rule.lower:
         worse = h > f * b and h > floor
         better = b > f * h and b > floor
     else:
