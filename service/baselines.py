@@ -72,7 +72,11 @@ def load_side(session: Session, job_id: int) -> JobSide:
     case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
     metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)
     all_case_ids = set(case_ids_s.tolist()) | {r[0] for r in results}
-    case_rows = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(all_case_ids)))}
+    case_rows = {  # plain rows, not ORM objects: a job has hundreds of cases and nothing edits them
+        c.id: c for c in session.execute(
+            select(Case.id, Case.fingerprint, Case.name, Case.params).where(Case.id.in_(all_case_ids))
+        )
+    }  # fmt: skip
     missing = set(metric_ids_s.tolist()) - set(metric_rows)
     if missing:  # a metric of another suite name (renamed suite): still load its definition
         extra = session.scalars(select(MetricDef).where(MetricDef.id.in_(missing)))

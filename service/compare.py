@@ -28,8 +28,10 @@ the minimum effects); this module applies them to whole jobs at once:
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any, Literal
@@ -383,6 +385,16 @@ class Series:
             None if bad < 0 else bad,
         )
 
+    def summaries(self, lower: list[bool]) -> list[Summary]:
+        """`summary(g, ...)` of every group at once; `lower[g]`: group g is lower-is-better."""
+        nan = math.nan
+        cols = zip(self.n, self.ranks, self.median, self.p90, self.vmin, self.vmax, self.finite,
+                   self.first_bad, lower, strict=True)  # fmt: skip
+        return [
+            Summary(n, r, m, p, lo, hi, (hi if low else lo) if ok else nan, ok, None if bad < 0 else bad)
+            for n, r, m, p, lo, hi, ok, bad, low in cols
+        ]
+
 
 def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     """Worst rank per (case, metric, idx): max for lower-is-better metrics, min for higher.
@@ -500,43 +512,52 @@ def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarra
 
 
 @cache
-def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (base lo, base hi, head lo, head hi) median positions of `bootstrap` paired
-    resamples, with how often each occurs.
+@cache
+def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> np.ndarray:
+    """The (base lo, base hi, head lo, head hi) median positions of each of `bootstrap` paired
+    resamples, shape (bootstrap, 4).
 
     A resample drawn through sorted indices from sorted values is itself sorted, so its median
     is the mean of the values at two positions, the same positions for every group of the same
-    size. The bootstrap distribution of a group's ratio of medians is therefore a weighted set of
-    a few hundred position combinations, shared by all groups: identical to resampling each
-    group `bootstrap` times, at a fraction of the cost. The random stream depends only on
-    (seed, n1, n2), so a group's CI does not depend on the other groups in the comparison.
+    size: a group's bootstrap is four gathers, not `bootstrap` sorts. The random stream depends
+    only on (seed, n1, n2), so a group's CI does not depend on the other groups in the comparison.
     """
     rng = np.random.default_rng([seed, n1, n2])
     rb = np.sort(rng.integers(0, n1, size=(bootstrap, n1)), axis=1)
     rh = np.sort(rng.integers(0, n2, size=(bootstrap, n2)), axis=1)
-    keys = np.stack([rb[:, (n1 - 1) // 2], rb[:, n1 // 2], rh[:, (n2 - 1) // 2], rh[:, n2 // 2]], axis=1)
-    combos, counts = np.unique(keys, axis=0, return_counts=True)
-    return combos, counts
+    plan = np.stack([rb[:, (n1 - 1) // 2], rb[:, n1 // 2], rh[:, (n2 - 1) // 2], rh[:, n2 // 2]], axis=1)
+    plan.setflags(write=False)  # cached: shared by every comparison
+    return plan
+
+
+BOOTSTRAP_ROWS = 1024  # groups per block: a block's ratios are BOOTSTRAP_ROWS x bootstrap floats
 
 
 def _bootstrap_ratio_ci(
     base_sorted: np.ndarray, head_sorted: np.ndarray, cfg: CompareConfig
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap CI (inverted-CDF quantiles) of head median / base median per row."""
+    """Percentile bootstrap CI (inverted-CDF quantiles) of head median / base median per row.
+
+    The two quantiles are order statistics of each row's `bootstrap` ratios, found by
+    `np.partition` (linear) rather than a sort; NaN ratios order last, as in a sort."""
     n1, n2 = base_sorted.shape[1], head_sorted.shape[1]
-    combos, counts = _bootstrap_plan(n1, n2, cfg.bootstrap, cfg.seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bmed = 0.5 * (base_sorted[:, combos[:, 0]] + base_sorted[:, combos[:, 1]])
-        hmed = 0.5 * (head_sorted[:, combos[:, 2]] + head_sorted[:, combos[:, 3]])
-        ratios = hmed / bmed  # (G, U)
-    order = np.argsort(ratios, axis=1)
-    sorted_ratios = np.take_along_axis(ratios, order, axis=1)
-    cum = np.cumsum(counts[order], axis=1)
+    plan = _bootstrap_plan(n1, n2, cfg.bootstrap, cfg.seed)
     a = (1 - cfg.ci_level) / 2
-    rows = np.arange(len(ratios))
-    lo_pos = np.minimum((cum < a * cfg.bootstrap).sum(axis=1), ratios.shape[1] - 1)
-    hi_pos = np.minimum((cum < (1 - a) * cfg.bootstrap).sum(axis=1), ratios.shape[1] - 1)
-    return sorted_ratios[rows, lo_pos], sorted_ratios[rows, hi_pos]
+    # inverted CDF: the k-th smallest (0-based) of B values is the first whose rank k+1 >= q*B
+    k_lo = min(max(math.ceil(a * cfg.bootstrap) - 1, 0), cfg.bootstrap - 1)
+    k_hi = min(max(math.ceil((1 - a) * cfg.bootstrap) - 1, 0), cfg.bootstrap - 1)
+    lo = np.empty(len(base_sorted))
+    hi = np.empty(len(base_sorted))
+    for start in range(0, len(base_sorted), BOOTSTRAP_ROWS):
+        bs = base_sorted[start : start + BOOTSTRAP_ROWS]
+        hs = head_sorted[start : start + BOOTSTRAP_ROWS]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bmed = bs[:, plan[:, 0]] + bs[:, plan[:, 1]]
+            ratios = (hs[:, plan[:, 2]] + hs[:, plan[:, 3]]) / bmed  # the halves cancel
+        picked = np.partition(ratios, (k_lo, k_hi), axis=1)
+        lo[start : start + len(bs)] = picked[:, k_lo]
+        hi[start : start + len(bs)] = picked[:, k_hi]
+    return lo, hi
 
 
 @dataclass(slots=True)
@@ -566,13 +587,13 @@ def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) ->
 
 
 def _time_verdict(
-    ratio: float, lo: float, hi: float, p: float, metric: Metric, cfg: CompareConfig, device: str | None
+    ratio: float, lo: float, hi: float, p: float, rule: _Rule, cfg: CompareConfig
 ) -> tuple[Verdict, str]:
     """Significant and larger than the minimum effect -> regressed/improved; a change within the
     minimum effect -> unchanged; larger but not (yet) significant -> inconclusive, which the gate
     measures again until decided (it never passes a gate silently)."""
-    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
-    moved = verdict.time_moved(ratio, eff, metric.direction)
+    eff = rule.min_effect
+    moved = verdict.time_moved(ratio, eff, rule.metric.direction)
     testable = p == p
     significant = testable and p < cfg.alpha
     pct = f"{ratio - 1.0:+.1%}"
@@ -590,8 +611,32 @@ def _time_verdict(
 # The engine
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Build many small objects without the cyclic garbage collector's passes.
+
+    A comparison of two 100k-sample jobs creates ~40k results and summaries (no reference
+    cycles); each allocation burst triggers collections that walk the whole heap of a server
+    process, and measured they cost more than a third of the compare (`benchmarks/compare_bench.py`).
+    Nested or concurrent uses are safe: only the outermost one that found the collector on turns it
+    back on.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -> Comparison:
     """Compare `head` against `base` case by case; cases matched by fingerprint."""
+    with collector_paused():
+        return _compare(base, head, config)
+
+
+def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comparison:
     cfg = config or CompareConfig()
     why_not = incomparable_reason(base.ref, head.ref)
     if why_not is not None:
@@ -600,6 +645,16 @@ def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
     bser = reduce_ranks(base.samples, metrics)
     hser = reduce_ranks(head.samples, metrics)
+    rules: dict[str, _Rule] = {}
+
+    def rule_of(name: str) -> _Rule:
+        rule = rules.get(name)
+        if rule is None:
+            rule = rules[name] = _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
+        return rule
+
+    bsums = bser.summaries([rule_of(m).lower for _, m in bser.keys])
+    hsums = hser.summaries([rule_of(m).lower for _, m in hser.keys])
     bgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(bser.keys)}
     hgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(hser.keys)}
     by_case_b: dict[str, list[str]] = {}
@@ -645,12 +700,11 @@ def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -
             continue
         base_usable = in_base and bstat not in ("error", "skipped")
         names = list(dict.fromkeys([*by_case_h.get(fp, []), *(by_case_b.get(fp, []) if base_usable else [])]))
+        results = cr.metrics
         for name in names:
-            metric = metrics.get(name) or Metric(name, "", "accuracy")
             hg = hgroups.get((fp, name))
             bg = bgroups.get((fp, name)) if base_usable else None
-            mr = _metric_result(metric, bser, bg, hser, hg, cfg, pending, device)
-            cr.metrics.append(mr)
+            results.append(_metric_result(rule_of(name), bser, bsums, bg, hser, hsums, hg, pending))
         undecided.append(cr)
 
     for (n1, n2), items in pending.items():
@@ -662,10 +716,9 @@ def compare(base: JobSide, head: JobSide, config: CompareConfig | None = None) -
         rows = zip(stats.ratio.tolist(), stats.ci_low.tolist(), stats.ci_high.tolist(), stats.p.tolist(),
                    strict=True)
         for (mr, _, _), (r, lo, hi, p) in zip(items, rows, strict=True):
-            metric = metrics.get(mr.metric) or Metric(mr.metric, mr.unit, "time")
             mr.ratio, mr.ci_low, mr.ci_high = r, lo, hi
             mr.p_value = p if p == p else None
-            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, metric, cfg, device)
+            mr.verdict, mr.reason = _time_verdict(r, lo, hi, p, rules[mr.metric], cfg)
     for cr in undecided:
         _settle_case(cr, cr.base_status is not None, cr.base_status)
     return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, case_results)
@@ -727,78 +780,103 @@ def _settle_case(cr: CaseResult, in_base: bool, bstat: str | None) -> None:
     cr.reason = f"{worst.metric}: {worst.reason}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What the rules need of one metric, worked out once per comparison instead of per case."""
+
+    metric: Metric
+    lower: bool  # lower is better
+    judged_on_median: bool  # the bound's statistic (workers.verdict.JUDGED_ON)
+    min_effect: float  # workers.verdict.min_effect for this metric on this device
+    floor: float  # accuracy and trajectory: no 'worsened' at or below this absolute value
+    memory_abs_bytes: float  # memory: no regression below this growth
+
+    @classmethod
+    def of(cls, metric: Metric, cfg: CompareConfig, device: str | None) -> _Rule:
+        floor = cfg.accuracy_floor
+        if metric.bound is not None:
+            floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
+        return cls(
+            metric,
+            metric.direction != "higher",
+            verdict.JUDGED_ON.get(metric.kind) == "median",
+            verdict.min_effect(metric.kind, metric.min_effect, device),
+            floor,
+            cfg.memory_abs_bytes,
+        )
+
+
 def _metric_result(
-    metric: Metric,
+    rule: _Rule,
     bser: Series,
+    bsums: list[Summary],
     bg: int | None,
     hser: Series,
+    hsums: list[Summary],
     hg: int | None,
-    cfg: CompareConfig,
     pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
-    device: str | None = None,
 ) -> MetricResult:
-    d = metric.direction
-    mr = MetricResult(metric.name, metric.kind, metric.unit, d, metric.bound, "unchanged", "")
-    if hg is not None:
-        mr.head = hser.summary(hg, d)
-    if bg is not None:
-        mr.base = bser.summary(bg, d)
-    if mr.head is None:
+    metric = rule.metric
+    kind = metric.kind
+    h = hsums[hg] if hg is not None else None
+    b = bsums[bg] if bg is not None else None
+    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
+    if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr
-    _fill_deltas(mr, metric)
-    if metric.kind == "trajectory" and bg is not None:
-        _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))
+    if b is not None:
+        _fill_deltas(mr, b, h, kind == "time")
+        if kind == "trajectory":
+            _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))  # type: ignore[arg-type]
 
     # The head against the bound (workers.verdict: non-finite fails every kind; the judged
     # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
-    h = mr.head
     if not h.finite:
         mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
         return mr
     if metric.bound is not None:
-        value = h.median if verdict.JUDGED_ON.get(metric.kind) == "median" else h.worst
-        mr.bound_ok = verdict.bound_holds(value, metric.bound, d)
+        value = h.median if rule.judged_on_median else h.worst
+        mr.bound_ok = verdict.bound_holds(value, metric.bound, metric.direction)
         if not mr.bound_ok:
             stats = verdict.Stats(h.n, 0, h.median, h.p90, h.min, h.max, math.nan, h.worst)
-            mr.verdict, mr.reason = "failed", verdict.judge(metric.kind, d, metric.bound, stats).reason
+            judged = verdict.judge(kind, metric.direction, metric.bound, stats)
+            mr.verdict, mr.reason = "failed", judged.reason
             return mr
-    if mr.base is None:
+    if b is None:
         mr.verdict, mr.reason = "added", "metric only in head"
         return mr
-    if not mr.base.finite:
+    if not b.finite:
         mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
         return mr
 
-    if metric.kind == "time" and metric.repeated:
-        if mr.base.median <= 0 or mr.head.median <= 0:
+    if kind == "time" and metric.repeated:
+        if b.median <= 0 or h.median <= 0:
             mr.verdict, mr.reason = "changed", "non-positive median time, ratio undefined (recorded)"
             return mr
         assert bg is not None and hg is not None
-        pending.setdefault((mr.base.n, mr.head.n), []).append((mr, bg, hg))
+        pending.setdefault((b.n, h.n), []).append((mr, bg, hg))
         return mr
-    if metric.kind == "memory":
-        _memory_verdict(mr, metric, cfg)
-        return mr
-    if metric.kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
-        _recorded_verdict(mr, metric, device)
-        return mr
-    _accuracy_verdict(mr, metric, cfg)
+    if kind == "memory":
+        _memory_verdict(mr, rule)
+    elif kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
+        _recorded_verdict(mr, rule)
+    else:
+        _accuracy_verdict(mr, rule)
     return mr
 
 
-def _recorded_verdict(mr: MetricResult, metric: Metric, device: str | None) -> None:
+def _recorded_verdict(mr: MetricResult, rule: _Rule) -> None:
     """A check, or a time metric with one value per case: judged only by its bound (above); a
     move beyond the kind's minimum effect is shown as `changed` (recorded, never a gate failure:
     for a derived ratio the metrics it derives from carry the verdict)."""
     assert mr.base is not None and mr.head is not None
+    metric = rule.metric
     b, h = mr.base.worst, mr.head.worst
     if metric.kind == "time":
         b, h = mr.base.median, mr.head.median
-    eff = verdict.min_effect(metric.kind, metric.min_effect, device)
-    moved = verdict.classify_change(metric.kind, metric.direction, b, h, eff)
+    moved = verdict.classify_change(metric.kind, metric.direction, b, h, rule.min_effect)
     if moved == "same":
         mr.verdict, mr.reason = "unchanged", f"{h:g}" if b == h else f"{b:.4g} -> {h:.4g}"
     elif moved == "better":
@@ -807,20 +885,15 @@ def _recorded_verdict(mr: MetricResult, metric: Metric, device: str | None) -> N
         mr.verdict, mr.reason = "changed", f"{b:.4g} -> {h:.4g} (recorded, not judged)"
 
 
-def _fill_deltas(mr: MetricResult, metric: Metric) -> None:
-    """Deltas of the compared statistic; trajectories also step-wise max abs / max rel."""
-    if mr.base is None or mr.head is None:
-        return
-    if metric.kind == "time":
-        b, h = mr.base.median, mr.head.median
-    else:
-        b, h = mr.base.worst, mr.head.worst
+def _fill_deltas(mr: MetricResult, base: Summary, head: Summary, is_time: bool) -> None:
+    """Deltas of the compared statistic (the median for time, else the worst value)."""
+    b, h = (base.median, head.median) if is_time else (base.worst, head.worst)
     if not (math.isfinite(b) and math.isfinite(h)):
         return
     mr.delta = h - b
     if b != 0:
         mr.rel_delta = mr.delta / abs(b)
-        if metric.kind != "time":
+        if not is_time:
             mr.ratio = h / b
 
 
@@ -837,12 +910,13 @@ def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray,
     mr.max_rel_diff = float(np.max(rel))
 
 
-def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+def _memory_verdict(mr: MetricResult, rule: _Rule) -> None:
     """Bytes: more than the minimum effect (1 % by default) and more than 1 MiB. A memory metric
     in another unit (a ratio of two peaks) has no absolute scale: only the relative rule applies."""
     assert mr.base is not None and mr.head is not None
+    metric = rule.metric
     b, h = mr.base.worst, mr.head.worst
-    eff = verdict.min_effect("memory", metric.min_effect)
+    eff = rule.min_effect
     grow = (h - b) if metric.direction == "lower" else (b - h)
     rel = grow / abs(b) if b else (math.inf if grow > 0 else 0.0)
     if metric.unit.strip().lower() not in _UNIT_BYTES:
@@ -856,22 +930,20 @@ def _memory_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> Non
         return
     grow_bytes = grow * unit_bytes(metric.unit)
     mib = grow_bytes / MIB
-    if grow_bytes > cfg.memory_abs_bytes and rel > eff:
+    if grow_bytes > rule.memory_abs_bytes and rel > eff:
         mr.verdict, mr.reason = "regressed", f"grew {mib:+.2f} MiB ({rel:+.1%})"
-    elif -grow_bytes > cfg.memory_abs_bytes and -rel > eff:
+    elif -grow_bytes > rule.memory_abs_bytes and -rel > eff:
         mr.verdict, mr.reason = "improved", f"shrank {mib:+.2f} MiB ({rel:+.1%})"
     else:
         mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or {eff:.0%}"
 
 
-def _accuracy_verdict(mr: MetricResult, metric: Metric, cfg: CompareConfig) -> None:
+def _accuracy_verdict(mr: MetricResult, rule: _Rule) -> None:
     assert mr.base is not None and mr.head is not None
     b, h = mr.base.worst, mr.head.worst
-    floor = cfg.accuracy_floor
-    if metric.bound is not None:
-        floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
-    f = 1.0 + verdict.min_effect(metric.kind, metric.min_effect)  # 2x by default
-    if metric.direction == "lower":
+    floor = rule.floor
+    f = 1.0 + rule.min_effect  # 2x by default
+    if rule.lower:
         worse = h > f * b and h > floor
         better = b > f * h and b > floor
     else:
