@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from service.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+from service.domain.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
 from workers.suite import Metric
 
 
@@ -80,10 +80,10 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
 
     from sqlalchemy.orm import Session
 
-    from service import store
-    from service.baselines import compare_jobs
-    from service.db import make_engine, upgrade
-    from service.models import Job
+    from service.domain.baselines import compare_jobs
+    from service.persistence import store
+    from service.persistence.db import make_engine, upgrade
+    from service.persistence.models import Job
     from workers.suite import Case
 
     tmp = tempfile.mkdtemp(prefix="gdnval-compare-bench-")

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from service.db import make_engine, session_factory, upgrade
-from service.models import Job
-from service.store import (
+from service.persistence.db import make_engine, session_factory, upgrade
+from service.persistence.models import Job
+from service.persistence.store import (
     case_summaries,
     compute_summary,
     ensure_cases,

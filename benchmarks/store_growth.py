@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.models import Case as CaseRow
-from service.models import Job
+from service.persistence import db, store
+from service.persistence.models import Case as CaseRow
+from service.persistence.models import Job
 from workers.suite import Case, Metric
 
 SUITES = ("growth-a", "growth-b")

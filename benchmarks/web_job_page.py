@@ -36,8 +36,8 @@ import contextlib
 
 from sqlalchemy import select
 
-from service import db, store
-from service.models import Job, SampleRow
+from service.persistence import db, store
+from service.persistence.models import Job, SampleRow
 from workers.suite import Case, Metric
 
 SUITE = "web-bench"

@@ -17,9 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import db
 from service.api import docs, problems
 from service.api.problems import MEDIA_TYPE, problem_body
+from service.persistence import db
 from service.settings import Settings
 from workers.provenance import installed_version
 
@@ -94,8 +94,8 @@ def _demo_jobs(app: FastAPI) -> None:
     """Queue the `DEMO_JOBS` when the store has none, so the pages have something to show; a
     job that cannot be queued (its suite not registered, too many ranks) is logged, the others
     still go."""
-    from service import queue
-    from service.models import Job
+    from service.persistence import queue
+    from service.persistence.models import Job
     from workers.registry import suite_names
 
     state = app.state
@@ -123,7 +123,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from service.dispatcher import Dispatcher
-        from service.executors import close_executors, get_executor
+        from service.executor_choice import close_executors, get_executor
 
         db.upgrade(engine)
         try:
@@ -161,13 +161,13 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
 
     problems.install(app)  # one error shape (RFC 9457) for every error, declared in the OpenAPI
     docs.install(app)
-    from service.api.routes import api, probes
+    from service.api.routes.jobs import api, probes
 
     app.include_router(probes)
     app.include_router(api)
-    app.include_router(importlib.import_module("service.api.gate").router)  # gate, compare, report
-    if importlib.util.find_spec("service.web.routes") is not None:
-        from service.web.routes import router as web_router
+    app.include_router(importlib.import_module("service.api.routes.gate").router)  # gate, compare, report
+    if importlib.util.find_spec("service.web.routes.job") is not None:
+        from service.web.routes.job import router as web_router
 
         app.include_router(web_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -25,12 +25,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from service import queue, store
-from service.db import write_tx
-from service.models import CASE_STATUSES, Job, MetricDef
+from service.persistence import queue, store
+from service.persistence.db import write_tx
+from service.persistence.models import CASE_STATUSES, Job, MetricDef
 from service.settings import Settings
 from workers.deadline import job_deadline_s
-from workers.executor import Executor, JobOutcome, JobSpec
+from workers.executors.base import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
 from workers.suite import Case as SuiteCase
@@ -41,7 +41,7 @@ MAX_LOG_LINE = 10_000
 
 
 class StoreSink:
-    """The `workers.executor.JobSink` of one job run: thread-safe, writes through at once."""
+    """The `workers.executors.base.JobSink` of one job run: thread-safe, writes through at once."""
 
     def __init__(self, engine: Engine, job: Job, artifacts_dir: Path) -> None:
         self.engine = engine

@@ -12,7 +12,7 @@ import importlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from workers.executor import Executor
+from workers.executors.base import Executor
 
 if TYPE_CHECKING:
     from service.settings import Settings

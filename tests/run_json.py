@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from service import store
-from service.db import write_tx
 from service.dispatcher import StoreSink
-from service.models import Job
+from service.persistence import store
+from service.persistence.db import write_tx
+from service.persistence.models import Job
 from workers.suite import Sample
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service import store
 from service.app import create_app
-from service.artifacts import artifact_path, store_key
-from service.models import Job
+from service.persistence import store
+from service.persistence.artifacts import artifact_path, store_key
+from service.persistence.models import Job
 from service.settings import Settings
 
 

@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service import db, queue, store
-from service.baselines import load_side
 from service.dispatcher import StoreSink
-from service.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
-from service.models import CaseResult, Job
+from service.domain.baselines import load_side
+from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
+from service.persistence import db, queue, store
+from service.persistence.models import CaseResult, Job
 from service.settings import Settings
 from service.web import queries, views
 from tests.gate_suite_for_tests import SUITE_MODULE
@@ -187,7 +187,7 @@ def _rerun(engine: Any, job_id: int, latest: str | None, stale: str) -> None:
 
 
 def _samples_of(engine: Any, job_id: int) -> list[Any]:
-    from service.models import SampleRow
+    from service.persistence.models import SampleRow
 
     with Session(engine) as s:
         return list(s.scalars(select(SampleRow).where(SampleRow.job_id == job_id, SampleRow.attempt == 1)))

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service import db, queue, store
 from service.dispatcher import Dispatcher, StoreSink
-from service.models import Job, SummaryRow
+from service.persistence import db, queue, store
+from service.persistence.models import Job, SummaryRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
 from workers.suite import Sample

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from service import store
-from service.baselines import (
+from service.domain.baselines import (
     NotFound,
     compare_commits,
     compare_jobs,
@@ -19,8 +18,9 @@ from service.baselines import (
     parse_job_ref,
     resolve_base,
 )
-from service.db import make_engine, upgrade
-from service.models import Job
+from service.persistence import store
+from service.persistence.db import make_engine, upgrade
+from service.persistence.models import Job
 from workers.suite import Case, Metric
 
 SUITE = "cmpstore"

@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service import queue, store
-from service.gate import (
+from service.domain.gate import (
     EXIT_FAIL,
     EXIT_INFRA,
     EXIT_PASS,
@@ -26,7 +25,8 @@ from service.gate import (
     GateState,
     evaluate_gate,
 )
-from service.models import Commit, Job
+from service.persistence import queue, store
+from service.persistence.models import Commit, Job
 from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
@@ -80,7 +80,7 @@ class FakeRunner:
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[tuple[Any, FakeRunner]]:
-    from service.db import make_engine, upgrade
+    from service.persistence.db import make_engine, upgrade
     from workers.registry import SUITE_MODULES, get_suite
 
     with pytest.MonkeyPatch.context() as mp:
@@ -216,7 +216,7 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
 
 
 def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
-    from service.gate import _suites_for
+    from service.domain.gate import _suites_for
 
     cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
     assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks

@@ -67,7 +67,7 @@ def test_service_and_workers_metadata_do_not_import_torch():
     loaded = _run(
         """
         import json, sys
-        import service, service.cli, workers.registry, workers.suite, workers.executor
+        import service, service.cli, workers.registry, workers.suite, workers.executors.base
         from workers.registry import get_suite, suite_names
         for name in suite_names():
             get_suite(name).describe()

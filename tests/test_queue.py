@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service import db, queue
 from service.dispatcher import Dispatcher
-from service.models import Job, JobEvent, SampleRow
+from service.persistence import db, queue
+from service.persistence.models import Job, JobEvent, SampleRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
-from workers.executor import check_placement
+from workers.executors.base import check_placement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
     assert job.info["device_name"] == "fake-cpu" and job.info["executor"] == "fake" and "commit" in job.info
     assert (job.progress_done, job.progress_total) == (2, 2)
     assert _n_samples(engine, ok) == 2 * 2 * 10 * 2  # cases x metrics x idx x ranks
-    from service.artifacts import artifact_path
+    from service.persistence.artifacts import artifact_path
 
     assert artifact_path(tmp_path / "art", engine.url, ok, "report.txt").read_bytes() == b"fake report\n"
     assert _status(engine, bad).error == "rank 0: asked to fail"
@@ -227,7 +227,7 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
 def _mark_running(engine, job_id: int, owner: str, attempts: int, heartbeat_age_s: float = 0.0) -> None:
     from datetime import timedelta
 
-    from service.models import utcnow
+    from service.persistence.models import utcnow
 
     with Session(engine) as s, s.begin():
         job = s.get(Job, job_id)
@@ -261,8 +261,8 @@ DISPATCHER = textwrap.dedent("""
     import sys, time
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
-    from service import db
-    from service.models import Job
+    from service.persistence import db
+    from service.persistence.models import Job
     from service.dispatcher import Dispatcher
     from service.settings import Settings
     from tests.test_api_support import FakeExecutor

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
-from service import store
-from service.db import make_engine, upgrade
-from service.models import Job
-from service.report import build_report, comparison_markdown, gate_markdown
+from service.domain.report import build_report, comparison_markdown, gate_markdown
+from service.persistence import store
+from service.persistence.db import make_engine, upgrade
+from service.persistence.models import Job
 from workers.suite import Case, Metric
 
 SUITE = "reportdemo"
@@ -185,7 +185,7 @@ def test_report_cli_reads_the_store(engine, tmp_path: Path) -> None:
 
 
 def test_gate_markdown_of_an_infra_failure_names_the_reason() -> None:
-    from service.gate import GateJob, GateState
+    from service.domain.gate import GateJob, GateState
 
     job = GateJob("head", "x", 3, "failed", "h" * 40, error="rank 1 died")
     why = "could not run: head job 3 (x) failed: rank 1 died"

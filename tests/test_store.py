@@ -20,9 +20,9 @@ from sqlalchemy import func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.baselines import load_side
-from service.models import Base, CaseResult, Job, SampleRow
+from service.domain.baselines import load_side
+from service.persistence import db, store
+from service.persistence.models import Base, CaseResult, Job, SampleRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,8 +261,8 @@ def test_fingerprint_series_across_jobs(engine) -> None:
 def test_service_imports_no_torch() -> None:
     code = textwrap.dedent("""
         import sys
-        import service, service.app, service.store, service.queue, service.dispatcher, service.api.routes
-        import service.executors, service.cli
+        import service, service.app, service.persistence.store, service.persistence.queue, service.dispatcher
+        import service.api.routes.jobs, service.executor_choice, service.cli
         from service.settings import Settings
         service.app.create_app(Settings(db_url="sqlite://"))
         heavy = sorted(m for m in ("torch", "triton", "ray") if m in sys.modules)

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.baselines import find_commit_job
-from service.models import Job
+from service.domain.baselines import find_commit_job
+from service.persistence import db, store
+from service.persistence.models import Job
 from service.web import queries
 from workers.suite import Case, Metric
 

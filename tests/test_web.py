@@ -31,9 +31,9 @@ pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.models import Case as CaseRow
-from service.models import Job
+from service.persistence import db, store
+from service.persistence.models import Case as CaseRow
+from service.persistence.models import Job
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]

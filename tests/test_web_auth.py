@@ -62,8 +62,8 @@ def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, t
 
     from sqlalchemy.orm import Session
 
-    from service import store
-    from service.models import Job
+    from service.persistence import store
+    from service.persistence.models import Job
     from service.web_session import COOKIE
     from workers.suite import Case, Metric
 

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service import db, store
 from service.app import create_app
-from service.models import Job
+from service.persistence import db, store
+from service.persistence.models import Job
 from service.settings import Settings
 from service.web import charts
 from workers.suite import Case, Metric

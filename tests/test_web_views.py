@@ -167,7 +167,7 @@ def test_fmt_is_readable_at_every_scale() -> None:
 
 def test_compare_rows_hide_unchanged_metrics_unless_asked() -> None:
     """Through the real compare engine: a planted 30% slowdown is the only row by default."""
-    from service.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+    from service.domain.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
     from workers.suite import Metric
 
     rng = np.random.default_rng(3)

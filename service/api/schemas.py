@@ -13,7 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from service.models import Job
+from service.persistence.models import Job
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 
 Device = Literal["cuda", "npu", "cpu"]

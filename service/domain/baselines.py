@@ -1,7 +1,7 @@
 """From the store to the compare engine: load a job as a `JobSide`, find the job of a commit, and
 resolve what a head is compared against (explicit base, named baseline, or the parent commit).
 
-Kept apart from `service.compare` so the engine stays database-free; SQLAlchemy is imported here
+Kept apart from `service.domain.compare` so the engine stays database-free; SQLAlchemy is imported here
 (service code, never by the CLI at start-up).
 """
 
@@ -17,8 +17,17 @@ import numpy as np
 from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
-from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
-from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
+from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.persistence.models import (
+    Baseline,
+    Case,
+    CaseResult,
+    Commit,
+    Job,
+    MetricDef,
+    SampleRow,
+    SummaryRow,
+)
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
@@ -115,7 +124,7 @@ def _worst_rank_rows(
     the covering job index (`store.worst_rank_per_idx`), and the rows come through the driver's
     own cursor into numpy in one call. A CP job's 100k raw rows become ~25k: loading, not
     comparing, was most of the gate's compare time."""
-    from service.store import worst_rank_per_idx
+    from service.persistence.store import worst_rank_per_idx
 
     s = SampleRow
     where = (s.job_id == job_id, s.attempt == attempt)
@@ -209,7 +218,7 @@ def find_commit_job(
 ) -> Job | None:
     """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
     submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
-    from service.store import commit_ids
+    from service.persistence.store import commit_ids
 
     q = (
         select(Job)

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from service.compare import (
+from service.domain.compare import (
     SEVERITY,
     CaseResult,
     Comparison,
@@ -92,7 +92,7 @@ class GateRequest(BaseModel):
 
     @model_validator(mode="after")
     def _backend_base(self) -> GateRequest:
-        from service.baselines import parse_job_ref
+        from service.domain.baselines import parse_job_ref
 
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
@@ -114,7 +114,7 @@ class GateRequest(BaseModel):
     @field_validator("base")
     @classmethod
     def _base(cls, v: str | None) -> str | None:
-        from service.baselines import parse_job_ref
+        from service.domain.baselines import parse_job_ref
         from workers.refs import check_commit
 
         return v if v is None or parse_job_ref(v) is not None else check_commit(v, "base")
@@ -251,8 +251,8 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
     """Every suite of the gate checked as a submission would be (suite, preset, parameters,
     device, world size, executor limits; the head and a commit base against the commit rule),
     before anything is queued. Returns the suites; raises GateInputError naming the first problem."""
-    from service import queue
-    from service.baselines import parse_job_ref
+    from service.domain.baselines import parse_job_ref
+    from service.persistence import queue
     from workers.registry import get_suite
     from workers.suite import UnknownSuiteInput
 
@@ -293,7 +293,7 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
     not a job queued forever."""
 
     def submit(**kw: Any) -> int:
-        from service import queue
+        from service.persistence import queue
 
         if settings is None:
             cases = kw.pop("cases", None)
@@ -324,7 +324,7 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     """One step of the gate: find or submit every job, and decide once all are final."""
     from sqlalchemy.orm import Session
 
-    from service.baselines import NotFound, resolve_base
+    from service.domain.baselines import NotFound, resolve_base
 
     submit = submit or default_submit(engine)
     suites = validate_gate(req, getattr(submit, "executor", None))
@@ -353,7 +353,7 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     if unsettled is not None:
         return unsettled
 
-    from service.baselines import compare_jobs
+    from service.domain.baselines import compare_jobs
 
     with Session(engine) as s:
         state.comparisons = [compare_jobs(s, b.job_id, h.job_id) for _, h, b in pairs]
@@ -422,7 +422,7 @@ def _measure_again(
     the pooled ones)."""
     from sqlalchemy.orm import Session
 
-    from service.baselines import compare_pooled
+    from service.domain.baselines import compare_pooled
 
     pools = {suite: ([base.job_id], [head.job_id]) for suite, head, base in pairs}
     for rnd in range(1, req.max_rounds + 1):
@@ -485,7 +485,7 @@ def _unsettled(
 
 def _give_up(engine: Any, state: GateState, reason: str) -> GateState:
     """Exit 2; the jobs this gate queued that have not ended are cancelled (reused ones stay)."""
-    from service import queue
+    from service.persistence import queue
 
     cancelled = []
     for j in state.jobs:
@@ -524,7 +524,7 @@ def _jobs(
 
 
 def _done(state: GateState, code: int, verdict: Literal["pass", "fail", "error"], reason: str) -> GateState:
-    from service.report import gate_markdown
+    from service.domain.report import gate_markdown
 
     state.phase, state.exit_code, state.verdict, state.reason = "done", code, verdict, reason
     state.markdown = gate_markdown(state)
@@ -541,7 +541,7 @@ def _tail(text: str | None) -> str:
 def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
     from sqlalchemy.orm import Session
 
-    from service.models import Job
+    from service.persistence.models import Job
 
     with Session(engine) as s:
         job = s.get(Job, job_id)
@@ -565,8 +565,8 @@ def _ensure_job(
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from service.baselines import find_commit_job
-    from service.models import Job
+    from service.domain.baselines import find_commit_job
+    from service.persistence.models import Job
 
     preset = preset_for(req, suite)
     key = f"gate:{req.key()}:{role}:{suite}:{commit}{key_extra}"[:200]
@@ -619,7 +619,7 @@ def _confirm(
     pending or broken, else None."""
     from sqlalchemy.orm import Session
 
-    from service.baselines import compare_jobs
+    from service.domain.baselines import compare_jobs
 
     reruns: list[tuple[int, GateJob, GateJob]] = []
     for i, (suite, head, base) in enumerate(pairs):

@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from service.compare import Comparison, MetricResult
+from service.domain.compare import Comparison, MetricResult
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from service.gate import GateState
-    from service.report_tables import Pivot
+    from service.domain.gate import GateState
+    from service.domain.report_tables import Pivot
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -194,8 +194,8 @@ class JobData:
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
-    from service import store
-    from service.baselines import NotFound
+    from service.domain.baselines import NotFound
+    from service.persistence import store
 
     job = store.get_job(session, job_id)
     if job is None:
@@ -245,7 +245,7 @@ def job_report_markdown(
     title: str | None = None,
 ) -> str:
     """The test report for one or more jobs (one per suite), with optional comparisons."""
-    from service import report_tables as tables
+    from service.domain import report_tables as tables
     from service.web import views
 
     commits = sorted({_short(j.commit or j.info.get("commit")) for j in jobs})
@@ -364,7 +364,7 @@ def build_report(
 ) -> tuple[str, list[Comparison]]:
     """Markdown report of stored jobs; with base jobs, each head job is compared with the base
     job of the same suite. Returns (markdown, comparisons)."""
-    from service.baselines import compare_jobs
+    from service.domain.baselines import compare_jobs
 
     jobs = [load_job_data(session, j) for j in job_ids]
     bases = [load_job_data(session, b) for b in base_ids]

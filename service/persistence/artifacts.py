@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from sqlalchemy.engine import URL, make_url
 
-MAX_NAME = 300  # = service.models.Artifact.name
+MAX_NAME = 300  # = service.persistence.models.Artifact.name
 
 
 def store_key(url: str | URL) -> str:

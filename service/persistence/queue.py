@@ -1,7 +1,7 @@
 """The durable job queue: jobs are rows, and every state change is one short write transaction.
 
 Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock, see
-service/db.py; so claims are serialised and the per-device limits hold across replicas) and the
+service/persistence/db.py; so claims are serialised and the per-device limits hold across replicas) and the
 status flip is a conditional UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in
 two processes or on two hosts sharing one database, can never both run a job. A dispatcher
 claims only what its executor can place now: per device kind, the best queued job (priority,
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from service.db import write_tx
-from service.models import FINAL_STATUSES, Job, JobEvent, utcnow
-from service.store import add_event, ensure_commit
+from service.persistence.db import write_tx
+from service.persistence.models import FINAL_STATUSES, Job, JobEvent, utcnow
+from service.persistence.store import add_event, ensure_commit
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
-from workers.executor import PLACEMENT_LABEL, Executor, check_placement
+from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.registry import get_suite
 from workers.suite import UnknownSuiteInput, select_cases
 
@@ -412,7 +412,7 @@ def submit_checked(
 ) -> tuple[Job, bool]:
     """Validate and queue; returns (job, created). The API and the web form share this path."""
     if executor is None:
-        from service.executors import get_executor
+        from service.executor_choice import get_executor
 
         executor = get_executor(settings)
     return submit(engine, validate_request(body, executor))

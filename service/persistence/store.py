@@ -22,9 +22,9 @@ from sqlalchemy import case as sa_case
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
-from service.artifacts import artifact_path
-from service.db import immediate, write_tx
-from service.models import (
+from service.persistence.artifacts import artifact_path
+from service.persistence.db import immediate, write_tx
+from service.persistence.models import (
     Artifact,
     Baseline,
     Case,
@@ -204,7 +204,7 @@ def latest_case_results(session: Session, job_id: int) -> list[CaseResult]:
 def save_artifact(
     session: Session, job_id: int, name: str, media_type: str, data: bytes, artifacts_dir: Path
 ) -> Artifact:
-    """Write the artifact under `artifacts_dir` at `service.artifacts.artifact_path` (a folder of
+    """Write the artifact under `artifacts_dir` at `service.persistence.artifacts.artifact_path` (a folder of
     this store, then the job) and record it (replaces same name)."""
     path = artifact_path(artifacts_dir, session.get_bind().engine.url, job_id, name)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Why not in the store: these shape data for drawing (raw lanes per rank, worst rank per
 repetition with its idx, medians per job for sparklines). Each is one grouped SQL query whose
 rows go straight into numpy, so a job with 100k samples costs a covering-index scan, not 100k
-Python objects. Everything else comes from `service.store`.
+Python objects. Everything else comes from `service.persistence.store`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy import Select, func, literal, select
 from sqlalchemy import case as sa_case
 from sqlalchemy.orm import Session
 
-from service.models import Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
+from service.persistence.models import Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:

@@ -23,7 +23,7 @@ CP rank 0; the other ranks yield the same values after the broadcast), then per 
 `cand_*` and the step's errors; the maxima and `finite` only when every step is done. A job
 deadline or a kill during the candidate keeps every step yielded so far.
 
-`reference_file`: a JSON file of the reference trajectory (gdn.trajectory describes the format and
+`reference_file`: a JSON file of the reference trajectory (workers.harness.trajectory describes the format and
 the key). When it exists and its key matches the run (model, data by content hash, precision,
 optimizer, seed, device kind, deterministic flag), the reference steps are read from it (the
 rank's log says so) instead of computed; when it does not exist, the computed reference is written
@@ -92,7 +92,7 @@ class NetworkParams(SuiteParams):
     token_file: str | None = None
     corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
     # JSON file of the reference trajectory: read when it exists and its key matches, else written
-    # once the reference is computed (see gdn.trajectory); not part of the cases' parameters
+    # once the reference is computed (see workers.harness.trajectory); not part of the cases' parameters
     reference_file: str | None = None
 
 
@@ -265,7 +265,7 @@ def token_file_for(params: dict[str, Any]) -> str:
 
 def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any):  # -> TrajectoryConfig
     """TrajectoryConfig of a case; a CP mode needs more than one rank."""
-    from gdn.trajectory import TrajectoryConfig
+    from workers.harness.trajectory import TrajectoryConfig
 
     mode = params["mode"]
     if mode != "none" and not ctx.distributed:
@@ -287,9 +287,9 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
     return TrajectoryConfig(**fields)
 
 
-def case_trainer(ctx: RankContext, params: dict[str, Any]):  # -> gdn.trajectory.Trainer
+def case_trainer(ctx: RankContext, params: dict[str, Any]):  # -> workers.harness.trajectory.Trainer
     """The candidate trainer of a case (speed, stability, profile): its CP group only in a CP mode."""
-    from gdn.trajectory import candidate_trainer
+    from workers.harness.trajectory import candidate_trainer
 
     cfg = trajectory_config(ctx, params)
     group = ctx.group if cfg.cp_mode != "none" else None
@@ -306,7 +306,7 @@ def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     """Samples stream per step: the reference steps while the reference runs (after its broadcast
     on ranks other than 0), then each candidate step with its errors; the maxima and `finite` at
     the end. A NaN/Inf raises NonFiniteTrajectory after the steps before it were yielded."""
-    from gdn.trajectory import iter_trajectory, step_error
+    from workers.harness.trajectory import iter_trajectory, step_error
 
     p = case.params
     cfg = trajectory_config(ctx, p)
@@ -372,7 +372,7 @@ def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import torch
 
     from gdn.device import set_deterministic
-    from gdn.trajectory import run_determinism_pair
+    from workers.harness.trajectory import run_determinism_pair
 
     p = case.params
     cfg = trajectory_config(ctx, p, steps=p["determinism_steps"])

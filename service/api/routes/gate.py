@@ -1,6 +1,6 @@
 """Gate, compare and report endpoints under /api/v1 (mounted by `service.app.create_app`).
 
-- `POST /api/v1/gate`: one step of the gate (`service.gate.evaluate_gate`): finds or submits the
+- `POST /api/v1/gate`: one step of the gate (`service.domain.gate.evaluate_gate`): finds or submits the
   jobs and answers the state; call again with the same body (same `run_id`) until `phase` is
   `done`. Writes jobs, so it needs the bearer token when one is configured.
 - `GET /api/v1/compare?base=JOB&head=JOB` (or `base_commit=`/`head_commit=` with `suite=`): the
@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
-from service.api.routes import MAX_ID, get_session, require_read, require_write
-from service.gate import GateInputError, GateRequest, default_submit, evaluate_gate
+from service.api.routes.jobs import MAX_ID, get_session, require_read, require_write
+from service.domain.gate import GateInputError, GateRequest, default_submit, evaluate_gate
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -49,7 +49,7 @@ def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
     except GateInputError as exc:
         raise HTTPException(422, str(exc)) from exc
     if result.markdown is not None:
-        from service.report import gate_markdown
+        from service.domain.report import gate_markdown
 
         result.markdown = gate_markdown(result, _base_url(request))
     return result.to_dict()
@@ -68,7 +68,7 @@ def compare_endpoint(
 ) -> dict[str, Any]:
     """Compare two jobs of one suite case by case and metric by metric; a side given as a commit
     is that commit's newest succeeded job of `suite` (same preset/device when given)."""
-    from service.baselines import NotFound, compare_jobs, find_commit_job
+    from service.domain.baselines import NotFound, compare_jobs, find_commit_job
 
     def side(job: int | None, commit: str | None, name: str) -> int:
         if (job is None) == (commit is None):
@@ -106,8 +106,8 @@ def report_endpoint(
     ] = None,
 ) -> PlainTextResponse:
     """The Markdown test report of a job, compared with `base` when given."""
-    from service.baselines import NotFound
-    from service.report import build_report
+    from service.domain.baselines import NotFound
+    from service.domain.report import build_report
 
     try:
         text, _ = build_report(session, [job_id], base or [], _base_url(request))

@@ -21,7 +21,6 @@ from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service import db, queue, store
 from service.api.schemas import (
     ArtifactOut,
     BaselineOut,
@@ -37,8 +36,9 @@ from service.api.schemas import (
     SampleOut,
     SuiteOut,
 )
-from service.artifacts import MAX_NAME, artifact_url
-from service.models import Baseline, Job
+from service.persistence import db, queue, store
+from service.persistence.artifacts import MAX_NAME, artifact_url
+from service.persistence.models import Baseline, Job
 from service.web_session import READ_METHODS, has_session
 from workers.refs import HEX_SHA
 from workers.registry import get_suite, suite_names

@@ -1,7 +1,7 @@
 """The results pages: jobs, job, compare, history, suites. Server-rendered (Jinja2), no CDN.
 
 `service.app.create_app` includes `router` when this module exists. Pages read through
-`service.store` (and `service.web.queries` for plot data), shape rows with `service.web.views`
+`service.persistence.store` (and `service.web.queries` for plot data), shape rows with `service.web.views`
 and draw with `service.web.charts`; the only JavaScript polls a partial endpoint for live progress.
 """
 
@@ -22,15 +22,15 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import store
-from service.artifacts import artifact_url
-from service.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
+from service.persistence import store
+from service.persistence.artifacts import artifact_url
+from service.persistence.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
 from service.web import charts, queries, views
 from service.web_session import COOKIE, has_session, session_keys
 from workers import verdict
 from workers.suite import PRESETS
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # service/web: templates/ and static/
 STATIC = HERE / "static"
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 
@@ -214,7 +214,7 @@ def submit_job(
         return again(422, f"Parameters and labels must be JSON objects: {exc}")
     from pydantic import ValidationError
 
-    from service import queue
+    from service.persistence import queue
 
     state = request.app.state
     try:  # the API's own submit path: same validation, same queue
@@ -437,7 +437,7 @@ def _deadline(request: Request, job: Job) -> str:
 @pages.get("/jobs/{job_id}/report.md")
 def job_report(request: Request, job_id: int, session: Session = Depends(get_session)) -> Response:
     """The job's Markdown test report (the same text `gdnval report` prints)."""
-    from service.report import build_report
+    from service.domain.report import build_report
 
     if store.get_job(session, job_id) is None:
         raise HTTPException(404, f"no job #{job_id}")
@@ -451,7 +451,7 @@ def compare_report(
     request: Request, base: int, head: int, session: Session = Depends(get_session)
 ) -> Response:
     """The Markdown report of `head` compared with `base` (job ids)."""
-    from service.report import build_report
+    from service.domain.report import build_report
 
     for job_id in (base, head):
         if store.get_job(session, job_id) is None:
@@ -559,7 +559,7 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
 
 def _compare(session: Session, base_id: int, head_id: int) -> Any:
     """The compare engine over two stored jobs (the loader turns jobs into sides)."""
-    from service.baselines import compare_jobs
+    from service.domain.baselines import compare_jobs
 
     return compare_jobs(session, base_id, head_id)
 

@@ -1,0 +1,1 @@
+"""The pages' routers, one module per page."""
