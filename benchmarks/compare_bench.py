@@ -83,7 +83,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
     from service.domain.baselines import compare_jobs
     from service.persistence import store
     from service.persistence.db import make_engine, upgrade
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
     from workers.suite import Case
 
     tmp = tempfile.mkdtemp(prefix="gdnval-compare-bench-")
@@ -92,7 +92,8 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
     ids = []
     for side in (base, head):
         with Session(engine) as s, s.begin():
-            job = Job(suite="bench", preset="full", params={}, device="cpu", world_size=4, status="succeeded")
+            job = JobRow(suite="bench", preset="full", params={}, device="cpu", world_size=4,
+                         status="succeeded")
             s.add(job)
             s.flush()
             mids = store.ensure_metrics(s, "bench", side.metrics.values())

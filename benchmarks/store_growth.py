@@ -36,8 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence import db, store
-from service.persistence.models import Case as CaseRow
-from service.persistence.models import Job
+from service.persistence.models import CaseRow, JobRow
 from workers.suite import Case, Metric
 
 SUITES = ("growth-a", "growth-b")
@@ -63,7 +62,7 @@ def grow(engine: Any, first: int, last: int, rng: np.random.Generator) -> tuple[
         t0 = time.perf_counter()
         with db.write_tx(engine) as s:
             commit = store.ensure_commit(s, f"{n:040x}")
-            job = Job(suite=suite, preset="quick", params={}, device="cuda", world_size=RANKS,
+            job = JobRow(suite=suite, preset="quick", params={}, device="cuda", world_size=RANKS,
                       status="running", attempts=1, commit=commit, progress_total=CASES,
                       info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
             s.add(job)
@@ -83,7 +82,7 @@ def grow(engine: Any, first: int, last: int, rng: np.random.Generator) -> tuple[
                 store.set_case_result(s, job_id, cids[c.name], "passed", None)
         store.finish_summary(engine, job_id, 1)
         with db.write_tx(engine) as s:
-            s.get(Job, job_id).status = "succeeded"
+            s.get(JobRow, job_id).status = "succeeded"
         store.record_verdict(engine, job_id, ran=True)
         spent += time.perf_counter() - t0
         samples += len(rows)
@@ -109,7 +108,9 @@ def time_get(client: Any, path: str, repeat: int) -> tuple[float, float]:
 def pages(engine: Any) -> dict[str, str]:
     """The paths timed at each size (they move with the newest jobs)."""
     with Session(engine) as s:
-        newest = s.scalars(select(Job).where(Job.suite == SUITES[0]).order_by(Job.id.desc()).limit(2)).all()
+        newest = s.scalars(
+            select(JobRow).where(JobRow.suite == SUITES[0]).order_by(JobRow.id.desc()).limit(2)
+        ).all()
         head, base = newest[0], newest[1]
         case = s.scalar(select(CaseRow).where(CaseRow.suite == SUITES[0]).order_by(CaseRow.id).limit(1))
         fp = case.fingerprint

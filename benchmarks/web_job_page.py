@@ -37,7 +37,7 @@ import contextlib
 from sqlalchemy import select
 
 from service.persistence import db, store
-from service.persistence.models import Job, SampleRow
+from service.persistence.models import JobRow, SampleRow
 from workers.suite import Case, Metric
 
 SUITE = "web-bench"
@@ -54,8 +54,8 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 
-def _job(s: Session, world: int, status: str) -> Job:
-    job = Job(suite=SUITE, preset="full", params={}, device="cuda", world_size=world, status=status,
+def _job(s: Session, world: int, status: str) -> JobRow:
+    job = JobRow(suite=SUITE, preset="full", params={}, device="cuda", world_size=world, status=status,
               attempts=1, info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
     s.add(job)
     s.flush()
@@ -126,7 +126,7 @@ def finish(engine, job_id: int, last_case: int) -> float:
     store.finish_summary(engine, job_id, 1)
     dt = time.perf_counter() - t0
     with Session(engine) as s, s.begin():
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     return dt
 
 

@@ -95,12 +95,12 @@ def _demo_jobs(app: FastAPI) -> None:
     job that cannot be queued (its suite not registered, too many ranks) is logged, the others
     still go."""
     from service.persistence import queue
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
     from workers.registry import suite_names
 
     state = app.state
     with Session(state.engine) as s:
-        if s.scalar(select(func.count()).select_from(Job)):
+        if s.scalar(select(func.count()).select_from(JobRow)):
             return
     names = set(suite_names())
     for spec in DEMO_JOBS:

@@ -27,14 +27,13 @@ from sqlalchemy.orm import Session
 
 from service.persistence import queue, store
 from service.persistence.db import write_tx
-from service.persistence.models import CASE_STATUSES, Job, MetricDef
+from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.settings import Settings
 from workers.deadline import job_deadline_s
 from workers.executors.base import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
-from workers.suite import Case as SuiteCase
-from workers.suite import Metric, Sample
+from workers.suite import Case, Metric, Sample
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
@@ -43,7 +42,7 @@ MAX_LOG_LINE = 10_000
 class StoreSink:
     """The `workers.executors.base.JobSink` of one job run: thread-safe, writes through at once."""
 
-    def __init__(self, engine: Engine, job: Job, artifacts_dir: Path) -> None:
+    def __init__(self, engine: Engine, job: JobRow, artifacts_dir: Path) -> None:
         self.engine = engine
         self.job_id = job.id
         self.attempt = max(1, job.attempts)
@@ -71,7 +70,7 @@ class StoreSink:
     def _case_id(self, s: Session, name: str) -> int:
         if name not in self.case_ids:
             self.case_ids.update(
-                store.ensure_cases(s, [SuiteCase(self.suite, name, {"undeclared": name})], self.device,
+                store.ensure_cases(s, [Case(self.suite, name, {"undeclared": name})], self.device,
                                    self.world_size)
             )  # fmt: skip
             store.add_event(
@@ -81,7 +80,7 @@ class StoreSink:
 
     def _metric_id(self, s: Session, name: str) -> int:
         if name not in self.metric_ids:
-            row = MetricDef(suite=self.suite, name=name)
+            row = MetricRow(suite=self.suite, name=name)
             s.add(row)
             s.flush()
             self.metric_ids[name] = row.id
@@ -140,7 +139,7 @@ class StoreSink:
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         with self._lock, write_tx(self.engine) as s:
-            job = s.get(Job, self.job_id)
+            job = s.get(JobRow, self.job_id)
             if job is None:
                 return
             job.progress_done, job.progress_total, job.progress_message = done, total, message[:1000]
@@ -150,7 +149,7 @@ class StoreSink:
         info = dict(info)
         defs = info.pop("metrics", None)  # the job's own code's metric definitions
         with self._lock, write_tx(self.engine) as s:
-            job = s.get(Job, self.job_id)
+            job = s.get(JobRow, self.job_id)
             if job is None:
                 return
             if defs:  # what this job's summaries are judged and stored with
@@ -250,7 +249,7 @@ class Dispatcher:
         most: dict[tuple[str, str | None], int] = {}
         claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
 
-        def fits(job: Job) -> bool:
+        def fits(job: JobRow) -> bool:
             """Placeable now; or never placeable (the cluster shrank since the submit): then it
             is claimed too, and the executor fails it with the reason instead of it blocking its
             kind's queue for good."""
@@ -279,7 +278,7 @@ class Dispatcher:
                 self._running[job.id] = (thread, cancel)
             thread.start()
 
-    def _run_job(self, job: Job, cancel: threading.Event) -> None:
+    def _run_job(self, job: JobRow, cancel: threading.Event) -> None:
         try:
             outcome = self._execute(job, cancel)
             if self._stop.is_set() and outcome.status == "cancelled":
@@ -303,7 +302,7 @@ class Dispatcher:
                 self._running.pop(job.id, None)
             self._wake.set()
 
-    def _execute(self, job: Job, cancel: threading.Event) -> JobOutcome:
+    def _execute(self, job: JobRow, cancel: threading.Event) -> JobOutcome:
         try:
             deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
                                       self.settings.job_deadline_s)  # fmt: skip

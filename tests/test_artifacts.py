@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from service.app import create_app
 from service.persistence import store
 from service.persistence.artifacts import artifact_path, store_key
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from service.settings import Settings
 
 
@@ -24,7 +24,7 @@ def _app(tmp_path: Path, name: str, artifacts: Path, **kw: object) -> TestClient
 def _job_with(http: TestClient, artifacts: Path, files: dict[str, bytes]) -> int:
     engine = http.app.state.engine
     with Session(engine) as s, s.begin():
-        job = Job(suite="capability", preset="quick", params={}, device="cpu", world_size=1,
+        job = JobRow(suite="capability", preset="quick", params={}, device="cpu", world_size=1,
                   status="succeeded")  # fmt: skip
         s.add(job)
         s.flush()

@@ -21,7 +21,7 @@ from service.dispatcher import StoreSink
 from service.domain.baselines import load_side
 from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
 from service.persistence import db, queue, store
-from service.persistence.models import CaseResult, Job
+from service.persistence.models import CaseResultRow, JobRow
 from service.settings import Settings
 from service.web import queries, views
 from tests.gate_suite_for_tests import SUITE_MODULE
@@ -44,10 +44,11 @@ def _samples(case: str, n: int = 6) -> list[Sample]:
     return [Sample(case, "time_ms", 10.0 + i, rank=0, idx=i) for i in range(n)]
 
 
-def _retry(engine: Any, job_id: int) -> Job:
+def _retry(engine: Any, job_id: int) -> JobRow:
     """The first run's dispatcher dies (no heartbeat): settled, re-queued, claimed again."""
     with db.write_tx(engine) as s:
-        s.execute(update(Job).where(Job.id == job_id).values(claimed_by="gone:1:dead", heartbeat_at=None))
+        s.execute(update(JobRow).where(JobRow.id == job_id)
+                  .values(claimed_by="gone:1:dead", heartbeat_at=None))
     assert queue.settle_orphans(engine, "second", lease_s=60, max_attempts=3) == [(job_id, "queued")]
     job = queue.claim(engine, "second", LIMITS)
     assert job is not None and job.id == job_id and job.attempts == 2
@@ -71,7 +72,7 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
     assert counts is not None
     badges = re.findall(r'<span class="badge [^"]*">([^<]*)</span>', counts.group(1))
     with Session(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         listed = queries.job_case_counts(s, [job_id]).get(job_id, {})
         compared = {c.name: c.status for c in load_side(s, job_id).cases.values()}
         verdict = views.job_verdict(job.status, job.verdict, listed)[0]
@@ -83,9 +84,9 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
 def _rows(engine: Any, job_id: int) -> list[tuple[int, str, str]]:
     with Session(engine) as s:
         q = (
-            select(CaseResult.attempt, CaseResult.case_id, CaseResult.status)
-            .where(CaseResult.job_id == job_id)
-            .order_by(CaseResult.attempt, CaseResult.case_id)
+            select(CaseResultRow.attempt, CaseResultRow.case_id, CaseResultRow.status)
+            .where(CaseResultRow.job_id == job_id)
+            .order_by(CaseResultRow.attempt, CaseResultRow.case_id)
         )
         return [tuple(r) for r in s.execute(q)]
 
@@ -175,8 +176,8 @@ def _rerun(engine: Any, job_id: int, latest: str | None, stale: str) -> None:
     its interrupted attempt 1 reported the case once more as `stale`."""
     boom = "Traceback\nRuntimeError: boom"
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).attempts = 2
-        ((cid,),) = s.execute(select(CaseResult.case_id).where(CaseResult.job_id == job_id)).all()
+        s.get(JobRow, job_id).attempts = 2
+        ((cid,),) = s.execute(select(CaseResultRow.case_id).where(CaseResultRow.job_id == job_id)).all()
         store.drop_earlier_case_results(s, job_id, 2)
         if latest is not None:
             store.set_case_result(s, job_id, cid, latest, boom if latest == "error" else None, attempt=2)

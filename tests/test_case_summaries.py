@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.dispatcher import Dispatcher, StoreSink
 from service.persistence import db, queue, store
-from service.persistence.models import Job, SummaryRow
+from service.persistence.models import JobRow, SummaryRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
 from workers.suite import Sample
@@ -33,9 +33,9 @@ def engine(tmp_path: Path):
     eng.dispose()
 
 
-def _running_job(engine, attempts: int = 1) -> Job:
+def _running_job(engine, attempts: int = 1) -> JobRow:
     with Session(engine, expire_on_commit=False) as s, s.begin():
-        job = Job(suite=FAKE, preset="quick", params={"cases": 3}, device="cpu", world_size=WORLD,
+        job = JobRow(suite=FAKE, preset="quick", params={"cases": 3}, device="cpu", world_size=WORLD,
                   status="running", attempts=attempts)  # fmt: skip
         s.add(job)
     return job
@@ -143,7 +143,7 @@ def test_a_retried_case_never_shows_the_earlier_attempts_summary(engine, tmp_pat
     assert _stored_cases(engine, job.id, 1) == {c0}
 
     with Session(engine, expire_on_commit=False) as s, s.begin():  # interrupted, re-queued, claimed again
-        retry = s.get(Job, job.id)
+        retry = s.get(JobRow, job.id)
         retry.attempts = 2
     with Session(engine) as s:  # attempt 2 has not reported yet: nothing, not attempt 1's numbers
         assert store.summarize_job(s, job.id) == {}
@@ -179,7 +179,7 @@ def test_job_end_computes_only_cases_left_without_a_summary(engine, tmp_path: Pa
     assert store.finish_summary(engine, job.id, 1) == 2  # c1's two metrics
     with Session(engine) as s, s.begin():
         live = store.compute_summary(s, job.id)
-        s.get(Job, job.id).status = "cancelled"
+        s.get(JobRow, job.id).status = "cancelled"
     with Session(engine) as s:
         assert store.stored_summary(s, job.id, 1) == live
         assert store.summarize_job(s, job.id) == live
@@ -210,7 +210,7 @@ def test_dispatcher_run_stores_each_case_as_it_ends(engine, tmp_path: Path, monk
         deadline = time.monotonic() + 30
         while True:
             with Session(engine) as s:
-                if s.get(Job, job.id).status == "succeeded":
+                if s.get(JobRow, job.id).status == "succeeded":
                     break
             assert time.monotonic() < deadline, "the job did not finish"
             time.sleep(0.05)

@@ -20,7 +20,7 @@ from service.domain.baselines import (
 )
 from service.persistence import store
 from service.persistence.db import make_engine, upgrade
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from workers.suite import Case, Metric
 
 SUITE = "cmpstore"
@@ -47,8 +47,8 @@ def add_job(engine, sha: str, *, slow: float = 1.0, nan_step: int | None = None,
     with Session(engine) as s, s.begin():
         commit = store.ensure_commit(s, sha)
         # cuda: 1 % noise is a quiet device's (on cpu an undeclared time counts from 2x only)
-        job = Job(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cuda", world_size=ranks,
-                  status=status)
+        job = JobRow(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cuda",
+                     world_size=ranks, status=status)
         s.add(job)
         s.flush()
         mids = store.ensure_metrics(s, SUITE, METRICS)

@@ -153,12 +153,12 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
 
     engine = create_engine(settings.db_url)
     with Session(engine) as s:
         for side, sha in (("base", right), ("head", wrong)):
-            job = s.get(Job, data["comparisons"][0][side]["job_id"])
+            job = s.get(JobRow, data["comparisons"][0][side]["job_id"])
             prov = {b["backend"]: b for b in job.info["backends"]}
             assert (prov["extgdn"]["distribution"], prov["extgdn"]["version"]) == ("ext-gdn", "0.2.0")
             assert prov["extgdn"]["commit"] == sha and prov["eager"]["distribution"] == "gdnval"

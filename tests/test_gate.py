@@ -26,7 +26,7 @@ from service.domain.gate import (
     evaluate_gate,
 )
 from service.persistence import queue, store
-from service.persistence.models import Commit, Job
+from service.persistence.models import CommitRow, JobRow
 from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
@@ -56,7 +56,7 @@ class FakeRunner:
 
     def run(self, job_id: int) -> None:
         with Session(self.engine) as s, s.begin():
-            job = s.get(Job, job_id)
+            job = s.get(JobRow, job_id)
             sha = job.commit_sha
             n = self.runs[sha] = self.runs.get(sha, 0) + 1
             if sha in BROKEN:
@@ -163,7 +163,7 @@ def test_cancelled_base_job_means_could_not_run(env) -> None:
     runner.run_now = False
     gate(env, head=B, base=A, run_id="c")
     with Session(engine) as s, s.begin():
-        s.execute(update(Job).where(Job.id == runner.submitted[1]).values(status="cancelled"))
+        s.execute(update(JobRow).where(JobRow.id == runner.submitted[1]).values(status="cancelled"))
     state = gate(env, head=B, base=A, run_id="c")
     assert state.exit_code == EXIT_INFRA and "base job" in state.reason and "cancelled" in state.reason
 
@@ -174,7 +174,7 @@ def test_baselines_parents_and_job_bases(env) -> None:
     base_job = next(j.job_id for j in first.jobs if j.role == "base")
     with Session(engine) as s, s.begin():
         store.set_baseline(s, "main", commit=A)
-        s.execute(update(Commit).where(Commit.sha == C).values(parent=B))
+        s.execute(update(CommitRow).where(CommitRow.sha == C).values(parent=B))
         store.ensure_commit(s, E, parent=A)
     named = gate(env, head=B, baseline="main")
     assert named.exit_code == EXIT_PASS and "baseline 'main'" in named.base_source
@@ -212,7 +212,7 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
     ok = gate(env, head=B, base=A, params={"repeats": 12})  # overrides reach every job
     assert ok.exit_code == EXIT_PASS
     with Session(engine) as s:
-        assert {s.get(Job, j.job_id).params["repeats"] for j in ok.jobs} == {12}
+        assert {s.get(JobRow, j.job_id).params["repeats"] for j in ok.jobs} == {12}
 
 
 def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
@@ -237,12 +237,12 @@ def test_giving_up_cancels_the_jobs_the_gate_queued(env) -> None:
     gate(env, head=B, base=A, run_id="g")
     head_id, base_id = runner.submitted
     with Session(engine) as s, s.begin():
-        s.execute(update(Job).where(Job.id == base_id).values(status="failed", error="rank 0 died"))
+        s.execute(update(JobRow).where(JobRow.id == base_id).values(status="failed", error="rank 0 died"))
     state = gate(env, head=B, base=A, run_id="g")
     assert state.exit_code == EXIT_INFRA
     assert f"cancelled the gate's pending job(s) [{head_id}]" in state.reason
     with Session(engine) as s:
-        assert s.get(Job, head_id).status == "cancelled"
+        assert s.get(JobRow, head_id).status == "cancelled"
 
 
 def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(env) -> None:

@@ -231,7 +231,7 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
 
     from service.dispatcher import Dispatcher
     from service.persistence import db, queue
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
     from service.settings import Settings
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'q.db'}", poll_interval_s=0.1,
@@ -240,9 +240,9 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
 
-    def status(job_id: int) -> Job:
+    def status(job_id: int) -> JobRow:
         with Session(engine) as s:
-            return s.get(Job, job_id)
+            return s.get(JobRow, job_id)
 
     def wait(cond, timeout: float = 90.0) -> None:
         end = time.monotonic() + timeout

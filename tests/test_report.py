@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from service.domain.report import build_report, comparison_markdown, gate_markdown
 from service.persistence import store
 from service.persistence.db import make_engine, upgrade
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from workers.suite import Case, Metric
 
 SUITE = "reportdemo"
@@ -52,7 +52,7 @@ def add_job(
 ) -> int:
     with Session(engine) as s, s.begin():
         commit = store.ensure_commit(s, sha)
-        job = Job(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
+        job = JobRow(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
                   status="succeeded", info={**INFO, "commit": sha})  # fmt: skip
         s.add(job)
         s.flush()
@@ -160,7 +160,7 @@ def test_report_errors_name_the_job(engine) -> None:
         build_report(s, [77])
     with Session(engine) as s, pytest.raises(ValueError, match="ran suite"):
         with Session(engine) as s2, s2.begin():
-            other = Job(suite="other", preset="quick", params={}, device="cpu", world_size=1,
+            other = JobRow(suite="other", preset="quick", params={}, device="cpu", world_size=1,
                         status="succeeded")  # fmt: skip
             s2.add(other)
             s2.flush()

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from service.domain.baselines import load_side
 from service.persistence import db, store
-from service.persistence.models import Base, CaseResult, Job, SampleRow
+from service.persistence.models import Base, CaseResultRow, JobRow, SampleRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _job(engine, world_size: int = 2, cases: int = 1) -> tuple[int, dict[str, in
     with Session(engine) as s, s.begin():
         mids = store.ensure_metrics(s, "s", METRICS)
         cids = store.ensure_cases(s, [Case("s", f"c{i}", {"i": i}) for i in range(cases)], "cpu", world_size)
-        job = Job(
+        job = JobRow(
             suite="s", preset="quick", device="cpu", world_size=world_size, status="running", attempts=1
         )
         s.add(job)
@@ -102,7 +102,8 @@ def test_migration_tags_existing_case_results_with_their_jobs_attempt(db_url: st
                           "(2, 1, 'passed', NULL, '2026-01-01')"))  # fmt: skip
     db.upgrade(eng)
     with Session(eng) as s:
-        q = select(CaseResult.job_id, CaseResult.attempt, CaseResult.status).order_by(CaseResult.job_id)
+        r = CaseResultRow
+        q = select(r.job_id, r.attempt, r.status).order_by(r.job_id)
         assert s.execute(q).all() == [(1, 2, "failed"), (2, 1, "passed")]
         assert [(c.status, c.error) for c in store.case_summaries(s, 1)] == [("failed", "bound")]
         assert [c.status for c in store.case_summaries(s, 2)] == ["passed"]  # still shown
@@ -134,7 +135,7 @@ def test_write_tx_takes_the_write_lock_at_begin(sqlite_engine) -> None:
     engine = sqlite_engine
     other = sqlite3.connect(engine.url.database, timeout=0.2, isolation_level=None)
     with db.write_tx(engine) as s:
-        s.execute(select(func.count()).select_from(Job)).scalar()  # read only, yet the lock is held
+        s.execute(select(func.count()).select_from(JobRow)).scalar()  # read only, yet the lock is held
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             other.execute("BEGIN IMMEDIATE")
     other.execute("BEGIN IMMEDIATE")  # free again after commit
@@ -151,7 +152,7 @@ def test_write_tx_serialises_writers_on_every_store(engine) -> None:
 
     def first() -> None:
         with db.write_tx(engine) as s:
-            s.execute(select(func.count()).select_from(Job)).scalar()
+            s.execute(select(func.count()).select_from(JobRow)).scalar()
             held.set()
             time.sleep(0.5)
             times["first_end"] = time.monotonic()
@@ -160,7 +161,7 @@ def test_write_tx_serialises_writers_on_every_store(engine) -> None:
     t.start()
     assert held.wait(10)
     with db.write_tx(engine) as s:
-        s.execute(select(func.count()).select_from(Job)).scalar()  # SQLite takes its lock here
+        s.execute(select(func.count()).select_from(JobRow)).scalar()  # SQLite takes its lock here
         times["second_start"] = time.monotonic()
     t.join()
     assert times["second_start"] >= times["first_end"]
@@ -220,7 +221,7 @@ def test_stored_summary_equals_live_and_is_read_for_finished_jobs(engine) -> Non
     with Session(engine) as s, s.begin():
         live = store.compute_summary(s, job_id)
         assert store.store_summary(s, job_id) == len(live) == 6
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, 99, 1e9)])  # after the end
     with Session(engine) as s:
         stored = store.summarize_job(s, job_id)
@@ -233,7 +234,7 @@ def test_summaries_read_only_the_latest_attempt(engine) -> None:
         engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 100.0) for i in range(5)], attempt=1
     )
     with Session(engine) as s, s.begin():
-        s.get(Job, job_id).attempts = 2
+        s.get(JobRow, job_id).attempts = 2
     store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 1.0) for i in range(5)], attempt=2)
     with Session(engine) as s:
         ms = store.case_summaries(s, job_id)[0].metrics["t_ms"]
@@ -249,7 +250,7 @@ def test_fingerprint_series_across_jobs(engine) -> None:
         job_id, cids, mids = _job(engine, world_size=1)
         store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, float(k)) for i in range(4)])
         with Session(engine) as s, s.begin():
-            s.get(Job, job_id).status = "succeeded"
+            s.get(JobRow, job_id).status = "succeeded"
         ids.append(job_id)
     fp = Case("s", "c0", {"i": 0}).fingerprint("cpu", 1)
     with Session(engine) as s:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.domain.baselines import find_commit_job
 from service.persistence import db, store
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from service.web import queries
 from workers.suite import Case, Metric
 
@@ -37,7 +37,7 @@ def add_job(engine, sha: str, status: str = "succeeded", value: float = 1.0) -> 
     cases = [Case(SUITE, "a", {"i": 0}), Case(SUITE, "b", {"i": 1})]
     with db.write_tx(engine) as s:
         commit = store.ensure_commit(s, sha)
-        job = Job(suite=SUITE, preset="quick", params={}, device="cpu", world_size=1, status="running",
+        job = JobRow(suite=SUITE, preset="quick", params={}, device="cpu", world_size=1, status="running",
                   attempts=1, commit=commit)  # fmt: skip
         s.add(job)
         s.flush()
@@ -49,7 +49,7 @@ def add_job(engine, sha: str, status: str = "succeeded", value: float = 1.0) -> 
     store.insert_samples(engine, job_id, rows)
     store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).status = status
+        s.get(JobRow, job_id).status = status
     return job_id
 
 

@@ -32,8 +32,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.orm import Session
 
 from service.persistence import db, store
-from service.persistence.models import Case as CaseRow
-from service.persistence.models import Job
+from service.persistence.models import CaseRow, JobRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +99,7 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
     now = datetime.now(UTC) - timedelta(minutes=minutes_ago)
     with Session(engine) as s, s.begin():
         c = store.ensure_commit(s, commit)
-        job = Job(suite=suite, preset="full", params=GDN_PARAMS if suite == GDN else {},
+        job = JobRow(suite=suite, preset="full", params=GDN_PARAMS if suite == GDN else {},
                   commit_id=c.id if c else None, device="cuda", world_size=world, status=status,
                   progress_done=len(cases), progress_total=len(cases), attempts=1,
                   info={"device_name": "NVIDIA H200", "driver": "570.86", "torch": "2.13.0",
@@ -198,12 +197,12 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
     with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
         store.save_artifact(s, head, TRACE_NAME, "application/gzip", gzip.compress(TRACE), artifacts_dir)
     with Session(engine) as s, s.begin():
-        j = s.get(Job, running)
+        j = s.get(JobRow, running)
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
         # held by another (live) dispatcher: the test server's own dispatcher leaves it alone
         j.claimed_by, j.heartbeat_at = "elsewhere:1:web-test", datetime.now(UTC)
         store.set_baseline(s, "release", job_id=base, note="last release")
-        j = s.get(Job, failed)
+        j = s.get(JobRow, failed)
         j.error = "rank 0 raised RuntimeError: CUDA error: an illegal memory access was encountered"
     fps = {c.name: c.fingerprint("cuda", 1) for c in _gdn_cases()}
     fps |= {c.name: c.fingerprint("cuda", CP_WORLD) for c in _cp_cases()}
@@ -417,7 +416,7 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
     cases = [Case(suite, f"T{16 * (i + 1)}k", {"seq_len": 16384 * (i + 1)}) for i in range(16)]
     rng = np.random.default_rng(0)
     with db.write_tx(engine) as s:
-        job = Job(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
+        job = JobRow(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
                   attempts=1)  # fmt: skip
         s.add(job)
         s.flush()
@@ -436,7 +435,7 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
     store.insert_samples(engine, job_id, rows)
     store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     with Session(engine) as s:
         fps = [s.get(CaseRow, cids[c.name]).fingerprint for c in cases]
     return job_id, fps, len(rows)
@@ -489,17 +488,17 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     page.evaluate("window.__marker = 'same page'")
     # the live server's dispatcher writes too: read-modify-write takes the lock at BEGIN (db.write_tx)
     with db.write_tx(engine) as s:
-        s.get(Job, seeded.running).progress_done = 4
+        s.get(JobRow, seeded.running).progress_done = 4
     expect(running).to_contain_text("4/6", timeout=10_000)
     with db.write_tx(engine) as s:  # a job submitted elsewhere appears by itself
-        new = Job(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
+        new = JobRow(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
                   claimed_by="elsewhere:1:web-test", heartbeat_at=datetime.now(UTC), progress_total=3)
         s.add(new)
         s.flush()
         new_id = new.id
     expect(job_row(new_id)).to_contain_text("0/3", timeout=10_000)
     with db.write_tx(engine) as s:
-        j = s.get(Job, seeded.running)
+        j = s.get(JobRow, seeded.running)
         j.status, j.progress_done, j.finished_at = "cancelled", 6, datetime.now(UTC)
     expect(running).to_contain_text("cancelled", timeout=10_000)
     assert page.evaluate("window.__marker") == "same page"  # refreshed in place, not reloaded

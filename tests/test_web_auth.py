@@ -63,13 +63,13 @@ def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, t
     from sqlalchemy.orm import Session
 
     from service.persistence import store
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
     from service.web_session import COOKIE
     from workers.suite import Case, Metric
 
     engine = client.app.state.engine
     with Session(engine) as s, s.begin():
-        job = Job(suite="s", preset="quick", device="cpu", world_size=1, status="succeeded", attempts=1)
+        job = JobRow(suite="s", preset="quick", device="cpu", world_size=1, status="succeeded", attempts=1)
         s.add(job)
         s.flush()
         mid = store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time")])["t_ms"]

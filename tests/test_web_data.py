@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.persistence import db, store
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from service.settings import Settings
 from service.web import charts
 from workers.suite import Case, Metric
@@ -31,8 +31,8 @@ def page_html(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     rng = np.random.default_rng(0)
     cases = [Case(SUITE, "big", {"seq_len": 8192})]
     with Session(engine) as s, s.begin():
-        job = Job(suite=SUITE, preset="full", params={}, device="cuda", world_size=RANKS, status="succeeded",
-                  attempts=1, info={})
+        job = JobRow(suite=SUITE, preset="full", params={}, device="cuda", world_size=RANKS,
+                     status="succeeded", attempts=1, info={})
         s.add(job)
         s.flush()
         mids = store.ensure_metrics(s, SUITE, METRICS)

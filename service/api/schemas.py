@@ -13,7 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from service.persistence.models import Job
+from service.persistence.models import JobRow
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 
 Device = Literal["cuda", "npu", "cpu"]
@@ -89,7 +89,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: JobRow) -> JobOut:
         return cls(
             id=job.id, status=job.status, verdict=job.verdict, case_counts=job.case_counts,
             cases=job.cases, suite=job.suite, preset=job.preset, params=job.params or {},

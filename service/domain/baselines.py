@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session
 
 from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
 from service.persistence.models import (
-    Baseline,
-    Case,
-    CaseResult,
-    Commit,
-    Job,
-    MetricDef,
+    BaselineRow,
+    CaseResultRow,
+    CaseRow,
+    CommitRow,
+    JobRow,
+    MetricRow,
     SampleRow,
     SummaryRow,
 )
@@ -36,7 +36,7 @@ class NotFound(LookupError):
     """A job, commit, baseline or job of a commit that is not in the store; the message names it."""
 
 
-def job_ref(job: Job) -> JobRef:
+def job_ref(job: JobRow) -> JobRef:
     return JobRef(
         job_id=job.id,
         suite=job.suite,
@@ -50,7 +50,7 @@ def job_ref(job: Job) -> JobRef:
     )
 
 
-def metric_of(row: MetricDef) -> Metric:
+def metric_of(row: MetricRow) -> Metric:
     return Metric(
         name=row.name,
         unit=row.unit or "",
@@ -64,27 +64,27 @@ def metric_of(row: MetricDef) -> Metric:
 
 def load_side(session: Session, job_id: int) -> JobSide:
     """A job's cases, metric definitions and raw samples, as the compare engine wants them."""
-    job = session.get(Job, job_id)
+    job = session.get(JobRow, job_id)
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
-    metric_rows = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == job.suite))}
+    metric_rows = {m.id: m for m in session.scalars(select(MetricRow).where(MetricRow.suite == job.suite))}
     # a re-queued job keeps its interrupted run's samples (and a stale run may still write case
     # results under its attempt): read the latest run only, samples and statuses alike
     attempt = max(1, job.attempts or 0)
     higher = [m.id for m in metric_rows.values() if m.direction == "higher"]
     arr = _worst_rank_rows(session, job_id, attempt, higher, job.world_size)
     results = session.execute(
-        select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(
-            CaseResult.job_id == job_id, CaseResult.attempt == attempt
+        select(CaseResultRow.case_id, CaseResultRow.status, CaseResultRow.error).where(
+            CaseResultRow.job_id == job_id, CaseResultRow.attempt == attempt
         )
     ).all()
     case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
     metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)
     all_case_ids = set(case_ids_s.tolist()) | {r[0] for r in results}
-    case_rows = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(all_case_ids)))}
+    case_rows = {c.id: c for c in session.scalars(select(CaseRow).where(CaseRow.id.in_(all_case_ids)))}
     missing = set(metric_ids_s.tolist()) - set(metric_rows)
     if missing:  # a metric of another suite name (renamed suite): still load its definition
-        extra = session.scalars(select(MetricDef).where(MetricDef.id.in_(missing)))
+        extra = session.scalars(select(MetricRow).where(MetricRow.id.in_(missing)))
         metric_rows.update({m.id: m for m in extra})
     by_result = {cid: (status, error) for cid, status, error in results}
     cases: dict[str, CaseInfo] = {}
@@ -215,23 +215,23 @@ def find_commit_job(
     world_size: int | None = None,
     params: Mapping[str, Any] | None = None,
     statuses: tuple[str, ...] = ("succeeded",),
-) -> Job | None:
+) -> JobRow | None:
     """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
     submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
     from service.persistence.store import commit_ids
 
     q = (
-        select(Job)
-        .where(Job.commit_id.in_(commit_ids(sha, min_prefix=7)), Job.suite == suite,
-               Job.status.in_(statuses))
-        .order_by(Job.id.desc())
+        select(JobRow)
+        .where(JobRow.commit_id.in_(commit_ids(sha, min_prefix=7)), JobRow.suite == suite,
+               JobRow.status.in_(statuses))
+        .order_by(JobRow.id.desc())
     )
     if preset is not None:
-        q = q.where(Job.preset == preset)
+        q = q.where(JobRow.preset == preset)
     if device is not None:
-        q = q.where(Job.device == device)
+        q = q.where(JobRow.device == device)
     if world_size is not None:
-        q = q.where(Job.world_size == world_size)
+        q = q.where(JobRow.world_size == world_size)
     want = dict(params or {})
     for job in session.scalars(q.limit(50)).unique():
         if job.cases:  # a re-measurement of some cases (the gate's), not the commit's job
@@ -326,9 +326,9 @@ def resolve_base(
     if baseline:
         if session is None:
             raise ValueError(f"baseline {baseline!r} needs the store")
-        row = session.scalars(select(Baseline).where(Baseline.name == baseline)).unique().first()
+        row = session.scalars(select(BaselineRow).where(BaselineRow.name == baseline)).unique().first()
         if row is None:
-            names = sorted(session.scalars(select(Baseline.name)))
+            names = sorted(session.scalars(select(BaselineRow.name)))
             raise NotFound(f"no baseline named {baseline!r}; expected one of {names}")
         if row.job_id is not None:
             return BaseRef("job", str(row.job_id), f"baseline {baseline!r} (job {row.job_id})")
@@ -340,7 +340,8 @@ def resolve_base(
         if parent:
             return BaseRef("commit", parent, f"parent of {head[:12]} in the repository")
     if session is not None:
-        crow = session.scalars(select(Commit).where(Commit.sha.startswith(head, autoescape=True))).first()
+        q = select(CommitRow).where(CommitRow.sha.startswith(head, autoescape=True))
+        crow = session.scalars(q).first()
         if crow is not None and crow.parent:
             return BaseRef("commit", crow.parent, f"parent of {head[:12]} recorded in the store")
     raise NotFound(

@@ -541,10 +541,10 @@ def _tail(text: str | None) -> str:
 def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
     from sqlalchemy.orm import Session
 
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
 
     with Session(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         return _job_view(job, role, True) if job is not None else None
 
 
@@ -566,12 +566,12 @@ def _ensure_job(
     from sqlalchemy.orm import Session
 
     from service.domain.baselines import find_commit_job
-    from service.persistence.models import Job
+    from service.persistence.models import JobRow
 
     preset = preset_for(req, suite)
     key = f"gate:{req.key()}:{role}:{suite}:{commit}{key_extra}"[:200]
     with Session(engine) as s:
-        own = s.scalars(select(Job).where(Job.idempotency_key == key)).first()
+        own = s.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
         if own is not None:
             return _job_view(own, role, False)
         if role in ("head", "base") and req.reuse and not req.backend_repo:
@@ -583,7 +583,7 @@ def _ensure_job(
                 if found is not None:
                     return _job_view(found, role, True)
         if like is not None:
-            template = s.get(Job, like.job_id)
+            template = s.get(JobRow, like.job_id)
             preset = template.preset if template is not None else preset
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     labels = {"gate": req.key(), "role": role}
@@ -603,7 +603,7 @@ def _ensure_job(
         **extra,
     )
     with Session(engine) as s:
-        return _job_view(s.get(Job, job_id), role, False)
+        return _job_view(s.get(JobRow, job_id), role, False)
 
 
 def _confirm(

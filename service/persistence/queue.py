@@ -26,7 +26,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from service.persistence.db import write_tx
-from service.persistence.models import FINAL_STATUSES, Job, JobEvent, utcnow
+from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
 from service.persistence.store import add_event, ensure_commit
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
@@ -62,7 +62,7 @@ class JobRequest:
     idempotency_key: str | None = None
     cases: tuple[str, ...] | None = None
 
-    def same_as(self, job: Job) -> bool:
+    def same_as(self, job: JobRow) -> bool:
         return (
             (tuple(job.cases) if job.cases else None) == self.cases
             and job.suite == self.suite
@@ -78,7 +78,7 @@ def dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
+def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
     """Queue a job; returns (job, created). A known idempotency key returns its job unchanged.
 
     Raises JobConflict when the key is reused for a different request (suite, preset, params,
@@ -88,7 +88,8 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
         try:
             with write_tx(engine) as s:
                 if req.idempotency_key:
-                    job = s.scalars(select(Job).where(Job.idempotency_key == req.idempotency_key)).first()
+                    same_key = JobRow.idempotency_key == req.idempotency_key
+                    job = s.scalars(select(JobRow).where(same_key)).first()
                     if job is not None:
                         if not req.same_as(job):
                             raise JobConflict(
@@ -98,7 +99,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
                             )
                         return job, False
                 commit = ensure_commit(s, req.commit)
-                job = Job(
+                job = JobRow(
                     suite=req.suite,
                     preset=req.preset,
                     params=dict(req.params),
@@ -120,12 +121,12 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
 
 
-def job_backend_source(job: Job) -> str | None:
+def job_backend_source(job: JobRow) -> str | None:
     """Where the job's backend under test comes from (its `backend_source` label), None for ours."""
     return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 
 
-def job_placement(job: Job) -> str | None:
+def job_placement(job: JobRow) -> str | None:
     """The job's own placement strategy (its `placement` label), None for the executor's default."""
     return (job.labels or {}).get(PLACEMENT_LABEL) or None
 
@@ -134,8 +135,8 @@ def claim(
     engine: Engine,
     owner: str,
     limits: Mapping[str, int],
-    fits: Callable[[Job], bool] | None = None,
-) -> Job | None:
+    fits: Callable[[JobRow], bool] | None = None,
+) -> JobRow | None:
     """Atomically move the best queued job that may start now to `running` for `owner`.
 
     Per device kind with room under `limits`, the candidate is that kind's best queued job
@@ -146,7 +147,7 @@ def claim(
     with write_tx(engine) as s:
         running = dict(
             s.execute(
-                select(Job.device, func.count()).where(Job.status == "running").group_by(Job.device)
+                select(JobRow.device, func.count()).where(JobRow.status == "running").group_by(JobRow.device)
             ).all()
         )
         open_devices = [d for d, limit in limits.items() if running.get(d, 0) < limit]
@@ -155,9 +156,9 @@ def claim(
         candidates = []
         for device in open_devices:
             head = s.scalars(
-                select(Job)
-                .where(Job.status == "queued", Job.device == device)
-                .order_by(Job.priority.desc(), Job.id)
+                select(JobRow)
+                .where(JobRow.status == "queued", JobRow.device == device)
+                .order_by(JobRow.priority.desc(), JobRow.id)
                 .limit(1)
             ).first()
             if head is not None and (fits is None or fits(head)):
@@ -167,14 +168,14 @@ def claim(
         job = min(candidates, key=lambda j: (-j.priority, j.id))
         now = utcnow()
         res = s.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == "queued")
+            update(JobRow)
+            .where(JobRow.id == job.id, JobRow.status == "queued")
             .values(
                 status="running",
                 claimed_by=owner,
                 started_at=now,
                 heartbeat_at=now,
-                attempts=Job.attempts + 1,
+                attempts=JobRow.attempts + 1,
                 cancel_requested=False,
                 error=None,
                 progress_done=0,
@@ -191,11 +192,11 @@ def claim(
         return job
 
 
-def cancel(engine: Engine, job_id: int) -> Job:
+def cancel(engine: Engine, job_id: int) -> JobRow:
     """Cancel a queued job at once; ask a running one's executor to stop (its dispatcher sets
     the cancel event and records `cancelled` when the executor returns)."""
     with write_tx(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         if job is None:
             raise JobNotFound(job_id)
         if job.status == "queued":
@@ -220,8 +221,8 @@ def finish(engine: Engine, job_id: int, owner: str, status: str, error: str | No
         raise ValueError(f"final status must be one of {sorted(FINAL_STATUSES)}, got {status!r}")
     with write_tx(engine) as s:
         res = s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "running", Job.claimed_by == owner)
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.status == "running", JobRow.claimed_by == owner)
             .values(status=status, error=error, finished_at=utcnow(), cancel_requested=False)
             .execution_options(synchronize_session=False)
         )
@@ -237,16 +238,17 @@ def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
         return set()
     with write_tx(engine) as s:
         s.execute(
-            update(Job)
-            .where(Job.id.in_(job_ids), Job.claimed_by == owner, Job.status == "running")
+            update(JobRow)
+            .where(JobRow.id.in_(job_ids), JobRow.claimed_by == owner, JobRow.status == "running")
             .values(heartbeat_at=utcnow())
             .execution_options(synchronize_session=False)
         )
         return set(
             s.scalars(
-                select(Job.id).where(
-                    Job.id.in_(job_ids),
-                    (Job.cancel_requested.is_(True)) | (Job.status != "running") | (Job.claimed_by != owner),
+                select(JobRow.id).where(
+                    JobRow.id.in_(job_ids),
+                    (JobRow.cancel_requested.is_(True)) | (JobRow.status != "running")
+                    | (JobRow.claimed_by != owner),
                 )
             )
         )
@@ -262,7 +264,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _orphan_reason(job: Job, owner: str, lease_s: float) -> str | None:
+def _orphan_reason(job: JobRow, owner: str, lease_s: float) -> str | None:
     if job.claimed_by == owner:
         return None
     host, _, rest = (job.claimed_by or "").partition(":")
@@ -285,8 +287,8 @@ def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
     `owner`'s running job."""
     with write_tx(engine) as s:
         res = s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.claimed_by == owner, Job.status == "running")
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.claimed_by == owner, JobRow.status == "running")
             .values(status="queued", claimed_by=None, heartbeat_at=None)
             .execution_options(synchronize_session=False)
         )
@@ -298,8 +300,8 @@ def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
 
 def _orderly_requeues(s: Any, job_id: int) -> int:
     data = s.scalars(
-        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status",
-                                    JobEvent.message == "queued")
+        select(JobEventRow.data).where(JobEventRow.job_id == job_id, JobEventRow.kind == "status",
+                                    JobEventRow.message == "queued")
     )  # fmt: skip
     return sum(1 for d in data if isinstance(d, dict) and d.get("orderly") is True)
 
@@ -314,7 +316,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
     """
     settled: list[tuple[int, str]] = []
     with write_tx(engine) as s:
-        for job in s.scalars(select(Job).where(Job.status == "running")).unique():
+        for job in s.scalars(select(JobRow).where(JobRow.status == "running")).unique():
             reason = _orphan_reason(job, owner, lease_s)
             if reason is None:
                 continue
@@ -409,7 +411,7 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
 
 def submit_checked(
     engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
-) -> tuple[Job, bool]:
+) -> tuple[JobRow, bool]:
     """Validate and queue; returns (job, created). The API and the web form share this path."""
     if executor is None:
         from service.executor_choice import get_executor
@@ -418,6 +420,6 @@ def submit_checked(
     return submit(engine, validate_request(body, executor))
 
 
-def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> Job:
+def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> JobRow:
     """Validate and queue a submission (a dict of the `POST /api/v1/jobs` fields); returns the job."""
     return submit_checked(engine, settings, body, executor)[0]

@@ -25,38 +25,37 @@ from sqlalchemy.orm import Session
 from service.persistence.artifacts import artifact_path
 from service.persistence.db import immediate, write_tx
 from service.persistence.models import (
-    Artifact,
-    Baseline,
-    Case,
-    CaseResult,
-    Commit,
-    Job,
-    JobEvent,
-    MetricDef,
+    ArtifactRow,
+    BaselineRow,
+    CaseResultRow,
+    CaseRow,
+    CommitRow,
+    JobEventRow,
+    JobRow,
+    MetricRow,
     SampleRow,
     SummaryRow,
 )
 from workers import verdict
-from workers.suite import Case as SuiteCase
-from workers.suite import Metric
+from workers.suite import Case, Metric
 
 SAMPLE_BATCH = 20_000  # rows per executemany; bounds memory, keeps each batch one transaction
 
 # ---------------------------------------------------------------------------------------- writes
 
 
-def ensure_commit(session: Session, sha: str | None, **fields: Any) -> Commit | None:
+def ensure_commit(session: Session, sha: str | None, **fields: Any) -> CommitRow | None:
     """The commit row for `sha` (a hex sha or a ref, as submitted), created on first use."""
     if not sha:
         return None
-    row = session.scalar(select(Commit).where(Commit.sha == sha))
+    row = session.scalar(select(CommitRow).where(CommitRow.sha == sha))
     if row is None:
         try:
             with session.begin_nested():
-                row = Commit(sha=sha, **fields)
+                row = CommitRow(sha=sha, **fields)
                 session.add(row)
         except IntegrityError:  # created concurrently
-            row = session.scalar(select(Commit).where(Commit.sha == sha))
+            row = session.scalar(select(CommitRow).where(CommitRow.sha == sha))
     else:
         for key, value in fields.items():
             if value is not None:
@@ -66,11 +65,11 @@ def ensure_commit(session: Session, sha: str | None, **fields: Any) -> Commit | 
 
 def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> dict[str, int]:
     """Store (or refresh) a suite's metric declarations; returns name -> metric id."""
-    existing = {m.name: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == suite))}
+    existing = {m.name: m for m in session.scalars(select(MetricRow).where(MetricRow.suite == suite))}
     for m in metrics:
         row = existing.get(m.name)
         if row is None:
-            row = MetricDef(suite=suite, name=m.name)
+            row = MetricRow(suite=suite, name=m.name)
             session.add(row)
             existing[m.name] = row
         row.unit, row.kind, row.direction, row.bound = m.unit, m.kind, m.direction, m.bound
@@ -80,15 +79,15 @@ def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> d
 
 
 def ensure_cases(
-    session: Session, cases: Iterable[SuiteCase], device: str, world_size: int
+    session: Session, cases: Iterable[Case], device: str, world_size: int
 ) -> dict[str, int]:
     """Case rows (one per fingerprint) for a job's matrix; returns case name -> case id."""
     out: dict[str, int] = {}
     for c in cases:
         fp = c.fingerprint(device, world_size)
-        row = session.scalar(select(Case).where(Case.fingerprint == fp))
+        row = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fp))
         if row is None:
-            row = Case(
+            row = CaseRow(
                 fingerprint=fp,
                 suite=c.suite,
                 name=c.name,
@@ -164,8 +163,8 @@ _QMARK_MULTI = (
 
 def add_event(
     session: Session, job_id: int, kind: str, message: str = "", data: Mapping[str, Any] | None = None
-) -> JobEvent:
-    ev = JobEvent(job_id=job_id, kind=kind, message=message, data=dict(data) if data else None)
+) -> JobEventRow:
+    ev = JobEventRow(job_id=job_id, kind=kind, message=message, data=dict(data) if data else None)
     session.add(ev)
     return ev
 
@@ -177,33 +176,35 @@ def set_case_result(
     the run that reported it (default: the job's current one). A stale run passes its own
     attempt, so it never touches the rows of a later run, and readers never show its rows."""
     if attempt is None:
-        job = session.get(Job, job_id)
+        job = session.get(JobRow, job_id)
         attempt = job_attempt(job) if job is not None else 1
-    r = CaseResult
+    r = CaseResultRow
     row = session.scalar(select(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id == case_id))
     if row is None:
-        session.add(CaseResult(job_id=job_id, attempt=attempt, case_id=case_id, status=status, error=error))
+        session.add(CaseResultRow(job_id=job_id, attempt=attempt, case_id=case_id, status=status,
+                                  error=error))
     else:
         row.status, row.error = status, error
 
 
 def drop_earlier_case_results(session: Session, job_id: int, attempt: int) -> None:
     """Case results of the job's runs before `attempt`: never shown again once a new run started."""
-    session.execute(delete(CaseResult).where(CaseResult.job_id == job_id, CaseResult.attempt < attempt))
+    r = CaseResultRow
+    session.execute(delete(r).where(r.job_id == job_id, r.attempt < attempt))
 
 
-def latest_case_results(session: Session, job_id: int) -> list[CaseResult]:
+def latest_case_results(session: Session, job_id: int) -> list[CaseResultRow]:
     """The case results of the job's latest attempt (what pages, the API, compare and gate read)."""
-    job = session.get(Job, job_id)
+    job = session.get(JobRow, job_id)
     if job is None:
         return []
-    r = CaseResult
+    r = CaseResultRow
     return list(session.scalars(select(r).where(r.job_id == job_id, r.attempt == job_attempt(job))))
 
 
 def save_artifact(
     session: Session, job_id: int, name: str, media_type: str, data: bytes, artifacts_dir: Path
-) -> Artifact:
+) -> ArtifactRow:
     """Write the artifact under `artifacts_dir` at `service.persistence.artifacts.artifact_path` (a folder of
     this store, then the job) and record it (replaces same name)."""
     path = artifact_path(artifacts_dir, session.get_bind().engine.url, job_id, name)
@@ -211,9 +212,9 @@ def save_artifact(
     tmp = path.with_name(path.name + ".part")
     tmp.write_bytes(data)
     tmp.replace(path)  # atomic: a crash never leaves a half-written artifact under its name
-    row = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+    row = session.scalar(select(ArtifactRow).where(ArtifactRow.job_id == job_id, ArtifactRow.name == name))
     if row is None:
-        row = Artifact(job_id=job_id, name=name, media_type=media_type, size=len(data), path=str(path))
+        row = ArtifactRow(job_id=job_id, name=name, media_type=media_type, size=len(data), path=str(path))
         session.add(row)
     else:
         row.media_type, row.size, row.path, row.blob = media_type, len(data), str(path), None
@@ -223,8 +224,8 @@ def save_artifact(
 # ----------------------------------------------------------------------------------------- reads
 
 
-def get_job(session: Session, job_id: int) -> Job | None:
-    return session.get(Job, job_id)
+def get_job(session: Session, job_id: int) -> JobRow | None:
+    return session.get(JobRow, job_id)
 
 
 def list_jobs(
@@ -237,21 +238,21 @@ def list_jobs(
     label: tuple[str, str] | None = None,
     before_id: int | None = None,
     limit: int = 50,
-) -> tuple[list[Job], int | None]:
+) -> tuple[list[JobRow], int | None]:
     """Newest first. Returns the page and the cursor (an id) for the next page, or None."""
-    q = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    q = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
     if status:
-        q = q.where(Job.status == status)
+        q = q.where(JobRow.status == status)
     if suite:
-        q = q.where(Job.suite == suite)
+        q = q.where(JobRow.suite == suite)
     if device:
-        q = q.where(Job.device == device)
+        q = q.where(JobRow.device == device)
     if commit:
-        q = q.where(Job.commit_id.in_(commit_ids(commit)))
+        q = q.where(JobRow.commit_id.in_(commit_ids(commit)))
     if before_id is not None:
-        q = q.where(Job.id < before_id)
+        q = q.where(JobRow.id < before_id)
     if label is not None:
-        q = q.where(Job.labels[label[0]].as_string() == label[1])
+        q = q.where(JobRow.labels[label[0]].as_string() == label[1])
     rows = list(session.scalars(q).unique())
     nxt = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], nxt
@@ -259,16 +260,16 @@ def list_jobs(
 
 def job_events(
     session: Session, job_id: int, *, after_id: int = 0, limit: int = 200, kind: str | None = None
-) -> tuple[list[JobEvent], int | None]:
+) -> tuple[list[JobEventRow], int | None]:
     """Oldest first from `after_id`; returns the page and the next cursor (an event id) or None."""
     q = (
-        select(JobEvent)
-        .where(JobEvent.job_id == job_id, JobEvent.id > after_id)
-        .order_by(JobEvent.id)
+        select(JobEventRow)
+        .where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
+        .order_by(JobEventRow.id)
         .limit(limit + 1)
     )
     if kind:
-        q = q.where(JobEvent.kind == kind)
+        q = q.where(JobEventRow.kind == kind)
     rows = list(session.scalars(q))
     nxt = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], nxt
@@ -344,7 +345,7 @@ def worst_rank_arrays(
     crosses into Python, parsed by numpy in C (SQLite renders REALs with 15 significant digits).
     Values come unordered: statistics only, not pairing by idx.
     """
-    job = session.get(Job, job_id)
+    job = session.get(JobRow, job_id)
     if job is None:
         return {}
     if case_ids is not None and not case_ids:
@@ -353,7 +354,7 @@ def worst_rank_arrays(
     # metric rows are per suite (undeclared ones too, see StoreSink), so no scan of samples here
     higher = list(
         session.scalars(
-            select(MetricDef.id).where(MetricDef.suite == job.suite, MetricDef.direction == "higher")
+            select(MetricRow.id).where(MetricRow.suite == job.suite, MetricRow.direction == "higher")
         )
     )
     s = SampleRow
@@ -459,7 +460,7 @@ def _nan(v: float | None) -> float:
     return math.nan if v is None else v
 
 
-def job_attempt(job: Job) -> int:
+def job_attempt(job: JobRow) -> int:
     """The job's current (latest) run: what its pages and summaries show."""
     return max(1, job.attempts)
 
@@ -473,7 +474,7 @@ def compute_summary(
     if not arrays:
         return {}
     metric_ids = {m for _, m in arrays}
-    metrics = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.id.in_(metric_ids)))}
+    metrics = {m.id: m for m in session.scalars(select(MetricRow).where(MetricRow.id.in_(metric_ids)))}
     out: dict[tuple[int, int], MetricSummary] = {}
     for key, wr in arrays.items():
         m = metrics[key[1]]
@@ -496,7 +497,7 @@ def store_summary(
     attempts dropped. With `case_ids` (a case that just ended): only those cases' rows are
     replaced; `summary` then holds those cases only. Returns the number of rows written."""
     if attempt is None:
-        job = session.get(Job, job_id)
+        job = session.get(JobRow, job_id)
         attempt = job_attempt(job) if job is not None else 1
     if summary is None:
         summary = compute_summary(session, job_id, case_ids=case_ids, attempt=attempt)
@@ -579,8 +580,8 @@ def sampled_case_ids(session: Session, job_id: int, attempt: int) -> list[int]:
 def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[int, int], MetricSummary]:
     """The summary rows stored for one run of a job (cases that ended, or the whole finished job)."""
     rows = session.execute(
-        select(SummaryRow, MetricDef)
-        .join(MetricDef, MetricDef.id == SummaryRow.metric_id)
+        select(SummaryRow, MetricRow)
+        .join(MetricRow, MetricRow.id == SummaryRow.metric_id)
         .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt)
     ).all()
     out = {}
@@ -629,7 +630,7 @@ def record_verdict(engine: Engine, job_id: int, *, ran: bool) -> verdict.JobVerd
     stored on the job: `ran` False (the job failed or was cancelled) makes it `errored`, and so
     do cases the job announced but never reported."""
     with write_tx(engine) as session:
-        job = session.get(Job, job_id)
+        job = session.get(JobRow, job_id)
         if job is None:
             return None
         statuses = [r.status for r in latest_case_results(session, job_id)]
@@ -643,7 +644,7 @@ def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], Metric
     """(case_id, metric_id) -> summary for every case and metric with samples in the job's latest
     attempt: the rows stored when each case ended (or at the job's end), and a live computation
     only for cases without them (usually the one case a running job is in)."""
-    job = session.get(Job, job_id)
+    job = session.get(JobRow, job_id)
     if job is None:
         return {}
     attempt = job_attempt(job)
@@ -655,13 +656,13 @@ def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], Metric
 def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
     """Every case of the job's latest attempt (with a result or samples), its status and
     per-metric summaries; a case with samples but no result yet in that attempt has status None."""
-    job = session.get(Job, job_id)
+    job = session.get(JobRow, job_id)
     if job is None:
         return []
     results = {r.case_id: r for r in latest_case_results(session, job_id)}
     summaries = summarize_job(session, job_id)
     case_ids = set(results) | {c for c, _ in summaries}
-    cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_(case_ids)))}
+    cases = {c.id: c for c in session.scalars(select(CaseRow).where(CaseRow.id.in_(case_ids)))}
     out: list[CaseSummary] = []
     for cid in sorted(case_ids):
         c = cases[cid]
@@ -706,22 +707,22 @@ def _samples_query(
         select(
             SampleRow.id,
             SampleRow.attempt,
-            Case.name,
-            Case.fingerprint,
-            MetricDef.name,
+            CaseRow.name,
+            CaseRow.fingerprint,
+            MetricRow.name,
             SampleRow.rank,
             SampleRow.idx,
             SampleRow.value,
         )
-        .join(Case, Case.id == SampleRow.case_id)
-        .join(MetricDef, MetricDef.id == SampleRow.metric_id)
+        .join(CaseRow, CaseRow.id == SampleRow.case_id)
+        .join(MetricRow, MetricRow.id == SampleRow.metric_id)
         .where(SampleRow.job_id == job_id, SampleRow.id > after_id)
         .order_by(SampleRow.id)
     )
     if case is not None:
-        q = q.where(Case.name == case)
+        q = q.where(CaseRow.name == case)
     if metric is not None:
-        q = q.where(MetricDef.name == metric)
+        q = q.where(MetricRow.name == metric)
     if rank is not None:
         q = q.where(SampleRow.rank == rank)
     if attempt is not None:
@@ -779,15 +780,15 @@ def iter_samples(
 
 def fingerprint_series(
     session: Session, fingerprint: str, metric: str, *, statuses: Sequence[str] = ("succeeded",)
-) -> list[tuple[Job, WorstRank]]:
+) -> list[tuple[JobRow, WorstRank]]:
     """Jobs (oldest first) that measured `metric` for the case `fingerprint`, with worst-rank values.
 
     This is the history of one series across commits (the history page, compare by commit).
     """
-    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    case = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))
     if case is None:
         return []
-    mdef = session.scalar(select(MetricDef).where(MetricDef.suite == case.suite, MetricDef.name == metric))
+    mdef = session.scalar(select(MetricRow).where(MetricRow.suite == case.suite, MetricRow.name == metric))
     if mdef is None:
         return []
     job_ids = session.scalars(
@@ -796,7 +797,7 @@ def fingerprint_series(
         .distinct()
     ).all()
     jobs = session.scalars(
-        select(Job).where(Job.id.in_(job_ids), Job.status.in_(statuses)).order_by(Job.id)
+        select(JobRow).where(JobRow.id.in_(job_ids), JobRow.status.in_(statuses)).order_by(JobRow.id)
     ).unique()
     out = []
     for job in jobs:
@@ -805,12 +806,13 @@ def fingerprint_series(
     return out
 
 
-def list_artifacts(session: Session, job_id: int) -> list[Artifact]:
-    return list(session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)))
+def list_artifacts(session: Session, job_id: int) -> list[ArtifactRow]:
+    q = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
+    return list(session.scalars(q))
 
 
-def get_artifact(session: Session, job_id: int, name: str) -> Artifact | None:
-    return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+def get_artifact(session: Session, job_id: int, name: str) -> ArtifactRow | None:
+    return session.scalar(select(ArtifactRow).where(ArtifactRow.job_id == job_id, ArtifactRow.name == name))
 
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -821,49 +823,49 @@ def commit_ids(sha: str, *, min_prefix: int = 1) -> Select[Any]:
     sha is one unique-index lookup; anything shorter than `min_prefix` must match whole; else
     every commit whose sha starts with it. Commits are resolved first, so the jobs are then read
     by `job.commit_id`, never by walking every job of a suite."""
-    q = select(Commit.id)
+    q = select(CommitRow.id)
     if FULL_SHA.fullmatch(sha) or len(sha) < min_prefix:
-        return q.where(Commit.sha == sha)
-    return q.where(Commit.sha.startswith(sha, autoescape=True))
+        return q.where(CommitRow.sha == sha)
+    return q.where(CommitRow.sha.startswith(sha, autoescape=True))
 
 
 def latest_job_for_commit(
     session: Session, sha: str, suite: str, *, device: str | None = None, preset: str | None = None
-) -> Job | None:
+) -> JobRow | None:
     """The newest succeeded job of `suite` at commit `sha` (prefix allowed): reuse by the gate."""
     q = (
-        select(Job)
-        .where(Job.commit_id.in_(commit_ids(sha)), Job.suite == suite, Job.status == "succeeded")
-        .order_by(Job.id.desc())
+        select(JobRow)
+        .where(JobRow.commit_id.in_(commit_ids(sha)), JobRow.suite == suite, JobRow.status == "succeeded")
+        .order_by(JobRow.id.desc())
         .limit(1)
     )
     if device:
-        q = q.where(Job.device == device)
+        q = q.where(JobRow.device == device)
     if preset:
-        q = q.where(Job.preset == preset)
+        q = q.where(JobRow.preset == preset)
     return session.scalars(q).unique().first()
 
 
 # ------------------------------------------------------------------------------------- baselines
 
 
-def list_baselines(session: Session) -> list[Baseline]:
-    return list(session.scalars(select(Baseline).order_by(Baseline.name)).unique())
+def list_baselines(session: Session) -> list[BaselineRow]:
+    return list(session.scalars(select(BaselineRow).order_by(BaselineRow.name)).unique())
 
 
-def get_baseline(session: Session, name: str) -> Baseline | None:
-    return session.scalars(select(Baseline).where(Baseline.name == name)).unique().first()
+def get_baseline(session: Session, name: str) -> BaselineRow | None:
+    return session.scalars(select(BaselineRow).where(BaselineRow.name == name)).unique().first()
 
 
 def set_baseline(
     session: Session, name: str, *, commit: str | None = None, job_id: int | None = None, note: str = ""
-) -> Baseline:
+) -> BaselineRow:
     """Point baseline `name` at a commit or a job (exactly one); creates or moves it."""
     if (commit is None) == (job_id is None):
         raise ValueError("a baseline needs exactly one of commit or job_id")
     row = get_baseline(session, name)
     if row is None:
-        row = Baseline(name=name)
+        row = BaselineRow(name=name)
         session.add(row)
     crow = ensure_commit(session, commit) if commit else None
     row.commit_id = crow.id if crow else None

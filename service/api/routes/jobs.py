@@ -38,7 +38,7 @@ from service.api.schemas import (
 )
 from service.persistence import db, queue, store
 from service.persistence.artifacts import MAX_NAME, artifact_url
-from service.persistence.models import Baseline, Job
+from service.persistence.models import BaselineRow, JobRow
 from service.web_session import READ_METHODS, has_session
 from workers.refs import HEX_SHA
 from workers.registry import get_suite, suite_names
@@ -98,7 +98,7 @@ api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
 probes = APIRouter()
 
 
-def _job_or_404(session: Session, job_id: int) -> Job:
+def _job_or_404(session: Session, job_id: int) -> JobRow:
     job = store.get_job(session, job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id}")
@@ -367,7 +367,7 @@ def get_suite_entry(name: Annotated[str, Path(max_length=100)]) -> SuiteOut:
 # ----------------------------------------------------------------------------------- baselines
 
 
-def _baseline_out(b: Baseline) -> BaselineOut:
+def _baseline_out(b: BaselineRow) -> BaselineOut:
     return BaselineOut(
         name=b.name, commit=b.commit.sha if b.commit else None, job_id=b.job_id, note=b.note or "",
         updated_at=b.updated_at,
@@ -393,7 +393,7 @@ def set_baseline(name: Name, body: BaselineSet, request: Request) -> BaselineOut
     if (body.commit is None) == (body.job_id is None):
         raise HTTPException(422, "give exactly one of 'commit' (a sha or ref) or 'job_id'")
     with db.write_tx(request.app.state.engine) as s:
-        if body.job_id is not None and s.get(Job, body.job_id) is None:
+        if body.job_id is not None and s.get(JobRow, body.job_id) is None:
             raise HTTPException(422, f"job_id {body.job_id} does not exist")
         b = store.set_baseline(s, name, commit=body.commit, job_id=body.job_id, note=body.note)
         return _baseline_out(b)

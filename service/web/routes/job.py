@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from service.persistence import store
 from service.persistence.artifacts import artifact_url
-from service.persistence.models import FINAL_STATUSES, JOB_STATUSES, Case, Job, MetricDef
+from service.persistence.models import FINAL_STATUSES, JOB_STATUSES, CaseRow, JobRow, MetricRow
 from service.web import charts, queries, views
 from service.web_session import COOKIE, has_session, session_keys
 from workers import verdict
@@ -114,7 +114,7 @@ def static(name: str) -> FileResponse:
 # ------------------------------------------------------------------------------------ jobs list
 
 
-def _job_row(job: Job, counts: dict[str, int], now: datetime) -> dict[str, Any]:
+def _job_row(job: JobRow, counts: dict[str, int], now: datetime) -> dict[str, Any]:
     word, css = views.job_verdict(job.status, job.verdict, counts)
     return {
         "id": job.id,
@@ -242,7 +242,7 @@ def _info_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def _job_facts(job: Job, now: datetime) -> dict[str, Any]:
+def _job_facts(job: JobRow, now: datetime) -> dict[str, Any]:
     info = job.info or {}
     shown = [k for k in INFO_KEYS if info.get(k) not in (None, "", [], {})]
     items = [(k, _info_text(info[k])) for k in shown]
@@ -267,7 +267,7 @@ MIN_LANE_POINTS = 10
 
 
 def _plots(
-    session: Session, job: Job, cases: list[store.CaseSummary], only: set[str] | None = None
+    session: Session, job: JobRow, cases: list[store.CaseSummary], only: set[str] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Per case fingerprint (of `only`, else every case): the timing distribution and the
     trajectory errors, as SVG. The point budget is the whole job's, so a case drawn alone looks
@@ -277,9 +277,9 @@ def _plots(
     drawn: at most PAGE_POINTS repetition dots per page (every k-th repetition of a long lane,
     filtered in SQL) and at most MAX_STEPS vertices per trajectory (worst per bin, in SQL)."""
     mdefs = session.execute(
-        select(MetricDef.id, MetricDef.name, MetricDef.direction, MetricDef.kind, MetricDef.unit,
-               MetricDef.bound)
-        .where(MetricDef.suite == job.suite, MetricDef.kind.in_(("time", "trajectory")))
+        select(MetricRow.id, MetricRow.name, MetricRow.direction, MetricRow.kind, MetricRow.unit,
+               MetricRow.bound)
+        .where(MetricRow.suite == job.suite, MetricRow.kind.in_(("time", "trajectory")))
     ).all()
     if not mdefs:
         return {}
@@ -417,7 +417,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
     )  # fmt: skip
 
 
-def _deadline(request: Request, job: Job) -> str:
+def _deadline(request: Request, job: JobRow) -> str:
     """The job's wall-clock limit as it runs (recorded at start) or will run (computed the same way)."""
     from workers.deadline import job_deadline_s
     from workers.registry import get_suite
@@ -481,7 +481,7 @@ def job_progress(job_id: int, session: Session = Depends(get_session)) -> JSONRe
 
 
 def _resolve_side(session: Session, text: str, suite: str | None, device: str | None,
-                  other: Job | None) -> Job:
+                  other: JobRow | None) -> JobRow:
     """A job id ('12' or '#12'), a named baseline, or a commit (prefix): the newest succeeded job
     of the suite there."""
     t = text.strip().lstrip("#")
@@ -573,7 +573,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     suites = queries.suites_with_results(session)
     if not fingerprint:
         return _page(request, "history.html", nav="history", series=None, missing=None, suites=suites)
-    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    case = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))
     if case is None:
         return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"No case with fingerprint {fingerprint!r}.")
@@ -582,7 +582,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
         return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"Case {case.name!r} has no samples yet.")
     metric = metric if metric in names else names[0]
-    mdef = session.scalar(select(MetricDef).where(MetricDef.suite == case.suite, MetricDef.name == metric))
+    mdef = session.scalar(select(MetricRow).where(MetricRow.suite == case.suite, MetricRow.name == metric))
     unit = mdef.unit if mdef else ""
     stats = queries.series_summaries(session, case.id, mdef.id) if mdef else []
     if not stats:  # jobs stored without summaries (not run by the service): reduce the raw samples
@@ -617,7 +617,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     return _page(request, "history.html", nav="history", series=series, missing=None, suites=suites)
 
 
-def _raw_stat(job: Job, values: Any) -> queries.SeriesStat:
+def _raw_stat(job: JobRow, values: Any) -> queries.SeriesStat:
     import numpy as np
 
     v = np.asarray(values, dtype=np.float64)
