@@ -18,12 +18,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.dispatcher import StoreSink
+from service.domain import views
 from service.domain.baselines import load_side
 from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
-from service.persistence import db, queue, store
+from service.persistence import db, page_queries, queue, store
 from service.persistence.models import CaseResultRow, JobRow
 from service.settings import Settings
-from service.web import queries, views
 from tests.gate_suite_for_tests import SUITE_MODULE
 from tests.test_api_support import FAKE
 from tests.test_gate import FakeRunner
@@ -73,7 +73,7 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
     badges = re.findall(r'<span class="badge [^"]*">([^<]*)</span>', counts.group(1))
     with Session(engine) as s:
         job = s.get(JobRow, job_id)
-        listed = queries.job_case_counts(s, [job_id]).get(job_id, {})
+        listed = page_queries.job_case_counts(s, [job_id]).get(job_id, {})
         compared = {c.name: c.status for c in load_side(s, job_id).cases.values()}
         verdict = views.job_verdict(job.status, job.verdict, listed)[0]
     rows = client.get("/jobs").text

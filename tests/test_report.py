@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
-from service.domain.report import build_report, comparison_markdown, gate_markdown
+from service.domain.gate import gate_markdown
+from service.domain.markdown import comparison_markdown
+from service.domain.report import build_report
 from service.persistence import store
 from service.persistence.db import make_engine, upgrade
 from service.persistence.models import JobRow

@@ -172,7 +172,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 @dataclass
 class _MetricStats:
-    """One summary row as the report's tables read it (`service.web.views.MetricStats`)."""
+    """One summary row as the report's tables read it (`service.domain.views.MetricStats`)."""
 
     metric: str
     unit: str

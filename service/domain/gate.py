@@ -43,6 +43,7 @@ from service.domain.compare import (
     MetricResult,
     to_jsonable,
 )
+from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
 Role = Literal["head", "base", "confirm-base", "confirm", "round-base", "round-head"]
@@ -524,8 +525,6 @@ def _jobs(
 
 
 def _done(state: GateState, code: int, verdict: Literal["pass", "fail", "error"], reason: str) -> GateState:
-    from service.domain.report import gate_markdown
-
     state.phase, state.exit_code, state.verdict, state.reason = "done", code, verdict, reason
     state.markdown = gate_markdown(state)
     return state
@@ -664,3 +663,48 @@ def _unconfirm(case: CaseResult, metric: MetricResult, conf: Confirmation) -> No
         worst = min(case.metrics, key=lambda m: SEVERITY[m.verdict])
         case.verdict = worst.verdict
         case.reason = f"{worst.metric}: {worst.reason}"
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+def _job_note(j: Any) -> str:
+    if j.reused:
+        return "reused"
+    return ("error: " + md_escape(j.error))[:200] if j.error else ""
+
+
+def gate_markdown(state: GateState, base_url: str = "") -> str:
+    """The gate's report: decision, jobs, confirmations, then each suite's comparison."""
+    word = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}.get(state.verdict or "", "…")
+    lines = [
+        f"## gdnval gate: {word} (exit {state.exit_code})",
+        "",
+        f"- head: `{state.head}`",
+        f"- base: `{state.base or 'unknown'}` ({state.base_source or 'unresolved'})",
+        f"- {md_escape(state.reason)}",
+        "",
+    ]
+    if state.jobs:
+        lines += ["### Jobs", ""]
+        lines.append(table(
+            ["role", "suite", "job", "commit", "status", "note"],
+            [[j.role, j.suite, link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{short_sha(j.commit)}`",
+              j.status, _job_note(j)]
+             for j in state.jobs],
+        ))  # fmt: skip
+        lines.append("")
+    if state.confirmations:
+        lines += ["### Confirmation re-runs", ""]
+        lines.append(table(
+            ["suite", "case", "metric", "first run", "re-run", "counted"],
+            [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
+              md_escape(c.first_reason),
+              f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
+              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
+             for c in state.confirmations],
+        ))  # fmt: skip
+        lines.append("")
+    for cmp in state.comparisons:
+        lines.append(comparison_markdown(cmp, base_url))
+    return "\n".join(lines).rstrip() + "\n"

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.web import views
-from service.web.charts import fmt
+from service.domain import views
+from service.domain.numbers import fmt
 
 # Metric-name prefixes that name a backend or CP mode measured inside one case
 # ('triton_fwd_ms'): the rest of the name is the measure, the prefix a row dimension.

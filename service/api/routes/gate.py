@@ -49,7 +49,7 @@ def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
     except GateInputError as exc:
         raise HTTPException(422, str(exc)) from exc
     if result.markdown is not None:
-        from service.domain.report import gate_markdown
+        from service.domain.gate import gate_markdown
 
         result.markdown = gate_markdown(result, _base_url(request))
     return result.to_dict()

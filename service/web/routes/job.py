@@ -1,8 +1,8 @@
 """The results pages: jobs, job, compare, history, suites. Server-rendered (Jinja2), no CDN.
 
 `service.app.create_app` includes `router` when this module exists. Pages read through
-`service.persistence.store` (and `service.web.queries` for plot data), shape rows with `service.web.views`
-and draw with `service.web.charts`; the only JavaScript polls a partial endpoint for live progress.
+`service.persistence` (`page_queries` for plot data), shape rows with `service.domain.views` and
+draw with `service.web.charts`; the only JavaScript polls a partial endpoint for live progress.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.persistence import store
+from service.domain import views
+from service.domain.numbers import fmt
+from service.persistence import page_queries, store
 from service.persistence.artifacts import artifact_url
 from service.persistence.models import FINAL_STATUSES, JOB_STATUSES, CaseRow, JobRow, MetricRow
-from service.web import charts, queries, views
+from service.web import charts
 from service.web_session import COOKIE, has_session, session_keys
 from workers import verdict
 from workers.suite import PRESETS
@@ -35,7 +37,7 @@ STATIC = HERE / "static"
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.filters["fmt"] = charts.fmt
+templates.env.filters["fmt"] = fmt
 templates.env.globals["pct"] = views.progress_percent
 
 router = APIRouter(include_in_schema=False)
@@ -138,7 +140,7 @@ def _jobs_context(session: Session, status: str | None, suite: str | None, commi
     status = status if status in JOB_STATUSES else None
     jobs, nxt = store.list_jobs(session, status=status or None, suite=suite or None, commit=commit or None,
                                 before_id=before, limit=50)
-    counts = queries.job_case_counts(session, [j.id for j in jobs])
+    counts = page_queries.job_case_counts(session, [j.id for j in jobs])
     now = _now()
     rows = [_job_row(j, counts.get(j.id, {}), now) for j in jobs]
     filt = {k: v for k, v in (("status", status), ("suite", suite), ("commit", commit)) if v}
@@ -158,7 +160,7 @@ def jobs_page(request: Request, status: str | None = None, suite: str | None = N
               commit: str | None = None, before: int | None = None,
               session: Session = Depends(get_session)) -> HTMLResponse:
     ctx = _jobs_context(session, status, suite, commit, before)
-    known = sorted(set(_suite_names()) | set(queries.suites_with_results(session)))
+    known = sorted(set(_suite_names()) | set(page_queries.suites_with_results(session)))
     return _page(request, "jobs.html", nav="jobs", statuses=JOB_STATUSES, suites=known,
                  presets=PRESETS, devices=DEVICES, form={"device": "cpu", "preset": "quick"}, form_open=False,
                  message=None, **ctx)
@@ -196,7 +198,7 @@ def submit_job(
 
     def again(status_code: int, message: str) -> HTMLResponse:
         ctx = _jobs_context(session, None, None, None, None)
-        known = sorted(set(_suite_names()) | set(queries.suites_with_results(session)))
+        known = sorted(set(_suite_names()) | set(page_queries.suites_with_results(session)))
         return _page(request, "jobs.html", status_code, nav="jobs", statuses=JOB_STATUSES, suites=known,
                      presets=PRESETS, devices=DEVICES, form=form, form_open=True, message=message,
                      message_class="bad", **ctx)
@@ -305,11 +307,11 @@ def _plots(
                 bins[m.id] = max(bins.get(m.id, 1), math.ceil(ms.count / charts.MAX_STEPS))
     attempt = max(1, job.attempts)
     case_ids = [c.case_id for c in cases if only is None or c.fingerprint in only]
-    timing = queries.timing_groups(session, job.id, attempt, case_ids, timed_ids, strides)
-    steps = queries.step_groups(session, job.id, attempt, case_ids, traj_ids, bins)
+    timing = page_queries.timing_groups(session, job.id, attempt, case_ids, timed_ids, strides)
+    steps = page_queries.step_groups(session, job.id, attempt, case_ids, traj_ids, bins)
     names = {c.case_id: (c.fingerprint, c.name) for c in cases}
     out: dict[str, list[dict[str, Any]]] = {}
-    per_case: dict[int, list[queries.Group]] = {}
+    per_case: dict[int, list[page_queries.Group]] = {}
     for g in timing:
         per_case.setdefault(g.case_id, []).append(g)
     for cid, gs in per_case.items():
@@ -339,7 +341,7 @@ def _plots(
             continue
         fp, cname = names[cid]
         # one chart per unit: relative errors, absolute errors, losses (nats), norms never share an axis
-        by_unit: dict[str, list[queries.Group]] = {}
+        by_unit: dict[str, list[page_queries.Group]] = {}
         for g in gs:
             by_unit.setdefault(by_name[g.metric].unit, []).append(g)
         for unit, ug in by_unit.items():
@@ -399,7 +401,7 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
          "size": views.human_bytes(a.size, "bytes")}
         for a in store.list_artifacts(session, job_id)
     ]  # fmt: skip
-    prev = queries.previous_job(session, job)
+    prev = page_queries.previous_job(session, job)
     plotted = ("time", "memory", "trajectory")
     history_metrics = {
         c.fingerprint: [m.metric for m in c.metrics.values() if m.kind in plotted][:4] for c in cases
@@ -512,7 +514,7 @@ def _resolve_side(session: Session, text: str, suite: str | None, device: str | 
 
 
 def _num(value: float | None, unit: str = "") -> str:
-    return charts.fmt(value, unit) if value is not None else "–"
+    return fmt(value, unit) if value is not None else "–"
 
 
 @pages.get("/compare", response_class=HTMLResponse)
@@ -525,7 +527,8 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
     show = show if show in views.COMPARE_VIEWS else "changes"
     form = {"base": base, "head": head, "suite": suite, "device": device, "show": show}
     ctx: dict[str, Any] = {"nav": "compare", "form": form, "recent": recent, "devices": DEVICES,
-                           "suites": sorted(set(_suite_names()) | set(queries.suites_with_results(session))),
+                           "suites": sorted(set(_suite_names())
+                                            | set(page_queries.suites_with_results(session))),
                            "cmp": None, "error": None, "views_available": list(views.COMPARE_VIEWS.items()),
                            "baselines": baselines}
     if not base or not head:
@@ -570,21 +573,21 @@ def _compare(session: Session, base_id: int, head_id: int) -> Any:
 @pages.get("/history", response_class=HTMLResponse)
 def history_page(request: Request, fingerprint: str | None = None, metric: str | None = None,
                  session: Session = Depends(get_session)) -> HTMLResponse:
-    suites = queries.suites_with_results(session)
+    suites = page_queries.suites_with_results(session)
     if not fingerprint:
         return _page(request, "history.html", nav="history", series=None, missing=None, suites=suites)
     case = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))
     if case is None:
         return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"No case with fingerprint {fingerprint!r}.")
-    names = queries.case_metric_names(session, fingerprint)
+    names = page_queries.case_metric_names(session, fingerprint)
     if not names:
         return _page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"Case {case.name!r} has no samples yet.")
     metric = metric if metric in names else names[0]
     mdef = session.scalar(select(MetricRow).where(MetricRow.suite == case.suite, MetricRow.name == metric))
     unit = mdef.unit if mdef else ""
-    stats = queries.series_summaries(session, case.id, mdef.id) if mdef else []
+    stats = page_queries.series_summaries(session, case.id, mdef.id) if mdef else []
     if not stats:  # jobs stored without summaries (not run by the service): reduce the raw samples
         raw = store.fingerprint_series(session, fingerprint, metric)
         stats = [_raw_stat(job, worst.values) for job, worst in raw]
@@ -617,14 +620,14 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     return _page(request, "history.html", nav="history", series=series, missing=None, suites=suites)
 
 
-def _raw_stat(job: JobRow, values: Any) -> queries.SeriesStat:
+def _raw_stat(job: JobRow, values: Any) -> page_queries.SeriesStat:
     import numpy as np
 
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0 or np.isnan(v).any():
         nan = float("nan")
-        return queries.SeriesStat(job, int(v.size), nan, nan, nan, nan)
-    return queries.SeriesStat(job, int(v.size), float(np.median(v)), float(v.min()),
+        return page_queries.SeriesStat(job, int(v.size), nan, nan, nan, nan)
+    return page_queries.SeriesStat(job, int(v.size), float(np.median(v)), float(v.min()),
                               float(np.percentile(v, 90)), float(v.max()))
 
 
@@ -635,7 +638,7 @@ def history_suite(request: Request, suite: str, kind: str = "time", device: str 
     kinds = ("time", "memory", "accuracy", "trajectory", "check")
     kind = kind if kind in kinds else "time"
     last = min(max(last, 2), 200)
-    series = queries.suite_overview(session, suite, kind, device=device or None, world_size=world_size,
+    series = page_queries.suite_overview(session, suite, kind, device=device or None, world_size=world_size,
                                     last=last)
     rows = []
     for s in series:
@@ -678,7 +681,7 @@ def suites_page(request: Request) -> HTMLResponse:
             bound = m.get("bound")
             rel = "≤" if m.get("direction") == "lower" else "≥"
             unit = views.shown_unit(m.get("unit", ""))
-            m["bound_text"] = f"{rel} {charts.fmt(bound, unit)}" if bound is not None else "–"
+            m["bound_text"] = f"{rel} {fmt(bound, unit)}" if bound is not None else "–"
         for p in d["presets"].values():
             for c in p["cases"]:
                 c["short"] = views.short_params(c["params"], limit=12)
