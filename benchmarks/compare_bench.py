@@ -81,7 +81,8 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
     from sqlalchemy.orm import Session
 
     from service.domain.baselines import compare_jobs
-    from service.persistence import store
+    from service.persistence import cases as case_store
+    from service.persistence import samples as sample_store
     from service.persistence.db import make_engine, upgrade
     from service.persistence.models import JobRow
     from workers.suite import Case
@@ -96,16 +97,16 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
                          status="succeeded")
             s.add(job)
             s.flush()
-            mids = store.ensure_metrics(s, "bench", side.metrics.values())
+            mids = sample_store.ensure_metrics(s, "bench", side.metrics.values())
             cases = [Case("bench", fp, {"fp": fp}) for fp in side.samples.case_keys]
-            cids = store.ensure_cases(s, cases, "cpu", 4)
+            cids = case_store.ensure_cases(s, cases, "cpu", 4)
             ids.append(job.id)
         t = side.samples
         case_ids = np.array([cids[fp] for fp in t.case_keys])[t.case]
         metric_ids = np.array([mids[m] for m in t.metric_keys])[t.metric]
         rows = list(zip(case_ids.tolist(), metric_ids.tolist(), t.rank.tolist(), t.idx.tolist(),
                         t.value.tolist(), strict=True))  # fmt: skip
-        store.insert_samples(engine, ids[-1], rows)
+        sample_store.insert_samples(engine, ids[-1], rows)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -19,17 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from service.persistence.cases import ensure_cases
 from service.persistence.db import make_engine, session_factory, upgrade
 from service.persistence.models import JobRow
-from service.persistence.store import (
-    case_summaries,
-    compute_summary,
-    ensure_cases,
-    ensure_metrics,
-    finish_summary,
-    insert_samples,
-    store_summary,
-)
+from service.persistence.samples import ensure_metrics, insert_samples
+from service.persistence.summaries import case_summaries, compute_summary, finish_summary, store_summary
 from workers.suite import Case, Metric
 
 

@@ -25,7 +25,11 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from service.persistence import queue, store
+from service.persistence import artifacts, queue
+from service.persistence import cases as case_store
+from service.persistence import jobs as job_store
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
 from service.persistence.db import write_tx
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.settings import Settings
@@ -55,25 +59,25 @@ class StoreSink:
         self.metric_ids: dict[str, int] = {}
         self.summarized: set[int] = set()  # case ids whose summary is stored for this attempt
         with write_tx(engine) as s:
-            store.drop_earlier_summaries(s, job.id, self.attempt)
-            store.drop_earlier_case_results(s, job.id, self.attempt)
+            summary_store.drop_earlier_summaries(s, job.id, self.attempt)
+            case_store.drop_earlier_case_results(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params, device=job.device))
-                self.metric_ids = store.ensure_metrics(s, suite.name, suite.metrics)
+                self.metric_ids = sample_store.ensure_metrics(s, suite.name, suite.metrics)
             except Exception as exc:  # the executor reports the real failure; keep the sink usable
                 cases = []
-                store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
-            self.case_ids = store.ensure_cases(s, cases, job.device, job.world_size)
+                job_store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
+            self.case_ids = case_store.ensure_cases(s, cases, job.device, job.world_size)
 
     # -- ids for names the suite did not declare up front (kept, and said so in the log)
     def _case_id(self, s: Session, name: str) -> int:
         if name not in self.case_ids:
             self.case_ids.update(
-                store.ensure_cases(s, [Case(self.suite, name, {"undeclared": name})], self.device,
+                case_store.ensure_cases(s, [Case(self.suite, name, {"undeclared": name})], self.device,
                                    self.world_size)
             )  # fmt: skip
-            store.add_event(
+            job_store.add_event(
                 s, self.job_id, "log", f"case {name!r} is not in the suite's matrix; stored anyway"
             )
         return self.case_ids[name]
@@ -84,7 +88,7 @@ class StoreSink:
             s.add(row)
             s.flush()
             self.metric_ids[name] = row.id
-            store.add_event(
+            job_store.add_event(
                 s, self.job_id, "log", f"metric {name!r} is not declared by the suite; stored anyway"
             )
         return self.metric_ids[name]
@@ -105,13 +109,13 @@ class StoreSink:
             reopened = {cids[b.case] for b in batch} & self.summarized
             if reopened:  # samples after the case's end: its stored summary is stale, show it live
                 with write_tx(self.engine) as s:
-                    store.drop_case_summaries(s, job, att, reopened)
+                    summary_store.drop_case_summaries(s, job, att, reopened)
                 self.summarized -= reopened
             rows = [
                 (job, att, cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value))
                 for b in batch
             ]
-            store.insert_sample_rows(self.engine, rows)
+            sample_store.insert_sample_rows(self.engine, rows)
             self.samples_written += len(rows)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
@@ -121,7 +125,7 @@ class StoreSink:
                     error = f"executor reported unknown status {status!r}; {error or ''}".strip()
                     status = "error"
                 case_id = self._case_id(s, case)
-                store.set_case_result(s, self.job_id, case_id, status, error, attempt=self.attempt)
+                case_store.set_case_result(s, self.job_id, case_id, status, error, attempt=self.attempt)
             self._store_case_summary(case_id)
 
     def _store_case_summary(self, case_id: int) -> None:
@@ -130,9 +134,10 @@ class StoreSink:
         stores it."""
         try:
             with Session(self.engine) as s:
-                summary = store.compute_summary(s, self.job_id, case_ids=[case_id], attempt=self.attempt)
+                summary = summary_store.compute_summary(s, self.job_id, case_ids=[case_id],
+                                                        attempt=self.attempt)
             with write_tx(self.engine) as s:
-                store.store_summary(s, self.job_id, summary, case_ids=[case_id], attempt=self.attempt)
+                summary_store.store_summary(s, self.job_id, summary, case_ids=[case_id], attempt=self.attempt)
             self.summarized.add(case_id)
         except Exception:
             log.exception("storing the summary of case %s of job %s failed", case_id, self.job_id)
@@ -143,7 +148,7 @@ class StoreSink:
             if job is None:
                 return
             job.progress_done, job.progress_total, job.progress_message = done, total, message[:1000]
-            store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
+            job_store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
 
     def info(self, info: Mapping[str, Any]) -> None:
         info = dict(info)
@@ -154,18 +159,19 @@ class StoreSink:
                 return
             if defs:  # what this job's summaries are judged and stored with
                 own = [Metric.from_dict(d) for d in defs]
-                self.metric_ids.update(store.ensure_metrics(s, self.suite, own))
+                self.metric_ids.update(sample_store.ensure_metrics(s, self.suite, own))
             job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
-            store.add_event(s, self.job_id, "info", "", dict(info))
+            job_store.add_event(s, self.job_id, "info", "", dict(info))
 
     def log(self, line: str) -> None:
         with self._lock, write_tx(self.engine) as s:
-            store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
+            job_store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
 
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         with self._lock, write_tx(self.engine) as s:
-            store.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
-            store.add_event(s, self.job_id, "artifact", name, {"media_type": media_type, "size": len(data)})
+            artifacts.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
+            job_store.add_event(s, self.job_id, "artifact", name,
+                                {"media_type": media_type, "size": len(data)})
 
 
 class Dispatcher:
@@ -285,11 +291,11 @@ class Dispatcher:
                 self._requeue(job.id)
                 return
             try:  # cases that ended have their summary already: only the rest is computed
-                store.finish_summary(self.engine, job.id, store.job_attempt(job))
+                summary_store.finish_summary(self.engine, job.id, job_store.job_attempt(job))
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
             try:  # before the final status, so a finished job is never seen without its verdict
-                store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
+                summary_store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
             except Exception:
                 log.exception("storing the verdict of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):

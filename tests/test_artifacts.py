@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from service.app import create_app
-from service.persistence import store
+from service.persistence import artifacts as artifact_store
 from service.persistence.artifacts import artifact_path, store_key
 from service.persistence.models import JobRow
 from service.settings import Settings
@@ -29,7 +29,7 @@ def _job_with(http: TestClient, artifacts: Path, files: dict[str, bytes]) -> int
         s.add(job)
         s.flush()
         for name, data in files.items():
-            store.save_artifact(s, job.id, name, "text/plain", data, artifacts)
+            artifact_store.save_artifact(s, job.id, name, "text/plain", data, artifacts)
         return job.id
 
 

@@ -18,10 +18,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.dispatcher import StoreSink
-from service.domain import views
+from service.domain import submission, views
 from service.domain.baselines import load_side
 from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
-from service.persistence import db, page_queries, queue, store
+from service.persistence import cases as case_store
+from service.persistence import db, page_queries, queue, summaries
+from service.persistence import samples as sample_store
 from service.persistence.models import CaseResultRow, JobRow
 from service.settings import Settings
 from tests.gate_suite_for_tests import SUITE_MODULE
@@ -95,7 +97,7 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
     engine: Any, tmp_path: Path
 ) -> None:
     settings = Settings(db_url=str(engine.url), dispatch=False, executor="local")
-    submitted = queue.submit_job(engine, settings, {"suite": FAKE, "params": {"cases": 3}}, None)
+    submitted = submission.submit_job(engine, settings, {"suite": FAKE, "params": {"cases": 3}}, None)
     job = queue.claim(engine, "first", LIMITS)
     assert job is not None and job.id == submitted.id and job.attempts == 1
     first = StoreSink(engine, job, tmp_path / "artifacts")
@@ -139,7 +141,7 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
 
         second.samples(_samples("c1"))
         second.case_result("c1", "passed")
-        assert store.finish_summary(engine, job.id, 2) == 0  # both cases stored theirs at their end
+        assert summaries.finish_summary(engine, job.id, 2) == 0  # both cases stored theirs at their end
         assert queue.finish(engine, job.id, "second", "succeeded")
         assert [r[0] for r in _rows(engine, job.id)] == [2, 2]  # the stale run's rows are gone at the end
         # the job-level verdict counts attempt 2 only (attempt 1 had c0 and c2 passed)
@@ -178,13 +180,13 @@ def _rerun(engine: Any, job_id: int, latest: str | None, stale: str) -> None:
     with db.write_tx(engine) as s:
         s.get(JobRow, job_id).attempts = 2
         ((cid,),) = s.execute(select(CaseResultRow.case_id).where(CaseResultRow.job_id == job_id)).all()
-        store.drop_earlier_case_results(s, job_id, 2)
+        case_store.drop_earlier_case_results(s, job_id, 2)
         if latest is not None:
-            store.set_case_result(s, job_id, cid, latest, boom if latest == "error" else None, attempt=2)
+            case_store.set_case_result(s, job_id, cid, latest, boom if latest == "error" else None, attempt=2)
     rows = [(v.case_id, v.metric_id, v.rank, v.idx, v.value) for v in _samples_of(engine, job_id)]
-    store.insert_samples(engine, job_id, rows, attempt=2)
+    sample_store.insert_samples(engine, job_id, rows, attempt=2)
     with db.write_tx(engine) as s:
-        store.set_case_result(s, job_id, cid, stale, boom if stale == "error" else None, attempt=1)
+        case_store.set_case_result(s, job_id, cid, stale, boom if stale == "error" else None, attempt=1)
 
 
 def _samples_of(engine: Any, job_id: int) -> list[Any]:

@@ -181,7 +181,7 @@ def test_sources_that_cannot_be_had_are_refused(ext_repo, tmp_path: Path) -> Non
 
 
 def test_a_job_request_names_its_backend_source_in_a_label() -> None:
-    from service.persistence.queue import InvalidJob, validate_request
+    from service.domain.submission import InvalidJob, validate_request
 
     body = {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager", "extgdn"]},
             "labels": {"backend_source": "git+../ext-gdn@v1"}}  # fmt: skip

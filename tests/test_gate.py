@@ -25,7 +25,10 @@ from service.domain.gate import (
     GateState,
     evaluate_gate,
 )
-from service.persistence import queue, store
+from service.persistence import baselines, queue
+from service.persistence import cases as case_store
+from service.persistence import commits as commit_store
+from service.persistence import samples as sample_store
 from service.persistence.models import CommitRow, JobRow
 from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
@@ -64,9 +67,9 @@ class FakeRunner:
                 return
             params = SUITE.resolve_params(job.preset, job.params)
             (case,) = SUITE.cases(params)
-            mids = store.ensure_metrics(s, SUITE.name, SUITE.metrics)
-            cid = store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
-            store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
+            mids = sample_store.ensure_metrics(s, SUITE.name, SUITE.metrics)
+            cid = case_store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
+            case_store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
                                   "Traceback: boom" if sha in ERRORS else None)  # fmt: skip
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
@@ -75,7 +78,7 @@ class FakeRunner:
         rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
                 for i in range(params.repeats)]  # fmt: skip
         rows.append((cid, mids["err"], 0, 0, 1e-4))
-        store.insert_samples(self.engine, job_id, rows)
+        sample_store.insert_samples(self.engine, job_id, rows)
 
 
 @pytest.fixture
@@ -173,9 +176,9 @@ def test_baselines_parents_and_job_bases(env) -> None:
     first = gate(env, head=B, base=A)
     base_job = next(j.job_id for j in first.jobs if j.role == "base")
     with Session(engine) as s, s.begin():
-        store.set_baseline(s, "main", commit=A)
+        baselines.set_baseline(s, "main", commit=A)
         s.execute(update(CommitRow).where(CommitRow.sha == C).values(parent=B))
-        store.ensure_commit(s, E, parent=A)
+        commit_store.ensure_commit(s, E, parent=A)
     named = gate(env, head=B, baseline="main")
     assert named.exit_code == EXIT_PASS and "baseline 'main'" in named.base_source
     by_job = gate(env, head=C, base=f"job:{base_job}")

@@ -103,8 +103,8 @@ def test_submit_checks_the_job_placement_against_the_cluster(executor, cluster) 
     it, and what can never fit under that strategy is refused at submit."""
     from pydantic import ValidationError
 
+    from service.domain.submission import InvalidJob, validate_request
     from service.executor_choice import build_executor
-    from service.persistence.queue import InvalidJob, validate_request
     from service.settings import Settings
 
     built = build_executor(Settings(executor="ray", ray_address=cluster[0].address, placement="SPREAD"))

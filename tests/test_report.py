@@ -18,7 +18,9 @@ from sqlalchemy.orm import Session
 from service.domain.gate import gate_markdown
 from service.domain.markdown import comparison_markdown
 from service.domain.report import build_report
-from service.persistence import store
+from service.persistence import cases as case_store
+from service.persistence import commits
+from service.persistence import samples as sample_store
 from service.persistence.db import make_engine, upgrade
 from service.persistence.models import JobRow
 from workers.suite import Case, Metric
@@ -53,15 +55,15 @@ def add_job(
     engine, sha: str, *, triton_ms: float = 10.0, rel_l2: float = 5.86e-3, nan_step: int | None = None
 ) -> int:
     with Session(engine) as s, s.begin():
-        commit = store.ensure_commit(s, sha)
+        commit = commits.ensure_commit(s, sha)
         job = JobRow(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
                   status="succeeded", info={**INFO, "commit": sha})  # fmt: skip
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, CASES.values(), "cuda", 4)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cids = case_store.ensure_cases(s, CASES.values(), "cuda", 4)
         for c in CASES.values():
-            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+            case_store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows: list[tuple[int, int, int, int, float]] = []
 
@@ -88,7 +90,7 @@ def add_job(
     if nan_step is not None:
         steps[nan_step] = float("nan")
     put("train", "loss_rel_err", steps)
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 

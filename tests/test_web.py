@@ -31,7 +31,11 @@ pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.orm import Session
 
-from service.persistence import db, store
+from service.persistence import artifacts as artifact_store
+from service.persistence import baselines, commits, db
+from service.persistence import cases as case_store
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
 from service.persistence.models import CaseRow, JobRow
 from workers.suite import Case, Metric
 
@@ -98,7 +102,7 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
     """A job row with its metric and case rows, as the service writes them when a job runs."""
     now = datetime.now(UTC) - timedelta(minutes=minutes_ago)
     with Session(engine) as s, s.begin():
-        c = store.ensure_commit(s, commit)
+        c = commits.ensure_commit(s, commit)
         job = JobRow(suite=suite, preset="full", params=GDN_PARAMS if suite == GDN else {},
                   commit_id=c.id if c else None, device="cuda", world_size=world, status=status,
                   progress_done=len(cases), progress_total=len(cases), attempts=1,
@@ -108,10 +112,11 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
                   finished_at=now if status in ("succeeded", "failed") else None)  # fmt: skip
         s.add(job)
         s.flush()
-        metric_ids = store.ensure_metrics(s, suite, metrics)
-        case_ids = store.ensure_cases(s, cases, "cuda", world)
+        metric_ids = sample_store.ensure_metrics(s, suite, metrics)
+        case_ids = case_store.ensure_cases(s, cases, "cuda", world)
         for case in cases:
-            store.set_case_result(s, job.id, case_ids[case.name], statuses.get(case.name, "passed"), None)
+            status = statuses.get(case.name, "passed")
+            case_store.set_case_result(s, job.id, case_ids[case.name], status, None)
         return job.id, metric_ids, case_ids
 
 
@@ -148,7 +153,7 @@ def _gdn_job(engine: Any, *, commit: str, status: str, minutes_ago: int, rng: np
         if b != "fla":  # the baseline: the ratios are the other backends'
             rows.append((cid, mids["ratio_to_baseline"], 0, 0, fwd_bwd / (TRITON_MS[T] * 1.12)))
             rows.append((cid, mids["peak_ratio_to_baseline"], 0, 0, peaks[b] / 1.05))
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
@@ -170,14 +175,14 @@ def _cp_job(engine: Any, *, commit: str, rng: np.random.Generator) -> int:
         for r in range(CP_WORLD):
             rows.append((cid, mids["loss_max_rel"], r, step, 1e-5 * (1 + step / STEPS) * (1 + r)))
             rows.append((cid, mids["grad_norm_max_rel"], r, step, 2e-3 * (1.2 + np.sin(step)) / (1 + r)))
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
 def _finish(engine: Any, job_id: int) -> None:
     """What the service does when a job ends: store its summaries once."""
     with Session(engine) as s, s.begin():
-        store.store_summary(s, job_id)
+        summary_store.store_summary(s, job_id)
 
 
 TRACE = b'{"traceEvents": [{"name": "chunk_fwd", "ph": "X", "ts": 0, "dur": 812}]}'
@@ -195,13 +200,14 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
     for job_id in (base, head, cp, failed):
         _finish(engine, job_id)
     with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
-        store.save_artifact(s, head, TRACE_NAME, "application/gzip", gzip.compress(TRACE), artifacts_dir)
+        trace = gzip.compress(TRACE)
+        artifact_store.save_artifact(s, head, TRACE_NAME, "application/gzip", trace, artifacts_dir)
     with Session(engine) as s, s.begin():
         j = s.get(JobRow, running)
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
         # held by another (live) dispatcher: the test server's own dispatcher leaves it alone
         j.claimed_by, j.heartbeat_at = "elsewhere:1:web-test", datetime.now(UTC)
-        store.set_baseline(s, "release", job_id=base, note="last release")
+        baselines.set_baseline(s, "release", job_id=base, note="last release")
         j = s.get(JobRow, failed)
         j.error = "rank 0 raised RuntimeError: CUDA error: an illegal memory access was encountered"
     fps = {c.name: c.fingerprint("cuda", 1) for c in _gdn_cases()}
@@ -420,10 +426,10 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
                   attempts=1)  # fmt: skip
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, suite, metrics)
-        cids = store.ensure_cases(s, cases, "cuda", ranks)
+        mids = sample_store.ensure_metrics(s, suite, metrics)
+        cids = case_store.ensure_cases(s, cases, "cuda", ranks)
         for c in cases:
-            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+            case_store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows = []
     for c in cases:
@@ -432,8 +438,8 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
             vals = rng.normal(100, 2, (ranks, n)) if m.kind == "time" else rng.random((ranks, n)) * 1e-4
             rows += [(cids[c.name], mids[m.name], r, i, float(vals[r, i]))
                      for r in range(ranks) for i in range(n)]  # fmt: skip
-    store.insert_samples(engine, job_id, rows)
-    store.finish_summary(engine, job_id, 1)
+    sample_store.insert_samples(engine, job_id, rows)
+    summary_store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:
         s.get(JobRow, job_id).status = "succeeded"
     with Session(engine) as s:

@@ -8,7 +8,6 @@ Kept apart from `service.domain.compare` so the engine stays database-free; SQLA
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -18,16 +17,17 @@ from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
 from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.persistence import baselines, commits
+from service.persistence.jobs import find_commit_job
 from service.persistence.models import (
-    BaselineRow,
     CaseResultRow,
     CaseRow,
-    CommitRow,
     JobRow,
     MetricRow,
     SampleRow,
     SummaryRow,
 )
+from service.persistence.samples import worst_rank_per_idx
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
@@ -121,11 +121,9 @@ def _worst_rank_rows(
 ) -> np.ndarray:
     """(n, 5) float64 rows of case id, metric id, ranks reporting, idx and the worst rank's value
     (NaN when any rank's is), one per (case, metric, idx): the rank reduction runs in SQL over
-    the covering job index (`store.worst_rank_per_idx`), and the rows come through the driver's
+    the covering job index (`sample_store.worst_rank_per_idx`), and the rows come through the driver's
     own cursor into numpy in one call. A CP job's 100k raw rows become ~25k: loading, not
     comparing, was most of the gate's compare time."""
-    from service.persistence.store import worst_rank_per_idx
-
     s = SampleRow
     where = (s.job_id == job_id, s.attempt == attempt)
     if world_size == 1:  # one rank: the rows are the reduction already
@@ -203,42 +201,6 @@ def compare_pooled(
     if base.ref.suite != head.ref.suite:
         raise ValueError(f"suite {base.ref.suite!r} vs {head.ref.suite!r}; expected one suite")
     return compare(base, head, config)
-
-
-def find_commit_job(
-    session: Session,
-    sha: str,
-    suite: str,
-    *,
-    preset: str | None = None,
-    device: str | None = None,
-    world_size: int | None = None,
-    params: Mapping[str, Any] | None = None,
-    statuses: tuple[str, ...] = ("succeeded",),
-) -> JobRow | None:
-    """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
-    submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
-    from service.persistence.store import commit_ids
-
-    q = (
-        select(JobRow)
-        .where(JobRow.commit_id.in_(commit_ids(sha, min_prefix=7)), JobRow.suite == suite,
-               JobRow.status.in_(statuses))
-        .order_by(JobRow.id.desc())
-    )
-    if preset is not None:
-        q = q.where(JobRow.preset == preset)
-    if device is not None:
-        q = q.where(JobRow.device == device)
-    if world_size is not None:
-        q = q.where(JobRow.world_size == world_size)
-    want = dict(params or {})
-    for job in session.scalars(q.limit(50)).unique():
-        if job.cases:  # a re-measurement of some cases (the gate's), not the commit's job
-            continue
-        if params is None or dict(job.params or {}) == want:
-            return job
-    return None
 
 
 def compare_commits(
@@ -326,9 +288,9 @@ def resolve_base(
     if baseline:
         if session is None:
             raise ValueError(f"baseline {baseline!r} needs the store")
-        row = session.scalars(select(BaselineRow).where(BaselineRow.name == baseline)).unique().first()
+        row = baselines.get_baseline(session, baseline)
         if row is None:
-            names = sorted(session.scalars(select(BaselineRow.name)))
+            names = [b.name for b in baselines.list_baselines(session)]
             raise NotFound(f"no baseline named {baseline!r}; expected one of {names}")
         if row.job_id is not None:
             return BaseRef("job", str(row.job_id), f"baseline {baseline!r} (job {row.job_id})")
@@ -340,8 +302,7 @@ def resolve_base(
         if parent:
             return BaseRef("commit", parent, f"parent of {head[:12]} in the repository")
     if session is not None:
-        q = select(CommitRow).where(CommitRow.sha.startswith(head, autoescape=True))
-        crow = session.scalars(q).first()
+        crow = commits.first_commit_with_prefix(session, head)
         if crow is not None and crow.parent:
             return BaseRef("commit", crow.parent, f"parent of {head[:12]} recorded in the store")
     raise NotFound(

@@ -16,8 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from service.domain import report_tables as tables
+from service.domain import views
+from service.domain.baselines import NotFound, compare_jobs
 from service.domain.compare import Comparison
 from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
+from service.persistence import jobs as job_store
+from service.persistence import summaries as summary_store
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -40,22 +45,19 @@ class JobData:
     world_size: int
     error: str | None
     info: Mapping[str, Any]
-    cases: list[Any]  # store.CaseSummary (fits service.domain.views.CaseStats)
+    cases: list[Any]  # summary_store.CaseSummary (fits service.domain.views.CaseStats)
     started: Any = None
     finished: Any = None
     verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
-    from service.domain.baselines import NotFound
-    from service.persistence import store
-
-    job = store.get_job(session, job_id)
+    job = job_store.get_job(session, job_id)
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     return JobData(
         job.id, job.suite, job.preset, job.status, job.commit_sha, job.device, job.world_size, job.error,
-        dict(job.info or {}), store.case_summaries(session, job_id), job.started_at, job.finished_at,
+        dict(job.info or {}), summary_store.case_summaries(session, job_id), job.started_at, job.finished_at,
         job.verdict,
     )  # fmt: skip
 
@@ -98,9 +100,6 @@ def job_report_markdown(
     title: str | None = None,
 ) -> str:
     """The test report for one or more jobs (one per suite), with optional comparisons."""
-    from service.domain import report_tables as tables
-    from service.domain import views
-
     commits = sorted({short_sha(j.commit or j.info.get("commit")) for j in jobs})
     suites = ", ".join(j.suite for j in jobs)
     lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
@@ -217,8 +216,6 @@ def build_report(
 ) -> tuple[str, list[Comparison]]:
     """Markdown report of stored jobs; with base jobs, each head job is compared with the base
     job of the same suite. Returns (markdown, comparisons)."""
-    from service.domain.baselines import compare_jobs
-
     jobs = [load_job_data(session, j) for j in job_ids]
     bases = [load_job_data(session, b) for b in base_ids]
     by_suite = {b.suite: b for b in bases}

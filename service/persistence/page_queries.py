@@ -3,7 +3,7 @@
 Why not in the store: these shape data for drawing (raw lanes per rank, worst rank per
 repetition with its idx, medians per job for sparklines). Each is one grouped SQL query whose
 rows go straight into numpy, so a job with 100k samples costs a covering-index scan, not 100k
-Python objects. Everything else comes from `service.persistence.store`.
+Python objects. Everything else comes from the entity modules of `service.persistence`.
 """
 
 from __future__ import annotations

@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
+from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
+from service.persistence.jobs import add_event
 from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
-from service.persistence.store import add_event, ensure_commit
-from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
-from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
-from workers.registry import get_suite
-from workers.suite import UnknownSuiteInput, select_cases
+from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.executors.base import PLACEMENT_LABEL
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    pass
 
 
 class JobNotFound(LookupError):
@@ -337,89 +336,3 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 add_event(s, job.id, "status", "failed", {"reason": job.error})
             settled.append((job.id, job.status))
     return settled
-
-
-class InvalidJob(ValueError):
-    """A submission the service can never run; the message names the bad value and the choices."""
-
-
-class SuiteUnavailable(RuntimeError):
-    """A registered suite whose module fails to load: the service's fault, not the request's."""
-
-
-def validate_request(body: Any, executor: Executor | None) -> JobRequest:
-    """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor.
-
-    Unknown suite/preset/parameter, a device the suite does not run on, and a world size no
-    device pool can ever give all raise `InvalidJob` (the API answers 422 with the message).
-    """
-    from service.api.schemas import JobCreate
-
-    req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body)
-    try:
-        suite = get_suite(req.suite)
-        params = suite.resolve_params(req.preset, req.params, device=req.device)
-        if req.cases:
-            select_cases(suite.cases(params), list(req.cases))
-    except UnknownSuiteInput as exc:
-        raise InvalidJob(str(exc)) from exc
-    except Exception as exc:
-        raise SuiteUnavailable(f"suite {req.suite!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
-    if req.device not in suite.devices:
-        raise InvalidJob(f"suite {suite.name!r} runs on {list(suite.devices)}, not on device {req.device!r}")
-    if req.world_size < suite.min_world_size:
-        raise InvalidJob(
-            f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
-        )
-    placement = req.labels.get(PLACEMENT_LABEL) or None
-    if placement is not None:
-        try:
-            check_placement(placement)
-        except ValueError as exc:
-            raise InvalidJob(f"label {PLACEMENT_LABEL!r}: {exc}") from exc
-    source = req.labels.get(BACKEND_SOURCE_LABEL) or None
-    if source is not None:
-        try:
-            BackendSource.parse(source)
-        except BackendSourceError as exc:
-            raise InvalidJob(f"label {BACKEND_SOURCE_LABEL!r}: {exc}") from exc
-    if executor is not None:
-        try:
-            most = executor.most_ranks(req.device, placement)
-        except ValueError as exc:
-            raise InvalidJob(str(exc)) from exc
-        if req.world_size > most:
-            how = f" with placement {placement}" if placement else ""
-            raise InvalidJob(
-                f"world_size {req.world_size} on {req.device!r}{how} can never be satisfied: the "
-                f"{executor.kind} executor offers at most {most} {req.device} rank(s)"
-            )
-    del params  # validated; the job stores the overrides as given, the preset fills the rest at run time
-    return JobRequest(
-        suite=suite.name,
-        preset=req.preset,
-        params=dict(req.params),
-        commit=req.commit,
-        device=req.device,
-        world_size=req.world_size,
-        priority=req.priority,
-        labels=dict(req.labels),
-        idempotency_key=req.idempotency_key,
-        cases=tuple(req.cases) if req.cases else None,
-    )
-
-
-def submit_checked(
-    engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
-) -> tuple[JobRow, bool]:
-    """Validate and queue; returns (job, created). The API and the web form share this path."""
-    if executor is None:
-        from service.executor_choice import get_executor
-
-        executor = get_executor(settings)
-    return submit(engine, validate_request(body, executor))
-
-
-def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> JobRow:
-    """Validate and queue a submission (a dict of the `POST /api/v1/jobs` fields); returns the job."""
-    return submit_checked(engine, settings, body, executor)[0]
