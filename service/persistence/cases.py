@@ -71,3 +71,7 @@ def latest_case_results(session: Session, job_id: int) -> list[CaseResultRow]:
         return []
     r = CaseResultRow
     return list(session.scalars(select(r).where(r.job_id == job_id, r.attempt == job_attempt(job))))
+
+
+def case_by_fingerprint(session: Session, fingerprint: str) -> CaseRow | None:
+    return session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))

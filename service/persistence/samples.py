@@ -43,6 +43,17 @@ def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> d
     return {name: row.id for name, row in existing.items()}
 
 
+def metric_by_name(session: Session, suite: str, name: str) -> MetricRow | None:
+    return session.scalar(select(MetricRow).where(MetricRow.suite == suite, MetricRow.name == name))
+
+
+def metrics_of_kinds(session: Session, suite: str, kinds: Sequence[str]) -> list[Any]:
+    """(id, name, direction, kind, unit, bound) of the suite's metrics of these kinds."""
+    m = MetricRow
+    q = select(m.id, m.name, m.direction, m.kind, m.unit, m.bound).where(m.suite == suite, m.kind.in_(kinds))
+    return list(session.execute(q).all())
+
+
 def insert_samples(
     engine: Engine, job_id: int, rows: Sequence[tuple[int, int, int, int, float]], attempt: int = 1
 ) -> int:

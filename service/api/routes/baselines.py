@@ -17,7 +17,8 @@ from service.api.schemas import (
 )
 from service.persistence import baselines as baseline_store
 from service.persistence import db
-from service.persistence.models import BaselineRow, JobRow
+from service.persistence import jobs as job_store
+from service.persistence.models import BaselineRow
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
 
@@ -49,7 +50,7 @@ def set_baseline(name: Name, body: BaselineSet, request: Request) -> BaselineOut
     if (body.commit is None) == (body.job_id is None):
         raise HTTPException(422, "give exactly one of 'commit' (a sha or ref) or 'job_id'")
     with db.write_tx(request.app.state.engine) as s:
-        if body.job_id is not None and s.get(JobRow, body.job_id) is None:
+        if body.job_id is not None and job_store.get_job(s, body.job_id) is None:
             raise HTTPException(422, f"job_id {body.job_id} does not exist")
         b = baseline_store.set_baseline(s, name, commit=body.commit, job_id=body.job_id, note=body.note)
         return _baseline_out(b)

@@ -6,15 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
 from service.domain import views
 from service.domain.numbers import fmt
+from service.persistence import cases as case_store
 from service.persistence import page_queries
 from service.persistence import samples as sample_store
-from service.persistence.models import CaseRow, JobRow, MetricRow
+from service.persistence.models import JobRow
 from service.web import charts
 from service.web.deps import (
     DEVICES,
@@ -33,7 +33,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     suites = page_queries.suites_with_results(session)
     if not fingerprint:
         return page(request, "history.html", nav="history", series=None, missing=None, suites=suites)
-    case = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))
+    case = case_store.case_by_fingerprint(session, fingerprint)
     if case is None:
         return page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"No case with fingerprint {fingerprint!r}.")
@@ -42,7 +42,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
         return page(request, "history.html", 404, nav="history", series=None, suites=suites,
                      missing=f"Case {case.name!r} has no samples yet.")
     metric = metric if metric in names else names[0]
-    mdef = session.scalar(select(MetricRow).where(MetricRow.suite == case.suite, MetricRow.name == metric))
+    mdef = sample_store.metric_by_name(session, case.suite, metric)
     unit = mdef.unit if mdef else ""
     stats = page_queries.series_summaries(session, case.id, mdef.id) if mdef else []
     if not stats:  # jobs stored without summaries (not run by the service): reduce the raw samples

@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
@@ -19,9 +18,10 @@ from service.domain.report import build_report
 from service.persistence import artifacts as artifact_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries
+from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.artifacts import artifact_url
-from service.persistence.models import FINAL_STATUSES, JobRow, MetricRow
+from service.persistence.models import FINAL_STATUSES, JobRow
 from service.web import charts
 from service.web.deps import (
     api_samples_url,
@@ -80,11 +80,7 @@ def _plots(
     The summaries say how many samples each lane holds, so the queries ask only for what is
     drawn: at most PAGE_POINTS repetition dots per page (every k-th repetition of a long lane,
     filtered in SQL) and at most MAX_STEPS vertices per trajectory (worst per bin, in SQL)."""
-    mdefs = session.execute(
-        select(MetricRow.id, MetricRow.name, MetricRow.direction, MetricRow.kind, MetricRow.unit,
-               MetricRow.bound)
-        .where(MetricRow.suite == job.suite, MetricRow.kind.in_(("time", "trajectory")))
-    ).all()
+    mdefs = sample_store.metrics_of_kinds(session, job.suite, ("time", "trajectory"))
     if not mdefs:
         return {}
     by_name = {m.name: m for m in mdefs}
