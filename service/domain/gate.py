@@ -47,7 +47,7 @@ from service.domain.compare import (
 )
 from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
 from service.persistence import queue
-from service.persistence.jobs import find_commit_job
+from service.persistence.jobs import find_commit_job, job_by_idempotency_key
 from service.persistence.models import JobRow
 from workers.backend_source import BACKEND_SOURCE_LABEL
 from workers.refs import check_commit
@@ -541,13 +541,12 @@ def _ensure_job(
     """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
     base only) the newest succeeded or in-flight job of the commit with the same setting, else a
     new one. `cases`: run only these (re-measurements); `like`: the job whose setting it repeats."""
-    from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     preset = preset_for(req, suite)
     key = f"gate:{req.key()}:{role}:{suite}:{commit}{key_extra}"[:200]
     with Session(engine) as s:
-        own = s.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+        own = job_by_idempotency_key(s, key)
         if own is not None:
             return _job_view(own, role, False)
         if role in ("head", "base") and req.reuse and not req.backend_repo:

@@ -57,6 +57,10 @@ def list_jobs(
     return rows[:limit], nxt
 
 
+def job_by_idempotency_key(session: Session, key: str) -> JobRow | None:
+    return session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+
+
 def job_events(
     session: Session, job_id: int, *, after_id: int = 0, limit: int = 200, kind: str | None = None
 ) -> tuple[list[JobEventRow], int | None]:
