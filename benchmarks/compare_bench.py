@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from service.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+from service.domain.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
 from workers.suite import Metric
 
 
@@ -80,10 +80,11 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
 
     from sqlalchemy.orm import Session
 
-    from service import store
-    from service.baselines import compare_jobs
-    from service.db import make_engine, upgrade
-    from service.models import Job
+    from service.domain.baselines import compare_jobs
+    from service.persistence import cases as case_store
+    from service.persistence import samples as sample_store
+    from service.persistence.db import make_engine, upgrade
+    from service.persistence.models import JobRow
     from workers.suite import Case
 
     tmp = tempfile.mkdtemp(prefix="gdnval-compare-bench-")
@@ -92,19 +93,20 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> list[float]:
     ids = []
     for side in (base, head):
         with Session(engine) as s, s.begin():
-            job = Job(suite="bench", preset="full", params={}, device="cpu", world_size=4, status="succeeded")
+            job = JobRow(suite="bench", preset="full", params={}, device="cpu", world_size=4,
+                         status="succeeded")
             s.add(job)
             s.flush()
-            mids = store.ensure_metrics(s, "bench", side.metrics.values())
+            mids = sample_store.ensure_metrics(s, "bench", side.metrics.values())
             cases = [Case("bench", fp, {"fp": fp}) for fp in side.samples.case_keys]
-            cids = store.ensure_cases(s, cases, "cpu", 4)
+            cids = case_store.ensure_cases(s, cases, "cpu", 4)
             ids.append(job.id)
         t = side.samples
         case_ids = np.array([cids[fp] for fp in t.case_keys])[t.case]
         metric_ids = np.array([mids[m] for m in t.metric_keys])[t.metric]
         rows = list(zip(case_ids.tolist(), metric_ids.tolist(), t.rank.tolist(), t.idx.tolist(),
                         t.value.tolist(), strict=True))  # fmt: skip
-        store.insert_samples(engine, ids[-1], rows)
+        sample_store.insert_samples(engine, ids[-1], rows)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

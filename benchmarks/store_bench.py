@@ -19,17 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from service.db import make_engine, session_factory, upgrade
-from service.models import Job
-from service.store import (
-    case_summaries,
-    compute_summary,
-    ensure_cases,
-    ensure_metrics,
-    finish_summary,
-    insert_samples,
-    store_summary,
-)
+from service.persistence.cases import ensure_cases
+from service.persistence.db import make_engine, session_factory, upgrade
+from service.persistence.models import JobRow
+from service.persistence.samples import ensure_metrics, insert_samples
+from service.persistence.summaries import case_summaries, compute_summary, finish_summary, store_summary
 from workers.suite import Case, Metric
 
 
@@ -64,7 +58,7 @@ def main() -> None:
     with Session.begin() as s:
         mids = ensure_metrics(s, "bench", metrics)
         cids = ensure_cases(s, cases, "cpu", args.ranks)
-        job = Job(suite="bench", preset="quick", device="cpu", world_size=args.ranks, status="running")
+        job = JobRow(suite="bench", preset="quick", device="cpu", world_size=args.ranks, status="running")
         s.add(job)
         s.flush()
         job_id = job.id
@@ -127,7 +121,7 @@ def main() -> None:
     t0 = time.perf_counter()
     written = finish_summary(engine, job_id, 1)
     with Session.begin() as s:
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     print(f"job-end step (finish_summary: cases left without one): {written} rows in "
           f"{time.perf_counter() - t0:.3f} s")
     t0 = time.perf_counter()
@@ -145,7 +139,7 @@ def sink_ingest(engine, ranks: int, batch: int, n: int) -> None:
     from workers.suite import Sample
 
     with session_factory(engine).begin() as s:
-        job = Job(suite="bench-sink", preset="quick", device="cpu", world_size=ranks, status="running",
+        job = JobRow(suite="bench-sink", preset="quick", device="cpu", world_size=ranks, status="running",
                   attempts=1)  # fmt: skip
         s.add(job)
     sink = StoreSink(engine, job, Path(tempfile.gettempdir()))

@@ -35,9 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.models import Case as CaseRow
-from service.models import Job
+from service.persistence import cases as case_store
+from service.persistence import commits, db
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.models import CaseRow, JobRow
 from workers.suite import Case, Metric
 
 SUITES = ("growth-a", "growth-b")
@@ -62,29 +64,29 @@ def grow(engine: Any, first: int, last: int, rng: np.random.Generator) -> tuple[
                  for i in range(CASES)]  # fmt: skip
         t0 = time.perf_counter()
         with db.write_tx(engine) as s:
-            commit = store.ensure_commit(s, f"{n:040x}")
-            job = Job(suite=suite, preset="quick", params={}, device="cuda", world_size=RANKS,
+            commit = commits.ensure_commit(s, f"{n:040x}")
+            job = JobRow(suite=suite, preset="quick", params={}, device="cuda", world_size=RANKS,
                       status="running", attempts=1, commit=commit, progress_total=CASES,
                       info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
             s.add(job)
             s.flush()
             job_id = job.id
-            mids = store.ensure_metrics(s, suite, METRICS)
-            cids = store.ensure_cases(s, cases, "cuda", RANKS)
+            mids = sample_store.ensure_metrics(s, suite, METRICS)
+            cids = case_store.ensure_cases(s, cases, "cuda", RANKS)
         vals = rng.normal(10.0, 0.2, (CASES, len(METRICS), RANKS, REPS))
         rows = [(cids[c.name], mids[m.name], r, i, float(vals[ci, mi, r, i]))
                 for ci, c in enumerate(cases) for mi, m in enumerate(METRICS)
                 for r in range(RANKS) for i in range(REPS)]  # fmt: skip
         t1 = time.perf_counter()
-        store.insert_samples(engine, job_id, rows)
+        sample_store.insert_samples(engine, job_id, rows)
         inserting += time.perf_counter() - t1
         with db.write_tx(engine) as s:
             for c in cases:
-                store.set_case_result(s, job_id, cids[c.name], "passed", None)
-        store.finish_summary(engine, job_id, 1)
+                case_store.set_case_result(s, job_id, cids[c.name], "passed", None)
+        summary_store.finish_summary(engine, job_id, 1)
         with db.write_tx(engine) as s:
-            s.get(Job, job_id).status = "succeeded"
-        store.record_verdict(engine, job_id, ran=True)
+            s.get(JobRow, job_id).status = "succeeded"
+        summary_store.record_verdict(engine, job_id, ran=True)
         spent += time.perf_counter() - t0
         samples += len(rows)
     return samples, inserting, spent / max(1, last - first)
@@ -109,7 +111,9 @@ def time_get(client: Any, path: str, repeat: int) -> tuple[float, float]:
 def pages(engine: Any) -> dict[str, str]:
     """The paths timed at each size (they move with the newest jobs)."""
     with Session(engine) as s:
-        newest = s.scalars(select(Job).where(Job.suite == SUITES[0]).order_by(Job.id.desc()).limit(2)).all()
+        newest = s.scalars(
+            select(JobRow).where(JobRow.suite == SUITES[0]).order_by(JobRow.id.desc()).limit(2)
+        ).all()
         head, base = newest[0], newest[1]
         case = s.scalar(select(CaseRow).where(CaseRow.suite == SUITES[0]).order_by(CaseRow.id).limit(1))
         fp = case.fingerprint

@@ -36,8 +36,11 @@ import contextlib
 
 from sqlalchemy import select
 
-from service import db, store
-from service.models import Job, SampleRow
+from service.persistence import cases as case_store
+from service.persistence import db
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.models import JobRow, SampleRow
 from workers.suite import Case, Metric
 
 SUITE = "web-bench"
@@ -54,8 +57,8 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 
-def _job(s: Session, world: int, status: str) -> Job:
-    job = Job(suite=SUITE, preset="full", params={}, device="cuda", world_size=world, status=status,
+def _job(s: Session, world: int, status: str) -> JobRow:
+    job = JobRow(suite=SUITE, preset="full", params={}, device="cuda", world_size=world, status=status,
               attempts=1, info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
     s.add(job)
     s.flush()
@@ -70,10 +73,10 @@ def ingest_cp_job(engine, *, cases: int = 16, ranks: int = 8, reps: int = 100, s
                    for i in range(cases)]  # fmt: skip
     with Session(engine) as s, s.begin():
         job = _job(s, ranks, "running")
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, suite_cases, "cuda", ranks)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cids = case_store.ensure_cases(s, suite_cases, "cuda", ranks)
         for c in suite_cases[:-1]:  # the last case is still running
-            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+            case_store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows: list[tuple[int, int, int, int, float]] = []
     for c in suite_cases:
@@ -90,7 +93,7 @@ def ingest_cp_job(engine, *, cases: int = 16, ranks: int = 8, reps: int = 100, s
             elif m.kind in ("accuracy", "check", "memory"):
                 v = 1.0 if m.kind == "check" else float(rng.random() * 1e-3)
                 rows += [(cid, mids[m.name], r, 0, v) for r in range(ranks)]
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id, len(rows), [cids[c.name] for c in suite_cases]
 
 
@@ -100,33 +103,33 @@ def ingest_one_lane_job(engine, n: int = 100_000) -> tuple[int, int]:
     case = Case(SUITE, "one-lane", {"seq_len": 8192})
     with Session(engine) as s, s.begin():
         job = _job(s, 1, "running")
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cid = store.ensure_cases(s, [case], "cuda", 1)[case.name]
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cid = case_store.ensure_cases(s, [case], "cuda", 1)[case.name]
         job_id = job.id
     vals = rng.lognormal(2.3, 0.05, n)
     rows = [(cid, mids["one_lane_ms"], 0, i, float(v)) for i, v in enumerate(vals)]
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id, n
 
 
 def end_case(engine, job_id: int, case_id: int) -> None:
     """What `StoreSink.case_result` does when a case ends: record it, store its summary."""
     with db.write_tx(engine) as s:
-        store.set_case_result(s, job_id, case_id, "passed", None)
+        case_store.set_case_result(s, job_id, case_id, "passed", None)
     with Session(engine) as s:
-        summary = store.compute_summary(s, job_id, case_ids=[case_id], attempt=1)
+        summary = summary_store.compute_summary(s, job_id, case_ids=[case_id], attempt=1)
     with db.write_tx(engine) as s:
-        store.store_summary(s, job_id, summary, case_ids=[case_id], attempt=1)
+        summary_store.store_summary(s, job_id, summary, case_ids=[case_id], attempt=1)
 
 
 def finish(engine, job_id: int, last_case: int) -> float:
     """The last case ends (as above), then the dispatcher's job-end step; returns its seconds."""
     end_case(engine, job_id, last_case)
     t0 = time.perf_counter()
-    store.finish_summary(engine, job_id, 1)
+    summary_store.finish_summary(engine, job_id, 1)
     dt = time.perf_counter() - t0
     with Session(engine) as s, s.begin():
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     return dt
 
 

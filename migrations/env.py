@@ -1,4 +1,4 @@
-"""Alembic environment, configured in code by `service.db.alembic_config` (no alembic.ini).
+"""Alembic environment, configured in code by `service.persistence.db.alembic_config` (no alembic.ini).
 
 The caller passes an open connection in `config.attributes["connection"]` (the service, tests)
 or a URL in `sqlalchemy.url`. Batch mode is on for SQLite, whose ALTER TABLE is limited.
@@ -9,8 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from service.db import make_engine
-from service.models import Base
+from service.persistence.db import make_engine
+from service.persistence.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from workers import verdict  # noqa: E402
-from workers.executor import Executor, JobOutcome, JobSink, JobSpec  # noqa: E402
+from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec  # noqa: E402
 from workers.registry import get_suite  # noqa: E402
 from workers.suite import Case, Sample  # noqa: E402
 

@@ -6,7 +6,6 @@ starts the dispatcher and, with `demo`, queues a quick job into an empty store.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,11 +16,18 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import db
 from service.api import docs, problems
 from service.api.problems import MEDIA_TYPE, problem_body
+from service.api.routes import ROUTERS as API_ROUTERS
+from service.dispatcher import Dispatcher
+from service.domain import submission
+from service.executor_choice import close_executors, get_executor
+from service.persistence import db
+from service.persistence.models import JobRow
 from service.settings import Settings
+from service.web.routes import router as web_router
 from workers.provenance import installed_version
+from workers.registry import suite_names
 
 log = logging.getLogger("gdnval.service")
 # `serve --demo` into an empty store: the capability checks, a gdn-op matrix (the eager core:
@@ -94,13 +100,9 @@ def _demo_jobs(app: FastAPI) -> None:
     """Queue the `DEMO_JOBS` when the store has none, so the pages have something to show; a
     job that cannot be queued (its suite not registered, too many ranks) is logged, the others
     still go."""
-    from service import queue
-    from service.models import Job
-    from workers.registry import suite_names
-
     state = app.state
     with Session(state.engine) as s:
-        if s.scalar(select(func.count()).select_from(Job)):
+        if s.scalar(select(func.count()).select_from(JobRow)):
             return
     names = set(suite_names())
     for spec in DEMO_JOBS:
@@ -109,7 +111,7 @@ def _demo_jobs(app: FastAPI) -> None:
             continue
         body = {**spec, "labels": {"demo": "true"}}
         try:
-            job, _ = queue.submit_checked(state.engine, state.settings, body, state.executor)
+            job, _ = submission.submit_checked(state.engine, state.settings, body, state.executor)
             log.warning("--demo: queued job %s (%s, quick, cpu)", job.id, spec["suite"])
         except Exception as exc:
             log.warning("--demo: could not queue a %s job: %s", spec["suite"], exc)
@@ -122,9 +124,6 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from service.dispatcher import Dispatcher
-        from service.executors import close_executors, get_executor
-
         db.upgrade(engine)
         try:
             app.state.executor = get_executor(settings)
@@ -161,15 +160,9 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
 
     problems.install(app)  # one error shape (RFC 9457) for every error, declared in the OpenAPI
     docs.install(app)
-    from service.api.routes import api, probes
-
-    app.include_router(probes)
-    app.include_router(api)
-    app.include_router(importlib.import_module("service.api.gate").router)  # gate, compare, report
-    if importlib.util.find_spec("service.web.routes") is not None:
-        from service.web.routes import router as web_router
-
-        app.include_router(web_router)
+    for router in API_ROUTERS:
+        app.include_router(router)
+    app.include_router(web_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 

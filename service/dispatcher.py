@@ -25,25 +25,28 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from service import queue, store
-from service.db import write_tx
-from service.models import CASE_STATUSES, Job, MetricDef
+from service.persistence import artifacts, queue
+from service.persistence import cases as case_store
+from service.persistence import jobs as job_store
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.db import write_tx
+from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.settings import Settings
 from workers.deadline import job_deadline_s
-from workers.executor import Executor, JobOutcome, JobSpec
+from workers.executors.base import Executor, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
-from workers.suite import Case as SuiteCase
-from workers.suite import Metric, Sample
+from workers.suite import Case, Metric, Sample
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
 
 
 class StoreSink:
-    """The `workers.executor.JobSink` of one job run: thread-safe, writes through at once."""
+    """The `workers.executors.base.JobSink` of one job run: thread-safe, writes through at once."""
 
-    def __init__(self, engine: Engine, job: Job, artifacts_dir: Path) -> None:
+    def __init__(self, engine: Engine, job: JobRow, artifacts_dir: Path) -> None:
         self.engine = engine
         self.job_id = job.id
         self.attempt = max(1, job.attempts)
@@ -56,36 +59,36 @@ class StoreSink:
         self.metric_ids: dict[str, int] = {}
         self.summarized: set[int] = set()  # case ids whose summary is stored for this attempt
         with write_tx(engine) as s:
-            store.drop_earlier_summaries(s, job.id, self.attempt)
-            store.drop_earlier_case_results(s, job.id, self.attempt)
+            summary_store.drop_earlier_summaries(s, job.id, self.attempt)
+            case_store.drop_earlier_case_results(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params, device=job.device))
-                self.metric_ids = store.ensure_metrics(s, suite.name, suite.metrics)
+                self.metric_ids = sample_store.ensure_metrics(s, suite.name, suite.metrics)
             except Exception as exc:  # the executor reports the real failure; keep the sink usable
                 cases = []
-                store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
-            self.case_ids = store.ensure_cases(s, cases, job.device, job.world_size)
+                job_store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
+            self.case_ids = case_store.ensure_cases(s, cases, job.device, job.world_size)
 
     # -- ids for names the suite did not declare up front (kept, and said so in the log)
     def _case_id(self, s: Session, name: str) -> int:
         if name not in self.case_ids:
             self.case_ids.update(
-                store.ensure_cases(s, [SuiteCase(self.suite, name, {"undeclared": name})], self.device,
+                case_store.ensure_cases(s, [Case(self.suite, name, {"undeclared": name})], self.device,
                                    self.world_size)
             )  # fmt: skip
-            store.add_event(
+            job_store.add_event(
                 s, self.job_id, "log", f"case {name!r} is not in the suite's matrix; stored anyway"
             )
         return self.case_ids[name]
 
     def _metric_id(self, s: Session, name: str) -> int:
         if name not in self.metric_ids:
-            row = MetricDef(suite=self.suite, name=name)
+            row = MetricRow(suite=self.suite, name=name)
             s.add(row)
             s.flush()
             self.metric_ids[name] = row.id
-            store.add_event(
+            job_store.add_event(
                 s, self.job_id, "log", f"metric {name!r} is not declared by the suite; stored anyway"
             )
         return self.metric_ids[name]
@@ -106,13 +109,13 @@ class StoreSink:
             reopened = {cids[b.case] for b in batch} & self.summarized
             if reopened:  # samples after the case's end: its stored summary is stale, show it live
                 with write_tx(self.engine) as s:
-                    store.drop_case_summaries(s, job, att, reopened)
+                    summary_store.drop_case_summaries(s, job, att, reopened)
                 self.summarized -= reopened
             rows = [
                 (job, att, cids[b.case], mids[b.metric], int(b.rank), int(b.idx), float(b.value))
                 for b in batch
             ]
-            store.insert_sample_rows(self.engine, rows)
+            sample_store.insert_sample_rows(self.engine, rows)
             self.samples_written += len(rows)
 
     def case_result(self, case: str, status: str, error: str | None = None) -> None:
@@ -122,7 +125,7 @@ class StoreSink:
                     error = f"executor reported unknown status {status!r}; {error or ''}".strip()
                     status = "error"
                 case_id = self._case_id(s, case)
-                store.set_case_result(s, self.job_id, case_id, status, error, attempt=self.attempt)
+                case_store.set_case_result(s, self.job_id, case_id, status, error, attempt=self.attempt)
             self._store_case_summary(case_id)
 
     def _store_case_summary(self, case_id: int) -> None:
@@ -131,42 +134,44 @@ class StoreSink:
         stores it."""
         try:
             with Session(self.engine) as s:
-                summary = store.compute_summary(s, self.job_id, case_ids=[case_id], attempt=self.attempt)
+                summary = summary_store.compute_summary(s, self.job_id, case_ids=[case_id],
+                                                        attempt=self.attempt)
             with write_tx(self.engine) as s:
-                store.store_summary(s, self.job_id, summary, case_ids=[case_id], attempt=self.attempt)
+                summary_store.store_summary(s, self.job_id, summary, case_ids=[case_id], attempt=self.attempt)
             self.summarized.add(case_id)
         except Exception:
             log.exception("storing the summary of case %s of job %s failed", case_id, self.job_id)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         with self._lock, write_tx(self.engine) as s:
-            job = s.get(Job, self.job_id)
+            job = s.get(JobRow, self.job_id)
             if job is None:
                 return
             job.progress_done, job.progress_total, job.progress_message = done, total, message[:1000]
-            store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
+            job_store.add_event(s, self.job_id, "progress", message[:1000], {"done": done, "total": total})
 
     def info(self, info: Mapping[str, Any]) -> None:
         info = dict(info)
         defs = info.pop("metrics", None)  # the job's own code's metric definitions
         with self._lock, write_tx(self.engine) as s:
-            job = s.get(Job, self.job_id)
+            job = s.get(JobRow, self.job_id)
             if job is None:
                 return
             if defs:  # what this job's summaries are judged and stored with
                 own = [Metric.from_dict(d) for d in defs]
-                self.metric_ids.update(store.ensure_metrics(s, self.suite, own))
+                self.metric_ids.update(sample_store.ensure_metrics(s, self.suite, own))
             job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
-            store.add_event(s, self.job_id, "info", "", dict(info))
+            job_store.add_event(s, self.job_id, "info", "", dict(info))
 
     def log(self, line: str) -> None:
         with self._lock, write_tx(self.engine) as s:
-            store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
+            job_store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
 
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         with self._lock, write_tx(self.engine) as s:
-            store.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
-            store.add_event(s, self.job_id, "artifact", name, {"media_type": media_type, "size": len(data)})
+            artifacts.save_artifact(s, self.job_id, name, media_type, data, self.artifacts_dir)
+            job_store.add_event(s, self.job_id, "artifact", name,
+                                {"media_type": media_type, "size": len(data)})
 
 
 class Dispatcher:
@@ -250,7 +255,7 @@ class Dispatcher:
         most: dict[tuple[str, str | None], int] = {}
         claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
 
-        def fits(job: Job) -> bool:
+        def fits(job: JobRow) -> bool:
             """Placeable now; or never placeable (the cluster shrank since the submit): then it
             is claimed too, and the executor fails it with the reason instead of it blocking its
             kind's queue for good."""
@@ -279,18 +284,18 @@ class Dispatcher:
                 self._running[job.id] = (thread, cancel)
             thread.start()
 
-    def _run_job(self, job: Job, cancel: threading.Event) -> None:
+    def _run_job(self, job: JobRow, cancel: threading.Event) -> None:
         try:
             outcome = self._execute(job, cancel)
             if self._stop.is_set() and outcome.status == "cancelled":
                 self._requeue(job.id)
                 return
             try:  # cases that ended have their summary already: only the rest is computed
-                store.finish_summary(self.engine, job.id, store.job_attempt(job))
+                summary_store.finish_summary(self.engine, job.id, job_store.job_attempt(job))
             except Exception:
                 log.exception("storing the summary of job %s failed", job.id)
             try:  # before the final status, so a finished job is never seen without its verdict
-                store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
+                summary_store.record_verdict(self.engine, job.id, ran=outcome.status == "succeeded")
             except Exception:
                 log.exception("storing the verdict of job %s failed", job.id)
             if not queue.finish(self.engine, job.id, self.owner, outcome.status, outcome.error):
@@ -303,7 +308,7 @@ class Dispatcher:
                 self._running.pop(job.id, None)
             self._wake.set()
 
-    def _execute(self, job: Job, cancel: threading.Event) -> JobOutcome:
+    def _execute(self, job: JobRow, cancel: threading.Event) -> JobOutcome:
         try:
             deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
                                       self.settings.job_deadline_s)  # fmt: skip

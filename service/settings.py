@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers.executor import check_placement
+from workers.executors.base import check_placement
 
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from workers import registry
 from workers.context import RankContext
-from workers.executor import Executor
+from workers.executors.base import Executor
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
 NAME = "tree-probe"

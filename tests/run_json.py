@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from service import store
-from service.db import write_tx
 from service.dispatcher import StoreSink
-from service.models import Job
+from service.persistence import commits, summaries
+from service.persistence.db import write_tx
+from service.persistence.models import JobRow
 from workers.suite import Sample
 
 
@@ -23,8 +23,8 @@ def store_run(engine: Engine, path: Path, artifacts: Path, *, commit: str | None
     if doc.get("format") != "gdnval-run/1":
         raise ValueError(f"{path}: format {doc.get('format')!r}, expected 'gdnval-run/1'")
     with write_tx(engine) as s:
-        row = store.ensure_commit(s, commit or doc.get("commit"))
-        job = Job(suite=doc["suite"], preset=doc["preset"], params=doc.get("overrides") or {},
+        row = commits.ensure_commit(s, commit or doc.get("commit"))
+        job = JobRow(suite=doc["suite"], preset=doc["preset"], params=doc.get("overrides") or {},
                   device=doc["device"], world_size=doc["world_size"], status="running", attempts=1,
                   commit=row, info=doc.get("info") or {}, progress_total=len(doc["cases"]))  # fmt: skip
         s.add(job)
@@ -37,8 +37,8 @@ def store_run(engine: Engine, path: Path, artifacts: Path, *, commit: str | None
     for c in doc["cases"]:
         if c["status"] != "not run":
             sink.case_result(c["name"], c["status"], c.get("error"))
-    store.finish_summary(engine, job.id, 1)
+    summaries.finish_summary(engine, job.id, 1)
     with write_tx(engine) as s:
-        s.get(Job, job.id).status = doc["status"]
-    store.record_verdict(engine, job.id, ran=doc["status"] == "succeeded")
+        s.get(JobRow, job.id).status = doc["status"]
+    summaries.record_verdict(engine, job.id, ran=doc["status"] == "succeeded")
     return job.id

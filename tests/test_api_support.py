@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from workers import registry
-from workers.executor import Executor, JobOutcome, JobSink, JobSpec
+from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
 ROOT = Path(__file__).resolve().parents[1]

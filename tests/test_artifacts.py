@@ -8,10 +8,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service import store
 from service.app import create_app
-from service.artifacts import artifact_path, store_key
-from service.models import Job
+from service.persistence import artifacts as artifact_store
+from service.persistence.artifacts import artifact_path, store_key
+from service.persistence.models import JobRow
 from service.settings import Settings
 
 
@@ -24,12 +24,12 @@ def _app(tmp_path: Path, name: str, artifacts: Path, **kw: object) -> TestClient
 def _job_with(http: TestClient, artifacts: Path, files: dict[str, bytes]) -> int:
     engine = http.app.state.engine
     with Session(engine) as s, s.begin():
-        job = Job(suite="capability", preset="quick", params={}, device="cpu", world_size=1,
+        job = JobRow(suite="capability", preset="quick", params={}, device="cpu", world_size=1,
                   status="succeeded")  # fmt: skip
         s.add(job)
         s.flush()
         for name, data in files.items():
-            store.save_artifact(s, job.id, name, "text/plain", data, artifacts)
+            artifact_store.save_artifact(s, job.id, name, "text/plain", data, artifacts)
         return job.id
 
 

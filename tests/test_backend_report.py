@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from service import db
 from service.app import create_app
+from service.domain.numbers import fmt
+from service.persistence import db
 from service.settings import Settings
-from service.web.charts import fmt
 from tests.run_json import store_run
 
 ONE_OFF = "gdn.reference:recurrent_gated_delta_rule"

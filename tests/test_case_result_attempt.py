@@ -17,13 +17,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service import db, queue, store
-from service.baselines import load_side
 from service.dispatcher import StoreSink
-from service.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
-from service.models import CaseResult, Job
+from service.domain import submission, views
+from service.domain.baselines import load_side
+from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
+from service.persistence import cases as case_store
+from service.persistence import db, page_queries, queue, summaries
+from service.persistence import samples as sample_store
+from service.persistence.models import CaseResultRow, JobRow
 from service.settings import Settings
-from service.web import queries, views
 from tests.gate_suite_for_tests import SUITE_MODULE
 from tests.test_api_support import FAKE
 from tests.test_gate import FakeRunner
@@ -44,10 +46,11 @@ def _samples(case: str, n: int = 6) -> list[Sample]:
     return [Sample(case, "time_ms", 10.0 + i, rank=0, idx=i) for i in range(n)]
 
 
-def _retry(engine: Any, job_id: int) -> Job:
+def _retry(engine: Any, job_id: int) -> JobRow:
     """The first run's dispatcher dies (no heartbeat): settled, re-queued, claimed again."""
     with db.write_tx(engine) as s:
-        s.execute(update(Job).where(Job.id == job_id).values(claimed_by="gone:1:dead", heartbeat_at=None))
+        s.execute(update(JobRow).where(JobRow.id == job_id)
+                  .values(claimed_by="gone:1:dead", heartbeat_at=None))
     assert queue.settle_orphans(engine, "second", lease_s=60, max_attempts=3) == [(job_id, "queued")]
     job = queue.claim(engine, "second", LIMITS)
     assert job is not None and job.id == job_id and job.attempts == 2
@@ -71,8 +74,8 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
     assert counts is not None
     badges = re.findall(r'<span class="badge [^"]*">([^<]*)</span>', counts.group(1))
     with Session(engine) as s:
-        job = s.get(Job, job_id)
-        listed = queries.job_case_counts(s, [job_id]).get(job_id, {})
+        job = s.get(JobRow, job_id)
+        listed = page_queries.job_case_counts(s, [job_id]).get(job_id, {})
         compared = {c.name: c.status for c in load_side(s, job_id).cases.values()}
         verdict = views.job_verdict(job.status, job.verdict, listed)[0]
     rows = client.get("/jobs").text
@@ -83,9 +86,9 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
 def _rows(engine: Any, job_id: int) -> list[tuple[int, str, str]]:
     with Session(engine) as s:
         q = (
-            select(CaseResult.attempt, CaseResult.case_id, CaseResult.status)
-            .where(CaseResult.job_id == job_id)
-            .order_by(CaseResult.attempt, CaseResult.case_id)
+            select(CaseResultRow.attempt, CaseResultRow.case_id, CaseResultRow.status)
+            .where(CaseResultRow.job_id == job_id)
+            .order_by(CaseResultRow.attempt, CaseResultRow.case_id)
         )
         return [tuple(r) for r in s.execute(q)]
 
@@ -94,7 +97,7 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
     engine: Any, tmp_path: Path
 ) -> None:
     settings = Settings(db_url=str(engine.url), dispatch=False, executor="local")
-    submitted = queue.submit_job(engine, settings, {"suite": FAKE, "params": {"cases": 3}}, None)
+    submitted = submission.submit_job(engine, settings, {"suite": FAKE, "params": {"cases": 3}}, None)
     job = queue.claim(engine, "first", LIMITS)
     assert job is not None and job.id == submitted.id and job.attempts == 1
     first = StoreSink(engine, job, tmp_path / "artifacts")
@@ -138,7 +141,7 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
 
         second.samples(_samples("c1"))
         second.case_result("c1", "passed")
-        assert store.finish_summary(engine, job.id, 2) == 0  # both cases stored theirs at their end
+        assert summaries.finish_summary(engine, job.id, 2) == 0  # both cases stored theirs at their end
         assert queue.finish(engine, job.id, "second", "succeeded")
         assert [r[0] for r in _rows(engine, job.id)] == [2, 2]  # the stale run's rows are gone at the end
         # the job-level verdict counts attempt 2 only (attempt 1 had c0 and c2 passed)
@@ -175,19 +178,19 @@ def _rerun(engine: Any, job_id: int, latest: str | None, stale: str) -> None:
     its interrupted attempt 1 reported the case once more as `stale`."""
     boom = "Traceback\nRuntimeError: boom"
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).attempts = 2
-        ((cid,),) = s.execute(select(CaseResult.case_id).where(CaseResult.job_id == job_id)).all()
-        store.drop_earlier_case_results(s, job_id, 2)
+        s.get(JobRow, job_id).attempts = 2
+        ((cid,),) = s.execute(select(CaseResultRow.case_id).where(CaseResultRow.job_id == job_id)).all()
+        case_store.drop_earlier_case_results(s, job_id, 2)
         if latest is not None:
-            store.set_case_result(s, job_id, cid, latest, boom if latest == "error" else None, attempt=2)
+            case_store.set_case_result(s, job_id, cid, latest, boom if latest == "error" else None, attempt=2)
     rows = [(v.case_id, v.metric_id, v.rank, v.idx, v.value) for v in _samples_of(engine, job_id)]
-    store.insert_samples(engine, job_id, rows, attempt=2)
+    sample_store.insert_samples(engine, job_id, rows, attempt=2)
     with db.write_tx(engine) as s:
-        store.set_case_result(s, job_id, cid, stale, boom if stale == "error" else None, attempt=1)
+        case_store.set_case_result(s, job_id, cid, stale, boom if stale == "error" else None, attempt=1)
 
 
 def _samples_of(engine: Any, job_id: int) -> list[Any]:
-    from service.models import SampleRow
+    from service.persistence.models import SampleRow
 
     with Session(engine) as s:
         return list(s.scalars(select(SampleRow).where(SampleRow.job_id == job_id, SampleRow.attempt == 1)))

@@ -15,9 +15,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service import db, queue, store
 from service.dispatcher import Dispatcher, StoreSink
-from service.models import Job, SummaryRow
+from service.domain import submission
+from service.persistence import db
+from service.persistence import summaries as summary_store
+from service.persistence.models import JobRow, SummaryRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
 from workers.suite import Sample
@@ -33,9 +35,9 @@ def engine(tmp_path: Path):
     eng.dispose()
 
 
-def _running_job(engine, attempts: int = 1) -> Job:
+def _running_job(engine, attempts: int = 1) -> JobRow:
     with Session(engine, expire_on_commit=False) as s, s.begin():
-        job = Job(suite=FAKE, preset="quick", params={"cases": 3}, device="cpu", world_size=WORLD,
+        job = JobRow(suite=FAKE, preset="quick", params={"cases": 3}, device="cpu", world_size=WORLD,
                   status="running", attempts=attempts)  # fmt: skip
         s.add(job)
     return job
@@ -61,13 +63,13 @@ def _stored_cases(engine, job_id: int, attempt: int) -> set[int]:
 def _spy_live(monkeypatch: pytest.MonkeyPatch) -> list[list[int] | None]:
     """Records which cases each live computation is asked for."""
     calls: list[list[int] | None] = []
-    real = store.compute_summary
+    real = summary_store.compute_summary
 
     def spy(session, job_id, *, case_ids=None, attempt=None):
         calls.append(None if case_ids is None else sorted(case_ids))
         return real(session, job_id, case_ids=case_ids, attempt=attempt)
 
-    monkeypatch.setattr(store, "compute_summary", spy)
+    monkeypatch.setattr(summary_store, "compute_summary", spy)
     return calls
 
 
@@ -84,8 +86,8 @@ def test_a_case_summary_is_stored_at_its_end_and_the_running_page_reads_it(
     assert _stored_cases(engine, job.id, 1) == {c0}
 
     with Session(engine) as s:
-        live = store.compute_summary(s, job.id)  # every case from the raw samples
-        stored = store.stored_summary(s, job.id, 1)
+        live = summary_store.compute_summary(s, job.id)  # every case from the raw samples
+        stored = summary_store.stored_summary(s, job.id, 1)
     assert set(stored) == {(c0, m) for m in sink.metric_ids.values()}
     assert stored == {k: v for k, v in live.items() if k[0] == c0}  # the same numbers as live
     ms = stored[(c0, sink.metric_ids["time_ms"])]
@@ -94,7 +96,7 @@ def test_a_case_summary_is_stored_at_its_end_and_the_running_page_reads_it(
 
     calls = _spy_live(monkeypatch)
     with Session(engine) as s:
-        assert store.summarize_job(s, job.id) == live
+        assert summary_store.summarize_job(s, job.id) == live
     assert calls == [[c1]]  # only the case in progress is computed live
 
     calls.clear()
@@ -127,10 +129,10 @@ def test_samples_after_a_case_end_reopen_its_summary(engine, tmp_path: Path) -> 
     sink.samples([Sample("c0", "time_ms", 1e6, rank=0, idx=99)])  # late: the stored one is stale
     assert _stored_cases(engine, job.id, 1) == set()
     with Session(engine) as s:
-        assert store.summarize_job(s, job.id)[(c0, sink.metric_ids["time_ms"])].max == 1e6
+        assert summary_store.summarize_job(s, job.id)[(c0, sink.metric_ids["time_ms"])].max == 1e6
     sink.case_result("c0", "passed")
     with Session(engine) as s:
-        assert store.stored_summary(s, job.id, 1)[(c0, sink.metric_ids["time_ms"])].count == 11
+        assert summary_store.stored_summary(s, job.id, 1)[(c0, sink.metric_ids["time_ms"])].count == 11
 
 
 def test_a_retried_case_never_shows_the_earlier_attempts_summary(engine, tmp_path: Path) -> None:
@@ -143,27 +145,27 @@ def test_a_retried_case_never_shows_the_earlier_attempts_summary(engine, tmp_pat
     assert _stored_cases(engine, job.id, 1) == {c0}
 
     with Session(engine, expire_on_commit=False) as s, s.begin():  # interrupted, re-queued, claimed again
-        retry = s.get(Job, job.id)
+        retry = s.get(JobRow, job.id)
         retry.attempts = 2
     with Session(engine) as s:  # attempt 2 has not reported yet: nothing, not attempt 1's numbers
-        assert store.summarize_job(s, job.id) == {}
-        assert all(not c.metrics for c in store.case_summaries(s, job.id))
+        assert summary_store.summarize_job(s, job.id) == {}
+        assert all(not c.metrics for c in summary_store.case_summaries(s, job.id))
 
     second = StoreSink(engine, retry, tmp_path / "artifacts")
     assert _stored_cases(engine, job.id, 1) == set()  # the new run drops the earlier rows
     second.samples(_samples("c0", 1.0, n=10))
     with Session(engine) as s:
-        assert store.summarize_job(s, job.id)[(c0, t_ms)].median == pytest.approx(1.0 + 4.5 + 2.5)
+        assert summary_store.summarize_job(s, job.id)[(c0, t_ms)].median == pytest.approx(1.0 + 4.5 + 2.5)
     first.samples(_samples("c1", 900.0, n=10))  # the interrupted run's dispatcher still reports
     first.case_result("c1", "passed")
     second.case_result("c0", "passed")
     with Session(engine) as s:
-        shown = store.summarize_job(s, job.id)
-        live2 = store.compute_summary(s, job.id, attempt=2)
+        shown = summary_store.summarize_job(s, job.id)
+        live2 = summary_store.compute_summary(s, job.id, attempt=2)
     assert shown == live2 and {c for c, _ in shown} == {c0}  # attempt 1's c1 is not shown
     assert shown[(c0, t_ms)].max == 1.0 + 9 + 5.0
 
-    assert store.finish_summary(engine, job.id, 2) == 0  # c0 ended: nothing left to compute
+    assert summary_store.finish_summary(engine, job.id, 2) == 0  # c0 ended: nothing left to compute
     with Session(engine) as s:
         attempts = set(s.scalars(select(SummaryRow.attempt).where(SummaryRow.job_id == job.id)))
         assert attempts == {2}  # the zombie's attempt-1 rows are gone at the end
@@ -176,41 +178,41 @@ def test_job_end_computes_only_cases_left_without_a_summary(engine, tmp_path: Pa
     sink.samples(_samples("c0", 10.0, n=8))
     sink.case_result("c0", "passed")
     sink.samples(_samples("c1", 20.0, n=8))  # the job ended (cancelled) inside c1
-    assert store.finish_summary(engine, job.id, 1) == 2  # c1's two metrics
+    assert summary_store.finish_summary(engine, job.id, 1) == 2  # c1's two metrics
     with Session(engine) as s, s.begin():
-        live = store.compute_summary(s, job.id)
-        s.get(Job, job.id).status = "cancelled"
+        live = summary_store.compute_summary(s, job.id)
+        s.get(JobRow, job.id).status = "cancelled"
     with Session(engine) as s:
-        assert store.stored_summary(s, job.id, 1) == live
-        assert store.summarize_job(s, job.id) == live
+        assert summary_store.stored_summary(s, job.id, 1) == live
+        assert summary_store.summarize_job(s, job.id) == live
 
 
 def test_dispatcher_run_stores_each_case_as_it_ends(engine, tmp_path: Path, monkeypatch) -> None:
     """End to end through the dispatcher and an executor: every case's rows exist before the
     job's end step, which then writes nothing; the stored rows equal the live computation."""
     written: list[int] = []
-    real_finish = store.finish_summary
+    real_finish = summary_store.finish_summary
 
     def finish_spy(engine_, job_id, attempt):
         with Session(engine_) as s:
-            written.append(len(store.stored_summary(s, job_id, attempt)))
+            written.append(len(summary_store.stored_summary(s, job_id, attempt)))
         n = real_finish(engine_, job_id, attempt)
         written.append(n)
         return n
 
-    monkeypatch.setattr(store, "finish_summary", finish_spy)
+    monkeypatch.setattr(summary_store, "finish_summary", finish_spy)
     settings = Settings(db_url=str(engine.url), executor="local", poll_interval_s=0.05,
                         artifacts_dir=tmp_path / "artifacts")  # fmt: skip
     executor = FakeExecutor()
     body = {"suite": FAKE, "params": {"cases": 3, "samples": 25, "ranks": 2}, "world_size": 2}
-    job = queue.submit_job(engine, settings, body, executor)
+    job = submission.submit_job(engine, settings, body, executor)
     dispatcher = Dispatcher(settings, engine, executor)
     dispatcher.start()
     try:
         deadline = time.monotonic() + 30
         while True:
             with Session(engine) as s:
-                if s.get(Job, job.id).status == "succeeded":
+                if s.get(JobRow, job.id).status == "succeeded":
                     break
             assert time.monotonic() < deadline, "the job did not finish"
             time.sleep(0.05)
@@ -218,8 +220,8 @@ def test_dispatcher_run_stores_each_case_as_it_ends(engine, tmp_path: Path, monk
         dispatcher.stop()
     assert written == [3 * 2, 0]  # 3 cases x 2 metrics stored as they ended; the end adds none
     with Session(engine) as s:
-        stored = store.stored_summary(s, job.id, 1)
-        live = store.compute_summary(s, job.id)
+        stored = summary_store.stored_summary(s, job.id, 1)
+        live = summary_store.compute_summary(s, job.id)
     assert stored == live and len(live) == 6
 
 
@@ -240,7 +242,7 @@ def test_migration_tags_existing_summaries_with_their_jobs_attempt(tmp_path: Pat
     db.upgrade(eng)
     with Session(eng) as s:
         assert s.execute(select(SummaryRow.attempt, SummaryRow.median)).all() == [(2, 2.5)]
-        assert store.summarize_job(s, 1)[(1, 1)].median == 2.5  # still served for the finished job
+        assert summary_store.summarize_job(s, 1)[(1, 1)].median == 2.5  # still served for the finished job
     db.downgrade(eng, "0001")
     with eng.connect() as conn:
         assert conn.execute(text("SELECT median FROM summary")).all() == [(2.5,)]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from service.compare import (
+from service.domain.compare import (
     MIB,
     CaseInfo,
     CompareConfig,

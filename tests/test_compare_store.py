@@ -9,18 +9,21 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from service import store
-from service.baselines import (
+from service.domain.baselines import (
     NotFound,
     compare_commits,
     compare_jobs,
-    find_commit_job,
     load_side,
     parse_job_ref,
     resolve_base,
 )
-from service.db import make_engine, upgrade
-from service.models import Job
+from service.persistence import baselines as baseline_store
+from service.persistence import cases as case_store
+from service.persistence import commits as commit_store
+from service.persistence import samples as sample_store
+from service.persistence.db import make_engine, upgrade
+from service.persistence.jobs import find_commit_job
+from service.persistence.models import JobRow
 from workers.suite import Case, Metric
 
 SUITE = "cmpstore"
@@ -45,20 +48,20 @@ def add_job(engine, sha: str, *, slow: float = 1.0, nan_step: int | None = None,
             status: str = "succeeded", preset: str = "gate", ranks: int = 2) -> int:
     rng = np.random.default_rng(len(sha) + int(slow * 100))
     with Session(engine) as s, s.begin():
-        commit = store.ensure_commit(s, sha)
+        commit = commit_store.ensure_commit(s, sha)
         # cuda: 1 % noise is a quiet device's (on cpu an undeclared time counts from 2x only)
-        job = Job(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cuda", world_size=ranks,
-                  status=status)
+        job = JobRow(suite=SUITE, preset=preset, params={}, commit_id=commit.id, device="cuda",
+                     world_size=ranks, status=status)
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, CASES, "cuda", ranks)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cids = case_store.ensure_cases(s, CASES, "cuda", ranks)
         job_id = job.id
         for c in CASES:
             if c.name == "crash" and crash:
-                store.set_case_result(s, job_id, cids[c.name], "error", "Traceback\nRuntimeError: boom")
+                case_store.set_case_result(s, job_id, cids[c.name], "error", "Traceback\nRuntimeError: boom")
             else:
-                store.set_case_result(s, job_id, cids[c.name], "passed", None)
+                case_store.set_case_result(s, job_id, cids[c.name], "passed", None)
     rows = []
     for c in CASES:
         if c.name == "crash" and crash:
@@ -72,7 +75,7 @@ def add_job(engine, sha: str, *, slow: float = 1.0, nan_step: int | None = None,
             for step in range(5):
                 v = float("nan") if nan_step == step and r == 1 else 1e-4
                 rows.append((cid, mids["loss_err"], r, step, v))
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
@@ -134,8 +137,8 @@ def test_commits_baselines_and_parents(engine, tmp_path: Path) -> None:
         assert (parent.kind, parent.value) == ("commit", shas[0])
         assert resolve_base(s, "HEAD", base="HEAD~1", repo=repo).value == shas[0]
         assert resolve_base(s, shas[1], base=f"job:{base_job}").job_id == base_job
-        store.set_baseline(s, "main", commit=shas[0])
-        store.set_baseline(s, "golden", job_id=base_job)
+        baseline_store.set_baseline(s, "main", commit=shas[0])
+        baseline_store.set_baseline(s, "golden", job_id=base_job)
         s.flush()
         assert resolve_base(s, shas[1], baseline="main").value == shas[0]
         assert resolve_base(s, shas[1], baseline="golden").job_id == base_job

@@ -32,7 +32,7 @@ def _config():
 
 def _rank_all_modes(rank: int, world: int) -> dict[str, Any]:
     from gdn.cp import CPConfig
-    from gdn.cp.compare import LayerCase, compare_layer
+    from workers.harness.cp_compare import LayerCase, compare_layer
     from workers.measure import worst_rel_l2
 
     out: dict[str, Any] = {}
@@ -123,8 +123,8 @@ def _rank_errors(rank: int, world: int) -> dict[str, str]:
 
     from gdn import UnsupportedGDNRequest
     from gdn.cp import CPCommError, CPConfig, CPError
-    from gdn.cp.compare import sum_param_grads
     from gdn.layer import GatedDeltaNet, GDNLayerConfig
+    from workers.harness.cp_compare import sum_param_grads
 
     errors: dict[str, str] = {}
 
@@ -202,7 +202,7 @@ def _rank_stack(rank: int, world: int) -> dict[str, float]:
     from torch.utils.checkpoint import checkpoint
 
     from gdn.cp import CPConfig, shard_sequence
-    from gdn.cp.compare import sum_param_grads
+    from workers.harness.cp_compare import sum_param_grads
     from workers.measure import tensor_error
 
     def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:

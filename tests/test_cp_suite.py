@@ -74,8 +74,8 @@ def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
 
     import torch
 
-    from gdn.cp.compare import LayerCase, compare_emulated, reference_layer_step
     from gdn.layer import GDNLayerConfig
+    from workers.harness.cp_compare import LayerCase, compare_emulated, reference_layer_step
     from workers.measure import worst_rel_l2
 
     cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.suites_for_tests import RecordingSink
 from workers.backend_source import BackendSource, BackendSourceError, install_backend_source
-from workers.executor import JobSpec
+from workers.executors.base import JobSpec
 from workers.executors.local import LocalExecutor
 from workers.provenance import BACKEND_COMMIT_FILE
 
@@ -116,7 +116,7 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
     from click.testing import CliRunner
 
     from service.cli import main
-    from service.executors import close_executors
+    from service.executor_choice import close_executors
     from service.settings import Settings
     from tests.gate_suite_for_tests import serve_in_thread
 
@@ -153,12 +153,12 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from service.models import Job
+    from service.persistence.models import JobRow
 
     engine = create_engine(settings.db_url)
     with Session(engine) as s:
         for side, sha in (("base", right), ("head", wrong)):
-            job = s.get(Job, data["comparisons"][0][side]["job_id"])
+            job = s.get(JobRow, data["comparisons"][0][side]["job_id"])
             prov = {b["backend"]: b for b in job.info["backends"]}
             assert (prov["extgdn"]["distribution"], prov["extgdn"]["version"]) == ("ext-gdn", "0.2.0")
             assert prov["extgdn"]["commit"] == sha and prov["eager"]["distribution"] == "gdnval"
@@ -181,7 +181,7 @@ def test_sources_that_cannot_be_had_are_refused(ext_repo, tmp_path: Path) -> Non
 
 
 def test_a_job_request_names_its_backend_source_in_a_label() -> None:
-    from service.queue import InvalidJob, validate_request
+    from service.domain.submission import InvalidJob, validate_request
 
     body = {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager", "extgdn"]},
             "labels": {"backend_source": "git+../ext-gdn@v1"}}  # fmt: skip

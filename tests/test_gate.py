@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service import queue, store
-from service.gate import (
+from service.domain.gate import (
     EXIT_FAIL,
     EXIT_INFRA,
     EXIT_PASS,
@@ -26,7 +25,11 @@ from service.gate import (
     GateState,
     evaluate_gate,
 )
-from service.models import Commit, Job
+from service.persistence import baselines, queue
+from service.persistence import cases as case_store
+from service.persistence import commits as commit_store
+from service.persistence import samples as sample_store
+from service.persistence.models import CommitRow, JobRow
 from tests.gate_suite_for_tests import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
@@ -56,7 +59,7 @@ class FakeRunner:
 
     def run(self, job_id: int) -> None:
         with Session(self.engine) as s, s.begin():
-            job = s.get(Job, job_id)
+            job = s.get(JobRow, job_id)
             sha = job.commit_sha
             n = self.runs[sha] = self.runs.get(sha, 0) + 1
             if sha in BROKEN:
@@ -64,9 +67,9 @@ class FakeRunner:
                 return
             params = SUITE.resolve_params(job.preset, job.params)
             (case,) = SUITE.cases(params)
-            mids = store.ensure_metrics(s, SUITE.name, SUITE.metrics)
-            cid = store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
-            store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
+            mids = sample_store.ensure_metrics(s, SUITE.name, SUITE.metrics)
+            cid = case_store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
+            case_store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
                                   "Traceback: boom" if sha in ERRORS else None)  # fmt: skip
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
@@ -75,12 +78,12 @@ class FakeRunner:
         rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
                 for i in range(params.repeats)]  # fmt: skip
         rows.append((cid, mids["err"], 0, 0, 1e-4))
-        store.insert_samples(self.engine, job_id, rows)
+        sample_store.insert_samples(self.engine, job_id, rows)
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[tuple[Any, FakeRunner]]:
-    from service.db import make_engine, upgrade
+    from service.persistence.db import make_engine, upgrade
     from workers.registry import SUITE_MODULES, get_suite
 
     with pytest.MonkeyPatch.context() as mp:
@@ -163,7 +166,7 @@ def test_cancelled_base_job_means_could_not_run(env) -> None:
     runner.run_now = False
     gate(env, head=B, base=A, run_id="c")
     with Session(engine) as s, s.begin():
-        s.execute(update(Job).where(Job.id == runner.submitted[1]).values(status="cancelled"))
+        s.execute(update(JobRow).where(JobRow.id == runner.submitted[1]).values(status="cancelled"))
     state = gate(env, head=B, base=A, run_id="c")
     assert state.exit_code == EXIT_INFRA and "base job" in state.reason and "cancelled" in state.reason
 
@@ -173,9 +176,9 @@ def test_baselines_parents_and_job_bases(env) -> None:
     first = gate(env, head=B, base=A)
     base_job = next(j.job_id for j in first.jobs if j.role == "base")
     with Session(engine) as s, s.begin():
-        store.set_baseline(s, "main", commit=A)
-        s.execute(update(Commit).where(Commit.sha == C).values(parent=B))
-        store.ensure_commit(s, E, parent=A)
+        baselines.set_baseline(s, "main", commit=A)
+        s.execute(update(CommitRow).where(CommitRow.sha == C).values(parent=B))
+        commit_store.ensure_commit(s, E, parent=A)
     named = gate(env, head=B, baseline="main")
     assert named.exit_code == EXIT_PASS and "baseline 'main'" in named.base_source
     by_job = gate(env, head=C, base=f"job:{base_job}")
@@ -212,11 +215,11 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
     ok = gate(env, head=B, base=A, params={"repeats": 12})  # overrides reach every job
     assert ok.exit_code == EXIT_PASS
     with Session(engine) as s:
-        assert {s.get(Job, j.job_id).params["repeats"] for j in ok.jobs} == {12}
+        assert {s.get(JobRow, j.job_id).params["repeats"] for j in ok.jobs} == {12}
 
 
 def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
-    from service.gate import _suites_for
+    from service.domain.gate import _suites_for
 
     cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
     assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
@@ -237,12 +240,12 @@ def test_giving_up_cancels_the_jobs_the_gate_queued(env) -> None:
     gate(env, head=B, base=A, run_id="g")
     head_id, base_id = runner.submitted
     with Session(engine) as s, s.begin():
-        s.execute(update(Job).where(Job.id == base_id).values(status="failed", error="rank 0 died"))
+        s.execute(update(JobRow).where(JobRow.id == base_id).values(status="failed", error="rank 0 died"))
     state = gate(env, head=B, base=A, run_id="g")
     assert state.exit_code == EXIT_INFRA
     assert f"cancelled the gate's pending job(s) [{head_id}]" in state.reason
     with Session(engine) as s:
-        assert s.get(Job, head_id).status == "cancelled"
+        assert s.get(JobRow, head_id).status == "cancelled"
 
 
 def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(env) -> None:

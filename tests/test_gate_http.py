@@ -21,7 +21,7 @@ from tests.test_api_support import free_port
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    from service.executors import close_executors
+    from service.executor_choice import close_executors
     from service.settings import Settings
     from workers.registry import SUITE_MODULES, get_suite
 

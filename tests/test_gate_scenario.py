@@ -65,7 +65,7 @@ def make_scenario_repo(path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    from service.executors import close_executors
+    from service.executor_choice import close_executors
     from service.settings import Settings
 
     tmp = tmp_path_factory.mktemp("scenario")

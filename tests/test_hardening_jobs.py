@@ -113,7 +113,7 @@ def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None
 def test_a_setsid_child_ends_with_its_ranks_normal_end(tmp_path: Path) -> None:
     from tests.hardening_suites_for_tests import make_executor
     from tests.suites_for_tests import RecordingSink
-    from workers.executor import JobSpec
+    from workers.executors.base import JobSpec
 
     pid_file = tmp_path / "pids"
     executor = make_executor()
@@ -162,7 +162,7 @@ def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
 
 def test_the_default_deadline_scales_and_sets_the_collective_timeout() -> None:
     from workers.deadline import COLLECTIVE_MARGIN_S, DEFAULT_PER_CASE_S, DEFAULT_STARTUP_S, job_deadline_s
-    from workers.executor import JobSpec
+    from workers.executors.base import JobSpec
     from workers.executors.local import rank_payload
     from workers.registry import get_suite
 

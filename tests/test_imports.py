@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -67,7 +70,7 @@ def test_service_and_workers_metadata_do_not_import_torch():
     loaded = _run(
         """
         import json, sys
-        import service, service.cli, workers.registry, workers.suite, workers.executor
+        import service, service.cli, workers.registry, workers.suite, workers.executors.base
         from workers.registry import get_suite, suite_names
         for name in suite_names():
             get_suite(name).describe()
@@ -106,3 +109,124 @@ def test_source_modified_tells_an_edited_checkout_from_a_clean_one(tmp_path):
     (tmp_path / "a.py").write_text("x = 2\n")
     assert source_modified.__wrapped__(tmp_path) is True
     assert source_modified.__wrapped__(tmp_path / "not-a-repo") is None
+
+
+# ------------------------------------------------------------------ the service's inner layers
+
+ROOT = Path(__file__).resolve().parents[1]
+# The service's layers, lowest first: a module may import its own layer or a lower one, never a
+# higher one. `shared` modules (settings, the login cookie, the executor factory) import no
+# other layer; the ORM rows and the engine sit under every persistence module. The API, the
+# pages and the domain pass a session along but query only through persistence.
+SERVICE_LAYERS: dict[str, int] = {
+    "service.settings": 0, "service.web_session": 0, "service.executor_choice": 0,
+    "service.persistence.models": 1, "service.persistence.db": 1,
+    "service.persistence": 2,
+    "service.domain": 3,
+    "service.dispatcher": 4,
+    "service.api": 5, "service.web": 5,
+    "service.app": 6, "service.cli": 6, "service.__main__": 6, "service": 6,
+}  # fmt: skip
+LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "dispatcher", 5: "api/web",
+               6: "entry"}
+# What the SQL-free layers (api, web, domain) may take from SQLAlchemy: types to pass along.
+SQL_FREE = ("service.api", "service.web", "service.domain")
+SQL_TYPES = frozenset({"sqlalchemy.Engine", "sqlalchemy.orm.Session"})
+# Across packages: service -> workers -> gdn -> kernels.
+PACKAGE_RANK = {"kernels": 0, "gdn": 1, "workers": 2, "service": 3}
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _layer(module: str) -> int | None:
+    best = max((p for p in SERVICE_LAYERS if _under(module, p)), key=len, default=None)
+    return None if best is None else SERVICE_LAYERS[best]
+
+
+def _imported(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import in the file, inside functions too; `from a import b` names
+    `a.b` when that is a module of ours or `a` is a library, else `a`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if node.module.split(".")[0] not in PACKAGE_RANK:  # a library's: the name itself
+                    yield node.lineno, sub
+                    continue
+                is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").is_file() or (
+                    ROOT / sub.replace(".", "/") / "__init__.py").is_file()
+                yield node.lineno, sub if is_module else node.module
+
+
+def import_violations(module: str, source: str) -> list[str]:
+    """Every import of `module` (given its source) that points up a layer, each named."""
+    out: list[str] = []
+    package = module.split(".")[0]
+    here = _layer(module)
+    for line, target in _imported(ast.parse(source)):
+        top = target.split(".")[0]
+        if top in PACKAGE_RANK and package in PACKAGE_RANK and PACKAGE_RANK[top] > PACKAGE_RANK[package]:
+            out.append(f"{module}:{line} imports {target}: {package} never imports {top}")
+            continue
+        sql_free = next((p for p in SQL_FREE if _under(module, p)), None)
+        if sql_free and _under(target, "sqlalchemy") and target not in SQL_TYPES and not _under(
+            target, "sqlalchemy.exc"
+        ):
+            out.append(f"{module}:{line} imports {target}: {sql_free} runs no SQL of its own")
+            continue
+        if here is None or top != "service":
+            continue
+        there = _layer(target)
+        if there is None:
+            why = "no service layer lists it"
+        elif there > here:
+            why = f"{LAYER_NAMES[here]} never imports {LAYER_NAMES[there]}"
+        elif _under(module, "service.api") and _under(target, "service.web"):
+            why = "the API never imports the pages"
+        elif _under(module, "service.web") and _under(target, "service.api") and target != "service.api.deps":
+            why = "the pages share only service.api.deps with the API"
+        elif _under(module, "service.cli") and any(
+            _under(target, p) for p in ("service.api", "service.web", "service.dispatcher")
+        ):
+            why = "the CLI talks to the API through service.cli.client"
+        else:
+            continue
+        out.append(f"{module}:{line} imports {target}: {why}")
+    return list(dict.fromkeys(out))
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGE_RANK:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def test_imports_point_down_the_layers_inside_the_service_and_across_packages():
+    bad = [v for module, path in _modules() for v in import_violations(module, path.read_text())]
+    assert not bad, "imports pointing up a layer:\n" + "\n".join(bad)
+    assert {_layer(m) for m, _ in _modules() if m.startswith("service")} >= set(LAYER_NAMES)
+
+
+def test_the_layer_check_names_an_upward_import():
+    upward = "from service.api.deps import get_session\n\ndef f():\n    from service.domain import gate\n"
+    found = import_violations("service.persistence.jobs", upward)
+    assert found == [
+        "service.persistence.jobs:1 imports service.api.deps: persistence never imports api/web",
+        "service.persistence.jobs:4 imports service.domain.gate: persistence never imports domain",
+    ]
+    assert import_violations("service.api.routes.jobs", "import service.web.deps\n") == [
+        "service.api.routes.jobs:1 imports service.web.deps: the API never imports the pages"
+    ]
+    assert import_violations("gdn.ops", "from workers.registry import get_suite\n") == [
+        "gdn.ops:1 imports workers.registry: gdn never imports workers"
+    ]
+    assert import_violations("service.web.routes.history", "from sqlalchemy import select\n") == [
+        "service.web.routes.history:1 imports sqlalchemy.select: service.web runs no SQL of its own"
+    ]
+    assert import_violations("service.domain.gate", "from service.persistence import queue\n") == []

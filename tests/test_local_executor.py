@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.suites_for_tests import RecordingSink, make_marker_repo
-from workers.executor import JobSpec
+from workers.executors.base import JobSpec
 from workers.executors.local import LocalExecutor
 from workers.registry import SUITE_MODULES
 from workers.runtime import rank_environment

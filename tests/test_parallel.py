@@ -128,7 +128,7 @@ def _rank_all(rank: int, world: int) -> dict[str, Any]:
 def _bad_inputs(rank: int, world: int) -> dict[str, str]:
     """Each bad input raises the same clear error on every rank (so no rank waits forever)."""
     from gdn.data import build_sample_token_file
-    from gdn.trajectory import (
+    from workers.harness.trajectory import (
         NonFiniteTrajectory,
         TrajectoryConfig,
         candidate_trainer,

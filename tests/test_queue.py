@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service import db, queue
 from service.dispatcher import Dispatcher
-from service.models import Job, JobEvent, SampleRow
+from service.persistence import db, queue
+from service.persistence.models import JobEventRow, JobRow, SampleRow
 from service.settings import Settings
 from tests.test_api_support import FAKE, FakeExecutor
-from workers.executor import check_placement
+from workers.executors.base import check_placement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,9 +39,9 @@ def _req(**kw) -> queue.JobRequest:
     return queue.JobRequest(suite=FAKE, **kw)
 
 
-def _status(engine, job_id: int) -> Job:
+def _status(engine, job_id: int) -> JobRow:
     with Session(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         assert job is not None
         return job
 
@@ -82,7 +82,7 @@ def test_claim_takes_only_what_fits_now_per_device_kind(engine) -> None:
     free = {"cpu": 2, "cuda": 2}
     seen: list[int] = []
 
-    def fits(job: Job) -> bool:
+    def fits(job: JobRow) -> bool:
         seen.append(job.id)
         return job.world_size <= free.get(job.device, 0)
 
@@ -150,7 +150,7 @@ def test_idempotency_key_returns_the_same_job_and_rejects_a_different_request(en
     with pytest.raises(queue.JobConflict, match="idempotency key 'k1' already names job"):
         queue.submit(engine, _req(idempotency_key="k1", params={"cases": 2}))
     with Session(engine) as s:
-        assert s.scalar(select(func.count()).select_from(Job)) == 1
+        assert s.scalar(select(func.count()).select_from(JobRow)) == 1
 
 
 def test_concurrent_submits_with_one_key_make_one_job(engine) -> None:
@@ -212,13 +212,14 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
     assert job.info["device_name"] == "fake-cpu" and job.info["executor"] == "fake" and "commit" in job.info
     assert (job.progress_done, job.progress_total) == (2, 2)
     assert _n_samples(engine, ok) == 2 * 2 * 10 * 2  # cases x metrics x idx x ranks
-    from service.artifacts import artifact_path
+    from service.persistence.artifacts import artifact_path
 
     assert artifact_path(tmp_path / "art", engine.url, ok, "report.txt").read_bytes() == b"fake report\n"
     assert _status(engine, bad).error == "rank 0: asked to fail"
     with Session(engine) as s:
         kinds = [
-            e.kind for e in s.scalars(select(JobEvent).where(JobEvent.job_id == ok).order_by(JobEvent.id))
+            e.kind
+            for e in s.scalars(select(JobEventRow).where(JobEventRow.job_id == ok).order_by(JobEventRow.id))
         ]
     assert kinds[:2] == ["status", "status"] and kinds[-1] == "status"
     assert {"info", "progress", "log", "artifact"} <= set(kinds)
@@ -227,10 +228,10 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
 def _mark_running(engine, job_id: int, owner: str, attempts: int, heartbeat_age_s: float = 0.0) -> None:
     from datetime import timedelta
 
-    from service.models import utcnow
+    from service.persistence.models import utcnow
 
     with Session(engine) as s, s.begin():
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         job.status, job.claimed_by, job.attempts = "running", owner, attempts
         job.heartbeat_at = utcnow() - timedelta(seconds=heartbeat_age_s)
 
@@ -253,7 +254,8 @@ def test_orphans_are_requeued_once_then_failed_with_the_reason(engine) -> None:
     failed = _status(engine, j2)
     assert failed.error.startswith("interrupted 2 time(s); last: its dispatcher (pid")
     with Session(engine) as s:
-        reason = s.scalars(select(JobEvent).where(JobEvent.job_id == j1).order_by(JobEvent.id.desc())).first()
+        q = select(JobEventRow).where(JobEventRow.job_id == j1).order_by(JobEventRow.id.desc())
+        reason = s.scalars(q).first()
     assert "re-queued after attempt 1 was interrupted" in reason.data["reason"]
 
 
@@ -261,8 +263,8 @@ DISPATCHER = textwrap.dedent("""
     import sys, time
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
-    from service import db
-    from service.models import Job
+    from service.persistence import db
+    from service.persistence.models import JobRow
     from service.dispatcher import Dispatcher
     from service.settings import Settings
     from tests.test_api_support import FakeExecutor
@@ -275,7 +277,7 @@ DISPATCHER = textwrap.dedent("""
     while time.monotonic() < deadline:  # until no job is left to run (both processes see the same)
         time.sleep(0.1)
         with Session(engine) as s:
-            if not s.scalar(select(func.count()).where(Job.status.in_(("queued", "running")))):
+            if not s.scalar(select(func.count()).where(JobRow.status.in_(("queued", "running")))):
                 break
     d.stop()
     print(d.owner)
@@ -295,11 +297,11 @@ def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) 
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     owners = {o[0].strip() for o in outs}
     with Session(engine) as s:
-        jobs = list(s.scalars(select(Job).where(Job.id.in_(ids))))
+        jobs = list(s.scalars(select(JobRow).where(JobRow.id.in_(ids))))
         runs = s.execute(
-            select(JobEvent.job_id, func.count())
-            .where(JobEvent.kind == "status", JobEvent.message == "running")
-            .group_by(JobEvent.job_id)
+            select(JobEventRow.job_id, func.count())
+            .where(JobEventRow.kind == "status", JobEventRow.message == "running")
+            .group_by(JobEventRow.job_id)
         ).all()
         samples = dict(s.execute(select(SampleRow.job_id, func.count()).group_by(SampleRow.job_id)).all())
         claimed_by = {j.claimed_by for j in jobs}

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from tests.suites_for_tests import RecordingSink, make_marker_repo
-from workers.executor import JobSpec
+from workers.executors.base import JobSpec
 from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
@@ -103,8 +103,8 @@ def test_submit_checks_the_job_placement_against_the_cluster(executor, cluster) 
     it, and what can never fit under that strategy is refused at submit."""
     from pydantic import ValidationError
 
-    from service.executors import build_executor
-    from service.queue import InvalidJob, validate_request
+    from service.domain.submission import InvalidJob, validate_request
+    from service.executor_choice import build_executor
     from service.settings import Settings
 
     built = build_executor(Settings(executor="ray", ray_address=cluster[0].address, placement="SPREAD"))
@@ -289,9 +289,9 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
     (no CPU left for its ranks' bundles) and runs once the load is gone."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from service import db, queue
     from service.dispatcher import Dispatcher
-    from service.models import Job
+    from service.persistence import db, queue
+    from service.persistence.models import JobRow
     from service.settings import Settings
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'q.db'}", poll_interval_s=0.1,
@@ -300,9 +300,9 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
 
-    def status(job_id: int) -> Job:
+    def status(job_id: int) -> JobRow:
         with Session(engine) as s:
-            return s.get(Job, job_id)
+            return s.get(JobRow, job_id)
 
     def wait(cond, timeout: float = 90.0) -> None:
         end = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.baselines import git_rev_parse
+from service.domain.baselines import git_rev_parse
 from workers.refs import REF_PATTERN, InvalidCommitRef, check_commit, is_commit_ref
 from workers.snapshot import SnapshotCache, SnapshotError, extract
 

@@ -15,10 +15,14 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
-from service import store
-from service.db import make_engine, upgrade
-from service.models import Job
-from service.report import build_report, comparison_markdown, gate_markdown
+from service.domain.gate import gate_markdown
+from service.domain.markdown import comparison_markdown
+from service.domain.report import build_report
+from service.persistence import cases as case_store
+from service.persistence import commits
+from service.persistence import samples as sample_store
+from service.persistence.db import make_engine, upgrade
+from service.persistence.models import JobRow
 from workers.suite import Case, Metric
 
 SUITE = "reportdemo"
@@ -51,15 +55,15 @@ def add_job(
     engine, sha: str, *, triton_ms: float = 10.0, rel_l2: float = 5.86e-3, nan_step: int | None = None
 ) -> int:
     with Session(engine) as s, s.begin():
-        commit = store.ensure_commit(s, sha)
-        job = Job(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
+        commit = commits.ensure_commit(s, sha)
+        job = JobRow(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
                   status="succeeded", info={**INFO, "commit": sha})  # fmt: skip
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, CASES.values(), "cuda", 4)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cids = case_store.ensure_cases(s, CASES.values(), "cuda", 4)
         for c in CASES.values():
-            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+            case_store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows: list[tuple[int, int, int, int, float]] = []
 
@@ -86,7 +90,7 @@ def add_job(
     if nan_step is not None:
         steps[nan_step] = float("nan")
     put("train", "loss_rel_err", steps)
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
@@ -160,7 +164,7 @@ def test_report_errors_name_the_job(engine) -> None:
         build_report(s, [77])
     with Session(engine) as s, pytest.raises(ValueError, match="ran suite"):
         with Session(engine) as s2, s2.begin():
-            other = Job(suite="other", preset="quick", params={}, device="cpu", world_size=1,
+            other = JobRow(suite="other", preset="quick", params={}, device="cpu", world_size=1,
                         status="succeeded")  # fmt: skip
             s2.add(other)
             s2.flush()
@@ -185,7 +189,7 @@ def test_report_cli_reads_the_store(engine, tmp_path: Path) -> None:
 
 
 def test_gate_markdown_of_an_infra_failure_names_the_reason() -> None:
-    from service.gate import GateJob, GateState
+    from service.domain.gate import GateJob, GateState
 
     job = GateJob("head", "x", 3, "failed", "h" * 40, error="rank 1 died")
     why = "could not run: head job 3 (x) failed: rank 1 died"

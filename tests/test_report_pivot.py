@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from service.db import make_engine, upgrade
-from service.report import build_report
+from service.domain.report import build_report
+from service.persistence.db import make_engine, upgrade
 from tests.run_json import store_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -113,14 +113,14 @@ def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> 
 
 
 def _metric(name: str, kind: str, median: float, unit: str = "ms", bound: float | None = None) -> Any:
-    from service.store import MetricSummary
+    from service.persistence.summaries import MetricSummary
 
     return MetricSummary(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
                          None)  # fmt: skip
 
 
 def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
-    from service.store import CaseSummary
+    from service.persistence.summaries import CaseSummary
 
     return CaseSummary(0, name, f"fp-{name}", params, "passed", None, None, {m.metric: m for m in metrics})
 
@@ -128,7 +128,7 @@ def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
 def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() -> None:
     """gdn-op names its backends in the metrics ('triton_fwd_bwd_ms'); a suite may instead make
     the backend a case parameter. The report's tables read the same either way."""
-    from service.report_tables import accuracy_pivot, timing_pivot
+    from service.domain.report_tables import accuracy_pivot, timing_pivot
 
     t = {"seq_len": 8192}
     in_names = [_case("T8192", t, [

@@ -13,9 +13,9 @@ import pytest
 
 from service.cli.run import summarise
 from workers.context import RankContext
-from workers.executor import JobSpec
 from workers.executors import make_executor
 from workers.executors._monitor import JobMonitor, combine_case_statuses
+from workers.executors.base import JobSpec
 from workers.runtime import CaseOutcome, env_libstdcxx_dir, rank_environment, run_case
 from workers.snapshot import COMMIT_FILE, SnapshotCache, SnapshotError
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams

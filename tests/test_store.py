@@ -20,9 +20,12 @@ from sqlalchemy import func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.baselines import load_side
-from service.models import Base, CaseResult, Job, SampleRow
+from service.domain.baselines import load_side
+from service.persistence import cases as case_store
+from service.persistence import db
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.models import Base, CaseResultRow, JobRow, SampleRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,9 +50,10 @@ def sqlite_engine(tmp_path: Path):
 
 def _job(engine, world_size: int = 2, cases: int = 1) -> tuple[int, dict[str, int], dict[str, int]]:
     with Session(engine) as s, s.begin():
-        mids = store.ensure_metrics(s, "s", METRICS)
-        cids = store.ensure_cases(s, [Case("s", f"c{i}", {"i": i}) for i in range(cases)], "cpu", world_size)
-        job = Job(
+        mids = sample_store.ensure_metrics(s, "s", METRICS)
+        matrix = [Case("s", f"c{i}", {"i": i}) for i in range(cases)]
+        cids = case_store.ensure_cases(s, matrix, "cpu", world_size)
+        job = JobRow(
             suite="s", preset="quick", device="cpu", world_size=world_size, status="running", attempts=1
         )
         s.add(job)
@@ -102,12 +106,13 @@ def test_migration_tags_existing_case_results_with_their_jobs_attempt(db_url: st
                           "(2, 1, 'passed', NULL, '2026-01-01')"))  # fmt: skip
     db.upgrade(eng)
     with Session(eng) as s:
-        q = select(CaseResult.job_id, CaseResult.attempt, CaseResult.status).order_by(CaseResult.job_id)
+        r = CaseResultRow
+        q = select(r.job_id, r.attempt, r.status).order_by(r.job_id)
         assert s.execute(q).all() == [(1, 2, "failed"), (2, 1, "passed")]
-        assert [(c.status, c.error) for c in store.case_summaries(s, 1)] == [("failed", "bound")]
-        assert [c.status for c in store.case_summaries(s, 2)] == ["passed"]  # still shown
+        assert [(c.status, c.error) for c in summary_store.case_summaries(s, 1)] == [("failed", "bound")]
+        assert [c.status for c in summary_store.case_summaries(s, 2)] == ["passed"]  # still shown
     with Session(eng) as s, s.begin():  # a stale run of job 1 wrote under its old attempt
-        store.set_case_result(s, 1, 1, "passed", None, attempt=1)
+        case_store.set_case_result(s, 1, 1, "passed", None, attempt=1)
     db.downgrade(eng, "0002")
     with eng.connect() as conn:
         rows = conn.execute(text("SELECT job_id, status FROM case_result ORDER BY job_id")).all()
@@ -134,7 +139,7 @@ def test_write_tx_takes_the_write_lock_at_begin(sqlite_engine) -> None:
     engine = sqlite_engine
     other = sqlite3.connect(engine.url.database, timeout=0.2, isolation_level=None)
     with db.write_tx(engine) as s:
-        s.execute(select(func.count()).select_from(Job)).scalar()  # read only, yet the lock is held
+        s.execute(select(func.count()).select_from(JobRow)).scalar()  # read only, yet the lock is held
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             other.execute("BEGIN IMMEDIATE")
     other.execute("BEGIN IMMEDIATE")  # free again after commit
@@ -151,7 +156,7 @@ def test_write_tx_serialises_writers_on_every_store(engine) -> None:
 
     def first() -> None:
         with db.write_tx(engine) as s:
-            s.execute(select(func.count()).select_from(Job)).scalar()
+            s.execute(select(func.count()).select_from(JobRow)).scalar()
             held.set()
             time.sleep(0.5)
             times["first_end"] = time.monotonic()
@@ -160,7 +165,7 @@ def test_write_tx_serialises_writers_on_every_store(engine) -> None:
     t.start()
     assert held.wait(10)
     with db.write_tx(engine) as s:
-        s.execute(select(func.count()).select_from(Job)).scalar()  # SQLite takes its lock here
+        s.execute(select(func.count()).select_from(JobRow)).scalar()  # SQLite takes its lock here
         times["second_start"] = time.monotonic()
     t.join()
     assert times["second_start"] >= times["first_end"]
@@ -169,10 +174,10 @@ def test_write_tx_serialises_writers_on_every_store(engine) -> None:
 def test_sample_batch_is_all_or_nothing(engine) -> None:
     job_id, cids, mids = _job(engine)
     c, m = cids["c0"], mids["t_ms"]
-    store.insert_samples(engine, job_id, [(c, m, 0, i, 1.0) for i in range(5)])
+    sample_store.insert_samples(engine, job_id, [(c, m, 0, i, 1.0) for i in range(5)])
     bad = [(c, m, 0, i, 2.0) for i in range(5, 10)] + [(999_999, m, 0, 10, 3.0)]  # unknown case id
     with pytest.raises(IntegrityError):
-        store.insert_samples(engine, job_id, bad)
+        sample_store.insert_samples(engine, job_id, bad)
     with Session(engine) as s:
         assert s.scalar(select(func.count()).select_from(SampleRow)) == 5
 
@@ -184,9 +189,9 @@ def test_summary_applies_worst_rank_then_statistics(engine) -> None:
     rows = []
     for name in ("t_ms", "tput"):
         rows += [(cids["c0"], mids[name], r, i, float(vals[r, i])) for r in range(3) for i in range(50)]
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     with Session(engine) as s:
-        summaries = store.case_summaries(s, job_id)
+        summaries = summary_store.case_summaries(s, job_id)
     (case,) = summaries
     lower, higher = case.metrics["t_ms"], case.metrics["tput"]
     worst_lo, worst_hi = vals.max(axis=0), vals.min(axis=0)
@@ -203,10 +208,10 @@ def test_nan_on_one_rank_poisons_the_summary(engine) -> None:
     job_id, cids, mids = _job(engine)
     rows = [(cids["c0"], mids["t_ms"], r, i, 1.0) for r in range(2) for i in range(4)]
     rows[3] = (cids["c0"], mids["t_ms"], 1, 1, math.nan)
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     with Session(engine) as s:
-        ms = store.case_summaries(s, job_id)[0].metrics["t_ms"]
-        page, _ = store.list_samples(s, job_id)
+        ms = summary_store.case_summaries(s, job_id)[0].metrics["t_ms"]
+        page, _ = sample_store.list_samples(s, job_id)
     # the NaN idx is counted as a failed sample (never dropped); the statistics are the finite ones
     assert ms.nonfinite == 1 and ms.count == 4 and ms.passes is False and ms.samples == 8
     assert ms.median == 1.0 and math.isnan(ms.stats.worst)
@@ -216,29 +221,30 @@ def test_nan_on_one_rank_poisons_the_summary(engine) -> None:
 def test_stored_summary_equals_live_and_is_read_for_finished_jobs(engine) -> None:
     job_id, cids, mids = _job(engine, world_size=1, cases=3)
     rows = [(c, m, 0, i, float(i * (c + m))) for c in cids.values() for m in mids.values() for i in range(30)]
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     with Session(engine) as s, s.begin():
-        live = store.compute_summary(s, job_id)
-        assert store.store_summary(s, job_id) == len(live) == 6
-        s.get(Job, job_id).status = "succeeded"
-    store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, 99, 1e9)])  # after the end
+        live = summary_store.compute_summary(s, job_id)
+        assert summary_store.store_summary(s, job_id) == len(live) == 6
+        s.get(JobRow, job_id).status = "succeeded"
+    sample_store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, 99, 1e9)])  # after the end
     with Session(engine) as s:
-        stored = store.summarize_job(s, job_id)
+        stored = summary_store.summarize_job(s, job_id)
     assert stored == live  # the stored rows are served, not a recomputation
 
 
 def test_summaries_read_only_the_latest_attempt(engine) -> None:
     job_id, cids, mids = _job(engine, world_size=1)
-    store.insert_samples(
+    sample_store.insert_samples(
         engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 100.0) for i in range(5)], attempt=1
     )
     with Session(engine) as s, s.begin():
-        s.get(Job, job_id).attempts = 2
-    store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 1.0) for i in range(5)], attempt=2)
+        s.get(JobRow, job_id).attempts = 2
+    rows = [(cids["c0"], mids["t_ms"], 0, i, 1.0) for i in range(5)]
+    sample_store.insert_samples(engine, job_id, rows, attempt=2)
     with Session(engine) as s:
-        ms = store.case_summaries(s, job_id)[0].metrics["t_ms"]
-        everything, _ = store.list_samples(s, job_id)
-        first, _ = store.list_samples(s, job_id, attempt=1)
+        ms = summary_store.case_summaries(s, job_id)[0].metrics["t_ms"]
+        everything, _ = sample_store.list_samples(s, job_id)
+        first, _ = sample_store.list_samples(s, job_id, attempt=1)
     assert (ms.median, ms.count) == (1.0, 5)
     assert len(everything) == 10 and {v.value for v in first} == {100.0}
 
@@ -247,13 +253,14 @@ def test_fingerprint_series_across_jobs(engine) -> None:
     ids = []
     for k in range(3):
         job_id, cids, mids = _job(engine, world_size=1)
-        store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, float(k)) for i in range(4)])
+        rows = [(cids["c0"], mids["t_ms"], 0, i, float(k)) for i in range(4)]
+        sample_store.insert_samples(engine, job_id, rows)
         with Session(engine) as s, s.begin():
-            s.get(Job, job_id).status = "succeeded"
+            s.get(JobRow, job_id).status = "succeeded"
         ids.append(job_id)
     fp = Case("s", "c0", {"i": 0}).fingerprint("cpu", 1)
     with Session(engine) as s:
-        series = store.fingerprint_series(s, fp, "t_ms")
+        series = sample_store.fingerprint_series(s, fp, "t_ms")
     assert [j.id for j, _ in series] == ids
     assert [float(w.values.mean()) for _, w in series] == [0.0, 1.0, 2.0]
 
@@ -261,8 +268,8 @@ def test_fingerprint_series_across_jobs(engine) -> None:
 def test_service_imports_no_torch() -> None:
     code = textwrap.dedent("""
         import sys
-        import service, service.app, service.store, service.queue, service.dispatcher, service.api.routes
-        import service.executors, service.cli
+        import service, service.app, service.persistence.jobs, service.persistence.queue, service.dispatcher
+        import service.api.routes.jobs, service.executor_choice, service.cli
         from service.settings import Settings
         service.app.create_app(Settings(db_url="sqlite://"))
         heavy = sorted(m for m in ("torch", "triton", "ray") if m in sys.modules)
@@ -291,13 +298,13 @@ def test_cli_modules_import_without_service_dependencies() -> None:
 
 def test_a_later_bound_never_re_judges_a_stored_summary(engine) -> None:
     job_id, cids, mids = _job(engine, world_size=1)
-    store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 4.0) for i in range(5)])
+    sample_store.insert_samples(engine, job_id, [(cids["c0"], mids["t_ms"], 0, i, 4.0) for i in range(5)])
     with Session(engine) as s, s.begin():
-        store.store_summary(s, job_id)
+        summary_store.store_summary(s, job_id)
     with Session(engine) as s, s.begin():  # a later job's code tightens the bound to 3 ms
-        store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time", "lower", bound=3.0)])
+        sample_store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time", "lower", bound=3.0)])
     with Session(engine) as s:
-        ms = store.summarize_job(s, job_id)[(cids["c0"], mids["t_ms"])]
+        ms = summary_store.summarize_job(s, job_id)[(cids["c0"], mids["t_ms"])]
         side = load_side(s, job_id)
     assert ms.bound == 5.0 and ms.passes is True  # judged as it was judged when it ran
     assert side.metrics["t_ms"].bound == 5.0  # and compared with that definition

@@ -15,10 +15,13 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.baselines import find_commit_job
-from service.models import Job
-from service.web import queries
+from service.persistence import cases as case_store
+from service.persistence import commits, db, page_queries
+from service.persistence import jobs as job_store
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.jobs import find_commit_job
+from service.persistence.models import JobRow
 from workers.suite import Case, Metric
 
 SUITE = "reads"
@@ -36,20 +39,20 @@ def engine(tmp_path: Path):
 def add_job(engine, sha: str, status: str = "succeeded", value: float = 1.0) -> int:
     cases = [Case(SUITE, "a", {"i": 0}), Case(SUITE, "b", {"i": 1})]
     with db.write_tx(engine) as s:
-        commit = store.ensure_commit(s, sha)
-        job = Job(suite=SUITE, preset="quick", params={}, device="cpu", world_size=1, status="running",
+        commit = commits.ensure_commit(s, sha)
+        job = JobRow(suite=SUITE, preset="quick", params={}, device="cpu", world_size=1, status="running",
                   attempts=1, commit=commit)  # fmt: skip
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cids = store.ensure_cases(s, cases, "cpu", 1)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cids = case_store.ensure_cases(s, cases, "cpu", 1)
         job_id = job.id
     rows = [(cids["a"], mids["fwd_ms"], 0, i, value + i) for i in range(3)]
     rows += [(cids["b"], mids["peak"], 0, 0, 1024.0)]
-    store.insert_samples(engine, job_id, rows)
-    store.finish_summary(engine, job_id, 1)
+    sample_store.insert_samples(engine, job_id, rows)
+    summary_store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).status = status
+        s.get(JobRow, job_id).status = status
     return job_id
 
 
@@ -86,10 +89,10 @@ def test_history_reads_name_the_metrics_with_samples_and_the_newest_succeeded_jo
         b = s.execute(text("SELECT fingerprint FROM \"case\" WHERE name = 'b'")).one()
         fwd = s.execute(text("SELECT id FROM metric WHERE name = 'fwd_ms'")).scalar_one()
         # only the metrics this case has samples of: 'unused' is declared, 'peak' is case b's
-        assert queries.case_metric_names(s, a.fingerprint) == ["fwd_ms"]
-        assert queries.case_metric_names(s, b.fingerprint) == ["peak"]
-        assert queries.case_metric_names(s, "no-such-case") == []
-        series = queries.series_summaries(s, a.id, fwd, last=3)
+        assert page_queries.case_metric_names(s, a.fingerprint) == ["fwd_ms"]
+        assert page_queries.case_metric_names(s, b.fingerprint) == ["peak"]
+        assert page_queries.case_metric_names(s, "no-such-case") == []
+        series = page_queries.series_summaries(s, a.id, fwd, last=3)
         # the last three succeeded jobs, oldest first; the failed job is not in the series
         assert [st.job.id for st in series] == ids[2:] and failed not in [st.job.id for st in series]
         assert [st.median for st in series] == [3.0, 4.0, 5.0]  # medians of value + 0, 1, 2
@@ -101,17 +104,17 @@ def test_page_reads_walk_an_index_not_every_job(engine) -> None:
     with Session(engine) as s:
         a = s.execute(text("SELECT id, fingerprint FROM \"case\" WHERE name = 'a'")).one()
         with statements(engine) as seen:
-            queries.series_summaries(s, a.id, 1)
+            page_queries.series_summaries(s, a.id, 1)
         # one series' summaries: ix_summary_series newest first, then each job by its key
         series = plans(engine, seen)
         assert "USING INDEX ix_summary_series" in series and "TEMP B-TREE" not in series, series
         with statements(engine) as seen:
-            store.list_jobs(s, status="succeeded", limit=30)
+            job_store.list_jobs(s, status="succeeded", limit=30)
         # the newest jobs of one status (the compare page's list): no sort of every such job
         recent = plans(engine, seen)
         assert "ix_job_status_id" in recent and "TEMP B-TREE" not in recent, recent
         with statements(engine) as seen:
-            queries.case_metric_names(s, a.fingerprint)
+            page_queries.case_metric_names(s, a.fingerprint)
         # the metric picker: one index probe per metric of the suite, not a scan of the samples
         names = plans(engine, seen)
         assert "ix_sample_case (case_id=? AND metric_id=?)" in names and "DISTINCT" not in names, names
@@ -122,11 +125,35 @@ def test_a_full_sha_is_one_commit_and_a_prefix_still_matches(engine) -> None:
     long_job = add_job(engine, "ab" * 32)  # a 64-character sha that starts with the 40-character one
     with Session(engine) as s:
         # a full sha names exactly one commit (an index lookup, never a prefix scan)
-        assert s.execute(store.commit_ids("ab" * 20)).scalars().all() == [1]
+        assert s.execute(commits.commit_ids("ab" * 20)).scalars().all() == [1]
         assert find_commit_job(s, "ab" * 20, SUITE).id == short_job
         assert find_commit_job(s, "ab" * 32, SUITE).id == long_job
         # a prefix of at least 7 characters matches both, the newest job first
         assert find_commit_job(s, "abababa", SUITE).id == long_job
         assert find_commit_job(s, "ababab", SUITE) is None  # too short for a prefix: must match whole
-        assert store.latest_job_for_commit(s, "ab" * 20, SUITE).id == short_job
-        assert [j.id for j in store.list_jobs(s, commit="abab")[0]] == [long_job, short_job]
+        assert [j.id for j in job_store.list_jobs(s, commit="abab")[0]] == [long_job, short_job]
+
+
+def test_the_job_of_a_commit_is_one_rule_for_pages_api_and_gate(engine) -> None:
+    """`find_commit_job` is the only lookup: the world size and the overrides asked for must match,
+    a filter left None matches any, and a gate re-measurement of some cases is never the commit's job."""
+    sha = "cd" * 20
+    plain = add_job(engine, sha)
+    with db.write_tx(engine) as s:
+        commit = commits.ensure_commit(s, sha)
+        common = dict(suite=SUITE, preset="quick", device="cpu", status="succeeded", attempts=1,
+                      commit=commit)
+        wide = JobRow(**common, params={}, world_size=2)
+        tuned = JobRow(**common, params={"i": 5}, world_size=1)
+        rerun = JobRow(**common, params={}, world_size=1, cases=["a"])
+        s.add_all([wide, tuned, rerun])
+        s.flush()
+        wide_id, tuned_id = wide.id, tuned.id
+    with Session(engine) as s:
+        assert find_commit_job(s, sha, SUITE).id == tuned_id  # newest whole job; the re-run is skipped
+        assert find_commit_job(s, sha, SUITE, world_size=2).id == wide_id
+        assert find_commit_job(s, sha, SUITE, world_size=1, params={}).id == plain
+        assert find_commit_job(s, sha, SUITE, params={"i": 5}).id == tuned_id
+        assert find_commit_job(s, sha, SUITE, world_size=4) is None
+        assert find_commit_job(s, sha, SUITE, preset="full") is None
+        assert find_commit_job(s, sha[:7], SUITE, world_size=2).id == wide_id

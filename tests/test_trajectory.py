@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gdn.data import build_sample_token_file
-from gdn.trajectory import (
+from workers.harness.trajectory import (
     NonFiniteTrajectory,
     StepRecord,
     TrajectoryComparison,
@@ -51,7 +51,7 @@ def test_same_path_on_both_sides_is_exact(token_file: Path) -> None:
 
 def test_reference_with_activation_checkpoint_is_the_same_reference(token_file: Path) -> None:
     """reference_checkpoint="full" saves memory, not numbers: same records, same stored key."""
-    from gdn.trajectory import reference_key, reference_trainer, run_reference
+    from workers.harness.trajectory import reference_key, reference_trainer, run_reference
 
     cfg = TrajectoryConfig(cp_mode="none", steps=3, seq_len=64, batch_size=2, valid_lengths=(64, 40))
     ckpt = dataclasses.replace(cfg, reference_checkpoint="full")

@@ -25,7 +25,7 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_4_layer_bf16_triton_matches_eager_over_200_steps(token_file: Path) -> None:
-    from gdn.trajectory import TrajectoryConfig, run_trajectory
+    from workers.harness.trajectory import TrajectoryConfig, run_trajectory
 
     cfg = TrajectoryConfig(
         model="qwen35-4l", steps=200, lr=1e-4, seq_len=8192, batch_size=1, dtype="bfloat16",
@@ -43,7 +43,7 @@ def test_4_layer_bf16_triton_matches_eager_over_200_steps(token_file: Path) -> N
 
 def test_checkpoint_full_is_bit_identical_under_deterministic_mode(token_file: Path) -> None:
     from gdn.device import set_deterministic
-    from gdn.trajectory import TrajectoryConfig, run_determinism_pair
+    from workers.harness.trajectory import TrajectoryConfig, run_determinism_pair
 
     cfg = TrajectoryConfig(
         model="qwen35-4l", steps=10, lr=1e-4, seq_len=8192, dtype="bfloat16", backend="triton", cp_mode="none"

@@ -26,9 +26,11 @@ from typing import Any
 import pytest
 import torch
 
-import gdn.trajectory as traj
+import workers.harness.trajectory as traj
 from gdn.data import build_sample_token_file
-from gdn.trajectory import (
+from tests.dist_harness import run_distributed
+from workers.context import RankContext
+from workers.harness.trajectory import (
     ReferenceFileMismatch,
     Trainer,
     TrajectoryComparison,
@@ -37,8 +39,6 @@ from gdn.trajectory import (
     run_reference,
     run_steps,
 )
-from tests.dist_harness import run_distributed
-from workers.context import RankContext
 from workers.registry import get_suite
 from workers.suite import Case, Sample
 

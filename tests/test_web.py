@@ -31,9 +31,12 @@ pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.orm import Session
 
-from service import db, store
-from service.models import Case as CaseRow
-from service.models import Job
+from service.persistence import artifacts as artifact_store
+from service.persistence import baselines, commits, db
+from service.persistence import cases as case_store
+from service.persistence import samples as sample_store
+from service.persistence import summaries as summary_store
+from service.persistence.models import CaseRow, JobRow
 from workers.suite import Case, Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +102,8 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
     """A job row with its metric and case rows, as the service writes them when a job runs."""
     now = datetime.now(UTC) - timedelta(minutes=minutes_ago)
     with Session(engine) as s, s.begin():
-        c = store.ensure_commit(s, commit)
-        job = Job(suite=suite, preset="full", params=GDN_PARAMS if suite == GDN else {},
+        c = commits.ensure_commit(s, commit)
+        job = JobRow(suite=suite, preset="full", params=GDN_PARAMS if suite == GDN else {},
                   commit_id=c.id if c else None, device="cuda", world_size=world, status=status,
                   progress_done=len(cases), progress_total=len(cases), attempts=1,
                   info={"device_name": "NVIDIA H200", "driver": "570.86", "torch": "2.13.0",
@@ -109,10 +112,11 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
                   finished_at=now if status in ("succeeded", "failed") else None)  # fmt: skip
         s.add(job)
         s.flush()
-        metric_ids = store.ensure_metrics(s, suite, metrics)
-        case_ids = store.ensure_cases(s, cases, "cuda", world)
+        metric_ids = sample_store.ensure_metrics(s, suite, metrics)
+        case_ids = case_store.ensure_cases(s, cases, "cuda", world)
         for case in cases:
-            store.set_case_result(s, job.id, case_ids[case.name], statuses.get(case.name, "passed"), None)
+            status = statuses.get(case.name, "passed")
+            case_store.set_case_result(s, job.id, case_ids[case.name], status, None)
         return job.id, metric_ids, case_ids
 
 
@@ -149,7 +153,7 @@ def _gdn_job(engine: Any, *, commit: str, status: str, minutes_ago: int, rng: np
         if b != "fla":  # the baseline: the ratios are the other backends'
             rows.append((cid, mids["ratio_to_baseline"], 0, 0, fwd_bwd / (TRITON_MS[T] * 1.12)))
             rows.append((cid, mids["peak_ratio_to_baseline"], 0, 0, peaks[b] / 1.05))
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
@@ -171,14 +175,14 @@ def _cp_job(engine: Any, *, commit: str, rng: np.random.Generator) -> int:
         for r in range(CP_WORLD):
             rows.append((cid, mids["loss_max_rel"], r, step, 1e-5 * (1 + step / STEPS) * (1 + r)))
             rows.append((cid, mids["grad_norm_max_rel"], r, step, 2e-3 * (1.2 + np.sin(step)) / (1 + r)))
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     return job_id
 
 
 def _finish(engine: Any, job_id: int) -> None:
     """What the service does when a job ends: store its summaries once."""
     with Session(engine) as s, s.begin():
-        store.store_summary(s, job_id)
+        summary_store.store_summary(s, job_id)
 
 
 TRACE = b'{"traceEvents": [{"name": "chunk_fwd", "ph": "X", "ts": 0, "dur": 812}]}'
@@ -196,14 +200,15 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
     for job_id in (base, head, cp, failed):
         _finish(engine, job_id)
     with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
-        store.save_artifact(s, head, TRACE_NAME, "application/gzip", gzip.compress(TRACE), artifacts_dir)
+        trace = gzip.compress(TRACE)
+        artifact_store.save_artifact(s, head, TRACE_NAME, "application/gzip", trace, artifacts_dir)
     with Session(engine) as s, s.begin():
-        j = s.get(Job, running)
+        j = s.get(JobRow, running)
         j.progress_done, j.progress_total, j.progress_message = 1, 6, "case T8192_stateful_hqk16_hv32_b1"
         # held by another (live) dispatcher: the test server's own dispatcher leaves it alone
         j.claimed_by, j.heartbeat_at = "elsewhere:1:web-test", datetime.now(UTC)
-        store.set_baseline(s, "release", job_id=base, note="last release")
-        j = s.get(Job, failed)
+        baselines.set_baseline(s, "release", job_id=base, note="last release")
+        j = s.get(JobRow, failed)
         j.error = "rank 0 raised RuntimeError: CUDA error: an illegal memory access was encountered"
     fps = {c.name: c.fingerprint("cuda", 1) for c in _gdn_cases()}
     fps |= {c.name: c.fingerprint("cuda", CP_WORLD) for c in _cp_cases()}
@@ -417,14 +422,14 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
     cases = [Case(suite, f"T{16 * (i + 1)}k", {"seq_len": 16384 * (i + 1)}) for i in range(16)]
     rng = np.random.default_rng(0)
     with db.write_tx(engine) as s:
-        job = Job(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
+        job = JobRow(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
                   attempts=1)  # fmt: skip
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, suite, metrics)
-        cids = store.ensure_cases(s, cases, "cuda", ranks)
+        mids = sample_store.ensure_metrics(s, suite, metrics)
+        cids = case_store.ensure_cases(s, cases, "cuda", ranks)
         for c in cases:
-            store.set_case_result(s, job.id, cids[c.name], "passed", None)
+            case_store.set_case_result(s, job.id, cids[c.name], "passed", None)
         job_id = job.id
     rows = []
     for c in cases:
@@ -433,10 +438,10 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
             vals = rng.normal(100, 2, (ranks, n)) if m.kind == "time" else rng.random((ranks, n)) * 1e-4
             rows += [(cids[c.name], mids[m.name], r, i, float(vals[r, i]))
                      for r in range(ranks) for i in range(n)]  # fmt: skip
-    store.insert_samples(engine, job_id, rows)
-    store.finish_summary(engine, job_id, 1)
+    sample_store.insert_samples(engine, job_id, rows)
+    summary_store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:
-        s.get(Job, job_id).status = "succeeded"
+        s.get(JobRow, job_id).status = "succeeded"
     with Session(engine) as s:
         fps = [s.get(CaseRow, cids[c.name]).fingerprint for c in cases]
     return job_id, fps, len(rows)
@@ -489,17 +494,17 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     page.evaluate("window.__marker = 'same page'")
     # the live server's dispatcher writes too: read-modify-write takes the lock at BEGIN (db.write_tx)
     with db.write_tx(engine) as s:
-        s.get(Job, seeded.running).progress_done = 4
+        s.get(JobRow, seeded.running).progress_done = 4
     expect(running).to_contain_text("4/6", timeout=10_000)
     with db.write_tx(engine) as s:  # a job submitted elsewhere appears by itself
-        new = Job(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
+        new = JobRow(suite=GDN, preset="quick", params={}, device="cuda", world_size=1, status="running",
                   claimed_by="elsewhere:1:web-test", heartbeat_at=datetime.now(UTC), progress_total=3)
         s.add(new)
         s.flush()
         new_id = new.id
     expect(job_row(new_id)).to_contain_text("0/3", timeout=10_000)
     with db.write_tx(engine) as s:
-        j = s.get(Job, seeded.running)
+        j = s.get(JobRow, seeded.running)
         j.status, j.progress_done, j.finished_at = "cancelled", 6, datetime.now(UTC)
     expect(running).to_contain_text("cancelled", timeout=10_000)
     assert page.evaluate("window.__marker") == "same page"  # refreshed in place, not reloaded

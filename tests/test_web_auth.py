@@ -62,22 +62,24 @@ def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, t
 
     from sqlalchemy.orm import Session
 
-    from service import store
-    from service.models import Job
+    from service.persistence import artifacts as artifact_store
+    from service.persistence import cases
+    from service.persistence import samples as sample_store
+    from service.persistence.models import JobRow
     from service.web_session import COOKIE
     from workers.suite import Case, Metric
 
     engine = client.app.state.engine
     with Session(engine) as s, s.begin():
-        job = Job(suite="s", preset="quick", device="cpu", world_size=1, status="succeeded", attempts=1)
+        job = JobRow(suite="s", preset="quick", device="cpu", world_size=1, status="succeeded", attempts=1)
         s.add(job)
         s.flush()
-        mid = store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time")])["t_ms"]
-        cid = store.ensure_cases(s, [Case("s", "c0", {})], "cpu", 1)["c0"]
-        store.save_artifact(s, job.id, "trace.json", "application/json", b'{"traceEvents": []}',
+        mid = sample_store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time")])["t_ms"]
+        cid = cases.ensure_cases(s, [Case("s", "c0", {})], "cpu", 1)["c0"]
+        artifact_store.save_artifact(s, job.id, "trace.json", "application/json", b'{"traceEvents": []}',
                             tmp_path / "a")  # fmt: skip
         job_id = job.id
-    store.insert_samples(engine, job_id, [(cid, mid, 0, i, 1.5 + i) for i in range(7)])
+    sample_store.insert_samples(engine, job_id, [(cid, mid, 0, i, 1.5 + i) for i in range(7)])
     csv_url = f"/api/v1/jobs/{job_id}/samples?format=csv"
 
     assert client.get(csv_url).status_code == 401  # anonymous

@@ -10,9 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from service import db, store
 from service.app import create_app
-from service.models import Job
+from service.persistence import cases as case_store
+from service.persistence import db, summaries
+from service.persistence import samples as sample_store
+from service.persistence.models import JobRow
 from service.settings import Settings
 from service.web import charts
 from workers.suite import Case, Metric
@@ -31,22 +33,22 @@ def page_html(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     rng = np.random.default_rng(0)
     cases = [Case(SUITE, "big", {"seq_len": 8192})]
     with Session(engine) as s, s.begin():
-        job = Job(suite=SUITE, preset="full", params={}, device="cuda", world_size=RANKS, status="succeeded",
-                  attempts=1, info={})
+        job = JobRow(suite=SUITE, preset="full", params={}, device="cuda", world_size=RANKS,
+                     status="succeeded", attempts=1, info={})
         s.add(job)
         s.flush()
-        mids = store.ensure_metrics(s, SUITE, METRICS)
-        cid = store.ensure_cases(s, cases, "cuda", RANKS)["big"]
-        store.set_case_result(s, job.id, cid, "passed", None)
+        mids = sample_store.ensure_metrics(s, SUITE, METRICS)
+        cid = case_store.ensure_cases(s, cases, "cuda", RANKS)["big"]
+        case_store.set_case_result(s, job.id, cid, "passed", None)
         job_id = job.id
     times = rng.normal(10.0, 0.2, (RANKS, REPS))
     loss = np.full((RANKS, STEPS), 1e-5)
     loss[1, 1234] = 7e-4  # one spike on one rank at one step
     rows = [(cid, mids["fwd_ms"], r, i, float(times[r, i])) for r in range(RANKS) for i in range(REPS)]
     rows += [(cid, mids["loss_max_rel"], r, i, float(loss[r, i])) for r in range(RANKS) for i in range(STEPS)]
-    store.insert_samples(engine, job_id, rows)
+    sample_store.insert_samples(engine, job_id, rows)
     with Session(engine) as s, s.begin():
-        store.store_summary(s, job_id)
+        summaries.store_summary(s, job_id)
     engine.dispose()
     settings = Settings(db_url=url, dispatch=False, executor="local")
     with TestClient(create_app(settings)) as client:

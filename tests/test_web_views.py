@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from service.web import charts, views
+from service.domain import views
+from service.domain.numbers import fmt
+from service.web import charts
 
 
 @dataclass
@@ -160,14 +162,14 @@ def test_history_line_and_sparkline_have_one_mark_per_commit() -> None:
 
 
 def test_fmt_is_readable_at_every_scale() -> None:
-    assert charts.fmt(5.86e-3) == "5.860e-03" and charts.fmt(12.6543, "ms") == "12.65 ms"
-    assert charts.fmt(1686.321, "ms") == "1686.3 ms" and charts.fmt(float("nan")) == "NaN"
-    assert charts.fmt(None) == "–" and charts.fmt(0.0) == "0"
+    assert fmt(5.86e-3) == "5.860e-03" and fmt(12.6543, "ms") == "12.65 ms"
+    assert fmt(1686.321, "ms") == "1686.3 ms" and fmt(float("nan")) == "NaN"
+    assert fmt(None) == "–" and fmt(0.0) == "0"
 
 
 def test_compare_rows_hide_unchanged_metrics_unless_asked() -> None:
     """Through the real compare engine: a planted 30% slowdown is the only row by default."""
-    from service.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+    from service.domain.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
     from workers.suite import Metric
 
     rng = np.random.default_rng(3)

@@ -163,7 +163,7 @@ def tensor_error(actual: torch.Tensor, expected: torch.Tensor, *, eps: float = 1
 
 
 def worst_rel_l2(pairs: Any) -> dict[str, float]:
-    """Relative-L2 of every tensor pair of a layer comparison (`gdn.cp.compare.LayerComparison`),
+    """Relative-L2 of every tensor pair of a layer comparison (`workers.harness.cp_compare.LayerComparison`),
     by name: output, input_grad and param:<name>."""
     errs = {
         "output": tensor_error(*pairs.output).rel_l2,

@@ -17,7 +17,7 @@ run` (its table and exit code), the store (stored summaries), the compare engine
    - memory, accuracy, check, trajectory: the **worst** value (one bad tensor, step or rank is a
      failure: these do not vary by chance).
    A metric with any non-finite sample fails whether or not it has a bound.
-4. **Compare** (head against base; the vectorised engine is `service.compare`, which takes its
+4. **Compare** (head against base; the vectorised engine is `service.domain.compare`, which takes its
    thresholds from here): time by the ratio of medians and a Mann-Whitney U test at `ALPHA`,
    regressed only when significant *and* larger than the metric's minimum effect; memory,
    accuracy and trajectory by their worst values against the minimum effect of their kind. The
@@ -273,7 +273,7 @@ def classify_change(
     kind: str, direction: str, base: float, head: float, effect: float, *, unit_bytes: float | None = None
 ) -> Change:
     """A change of one statistic head vs base, by the minimum effect (no significance: for views
-    of one value per job, such as the history overview; the gate uses `service.compare`)."""
+    of one value per job, such as the history overview; the gate uses `service.domain.compare`)."""
     if not (math.isfinite(base) and math.isfinite(head)):
         return "unknown"
     if base == head:

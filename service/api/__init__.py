@@ -1,1 +1,2 @@
-"""The REST API (`/api/v1`): pydantic schemas in `schemas`, the routers in `routes`."""
+"""The REST API (`/api/v1`): dependencies in `deps`, pydantic schemas in `schemas`, one router per
+resource in `routes/`, the error shape in `problems`."""

@@ -9,46 +9,17 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.models import Job
+from service.domain.submission import Device
+from service.persistence.models import JobRow
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 
-Device = Literal["cuda", "npu", "cpu"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JobVerdict = Literal["passed", "failed", "errored"]
 T = TypeVar("T")
-LabelKey = Annotated[str, Field(min_length=1, max_length=100)]
-LabelValue = Annotated[str, Field(max_length=500)]
-
-
-class JobCreate(BaseModel):
-    """POST /api/v1/jobs. Unknown fields are an error, so a typo never silently runs defaults."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    suite: str = Field(min_length=1, max_length=100, examples=["capability"])
-    preset: str = Field("quick", min_length=1, max_length=50)
-    params: dict[str, JsonValue] = Field(default_factory=dict, description="overrides of the preset")
-    commit: str | None = Field(
-        None, description=f"code to test: {REF_RULE}; null = the installed code", json_schema_extra=REF_SCHEMA
-    )
-    device: Device = "cpu"
-    world_size: int = Field(1, ge=1, le=4096)
-    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=50)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
-    cases: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
-        None, min_length=1, max_length=1000,
-        description="run only these cases of the preset (by name); null = every case",
-    )
-
-    @field_validator("commit")
-    @classmethod
-    def _commit(cls, value: str | None) -> str | None:
-        return None if value is None else check_commit(value)
 
 
 def _finite(v: float | None) -> float | None:
@@ -89,7 +60,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: JobRow) -> JobOut:
         return cls(
             id=job.id, status=job.status, verdict=job.verdict, case_counts=job.case_counts,
             cases=job.cases, suite=job.suite, preset=job.preset, params=job.params or {},

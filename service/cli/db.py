@@ -11,7 +11,7 @@ def db() -> None:
 
 
 def _engine(db_url: str | None):
-    from service import db as store_db
+    from service.persistence import db as store_db
     from service.settings import Settings
 
     settings = Settings(**({"db_url": db_url} if db_url else {}))

@@ -23,7 +23,7 @@ EXIT_INFRA = 2
 
 def _resolve(repo: str, ref: str) -> str:
     """The full sha of `ref` in `repo`, or `ref` unchanged (the service may know it)."""
-    from service.baselines import git_rev_parse, parse_job_ref
+    from service.domain.baselines import git_rev_parse, parse_job_ref
 
     if parse_job_ref(ref) is not None:
         return ref
@@ -83,7 +83,7 @@ def gate(
     head_sha = _resolve(repo, head)
     base_ref = _resolve(repo, base) if base else None
     if not base and not baseline:
-        from service.baselines import git_rev_parse
+        from service.domain.baselines import git_rev_parse
 
         base_ref = git_rev_parse(repo, f"{head_sha}^")  # None: the service tries the parent it recorded
     body: dict[str, Any] = {

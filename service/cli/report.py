@@ -54,7 +54,7 @@ def _open_store(db_url: str | None) -> Any:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
-    from service.db import make_engine
+    from service.persistence.db import make_engine
     from service.settings import Settings
 
     url = Settings(**({"db_url": db_url} if db_url else {})).db_url
@@ -81,8 +81,8 @@ def _from_store(
 ) -> str:
     from sqlalchemy.orm import Session
 
-    from service.baselines import NotFound
-    from service.report import build_report
+    from service.domain.baselines import NotFound
+    from service.domain.report import build_report
     from service.settings import Settings
 
     settings = Settings(**({"db_url": db_url} if db_url else {}))

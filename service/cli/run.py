@@ -15,7 +15,7 @@ httpx, uvicorn or ray.
 Statistics and bounds are `workers.verdict`'s (worst rank per idx, then median/p90/min/max of
 the finite values with the non-finite ones counted). The table printed is one row per case
 (per backend a case measures side by side) with its key numbers as columns, the report's pivot
-(`service.report_tables.case_pivot`); `--failures` keeps only the cases that need attention,
+(`service.domain.report_tables.case_pivot`); `--failures` keeps only the cases that need attention,
 `--all-metrics` prints one row per case and metric. The JSON is strict: a non-finite value is
 written as null and its JSON pointer listed under `nonfinite`. `--json -` writes it to stdout
 (the table then goes to stderr).
@@ -47,7 +47,7 @@ from rich.table import Table
 
 from service.cli import output
 from workers import verdict
-from workers.executor import JobOutcome, JobSpec
+from workers.executors.base import JobOutcome, JobSpec
 from workers.suite import Sample, Suite, UnknownSuiteInput
 
 
@@ -172,7 +172,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 @dataclass
 class _MetricStats:
-    """One summary row as the report's tables read it (`service.web.views.MetricStats`)."""
+    """One summary row as the report's tables read it (`service.domain.views.MetricStats`)."""
 
     metric: str
     unit: str
@@ -232,9 +232,9 @@ STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", 
 
 def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
-    as columns (`service.report_tables.case_pivot`); with `failures`, only the cases that did not
+    as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did not
     pass or hold a number out of bound. Returns the number of rows printed."""
-    from service.report_tables import case_pivot
+    from service.domain.report_tables import case_pivot
 
     pivot = case_pivot(stats)
     rows_of: dict[str, list[Any]] = defaultdict(list)

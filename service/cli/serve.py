@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from workers.executor import PLACEMENT_STRATEGIES
+from workers.executors.base import PLACEMENT_STRATEGIES
 
 
 @click.command()

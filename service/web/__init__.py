@@ -13,6 +13,7 @@ Pages (all read-only except the submit form; with `protect_reads` they need a lo
 - `/history?fingerprint=&metric=`: one series across commits; `/history/{suite}`: sparklines.
 - `/suites`: the catalogue.
 
-Modules: `routes` (HTTP), `views` (plain data -> table rows), `charts` (SVG), `queries` (the few
-plot-shaped SQL queries the store does not offer).
+Modules: `routes/` (one router per page), `deps` (templates, the login check), `charts` (SVG).
+The rows they print come from `service.domain.views`, the plot data from
+`service.persistence.page_queries`.
 """

@@ -21,30 +21,14 @@ from html import escape
 import numpy as np
 from markupsafe import Markup
 
+from service.domain.numbers import fmt
+
 MAX_POINTS = 400  # per lane: above this, a lane is drawn as a histogram of BINS bins
 BINS = 48
 MAX_STEPS = 400  # trajectory vertices per series before binning steps
 # Colour-blind safe palette (Okabe-Ito); ranks and series are also told apart by lane and label.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 _ids = itertools.count()
-
-
-def fmt(value: float | None, unit: str = "") -> str:
-    """A number for people: 4 significant digits, scientific when tiny or huge, unit appended."""
-    if value is None:
-        return "–"
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
-    if isinstance(value, float) and math.isinf(value):
-        return "∞" if value > 0 else "−∞"
-    a = abs(value)
-    if a != 0 and (a < 1e-2 or a >= 1e6):
-        text = f"{value:.3e}"
-    elif a >= 100:
-        text = f"{value:.1f}"
-    else:
-        text = f"{value:.4g}"
-    return f"{text} {unit}".rstrip() if unit else text
 
 
 def _uid(prefix: str) -> str:

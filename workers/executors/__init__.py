@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.executor import Executor
+from workers.executors.base import Executor
 
 EXECUTOR_KINDS: tuple[str, ...] = ("local", "ray")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers import verdict
-from workers.executor import JobOutcome, JobSink, JobSpec
+from workers.executors.base import JobOutcome, JobSink, JobSpec
 from workers.suite import Metric, Sample
 
 combine_case_statuses = verdict.combine_rank_statuses  # the rank rule lives in workers.verdict

@@ -19,9 +19,9 @@ from typing import Any
 
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.deadline import collective_timeout_s
-from workers.executor import Executor, JobOutcome, JobSink, JobSpec
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit, end_ranks
+from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from workers.backend_source import BackendSourceError, install_backend_source
-from workers.executor import Executor, JobOutcome, JobSink, JobSpec, check_placement
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
+from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec, check_placement
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
 from workers.provenance import source_commit
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract

@@ -221,8 +221,8 @@ SUITE = CPLayerSuite()
 def _layer_case(ctx: RankContext, p: dict[str, Any]) -> Any:
     import torch
 
-    from gdn.cp.compare import LayerCase
     from gdn.layer import GDNLayerConfig
+    from workers.harness.cp_compare import LayerCase
 
     cfg = GDNLayerConfig(
         hidden_size=p["hidden_size"], num_qk_heads=p["qk_heads"], num_v_heads=p["v_heads"],
@@ -257,7 +257,7 @@ def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
         yield from list(_emulated(ctx, case.name, p, lc))
         devices.empty_cache(ctx.device)
         if p["seq_len"] <= p["accuracy_max_seq_len"]:
-            from gdn.cp.compare import compare_emulated
+            from workers.harness.cp_compare import compare_emulated
 
             yield from _accuracy_samples(ctx, case.name, lc, compare_emulated(lc, p["shards"], ctx.device))
         return
@@ -278,8 +278,8 @@ def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any) -> Iterator[Sample]:
     """Chain counts of one fwd+bwd, then timing and memory of the candidate layer alone."""
     from gdn import device as devices
-    from gdn.cp.compare import build_layer, make_inputs
     from gdn.cp.config import shard_sequence
+    from workers.harness.cp_compare import build_layer, make_inputs
 
     layer = build_layer(lc, cp, lc.backend, ctx.device)
     x, mask, dy = make_inputs(lc, ctx.device)
@@ -342,8 +342,8 @@ def _emulated(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iterat
     """Hops and timing of the single-process P2P emulation (serial: not a CP speed, a regression
     series for the summary and chain kernels)."""
     from gdn import device as devices
-    from gdn.cp.compare import build_layer, make_inputs
     from gdn.cp.emulation import EmulationStats, emulated_p2p_layer
+    from workers.harness.cp_compare import build_layer, make_inputs
 
     layer = build_layer(lc, None, lc.backend, ctx.device)
     x, mask, dy = make_inputs(lc, ctx.device)
@@ -367,7 +367,7 @@ def _emulated(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iterat
 
 
 def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]:
-    from gdn.cp.compare import compare_layer
+    from workers.harness.cp_compare import compare_layer
 
     yield from _accuracy_samples(ctx, name, lc, compare_layer(lc, cp, ctx.device))
 

@@ -23,7 +23,7 @@ CP rank 0; the other ranks yield the same values after the broadcast), then per 
 `cand_*` and the step's errors; the maxima and `finite` only when every step is done. A job
 deadline or a kill during the candidate keeps every step yielded so far.
 
-`reference_file`: a JSON file of the reference trajectory (gdn.trajectory describes the format and
+`reference_file`: a JSON file of the reference trajectory (workers.harness.trajectory describes the format and
 the key). When it exists and its key matches the run (model, data by content hash, precision,
 optimizer, seed, device kind, deterministic flag), the reference steps are read from it (the
 rank's log says so) instead of computed; when it does not exist, the computed reference is written
@@ -56,10 +56,17 @@ from workers.suite import (
     Suite,
     SuiteParams,
 )
+from workers.suites._model_training import (
+    CP_MODES,
+    PRECISION,
+    case_trainer,
+    check_modes_and_dtype,
+    token_file_for,
+    trajectory_config,
+    ulysses_misfit_of_model,
+)
 
-CP_MODES = ("none", "ulysses", "p2p", "all_gather")
 CHECKPOINTS = ("off", "full")
-PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 # (loss rel, grad-norm rel) per precision: the CPU acceptance (fp32) and the report's GPU figures.
 BOUNDS = {"fp32": (1e-5, 1e-4), "bf16": (4e-4, 4e-3)}
 
@@ -92,7 +99,7 @@ class NetworkParams(SuiteParams):
     token_file: str | None = None
     corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
     # JSON file of the reference trajectory: read when it exists and its key matches, else written
-    # once the reference is computed (see gdn.trajectory); not part of the cases' parameters
+    # once the reference is computed (see workers.harness.trajectory); not part of the cases' parameters
     reference_file: str | None = None
 
 
@@ -139,17 +146,6 @@ def _metrics() -> tuple[Metric, ...]:
                description="checkpoint off vs full: max |param difference| after the last step"),
     ]  # fmt: skip
     return tuple(out)
-
-
-def check_modes_and_dtype(
-    modes: tuple[str, ...], allowed: tuple[str, ...], dtype: str, what: str = "CP mode"
-) -> None:
-    """The checks every model-level suite makes of its parameters, naming the valid choices."""
-    bad = sorted(set(modes) - set(allowed))
-    if bad:
-        raise ValueError(f"unknown {what}(s) {bad}; expected a subset of {allowed}")
-    if dtype not in PRECISION:
-        raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(PRECISION)}")
 
 
 def _check(params: NetworkParams) -> None:
@@ -243,59 +239,6 @@ class NetworkSuite(Suite):
 # ------------------------------------------------------------------------------------------------
 # Rank side: torch is imported inside the functions.
 # ------------------------------------------------------------------------------------------------
-_TOKEN_FILES: dict[str, str] = {}
-
-
-def token_file_for(params: dict[str, Any]) -> str:
-    """The case's token file, or one built once per process from a shipped corpus."""
-    if params.get("token_file"):
-        return str(params["token_file"])
-    corpus = params.get("corpus", "sample")
-    if corpus not in _TOKEN_FILES:
-        import tempfile
-        from pathlib import Path
-
-        from gdn.data import build_corpus_token_file
-
-        path = Path(tempfile.mkdtemp(prefix="gdnval-tokens-")) / f"{corpus}.bin"
-        build_corpus_token_file(path, corpus)
-        _TOKEN_FILES[corpus] = str(path)
-    return _TOKEN_FILES[corpus]
-
-
-def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any):  # -> TrajectoryConfig
-    """TrajectoryConfig of a case; a CP mode needs more than one rank."""
-    from gdn.trajectory import TrajectoryConfig
-
-    mode = params["mode"]
-    if mode != "none" and not ctx.distributed:
-        raise ValueError(
-            f"CP mode {mode!r} needs a job with world size >= 2 (got {ctx.world_size}); "
-            "use mode 'none' on one rank"
-        )
-    vl = params.get("valid_lengths")
-    fields = dict(
-        model=params["model"], steps=params.get("steps", 1), lr=params.get("lr", 1e-3),
-        seq_len=params["seq_len"], batch_size=params["batch_size"],
-        valid_lengths=tuple(vl) if vl else None, dtype=params["dtype"], seed=params.get("seed", 0),
-        reference_backend=params.get("reference_backend", "eager"),
-        reference_checkpoint=params.get("reference_checkpoint", "off"), backend=params["backend"],
-        candidate_chunk_size=params.get("candidate_chunk_size", 64),
-        cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
-    )  # fmt: skip
-    fields.update(overrides)
-    return TrajectoryConfig(**fields)
-
-
-def case_trainer(ctx: RankContext, params: dict[str, Any]):  # -> gdn.trajectory.Trainer
-    """The candidate trainer of a case (speed, stability, profile): its CP group only in a CP mode."""
-    from gdn.trajectory import candidate_trainer
-
-    cfg = trajectory_config(ctx, params)
-    group = ctx.group if cfg.cp_mode != "none" else None
-    return candidate_trainer(cfg, token_file_for(params), ctx.device, group)
-
-
 def reference_file_for(ctx: RankContext, params: dict[str, Any]) -> str | None:
     """The job's `reference_file` (kept out of the case parameters, so it never changes a case's
     fingerprint: reading the reference from a file measures the same thing)."""
@@ -306,7 +249,7 @@ def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     """Samples stream per step: the reference steps while the reference runs (after its broadcast
     on ranks other than 0), then each candidate step with its errors; the maxima and `finite` at
     the end. A NaN/Inf raises NonFiniteTrajectory after the steps before it were yielded."""
-    from gdn.trajectory import iter_trajectory, step_error
+    from workers.harness.trajectory import iter_trajectory, step_error
 
     p = case.params
     cfg = trajectory_config(ctx, p)
@@ -372,7 +315,7 @@ def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import torch
 
     from gdn.device import set_deterministic
-    from gdn.trajectory import run_determinism_pair
+    from workers.harness.trajectory import run_determinism_pair
 
     p = case.params
     cfg = trajectory_config(ctx, p, steps=p["determinism_steps"])
@@ -395,15 +338,3 @@ def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 
 
 SUITE = NetworkSuite()
-
-
-def ulysses_misfit_of_model(case: Case, world_size: int) -> str | None:
-    """A network/stability case in Ulysses mode whose model's GDN heads do not split over the
-    ranks: not applicable (gdn.cp.config.ulysses_misfit), never an error."""
-    if case.params.get("mode") != "ulysses" or world_size == 1:
-        return None
-    from gdn.cp.config import ulysses_misfit
-    from gdn.model import MODEL_CONFIGS
-
-    cfg = MODEL_CONFIGS[case.params["model"]]
-    return ulysses_misfit(cfg.linear_num_qk_heads, cfg.linear_num_v_heads, world_size)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
-from workers.suites.network import CP_MODES, check_modes_and_dtype
+from workers.suites._model_training import CP_MODES, case_trainer, check_modes_and_dtype
 
 
 class ProfileParams(SuiteParams):
@@ -69,8 +69,6 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     from pathlib import Path
 
     from gdn import device as devices
-    from workers.suites.network import case_trainer
-
     p = case.params
     trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)

@@ -15,7 +15,12 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
-from workers.suites.network import CP_MODES, check_modes_and_dtype, ulysses_misfit_of_model
+from workers.suites._model_training import (
+    CP_MODES,
+    case_trainer,
+    check_modes_and_dtype,
+    ulysses_misfit_of_model,
+)
 
 MIB = 1 << 20
 
@@ -91,8 +96,6 @@ def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import time
 
     from gdn import device as devices
-    from workers.suites.network import case_trainer
-
     p = case.params
     trainer = case_trainer(ctx, p)
     cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}

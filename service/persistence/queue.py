@@ -1,7 +1,7 @@
 """The durable job queue: jobs are rows, and every state change is one short write transaction.
 
 Claims run under `write_tx` (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock, see
-service/db.py; so claims are serialised and the per-device limits hold across replicas) and the
+service/persistence/db.py; so claims are serialised and the per-device limits hold across replicas) and the
 status flip is a conditional UPDATE (`... WHERE status = 'queued'`), so two dispatchers, even in
 two processes or on two hosts sharing one database, can never both run a job. A dispatcher
 claims only what its executor can place now: per device kind, the best queued job (priority,
@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from service.db import write_tx
-from service.models import FINAL_STATUSES, Job, JobEvent, utcnow
-from service.store import add_event, ensure_commit
-from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
-from workers.executor import PLACEMENT_LABEL, Executor, check_placement
-from workers.registry import get_suite
-from workers.suite import UnknownSuiteInput, select_cases
+from service.persistence.commits import ensure_commit
+from service.persistence.db import write_tx
+from service.persistence.jobs import add_event
+from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
+from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.executors.base import PLACEMENT_LABEL
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    pass
 
 
 class JobNotFound(LookupError):
@@ -62,7 +61,7 @@ class JobRequest:
     idempotency_key: str | None = None
     cases: tuple[str, ...] | None = None
 
-    def same_as(self, job: Job) -> bool:
+    def same_as(self, job: JobRow) -> bool:
         return (
             (tuple(job.cases) if job.cases else None) == self.cases
             and job.suite == self.suite
@@ -78,7 +77,7 @@ def dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
+def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
     """Queue a job; returns (job, created). A known idempotency key returns its job unchanged.
 
     Raises JobConflict when the key is reused for a different request (suite, preset, params,
@@ -88,7 +87,8 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
         try:
             with write_tx(engine) as s:
                 if req.idempotency_key:
-                    job = s.scalars(select(Job).where(Job.idempotency_key == req.idempotency_key)).first()
+                    same_key = JobRow.idempotency_key == req.idempotency_key
+                    job = s.scalars(select(JobRow).where(same_key)).first()
                     if job is not None:
                         if not req.same_as(job):
                             raise JobConflict(
@@ -98,7 +98,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
                             )
                         return job, False
                 commit = ensure_commit(s, req.commit)
-                job = Job(
+                job = JobRow(
                     suite=req.suite,
                     preset=req.preset,
                     params=dict(req.params),
@@ -120,12 +120,12 @@ def submit(engine: Engine, req: JobRequest) -> tuple[Job, bool]:
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
 
 
-def job_backend_source(job: Job) -> str | None:
+def job_backend_source(job: JobRow) -> str | None:
     """Where the job's backend under test comes from (its `backend_source` label), None for ours."""
     return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 
 
-def job_placement(job: Job) -> str | None:
+def job_placement(job: JobRow) -> str | None:
     """The job's own placement strategy (its `placement` label), None for the executor's default."""
     return (job.labels or {}).get(PLACEMENT_LABEL) or None
 
@@ -134,8 +134,8 @@ def claim(
     engine: Engine,
     owner: str,
     limits: Mapping[str, int],
-    fits: Callable[[Job], bool] | None = None,
-) -> Job | None:
+    fits: Callable[[JobRow], bool] | None = None,
+) -> JobRow | None:
     """Atomically move the best queued job that may start now to `running` for `owner`.
 
     Per device kind with room under `limits`, the candidate is that kind's best queued job
@@ -146,7 +146,7 @@ def claim(
     with write_tx(engine) as s:
         running = dict(
             s.execute(
-                select(Job.device, func.count()).where(Job.status == "running").group_by(Job.device)
+                select(JobRow.device, func.count()).where(JobRow.status == "running").group_by(JobRow.device)
             ).all()
         )
         open_devices = [d for d, limit in limits.items() if running.get(d, 0) < limit]
@@ -155,9 +155,9 @@ def claim(
         candidates = []
         for device in open_devices:
             head = s.scalars(
-                select(Job)
-                .where(Job.status == "queued", Job.device == device)
-                .order_by(Job.priority.desc(), Job.id)
+                select(JobRow)
+                .where(JobRow.status == "queued", JobRow.device == device)
+                .order_by(JobRow.priority.desc(), JobRow.id)
                 .limit(1)
             ).first()
             if head is not None and (fits is None or fits(head)):
@@ -167,14 +167,14 @@ def claim(
         job = min(candidates, key=lambda j: (-j.priority, j.id))
         now = utcnow()
         res = s.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == "queued")
+            update(JobRow)
+            .where(JobRow.id == job.id, JobRow.status == "queued")
             .values(
                 status="running",
                 claimed_by=owner,
                 started_at=now,
                 heartbeat_at=now,
-                attempts=Job.attempts + 1,
+                attempts=JobRow.attempts + 1,
                 cancel_requested=False,
                 error=None,
                 progress_done=0,
@@ -191,11 +191,11 @@ def claim(
         return job
 
 
-def cancel(engine: Engine, job_id: int) -> Job:
+def cancel(engine: Engine, job_id: int) -> JobRow:
     """Cancel a queued job at once; ask a running one's executor to stop (its dispatcher sets
     the cancel event and records `cancelled` when the executor returns)."""
     with write_tx(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         if job is None:
             raise JobNotFound(job_id)
         if job.status == "queued":
@@ -220,8 +220,8 @@ def finish(engine: Engine, job_id: int, owner: str, status: str, error: str | No
         raise ValueError(f"final status must be one of {sorted(FINAL_STATUSES)}, got {status!r}")
     with write_tx(engine) as s:
         res = s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "running", Job.claimed_by == owner)
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.status == "running", JobRow.claimed_by == owner)
             .values(status=status, error=error, finished_at=utcnow(), cancel_requested=False)
             .execution_options(synchronize_session=False)
         )
@@ -237,16 +237,17 @@ def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
         return set()
     with write_tx(engine) as s:
         s.execute(
-            update(Job)
-            .where(Job.id.in_(job_ids), Job.claimed_by == owner, Job.status == "running")
+            update(JobRow)
+            .where(JobRow.id.in_(job_ids), JobRow.claimed_by == owner, JobRow.status == "running")
             .values(heartbeat_at=utcnow())
             .execution_options(synchronize_session=False)
         )
         return set(
             s.scalars(
-                select(Job.id).where(
-                    Job.id.in_(job_ids),
-                    (Job.cancel_requested.is_(True)) | (Job.status != "running") | (Job.claimed_by != owner),
+                select(JobRow.id).where(
+                    JobRow.id.in_(job_ids),
+                    (JobRow.cancel_requested.is_(True)) | (JobRow.status != "running")
+                    | (JobRow.claimed_by != owner),
                 )
             )
         )
@@ -262,7 +263,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _orphan_reason(job: Job, owner: str, lease_s: float) -> str | None:
+def _orphan_reason(job: JobRow, owner: str, lease_s: float) -> str | None:
     if job.claimed_by == owner:
         return None
     host, _, rest = (job.claimed_by or "").partition(":")
@@ -285,8 +286,8 @@ def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
     `owner`'s running job."""
     with write_tx(engine) as s:
         res = s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.claimed_by == owner, Job.status == "running")
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.claimed_by == owner, JobRow.status == "running")
             .values(status="queued", claimed_by=None, heartbeat_at=None)
             .execution_options(synchronize_session=False)
         )
@@ -298,8 +299,8 @@ def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
 
 def _orderly_requeues(s: Any, job_id: int) -> int:
     data = s.scalars(
-        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "status",
-                                    JobEvent.message == "queued")
+        select(JobEventRow.data).where(JobEventRow.job_id == job_id, JobEventRow.kind == "status",
+                                    JobEventRow.message == "queued")
     )  # fmt: skip
     return sum(1 for d in data if isinstance(d, dict) and d.get("orderly") is True)
 
@@ -314,7 +315,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
     """
     settled: list[tuple[int, str]] = []
     with write_tx(engine) as s:
-        for job in s.scalars(select(Job).where(Job.status == "running")).unique():
+        for job in s.scalars(select(JobRow).where(JobRow.status == "running")).unique():
             reason = _orphan_reason(job, owner, lease_s)
             if reason is None:
                 continue
@@ -335,89 +336,3 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 add_event(s, job.id, "status", "failed", {"reason": job.error})
             settled.append((job.id, job.status))
     return settled
-
-
-class InvalidJob(ValueError):
-    """A submission the service can never run; the message names the bad value and the choices."""
-
-
-class SuiteUnavailable(RuntimeError):
-    """A registered suite whose module fails to load: the service's fault, not the request's."""
-
-
-def validate_request(body: Any, executor: Executor | None) -> JobRequest:
-    """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor.
-
-    Unknown suite/preset/parameter, a device the suite does not run on, and a world size no
-    device pool can ever give all raise `InvalidJob` (the API answers 422 with the message).
-    """
-    from service.api.schemas import JobCreate
-
-    req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body)
-    try:
-        suite = get_suite(req.suite)
-        params = suite.resolve_params(req.preset, req.params, device=req.device)
-        if req.cases:
-            select_cases(suite.cases(params), list(req.cases))
-    except UnknownSuiteInput as exc:
-        raise InvalidJob(str(exc)) from exc
-    except Exception as exc:
-        raise SuiteUnavailable(f"suite {req.suite!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
-    if req.device not in suite.devices:
-        raise InvalidJob(f"suite {suite.name!r} runs on {list(suite.devices)}, not on device {req.device!r}")
-    if req.world_size < suite.min_world_size:
-        raise InvalidJob(
-            f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
-        )
-    placement = req.labels.get(PLACEMENT_LABEL) or None
-    if placement is not None:
-        try:
-            check_placement(placement)
-        except ValueError as exc:
-            raise InvalidJob(f"label {PLACEMENT_LABEL!r}: {exc}") from exc
-    source = req.labels.get(BACKEND_SOURCE_LABEL) or None
-    if source is not None:
-        try:
-            BackendSource.parse(source)
-        except BackendSourceError as exc:
-            raise InvalidJob(f"label {BACKEND_SOURCE_LABEL!r}: {exc}") from exc
-    if executor is not None:
-        try:
-            most = executor.most_ranks(req.device, placement)
-        except ValueError as exc:
-            raise InvalidJob(str(exc)) from exc
-        if req.world_size > most:
-            how = f" with placement {placement}" if placement else ""
-            raise InvalidJob(
-                f"world_size {req.world_size} on {req.device!r}{how} can never be satisfied: the "
-                f"{executor.kind} executor offers at most {most} {req.device} rank(s)"
-            )
-    del params  # validated; the job stores the overrides as given, the preset fills the rest at run time
-    return JobRequest(
-        suite=suite.name,
-        preset=req.preset,
-        params=dict(req.params),
-        commit=req.commit,
-        device=req.device,
-        world_size=req.world_size,
-        priority=req.priority,
-        labels=dict(req.labels),
-        idempotency_key=req.idempotency_key,
-        cases=tuple(req.cases) if req.cases else None,
-    )
-
-
-def submit_checked(
-    engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
-) -> tuple[Job, bool]:
-    """Validate and queue; returns (job, created). The API and the web form share this path."""
-    if executor is None:
-        from service.executors import get_executor
-
-        executor = get_executor(settings)
-    return submit(engine, validate_request(body, executor))
-
-
-def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> Job:
-    """Validate and queue a submission (a dict of the `POST /api/v1/jobs` fields); returns the job."""
-    return submit_checked(engine, settings, body, executor)[0]

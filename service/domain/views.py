@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from service.web.charts import fmt
+from service.domain.numbers import fmt
 from workers import verdict
 
 # An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.

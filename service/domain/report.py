@@ -6,170 +6,28 @@ speed with speed-ups (Triton vs eager), memory, CP tables (P2P vs Ulysses), traj
 summaries, and, with a base, the comparison. Every number links to its case on the job page
 (`/jobs/{id}#case-{fingerprint}`, the web page's anchor), so a reader can open the samples.
 
-The tables use the web page's view models (`service.web.views`): the same worst-rank numbers,
+The tables use the web page's view models (`service.domain.views`): the same worst-rank numbers,
 the same bound judgements, the same baseline pairing for speed-ups, in both places.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from service.compare import Comparison, MetricResult
+from service.domain import report_tables as tables
+from service.domain import views
+from service.domain.baselines import NotFound, compare_jobs
+from service.domain.compare import Comparison
+from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
+from service.persistence import jobs as job_store
+from service.persistence import summaries as summary_store
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from service.gate import GateState
-    from service.report_tables import Pivot
-
-VERDICT_MARK = {
-    "regressed": "🔴 regressed",
-    "failed": "🔴 failed",
-    "worsened": "🟠 worsened",
-    "errored": "🔴 errored",
-    "inconclusive": "⚪ inconclusive",
-    "improved": "🟢 improved",
-    "unchanged": "unchanged",
-    "added": "➕ added",
-    "removed": "➖ removed",
-    "skipped": "skipped",
-    "changed": "🔵 changed (recorded)",
-    "incomparable": "⚠️ not comparable",
-}
-
-
-def md_escape(text: Any) -> str:
-    """A table cell: pipes escaped, newlines flattened."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
-
-
-def link(text: str, url: str | None) -> str:
-    return f"[{md_escape(text)}]({url})" if url else md_escape(text)
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    rows = list(rows)
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def case_url(base_url: str, job_id: int | None, fingerprint: str) -> str | None:
-    if job_id is None:
-        return None
-    return f"{base_url.rstrip('/')}/jobs/{job_id}#case-{fingerprint}"
-
-
-def fmt(value: float | None, unit: str = "") -> str:
-    """The web page's number format (4 significant digits, scientific when tiny or huge)."""
-    from service.web.charts import fmt as web_fmt
-
-    return web_fmt(value, unit)
-
-
-# ------------------------------------------------------------------------------------ comparisons
-
-
-def _stat(m: MetricResult, side: str) -> float | None:
-    s = getattr(m, side)
-    if s is None:
-        return None
-    return s.median if m.kind == "time" else s.worst
-
-
-def comparison_markdown(
-    cmp: Comparison, base_url: str = "", *, all_rows: bool = False, level: int = 3
-) -> str:
-    """A comparison as Markdown: verdict counts, then one row per metric that is not unchanged
-    (every row with `all_rows`), and one row per case without metrics (errored/added/removed)."""
-    h = "#" * level
-    counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n)
-    head_link = link(f"#{cmp.head.job_id}", _job_url(base_url, cmp.head.job_id))
-    base_link = link(f"#{cmp.base.job_id}", _job_url(base_url, cmp.base.job_id))
-    title = (
-        f"{h} {cmp.suite}: job {head_link} (head {_short(cmp.head.commit)}) "
-        f"vs job {base_link} (base {_short(cmp.base.commit)})"
-    )
-    lines = [title, "", f"Cases: {counts or 'none'}. " + ("**PASS**" if cmp.passed else "**FAIL**"), ""]
-    rows = []
-    for c in cmp.cases:
-        hurl = case_url(base_url, cmp.head.job_id, c.fingerprint)
-        burl = case_url(base_url, cmp.base.job_id, c.fingerprint)
-        shown = [m for m in c.metrics if all_rows or m.verdict != "unchanged"]
-        if not c.metrics or (not shown and c.verdict != "unchanged"):
-            rows.append([link(c.name, hurl if c.head_status else burl), "(case)", VERDICT_MARK[c.verdict],
-                         "–", "–", "–", "–", "–", md_escape(c.reason)])  # fmt: skip
-        for m in shown:
-            b, hv = _stat(m, "base"), _stat(m, "head")
-            has_ci = m.ci_low is not None and m.ci_high is not None
-            ci = f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if has_ci else "–"
-            ratio = f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–"
-            p = f"{m.p_value:.2g}" if m.p_value is not None else "–"
-            rows.append([
-                link(c.name, hurl), md_escape(m.metric), VERDICT_MARK[m.verdict],
-                link(fmt(b, m.unit), burl) if b is not None else "–",
-                link(fmt(hv, m.unit), hurl) if hv is not None else "–",
-                ratio, ci, p, md_escape(m.reason),
-            ])  # fmt: skip
-    if rows:
-        lines.append(table(["case", "metric", "verdict", "base", "head", "ratio", "CI", "p", "why"], rows))
-    else:
-        lines.append("Every metric of every case is unchanged.")
-    return "\n".join(lines) + "\n"
-
-
-def _job_note(j: Any) -> str:
-    if j.reused:
-        return "reused"
-    return ("error: " + md_escape(j.error))[:200] if j.error else ""
-
-
-def _short(sha: str | None) -> str:
-    return sha[:12] if sha else "unknown"
-
-
-def _job_url(base_url: str, job_id: int | None) -> str | None:
-    return f"{base_url.rstrip('/')}/jobs/{job_id}" if job_id is not None else None
-
-
-def gate_markdown(state: GateState, base_url: str = "") -> str:
-    """The gate's report: decision, jobs, confirmations, then each suite's comparison."""
-    word = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}.get(state.verdict or "", "…")
-    lines = [
-        f"## gdnval gate: {word} (exit {state.exit_code})",
-        "",
-        f"- head: `{state.head}`",
-        f"- base: `{state.base or 'unknown'}` ({state.base_source or 'unresolved'})",
-        f"- {md_escape(state.reason)}",
-        "",
-    ]
-    if state.jobs:
-        lines += ["### Jobs", ""]
-        lines.append(table(
-            ["role", "suite", "job", "commit", "status", "note"],
-            [[j.role, j.suite, link(f"#{j.job_id}", _job_url(base_url, j.job_id)), f"`{_short(j.commit)}`",
-              j.status, _job_note(j)]
-             for j in state.jobs],
-        ))  # fmt: skip
-        lines.append("")
-    if state.confirmations:
-        lines += ["### Confirmation re-runs", ""]
-        lines.append(table(
-            ["suite", "case", "metric", "first run", "re-run", "counted"],
-            [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
-              md_escape(c.first_reason),
-              f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
-              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
-             for c in state.confirmations],
-        ))  # fmt: skip
-        lines.append("")
-    for cmp in state.comparisons:
-        lines.append(comparison_markdown(cmp, base_url))
-    return "\n".join(lines).rstrip() + "\n"
-
+    from service.domain.report_tables import Pivot
 
 # ---------------------------------------------------------------------------------- job reports
 
@@ -187,22 +45,19 @@ class JobData:
     world_size: int
     error: str | None
     info: Mapping[str, Any]
-    cases: list[Any]  # store.CaseSummary (fits service.web.views.CaseStats)
+    cases: list[Any]  # summary_store.CaseSummary (fits service.domain.views.CaseStats)
     started: Any = None
     finished: Any = None
     verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
-    from service import store
-    from service.baselines import NotFound
-
-    job = store.get_job(session, job_id)
+    job = job_store.get_job(session, job_id)
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     return JobData(
         job.id, job.suite, job.preset, job.status, job.commit_sha, job.device, job.world_size, job.error,
-        dict(job.info or {}), store.case_summaries(session, job_id), job.started_at, job.finished_at,
+        dict(job.info or {}), summary_store.case_summaries(session, job_id), job.started_at, job.finished_at,
         job.verdict,
     )  # fmt: skip
 
@@ -221,8 +76,8 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     rows = []
     for j in jobs:
         rows.append([
-            link(f"#{j.job_id}", _job_url(base_url, j.job_id)), md_escape(j.suite), md_escape(j.preset),
-            f"`{_short(j.commit or j.info.get('commit'))}`",
+            link(f"#{j.job_id}", job_url(base_url, j.job_id)), md_escape(j.suite), md_escape(j.preset),
+            f"`{short_sha(j.commit or j.info.get('commit'))}`",
             f"{one('device_name', j)} ({j.device} × {j.world_size})", one("driver", j),
             one("torch", j), one("triton", j), one("python", j), md_escape(j.status),
         ])  # fmt: skip
@@ -232,11 +87,9 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
 def _backend_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     """Where each job's backends came from (distribution, version, commit, or why it did not
     load), so the report names which code ran."""
-    from service.web import views
-
-    return [[link(f"#{j.job_id}", _job_url(base_url, j.job_id)), f"`{md_escape(b['backend'])}`",
+    return [[link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{md_escape(b['backend'])}`",
              md_escape(b["distribution"]), md_escape(b["version"]),
-             f"`{_short(b['commit'])}`" if b["commit"] else "–"]
+             f"`{short_sha(b['commit'])}`" if b["commit"] else "–"]
             for j in jobs for b in views.backend_records(j.info)]  # fmt: skip
 
 
@@ -256,10 +109,7 @@ def job_report_markdown(
     title: str | None = None,
 ) -> str:
     """The test report for one or more jobs (one per suite), with optional comparisons."""
-    from service import report_tables as tables
-    from service.web import views
-
-    commits = sorted({_short(j.commit or j.info.get("commit")) for j in jobs})
+    commits = sorted({short_sha(j.commit or j.info.get("commit")) for j in jobs})
     suites = ", ".join(j.suite for j in jobs)
     lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
     lines += ["## Environment", ""]
@@ -281,13 +131,13 @@ def job_report_markdown(
             counts[cv.status] = counts.get(cv.status, 0) + 1
         verdict, _ = views.job_verdict(j.status, j.verdict, _status_counts(j))
         case_text = ", ".join(f"{n} {w}" for w, n in sorted(counts.items())) or "no cases"
-        vrows.append([link(f"#{j.job_id}", _job_url(base_url, j.job_id)), md_escape(j.suite),
+        vrows.append([link(f"#{j.job_id}", job_url(base_url, j.job_id)), md_escape(j.suite),
                       md_escape(verdict), md_escape(case_text),
                       md_escape(_first_line(j.error)) if j.error else ""])  # fmt: skip
     lines.append(table(["job", "suite", "verdict", "cases", "job error"], vrows))
     for cmp in comparisons:
         lines.append("")
-        lines.append(f"Against base job #{cmp.base.job_id} ({_short(cmp.base.commit)}): "
+        lines.append(f"Against base job #{cmp.base.job_id} ({short_sha(cmp.base.commit)}): "
                      + ("**pass**" if cmp.passed else "**FAIL**") + " — "
                      + ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n))  # fmt: skip
     lines.append("")
@@ -314,12 +164,12 @@ def job_report_markdown(
             if not p and not empty:
                 continue
             if len(jobs) > 1:
-                job_link = link(f"#{j.job_id}", _job_url(base_url, j.job_id))
+                job_link = link(f"#{j.job_id}", job_url(base_url, j.job_id))
                 lines += [f"### {md_escape(j.suite)} (job {job_link})", ""]
             if heading == "Capability checks" and p.counts.get("checks") and not p.counts.get("failing"):
                 recorded = p.counts.get("recorded", 0)
                 more = f" ({recorded} more values recorded without a bound)" if recorded else ""
-                page = link("job page", _job_url(base_url, j.job_id))
+                page = link("job page", job_url(base_url, j.job_id))
                 lines.append(f"All {p.counts['checks']} bounded checks of {len(p.rows)} case(s) hold{more}; "
                              f"the values are on the {page}.")  # fmt: skip
             else:
@@ -385,8 +235,6 @@ def build_report(
 ) -> tuple[str, list[Comparison]]:
     """Markdown report of stored jobs; with base jobs, each head job is compared with the base
     job of the same suite. Returns (markdown, comparisons)."""
-    from service.baselines import compare_jobs
-
     jobs = [load_job_data(session, j) for j in job_ids]
     bases = [load_job_data(session, b) for b in base_ids]
     by_suite = {b.suite: b for b in bases}

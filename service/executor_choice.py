@@ -12,7 +12,8 @@ import importlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from workers.executor import Executor
+from workers.executors import make_executor
+from workers.executors.base import Executor
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -27,8 +28,6 @@ def build_executor(settings: Settings) -> Executor:
     if ":" in kind:
         module, _, attr = kind.partition(":")
         return getattr(importlib.import_module(module), attr)()
-    from workers.executors import make_executor
-
     options: dict[str, Any] = {}
     if kind == "ray":
         options = {"address": settings.ray_address, "placement_strategy": settings.placement,

@@ -36,13 +36,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from service.compare import (
+from service.domain import submission
+from service.domain.baselines import NotFound, compare_jobs, compare_pooled, parse_job_ref, resolve_base
+from service.domain.compare import (
     SEVERITY,
     CaseResult,
     Comparison,
     MetricResult,
     to_jsonable,
 )
+from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
+from service.persistence import queue
+from service.persistence.jobs import find_commit_job, job_by_idempotency_key
+from service.persistence.models import JobRow
+from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.refs import check_commit
+from workers.registry import get_suite, suite_names
+from workers.snapshot import REPO_ENV
+from workers.suite import UnknownSuiteInput
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
 Role = Literal["head", "base", "confirm-base", "confirm", "round-base", "round-head"]
@@ -92,8 +103,6 @@ class GateRequest(BaseModel):
 
     @model_validator(mode="after")
     def _backend_base(self) -> GateRequest:
-        from service.baselines import parse_job_ref
-
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
                              f"got base={self.base!r}")  # fmt: skip
@@ -107,16 +116,11 @@ class GateRequest(BaseModel):
     @field_validator("head")
     @classmethod
     def _head(cls, v: str) -> str:
-        from workers.refs import check_commit
-
         return check_commit(v, "head")
 
     @field_validator("base")
     @classmethod
     def _base(cls, v: str | None) -> str | None:
-        from service.baselines import parse_job_ref
-        from workers.refs import check_commit
-
         return v if v is None or parse_job_ref(v) is not None else check_commit(v, "base")
 
     def key(self) -> str:
@@ -221,16 +225,12 @@ def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
 
 def preset_for(req: GateRequest, suite: str) -> str:
     """The preset a suite is gated with: the request's, or the suite's gate preset for the device."""
-    from workers.registry import get_suite
-
     return req.preset or get_suite(suite).gate_presets.get(req.device, "gate")
 
 
 def _suites_for(req: GateRequest) -> list[str]:
     """The suites to gate: the request's, or every registered one that runs on the device at the
     world size (with a preset for it)."""
-    from workers.registry import get_suite, suite_names
-
     if req.suites:
         return list(req.suites)
     names = []
@@ -251,11 +251,6 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
     """Every suite of the gate checked as a submission would be (suite, preset, parameters,
     device, world size, executor limits; the head and a commit base against the commit rule),
     before anything is queued. Returns the suites; raises GateInputError naming the first problem."""
-    from service import queue
-    from service.baselines import parse_job_ref
-    from workers.registry import get_suite
-    from workers.suite import UnknownSuiteInput
-
     suites = _suites_for(req)
     commits = [req.head] + ([req.base] if req.base and parse_job_ref(req.base) is None else [])
     for suite in suites:
@@ -267,8 +262,8 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
             body = {"suite": suite, "preset": preset_for(req, suite), "params": dict(req.params),
                     "commit": commit, "device": req.device, "world_size": req.world_size}  # fmt: skip
             try:
-                queue.validate_request(body, executor)
-            except queue.InvalidJob as exc:
+                submission.validate_request(body, executor)
+            except submission.InvalidJob as exc:
                 raise GateInputError(f"suite {suite!r}: {exc}") from exc
             except ValueError as exc:  # pydantic: a ref that breaks the commit rule
                 raise GateInputError(f"suite {suite!r}: {_first_error(exc)}") from exc
@@ -293,15 +288,13 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
     not a job queued forever."""
 
     def submit(**kw: Any) -> int:
-        from service import queue
-
         if settings is None:
             cases = kw.pop("cases", None)
             job, _ = queue.submit(engine, queue.JobRequest(**kw, cases=tuple(cases) if cases else None))
         else:
             try:
-                job, _ = queue.submit_checked(engine, settings, kw, executor)
-            except queue.InvalidJob as exc:
+                job, _ = submission.submit_checked(engine, settings, kw, executor)
+            except submission.InvalidJob as exc:
                 raise CannotRun(str(exc)) from exc
         if wake is not None:
             wake()
@@ -315,16 +308,12 @@ def _service_repo() -> str | None:
     """The executors' repository (GDNVAL_REPO): it knows the head's parent when the client did not say."""
     import os
 
-    from workers.snapshot import REPO_ENV
-
     return os.environ.get(REPO_ENV) or None
 
 
 def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
     """One step of the gate: find or submit every job, and decide once all are final."""
     from sqlalchemy.orm import Session
-
-    from service.baselines import NotFound, resolve_base
 
     submit = submit or default_submit(engine)
     suites = validate_gate(req, getattr(submit, "executor", None))
@@ -352,8 +341,6 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     unsettled = _unsettled(engine, state, state.jobs, "could not run", "waiting for jobs")
     if unsettled is not None:
         return unsettled
-
-    from service.baselines import compare_jobs
 
     with Session(engine) as s:
         state.comparisons = [compare_jobs(s, b.job_id, h.job_id) for _, h, b in pairs]
@@ -422,8 +409,6 @@ def _measure_again(
     the pooled ones)."""
     from sqlalchemy.orm import Session
 
-    from service.baselines import compare_pooled
-
     pools = {suite: ([base.job_id], [head.job_id]) for suite, head, base in pairs}
     for rnd in range(1, req.max_rounds + 1):
         undecided: dict[str, list[str]] = {}
@@ -485,8 +470,6 @@ def _unsettled(
 
 def _give_up(engine: Any, state: GateState, reason: str) -> GateState:
     """Exit 2; the jobs this gate queued that have not ended are cancelled (reused ones stay)."""
-    from service import queue
-
     cancelled = []
     for j in state.jobs:
         if not j.reused and j.status in ("queued", "running"):
@@ -524,8 +507,6 @@ def _jobs(
 
 
 def _done(state: GateState, code: int, verdict: Literal["pass", "fail", "error"], reason: str) -> GateState:
-    from service.report import gate_markdown
-
     state.phase, state.exit_code, state.verdict, state.reason = "done", code, verdict, reason
     state.markdown = gate_markdown(state)
     return state
@@ -541,10 +522,8 @@ def _tail(text: str | None) -> str:
 def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
     from sqlalchemy.orm import Session
 
-    from service.models import Job
-
     with Session(engine) as s:
-        job = s.get(Job, job_id)
+        job = s.get(JobRow, job_id)
         return _job_view(job, role, True) if job is not None else None
 
 
@@ -562,16 +541,12 @@ def _ensure_job(
     """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
     base only) the newest succeeded or in-flight job of the commit with the same setting, else a
     new one. `cases`: run only these (re-measurements); `like`: the job whose setting it repeats."""
-    from sqlalchemy import select
     from sqlalchemy.orm import Session
-
-    from service.baselines import find_commit_job
-    from service.models import Job
 
     preset = preset_for(req, suite)
     key = f"gate:{req.key()}:{role}:{suite}:{commit}{key_extra}"[:200]
     with Session(engine) as s:
-        own = s.scalars(select(Job).where(Job.idempotency_key == key)).first()
+        own = job_by_idempotency_key(s, key)
         if own is not None:
             return _job_view(own, role, False)
         if role in ("head", "base") and req.reuse and not req.backend_repo:
@@ -583,13 +558,11 @@ def _ensure_job(
                 if found is not None:
                     return _job_view(found, role, True)
         if like is not None:
-            template = s.get(Job, like.job_id)
+            template = s.get(JobRow, like.job_id)
             preset = template.preset if template is not None else preset
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     labels = {"gate": req.key(), "role": role}
     if req.backend_repo:  # the commits are the backend's: installed per job, our code as it is
-        from workers.backend_source import BACKEND_SOURCE_LABEL
-
         labels[BACKEND_SOURCE_LABEL] = f"git+{req.backend_repo}@{commit}"
     job_id = submit(
         suite=suite,
@@ -603,7 +576,7 @@ def _ensure_job(
         **extra,
     )
     with Session(engine) as s:
-        return _job_view(s.get(Job, job_id), role, False)
+        return _job_view(s.get(JobRow, job_id), role, False)
 
 
 def _confirm(
@@ -618,8 +591,6 @@ def _confirm(
     only the regressions that pair shows too. Returns a waiting/error state while re-runs are
     pending or broken, else None."""
     from sqlalchemy.orm import Session
-
-    from service.baselines import compare_jobs
 
     reruns: list[tuple[int, GateJob, GateJob]] = []
     for i, (suite, head, base) in enumerate(pairs):
@@ -664,3 +635,48 @@ def _unconfirm(case: CaseResult, metric: MetricResult, conf: Confirmation) -> No
         worst = min(case.metrics, key=lambda m: SEVERITY[m.verdict])
         case.verdict = worst.verdict
         case.reason = f"{worst.metric}: {worst.reason}"
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+def _job_note(j: Any) -> str:
+    if j.reused:
+        return "reused"
+    return ("error: " + md_escape(j.error))[:200] if j.error else ""
+
+
+def gate_markdown(state: GateState, base_url: str = "") -> str:
+    """The gate's report: decision, jobs, confirmations, then each suite's comparison."""
+    word = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}.get(state.verdict or "", "…")
+    lines = [
+        f"## gdnval gate: {word} (exit {state.exit_code})",
+        "",
+        f"- head: `{state.head}`",
+        f"- base: `{state.base or 'unknown'}` ({state.base_source or 'unresolved'})",
+        f"- {md_escape(state.reason)}",
+        "",
+    ]
+    if state.jobs:
+        lines += ["### Jobs", ""]
+        lines.append(table(
+            ["role", "suite", "job", "commit", "status", "note"],
+            [[j.role, j.suite, link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{short_sha(j.commit)}`",
+              j.status, _job_note(j)]
+             for j in state.jobs],
+        ))  # fmt: skip
+        lines.append("")
+    if state.confirmations:
+        lines += ["### Confirmation re-runs", ""]
+        lines.append(table(
+            ["suite", "case", "metric", "first run", "re-run", "counted"],
+            [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
+              md_escape(c.first_reason),
+              f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
+              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
+             for c in state.confirmations],
+        ))  # fmt: skip
+        lines.append("")
+    for cmp in state.comparisons:
+        lines.append(comparison_markdown(cmp, base_url))
+    return "\n".join(lines).rstrip() + "\n"

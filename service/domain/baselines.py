@@ -1,24 +1,28 @@
 """From the store to the compare engine: load a job as a `JobSide`, find the job of a commit, and
 resolve what a head is compared against (explicit base, named baseline, or the parent commit).
 
-Kept apart from `service.compare` so the engine stays database-free; SQLAlchemy is imported here
-(service code, never by the CLI at start-up).
+Kept apart from `service.domain.compare` so the engine stays database-free; the rows come from
+`service.persistence` (`compare_reads` for a job's samples), never from SQL written here.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
-from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
-from service.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
-from service.models import Baseline, Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
+from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.persistence import baselines, commits
+from service.persistence.compare_reads import read_job_for_compare
+from service.persistence.jobs import find_commit_job
+from service.persistence.models import (
+    JobRow,
+    MetricRow,
+)
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
@@ -27,7 +31,7 @@ class NotFound(LookupError):
     """A job, commit, baseline or job of a commit that is not in the store; the message names it."""
 
 
-def job_ref(job: Job) -> JobRef:
+def job_ref(job: JobRow) -> JobRef:
     return JobRef(
         job_id=job.id,
         suite=job.suite,
@@ -41,7 +45,7 @@ def job_ref(job: Job) -> JobRef:
     )
 
 
-def metric_of(row: MetricDef) -> Metric:
+def metric_of(row: MetricRow) -> Metric:
     return Metric(
         name=row.name,
         unit=row.unit or "",
@@ -55,35 +59,15 @@ def metric_of(row: MetricDef) -> Metric:
 
 def load_side(session: Session, job_id: int) -> JobSide:
     """A job's cases, metric definitions and raw samples, as the compare engine wants them."""
-    job = session.get(Job, job_id)
-    if job is None:
+    stored = read_job_for_compare(session, job_id)
+    if stored is None:
         raise NotFound(f"no job {job_id} in the store")
-    metric_rows = {m.id: m for m in session.scalars(select(MetricDef).where(MetricDef.suite == job.suite))}
-    # a re-queued job keeps its interrupted run's samples (and a stale run may still write case
-    # results under its attempt): read the latest run only, samples and statuses alike
-    attempt = max(1, job.attempts or 0)
-    higher = [m.id for m in metric_rows.values() if m.direction == "higher"]
-    arr = _worst_rank_rows(session, job_id, attempt, higher, job.world_size)
-    results = session.execute(
-        select(CaseResult.case_id, CaseResult.status, CaseResult.error).where(
-            CaseResult.job_id == job_id, CaseResult.attempt == attempt
-        )
-    ).all()
+    arr, metric_rows, case_rows = stored.samples, stored.metric_rows, stored.case_rows
     case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
     metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)
-    all_case_ids = set(case_ids_s.tolist()) | {r[0] for r in results}
-    case_rows = {  # plain rows, not ORM objects: a job has hundreds of cases and nothing edits them
-        c.id: c for c in session.execute(
-            select(Case.id, Case.fingerprint, Case.name, Case.params).where(Case.id.in_(all_case_ids))
-        )
-    }  # fmt: skip
-    missing = set(metric_ids_s.tolist()) - set(metric_rows)
-    if missing:  # a metric of another suite name (renamed suite): still load its definition
-        extra = session.scalars(select(MetricDef).where(MetricDef.id.in_(missing)))
-        metric_rows.update({m.id: m for m in extra})
-    by_result = {cid: (status, error) for cid, status, error in results}
+    by_result = {cid: (status, error) for cid, status, error in stored.results}
     cases: dict[str, CaseInfo] = {}
-    for cid in sorted(all_case_ids):
+    for cid in sorted(case_rows):
         c = case_rows[cid]
         status, error = by_result.get(cid, (None, None))
         cases[c.fingerprint] = CaseInfo(c.fingerprint, c.name, dict(c.params or {}), status, error)  # type: ignore[arg-type]
@@ -99,47 +83,11 @@ def load_side(session: Session, job_id: int) -> JobSide:
     )
     metrics = {m.name: metric_of(m) for m in metric_rows.values()}
     # the definition the job was judged with (copied onto its summaries), not today's
-    judged = session.execute(
-        select(SummaryRow.metric_id, SummaryRow.kind, SummaryRow.direction, SummaryRow.bound)
-        .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt, SummaryRow.kind.is_not(None))
-        .distinct()
-    ).all()
-    for metric_id, kind, direction, bound in judged:
+    for metric_id, kind, direction, bound in stored.judged:
         row = metric_rows.get(metric_id)
         if row is not None:
             metrics[row.name] = replace(metrics[row.name], kind=kind, direction=direction, bound=bound)
-    return JobSide(job_ref(job), cases, metrics, table)
-
-
-def _worst_rank_rows(
-    session: Session, job_id: int, attempt: int, higher: list[int], world_size: int
-) -> np.ndarray:
-    """(n, 5) float64 rows of case id, metric id, ranks reporting, idx and the worst rank's value
-    (NaN when any rank's is), one per (case, metric, idx): the rank reduction runs in SQL over
-    the covering job index (`store.worst_rank_per_idx`), and the rows come through the driver's
-    own cursor into numpy in one call. A CP job's 100k raw rows become ~25k: loading, not
-    comparing, was most of the gate's compare time."""
-    from service.store import worst_rank_per_idx
-
-    s = SampleRow
-    where = (s.job_id == job_id, s.attempt == attempt)
-    if world_size == 1:  # one rank: the rows are the reduction already
-        q: Any = select(s.case_id, s.metric_id, s.idx, literal(1), s.value).where(*where)
-    else:
-        q = worst_rank_per_idx(where, higher)
-    conn = session.connection()
-    compiled = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = compiled.construct_params()
-    positional = compiled.positiontup
-    cursor = conn.connection.cursor()
-    try:  # the DBAPI cursor, inside the session's transaction
-        cursor.execute(str(compiled), [params[k] for k in positional] if positional else params)
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
-    if not rows:
-        return np.empty((0, 5), dtype=np.float64)
-    return np.array(rows, dtype=np.float64)  # case_id, metric_id, idx, n, w (None -> NaN)
+    return JobSide(job_ref(stored.job), cases, metrics, table)
 
 
 def compare_jobs(
@@ -198,42 +146,6 @@ def compare_pooled(
     if base.ref.suite != head.ref.suite:
         raise ValueError(f"suite {base.ref.suite!r} vs {head.ref.suite!r}; expected one suite")
     return compare(base, head, config)
-
-
-def find_commit_job(
-    session: Session,
-    sha: str,
-    suite: str,
-    *,
-    preset: str | None = None,
-    device: str | None = None,
-    world_size: int | None = None,
-    params: Mapping[str, Any] | None = None,
-    statuses: tuple[str, ...] = ("succeeded",),
-) -> Job | None:
-    """The newest job of `suite` at commit `sha` (a prefix of at least 7 characters, or the ref as
-    submitted) in one of `statuses`, with the same preset, device, world size and overrides."""
-    from service.store import commit_ids
-
-    q = (
-        select(Job)
-        .where(Job.commit_id.in_(commit_ids(sha, min_prefix=7)), Job.suite == suite,
-               Job.status.in_(statuses))
-        .order_by(Job.id.desc())
-    )
-    if preset is not None:
-        q = q.where(Job.preset == preset)
-    if device is not None:
-        q = q.where(Job.device == device)
-    if world_size is not None:
-        q = q.where(Job.world_size == world_size)
-    want = dict(params or {})
-    for job in session.scalars(q.limit(50)).unique():
-        if job.cases:  # a re-measurement of some cases (the gate's), not the commit's job
-            continue
-        if params is None or dict(job.params or {}) == want:
-            return job
-    return None
 
 
 def compare_commits(
@@ -321,9 +233,9 @@ def resolve_base(
     if baseline:
         if session is None:
             raise ValueError(f"baseline {baseline!r} needs the store")
-        row = session.scalars(select(Baseline).where(Baseline.name == baseline)).unique().first()
+        row = baselines.get_baseline(session, baseline)
         if row is None:
-            names = sorted(session.scalars(select(Baseline.name)))
+            names = [b.name for b in baselines.list_baselines(session)]
             raise NotFound(f"no baseline named {baseline!r}; expected one of {names}")
         if row.job_id is not None:
             return BaseRef("job", str(row.job_id), f"baseline {baseline!r} (job {row.job_id})")
@@ -335,7 +247,7 @@ def resolve_base(
         if parent:
             return BaseRef("commit", parent, f"parent of {head[:12]} in the repository")
     if session is not None:
-        crow = session.scalars(select(Commit).where(Commit.sha.startswith(head, autoescape=True))).first()
+        crow = commits.first_commit_with_prefix(session, head)
         if crow is not None and crow.parent:
             return BaseRef("commit", crow.parent, f"parent of {head[:12]} recorded in the store")
     raise NotFound(

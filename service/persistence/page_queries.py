@@ -3,7 +3,7 @@
 Why not in the store: these shape data for drawing (raw lanes per rank, worst rank per
 repetition with its idx, medians per job for sparklines). Each is one grouped SQL query whose
 rows go straight into numpy, so a job with 100k samples costs a covering-index scan, not 100k
-Python objects. Everything else comes from `service.store`.
+Python objects. Everything else comes from the entity modules of `service.persistence`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from sqlalchemy import Select, func, literal, select
 from sqlalchemy import case as sa_case
 from sqlalchemy.orm import Session
 
-from service.models import Case, CaseResult, Commit, Job, MetricDef, SampleRow, SummaryRow
+from service.persistence.models import (
+    CaseResultRow,
+    CaseRow,
+    CommitRow,
+    JobRow,
+    MetricRow,
+    SampleRow,
+    SummaryRow,
+)
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -28,10 +36,10 @@ def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[
     if not job_ids:
         return {}
     q = (
-        select(CaseResult.job_id, CaseResult.status, func.count())
-        .join(Job, Job.id == CaseResult.job_id)
-        .where(CaseResult.job_id.in_(list(job_ids)), CaseResult.attempt == _job_attempt())
-        .group_by(CaseResult.job_id, CaseResult.status)
+        select(CaseResultRow.job_id, CaseResultRow.status, func.count())
+        .join(JobRow, JobRow.id == CaseResultRow.job_id)
+        .where(CaseResultRow.job_id.in_(list(job_ids)), CaseResultRow.attempt == _job_attempt())
+        .group_by(CaseResultRow.job_id, CaseResultRow.status)
     )
     out: dict[int, dict[str, int]] = {}
     for job_id, status, n in session.execute(q):
@@ -174,7 +182,7 @@ def step_groups(
 def _job_attempt() -> Any:
     """SQL: the job's latest run, max(1, attempts): the only summary and case-result rows a page
     shows."""
-    return sa_case((Job.attempts > 1, Job.attempts), else_=1)
+    return sa_case((JobRow.attempts > 1, JobRow.attempts), else_=1)
 
 
 @dataclass
@@ -205,20 +213,20 @@ def suite_overview(
     """Per case and metric of `kind`, the worst-rank median in each of the last `last` succeeded
     jobs of `suite`, read from the summaries stored when each job finished (one query, no
     re-aggregation of raw samples)."""
-    jq = select(Job.id).where(Job.suite == suite, Job.status == "succeeded")
+    jq = select(JobRow.id).where(JobRow.suite == suite, JobRow.status == "succeeded")
     if device:
-        jq = jq.where(Job.device == device)
+        jq = jq.where(JobRow.device == device)
     if world_size:
-        jq = jq.where(Job.world_size == world_size)
-    job_ids = sorted(session.scalars(jq.order_by(Job.id.desc()).limit(last)).all())
-    mq = select(MetricDef).where(MetricDef.suite == suite, MetricDef.kind == kind)
+        jq = jq.where(JobRow.world_size == world_size)
+    job_ids = sorted(session.scalars(jq.order_by(JobRow.id.desc()).limit(last)).all())
+    mq = select(MetricRow).where(MetricRow.suite == suite, MetricRow.kind == kind)
     mdefs = {m.id: m for m in session.scalars(mq)}
     if not job_ids or not mdefs:
         return []
     r = SummaryRow
     q = (
         select(r.case_id, r.metric_id, r.job_id, r.median)
-        .join(Job, Job.id == r.job_id)
+        .join(JobRow, JobRow.id == r.job_id)
         .where(r.job_id.in_(job_ids), r.metric_id.in_(list(mdefs)), r.attempt == _job_attempt())
         .order_by(r.case_id, r.metric_id, r.job_id)
     )
@@ -229,7 +237,7 @@ def suite_overview(
         meds.append(float("nan") if med is None else med)
     if not per:
         return []
-    cases = {c.id: c for c in session.scalars(select(Case).where(Case.id.in_({c for c, _ in per})))}
+    cases = {c.id: c for c in session.scalars(select(CaseRow).where(CaseRow.id.in_({c for c, _ in per})))}
     out = []
     for (cid, mid), (jobs, meds) in sorted(per.items(), key=lambda kv: (cases[kv[0][0]].name, kv[0][1])):
         c, m = cases[cid], mdefs[mid]
@@ -241,13 +249,13 @@ def suite_overview(
 def metric_names_by_kind(session: Session, suite: str) -> dict[str, list[str]]:
     """kind -> metric names declared by `suite` (for pickers)."""
     out: dict[str, list[str]] = {}
-    for m in session.scalars(select(MetricDef).where(MetricDef.suite == suite).order_by(MetricDef.id)):
+    for m in session.scalars(select(MetricRow).where(MetricRow.suite == suite).order_by(MetricRow.id)):
         out.setdefault(m.kind, []).append(m.name)
     return out
 
 
 def suites_with_results(session: Session) -> list[str]:
-    return sorted(session.scalars(select(Job.suite).distinct()).all())
+    return sorted(session.scalars(select(JobRow.suite).distinct()).all())
 
 
 def case_metric_names(session: Session, fingerprint: str) -> list[str]:
@@ -256,26 +264,26 @@ def case_metric_names(session: Session, fingerprint: str) -> list[str]:
     One EXISTS per metric of the case's suite, each answered by the first entry of
     `ix_sample_case`: flat in the number of jobs and samples, where a DISTINCT over the case's
     samples read every sample of the case in every job."""
-    case = session.scalar(select(Case).where(Case.fingerprint == fingerprint))
+    case = session.scalar(select(CaseRow).where(CaseRow.fingerprint == fingerprint))
     if case is None:
         return []
     has_samples = (
         select(SampleRow.id)
-        .where(SampleRow.case_id == case.id, SampleRow.metric_id == MetricDef.id)
+        .where(SampleRow.case_id == case.id, SampleRow.metric_id == MetricRow.id)
         .exists()
     )
-    q = select(MetricDef.name).where(MetricDef.suite == case.suite, has_samples).order_by(MetricDef.name)
+    q = select(MetricRow.name).where(MetricRow.suite == case.suite, has_samples).order_by(MetricRow.name)
     return list(session.scalars(q).all())
 
 
-def previous_job(session: Session, job: Job) -> Job | None:
+def previous_job(session: Session, job: JobRow) -> JobRow | None:
     """The run before this one of the same suite, preset, device and world size that succeeded:
     the natural base of a "what changed?" comparison."""
     q = (
-        select(Job)
-        .where(Job.id < job.id, Job.suite == job.suite, Job.preset == job.preset, Job.device == job.device,
-               Job.world_size == job.world_size, Job.status == "succeeded")
-        .order_by(Job.id.desc())
+        select(JobRow)
+        .where(JobRow.id < job.id, JobRow.suite == job.suite, JobRow.preset == job.preset,
+               JobRow.device == job.device, JobRow.world_size == job.world_size, JobRow.status == "succeeded")
+        .order_by(JobRow.id.desc())
         .limit(1)
     )
     return session.scalars(q).unique().first()
@@ -294,7 +302,7 @@ class SeriesJob:
 class SeriesStat:
     """One job's statistics of one case and metric (worst rank applied), as stored at its end."""
 
-    job: SeriesJob | Job
+    job: SeriesJob | JobRow
     count: int
     median: float
     min: float
@@ -310,11 +318,11 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
     page shows are read (a whole `Job` row, with its JSON columns, cost more than the query)."""
     r = SummaryRow
     q = (
-        select(Job.id, Commit.sha, Job.finished_at, r.count, r.median, r.min, r.p90, r.max)
+        select(JobRow.id, CommitRow.sha, JobRow.finished_at, r.count, r.median, r.min, r.p90, r.max)
         .select_from(r)
-        .join(Job, Job.id == r.job_id)
-        .outerjoin(Commit, Commit.id == Job.commit_id)
-        .where(r.case_id == case_id, r.metric_id == metric_id, Job.status == "succeeded",
+        .join(JobRow, JobRow.id == r.job_id)
+        .outerjoin(CommitRow, CommitRow.id == JobRow.commit_id)
+        .where(r.case_id == case_id, r.metric_id == metric_id, JobRow.status == "succeeded",
                r.attempt == _job_attempt())
         .order_by(r.job_id.desc())
         .limit(last)

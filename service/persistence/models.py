@@ -69,7 +69,7 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON}
 
 
-class Commit(Base):
+class CommitRow(Base):
     """A code version jobs ran against: a sha or a ref as submitted, plus what we know about it."""
 
     __tablename__ = "commit"
@@ -83,7 +83,7 @@ class Commit(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Job(Base):
+class JobRow(Base):
     __tablename__ = "job"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     suite: Mapped[str] = mapped_column(String(100), index=True)
@@ -113,7 +113,7 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
 
-    commit: Mapped[Commit | None] = relationship(lazy="joined")
+    commit: Mapped[CommitRow | None] = relationship(lazy="joined")
 
     __table_args__ = (
         # the dispatcher's claim scan: queued jobs by priority, then age
@@ -127,7 +127,7 @@ class Job(Base):
         return self.commit.sha if self.commit else None
 
 
-class JobEvent(Base):
+class JobEventRow(Base):
     """Status changes, progress and log lines of a job, in order (id)."""
 
     __tablename__ = "job_event"
@@ -141,7 +141,7 @@ class JobEvent(Base):
     __table_args__ = (Index("ix_job_event_job_id_id", "job_id", "id"),)
 
 
-class Case(Base):
+class CaseRow(Base):
     """A case as a series identity: its fingerprint covers suite, params, device kind, world size."""
 
     __tablename__ = "case"
@@ -157,7 +157,7 @@ class Case(Base):
     __table_args__ = (Index("ix_case_suite_name", "suite", "name"),)
 
 
-class CaseResult(Base):
+class CaseResultRow(Base):
     """The outcome of one case in one run (`attempt`) of a job (the executor's verdict, not a
     metric comparison). As with summaries, only the job's latest attempt is read: a new run drops
     earlier rows, and a stale run that still reports writes under its old attempt, never shown."""
@@ -174,7 +174,7 @@ class CaseResult(Base):
     __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id"),)
 
 
-class MetricDef(Base):
+class MetricRow(Base):
     """A suite's metric declaration, stored so summaries know each metric's direction and bound."""
 
     __tablename__ = "metric"
@@ -250,7 +250,7 @@ class SummaryRow(Base):
     )
 
 
-class Artifact(Base):
+class ArtifactRow(Base):
     """A file a job produced; stored on disk under the artifacts directory (`path`) or inline."""
 
     __tablename__ = "artifact"
@@ -266,7 +266,7 @@ class Artifact(Base):
     __table_args__ = (UniqueConstraint("job_id", "name"),)
 
 
-class Baseline(Base):
+class BaselineRow(Base):
     """A named reference point for comparisons: a commit, or one specific job."""
 
     __tablename__ = "baseline"
@@ -277,4 +277,4 @@ class Baseline(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
-    commit: Mapped[Commit | None] = relationship(lazy="joined")
+    commit: Mapped[CommitRow | None] = relationship(lazy="joined")

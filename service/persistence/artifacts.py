@@ -1,4 +1,4 @@
-"""Where job artifacts live on disk and how they are addressed over HTTP.
+"""Artifact rows, where their files live on disk and how they are addressed over HTTP.
 
 An artifact keeps the name its rank gave it (`rank0/trace.json`): the API and the job page link
 `/api/v1/jobs/{job}/artifacts/{name}` with the name's `/` kept as a path separator (each segment
@@ -17,9 +17,13 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from sqlalchemy import select
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
 
-MAX_NAME = 300  # = service.models.Artifact.name
+from service.persistence.models import ArtifactRow
+
+MAX_NAME = 300  # = service.persistence.models.ArtifactRow.name
 
 
 def store_key(url: str | URL) -> str:
@@ -50,3 +54,31 @@ def artifact_path(artifacts_dir: Path, url: str | URL, job_id: int, name: str) -
 def artifact_url(job_id: int, name: str) -> str:
     """The API URL of an artifact: its name's segments percent-encoded, its `/` kept."""
     return f"/api/v1/jobs/{job_id}/artifacts/{quote(name, safe='/')}"
+
+
+def save_artifact(
+    session: Session, job_id: int, name: str, media_type: str, data: bytes, artifacts_dir: Path
+) -> ArtifactRow:
+    """Write the artifact under `artifacts_dir` at `service.persistence.artifacts.artifact_path` (a folder of
+    this store, then the job) and record it (replaces same name)."""
+    path = artifact_path(artifacts_dir, session.get_bind().engine.url, job_id, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written artifact under its name
+    row = session.scalar(select(ArtifactRow).where(ArtifactRow.job_id == job_id, ArtifactRow.name == name))
+    if row is None:
+        row = ArtifactRow(job_id=job_id, name=name, media_type=media_type, size=len(data), path=str(path))
+        session.add(row)
+    else:
+        row.media_type, row.size, row.path, row.blob = media_type, len(data), str(path), None
+    return row
+
+
+def list_artifacts(session: Session, job_id: int) -> list[ArtifactRow]:
+    q = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
+    return list(session.scalars(q))
+
+
+def get_artifact(session: Session, job_id: int, name: str) -> ArtifactRow | None:
+    return session.scalar(select(ArtifactRow).where(ArtifactRow.job_id == job_id, ArtifactRow.name == name))

@@ -1,6 +1,6 @@
 """The compare engine: two jobs of one suite, case by case (fingerprint) and metric by metric.
 
-Pure and database-free: the store loader (`service.baselines`) turns jobs into `JobSide`s, the
+Pure and database-free: the store loader (`service.domain.baselines`) turns jobs into `JobSide`s, the
 gate and the report render the resulting `Comparison`. Everything is vectorised with numpy so that
 two jobs of 100k samples compare in well under half a second (`benchmarks/compare_bench.py`).
 

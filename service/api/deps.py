@@ -1,0 +1,96 @@
+"""The API's dependencies, defined once: the store session, the settings, the token checks, the
+id and cursor parameters.
+
+Reads are open unless `protect_reads` (then they need the bearer token, or for GET/HEAD the
+web login cookie); writes need `Authorization: Bearer <token>` when a token is configured (401
+without credentials, 403 with wrong ones). Every error answers JSON
+`{"detail": ...}` naming the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Query, Request
+from sqlalchemy.orm import Session
+
+from service.persistence import jobs
+from service.persistence.models import JobRow
+from service.settings import Settings
+from service.web_session import READ_METHODS, has_session
+
+MAX_ID = 2**31 - 1  # ids are INTEGER columns: PostgreSQL's int4 ends here
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+JobQuery = Annotated[int, Query(ge=1, le=MAX_ID, description="job id")]
+LABEL_PATTERN = r"^[^=]+=[\s\S]*$"
+Cursor = Annotated[
+    str | None, Query(pattern=r"^[0-9]{0,18}$", description="the `next` of the previous page")
+]
+Name = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
+        yield session
+
+
+def _check_token(request: Request) -> None:
+    expected = request.app.state.settings.token()
+    if expected is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not header or scheme.lower() != "bearer" or not given.strip():
+        raise HTTPException(
+            401,
+            "missing credentials: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        raise HTTPException(403, "the bearer token is not valid for this service")
+
+
+def require_write(request: Request) -> None:
+    _check_token(request)
+
+
+def require_read(request: Request) -> None:
+    """With `protect_reads`: the bearer token, or for GET/HEAD the web pages' login cookie (the
+    job page links its downloads here, and a browser cannot add a header to a link)."""
+    settings = request.app.state.settings
+    if not settings.protect_reads:
+        return
+    token = settings.token()
+    if token is not None and request.method in READ_METHODS and has_session(request, token):
+        return
+    _check_token(request)
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_settings(request: Request) -> Settings:
+    """The settings the app was created with."""
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def job_or_404(session: Session, job_id: int) -> JobRow:
+    job = jobs.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return job
+
+
+def cursor_value(value: str | None, name: str = "cursor") -> int | None:
+    if value is None or value == "":
+        return None
+    if not value.isdigit() or len(value) > 18:
+        raise HTTPException(422, f"{name} must be a value returned as 'next' by this endpoint, got {value!r}")
+    return int(value)
+
+

@@ -1,0 +1,11 @@
+"""The API's routers, one module per resource, in the order the app mounts them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.routes import artifacts, baselines, cases, compare, gate, health, jobs, report, suites
+
+ROUTERS: tuple[APIRouter, ...] = tuple(
+    m.router for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, report)
+)

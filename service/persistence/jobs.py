@@ -1,0 +1,121 @@
+"""Job rows and their events: read one, list with filters, the newest job of a commit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.persistence.commits import commit_ids
+from service.persistence.models import (
+    JobEventRow,
+    JobRow,
+)
+
+
+def add_event(
+    session: Session, job_id: int, kind: str, message: str = "", data: Mapping[str, Any] | None = None
+) -> JobEventRow:
+    ev = JobEventRow(job_id=job_id, kind=kind, message=message, data=dict(data) if data else None)
+    session.add(ev)
+    return ev
+
+
+def get_job(session: Session, job_id: int) -> JobRow | None:
+    return session.get(JobRow, job_id)
+
+
+def list_jobs(
+    session: Session,
+    *,
+    status: str | None = None,
+    suite: str | None = None,
+    commit: str | None = None,
+    device: str | None = None,
+    label: tuple[str, str] | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> tuple[list[JobRow], int | None]:
+    """Newest first. Returns the page and the cursor (an id) for the next page, or None."""
+    q = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
+    if status:
+        q = q.where(JobRow.status == status)
+    if suite:
+        q = q.where(JobRow.suite == suite)
+    if device:
+        q = q.where(JobRow.device == device)
+    if commit:
+        q = q.where(JobRow.commit_id.in_(commit_ids(commit)))
+    if before_id is not None:
+        q = q.where(JobRow.id < before_id)
+    if label is not None:
+        q = q.where(JobRow.labels[label[0]].as_string() == label[1])
+    rows = list(session.scalars(q).unique())
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+def job_by_idempotency_key(session: Session, key: str) -> JobRow | None:
+    return session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+
+
+def job_events(
+    session: Session, job_id: int, *, after_id: int = 0, limit: int = 200, kind: str | None = None
+) -> tuple[list[JobEventRow], int | None]:
+    """Oldest first from `after_id`; returns the page and the next cursor (an event id) or None."""
+    q = (
+        select(JobEventRow)
+        .where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
+        .order_by(JobEventRow.id)
+        .limit(limit + 1)
+    )
+    if kind:
+        q = q.where(JobEventRow.kind == kind)
+    rows = list(session.scalars(q))
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+def job_attempt(job: JobRow) -> int:
+    """The job's current (latest) run: what its pages and summaries show."""
+    return max(1, job.attempts)
+
+
+def find_commit_job(
+    session: Session,
+    sha: str,
+    suite: str,
+    *,
+    preset: str | None = None,
+    device: str | None = None,
+    world_size: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    statuses: tuple[str, ...] = ("succeeded",),
+) -> JobRow | None:
+    """The job of commit `sha` for `suite`: the one rule the API, the gate and the pages share.
+
+    The newest job at `sha` (a full sha, a prefix of at least 7 characters, or the ref as
+    submitted) in one of `statuses`, with the given preset, device, world size and overrides (a
+    filter left None matches any); a re-measurement of some cases (the gate's) is never the
+    commit's job."""
+    q = (
+        select(JobRow)
+        .where(JobRow.commit_id.in_(commit_ids(sha, min_prefix=7)), JobRow.suite == suite,
+               JobRow.status.in_(statuses))
+        .order_by(JobRow.id.desc())
+    )
+    if preset is not None:
+        q = q.where(JobRow.preset == preset)
+    if device is not None:
+        q = q.where(JobRow.device == device)
+    if world_size is not None:
+        q = q.where(JobRow.world_size == world_size)
+    want = dict(params or {})
+    for job in session.scalars(q.limit(50)).unique():
+        if job.cases:  # a re-measurement of some cases (the gate's), not the commit's job
+            continue
+        if params is None or dict(job.params or {}) == want:
+            return job
+    return None

@@ -1,0 +1,12 @@
+"""The pages' routers, one module per page, assembled in the order they must match (the job
+list's `/jobs/rows` before the job page's `/jobs/{id}`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.web.routes import compare, history, job, jobs, login, static, suites
+
+router = APIRouter(include_in_schema=False)
+for _module in (static, login, jobs, job, compare, history, suites):
+    router.include_router(_module.router)
