@@ -551,9 +551,10 @@ def _bootstrap_ratio_ci(
     for start in range(0, len(base_sorted), BOOTSTRAP_ROWS):
         bs = base_sorted[start : start + BOOTSTRAP_ROWS]
         hs = head_sorted[start : start + BOOTSTRAP_ROWS]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bmed = bs[:, plan[:, 0]] + bs[:, plan[:, 1]]
-            ratios = (hs[:, plan[:, 2]] + hs[:, plan[:, 3]]) / bmed  # the halves cancel
+        with np.errstate(divide="ignore", invalid="ignore"):  # np.take: a fraction of bs[:, idx]'s time
+            bmed = np.take(bs, plan[:, 0], axis=1) + np.take(bs, plan[:, 1], axis=1)
+            hmed = np.take(hs, plan[:, 2], axis=1) + np.take(hs, plan[:, 3], axis=1)
+            ratios = hmed / bmed  # the halves of the two medians cancel
         picked = np.partition(ratios, (k_lo, k_hi), axis=1)
         lo[start : start + len(bs)] = picked[:, k_lo]
         hi[start : start + len(bs)] = picked[:, k_hi]
@@ -820,12 +821,24 @@ def _metric_result(
     kind = metric.kind
     h = hsums[hg] if hg is not None else None
     b = bsums[bg] if bg is not None else None
+    if kind == "accuracy" and b is not None and h is not None and b.finite and h.finite:
+        # the common case (most metrics of a job), in one constructor call: both sides finite,
+        # judged by the bound (if any) and then by the accuracy rule
+        bound_ok = None
+        if metric.bound is not None:
+            bound_ok = verdict.bound_holds(h.median if rule.judged_on_median else h.worst, metric.bound,
+                                           metric.direction)  # fmt: skip
+        if bound_ok is not False:
+            delta, rel, ratio = _deltas(b, h, False)
+            v, why = _accuracy_verdict(b.worst, h.worst, rule)
+            return MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, v, why, b, h,
+                                ratio, None, None, None, delta, rel, None, None, bound_ok)  # fmt: skip
     mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
     if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr
     if b is not None:
-        _fill_deltas(mr, b, h, kind == "time")
+        mr.delta, mr.rel_delta, mr.ratio = _deltas(b, h, kind == "time")
         if kind == "trajectory":
             _set_trajectory_diffs(mr, *bser.get(bg), *hser.get(hg))  # type: ignore[arg-type]
 
@@ -863,7 +876,7 @@ def _metric_result(
     elif kind in ("check", "time"):  # a check, or a one-value time metric (not repeated)
         _recorded_verdict(mr, rule)
     else:
-        _accuracy_verdict(mr, rule)
+        mr.verdict, mr.reason = _accuracy_verdict(mr.base.worst, mr.head.worst, rule)
     return mr
 
 
@@ -885,16 +898,16 @@ def _recorded_verdict(mr: MetricResult, rule: _Rule) -> None:
         mr.verdict, mr.reason = "changed", f"{b:.4g} -> {h:.4g} (recorded, not judged)"
 
 
-def _fill_deltas(mr: MetricResult, base: Summary, head: Summary, is_time: bool) -> None:
-    """Deltas of the compared statistic (the median for time, else the worst value)."""
+def _deltas(base: Summary, head: Summary, is_time: bool) -> tuple[float | None, float | None, float | None]:
+    """(delta, relative delta, ratio) of the compared statistic: the median for time (whose ratio
+    is the batched statistics' ratio of medians, so None here), else the worst value."""
     b, h = (base.median, head.median) if is_time else (base.worst, head.worst)
     if not (math.isfinite(b) and math.isfinite(h)):
-        return
-    mr.delta = h - b
-    if b != 0:
-        mr.rel_delta = mr.delta / abs(b)
-        if not is_time:
-            mr.ratio = h / b
+        return None, None, None
+    delta = h - b
+    if b == 0:
+        return delta, None, None
+    return delta, delta / abs(b), None if is_time else h / b
 
 
 def _set_trajectory_diffs(mr: MetricResult, bidx: np.ndarray, bvals: np.ndarray, hidx: np.ndarray,
@@ -938,11 +951,11 @@ def _memory_verdict(mr: MetricResult, rule: _Rule) -> None:
         mr.verdict, mr.reason = "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or {eff:.0%}"
 
 
-def _accuracy_verdict(mr: MetricResult, rule: _Rule) -> None:
-    assert mr.base is not None and mr.head is not None
-    b, h = mr.base.worst, mr.head.worst
+def _accuracy_verdict(b: float, h: float, rule: _Rule) -> tuple[Verdict, str]:
+    """Worst values of base and head: worse or better only by more than the minimum effect
+    (a factor, 2x by default) and above the absolute floor."""
     floor = rule.floor
-    f = 1.0 + rule.min_effect  # 2x by default
+    f = 1.0 + rule.min_effect
     if rule.lower:
         worse = h > f * b and h > floor
         better = b > f * h and b > floor
@@ -950,8 +963,7 @@ def _accuracy_verdict(mr: MetricResult, rule: _Rule) -> None:
         worse = b > f * h and b > floor
         better = h > f * b and h > floor
     if worse:
-        mr.verdict, mr.reason = "worsened", f"{b:.3g} -> {h:.3g} (more than {f:g}x, above floor {floor:.1g})"
-    elif better:
-        mr.verdict, mr.reason = "improved", f"{b:.3g} -> {h:.3g} (more than {f:g}x better)"
-    else:
-        mr.verdict, mr.reason = "unchanged", f"{b:.3g} -> {h:.3g}"
+        return "worsened", f"{b:.3g} -> {h:.3g} (more than {f:g}x, above floor {floor:.1g})"
+    if better:
+        return "improved", f"{b:.3g} -> {h:.3g} (more than {f:g}x better)"
+    return "unchanged", f"{b:.3g} -> {h:.3g}"
