@@ -55,6 +55,7 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # 2 and 3 gloo processes under the interpreter
 @pytest.mark.parametrize("world", [2, 3])
 def test_early_state_hand_off_equals_late_and_no_cp(world: int) -> None:
     from tests.support.gdn_inputs import rel_l2

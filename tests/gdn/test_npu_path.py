@@ -105,6 +105,7 @@ def rules_run() -> list[dict[str, object]]:
     return run_distributed(_rank_rules, world_size=2, timeout_s=120)
 
 
+@pytest.mark.slow  # two gloo processes (rules_run)
 def test_planted_fp64_all_reduce_is_refused_naming_the_call_site(rules_run):
     line = _planted_fp64_all_reduce.__code__.co_firstlineno + 1
     for res in rules_run:
@@ -114,12 +115,14 @@ def test_planted_fp64_all_reduce_is_refused_naming_the_call_site(rules_run):
         assert "float64" in msg and "HCCL" in msg and "planted fp64 sum" in msg
 
 
+@pytest.mark.slow  # two gloo processes (rules_run)
 def test_hccl_rules_refuse_avg_and_fp64_fsdp(rules_run):
     for res in rules_run:
         assert "no reduce op" in res["avg"], res["avg"]
         assert "reduce_scatter of FSDP gradients" in res["fsdp64"] and "gdn/parallel.py:" in res["fsdp64"]
 
 
+@pytest.mark.slow  # two gloo processes (rules_run)
 def test_legal_reductions_and_exact_fp64_sum(rules_run):
     for res in rules_run:
         assert res["fp32_sum"] == [3.0, 3.0]
@@ -127,6 +130,7 @@ def test_legal_reductions_and_exact_fp64_sum(rules_run):
     assert rules_run[0]["fp64_sum"] == rules_run[1]["fp64_sum"]
 
 
+@pytest.mark.slow  # two gloo processes (rules_run)
 def test_timed_wait_is_refused_and_the_bounded_wait_polls(rules_run):
     line = _planted_timed_wait.__code__.co_firstlineno + 1
     for rank, res in enumerate(rules_run):
@@ -160,6 +164,7 @@ def _hung_peer(rank: int, timeout_s: float) -> dict[str, object]:
     return out
 
 
+@pytest.mark.slow  # two gloo processes (rules_run)
 def test_hung_peer_ends_in_cp_comm_error_within_the_timeout(rules_run):
     error = rules_run[0]["hung_error"]
     assert error.startswith("CPCommError: state_fwd recv #0 on rank 0 from rank 1"), error

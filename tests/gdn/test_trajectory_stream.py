@@ -280,6 +280,7 @@ def _two_ranks(rank: int, world: int, tokens: str, ref_file: str) -> dict[str, A
     return out
 
 
+@pytest.mark.slow  # two gloo processes
 def test_reference_file_on_two_ranks(token_file: Path, tmp_path: Path) -> None:
     ref_file = tmp_path / "ref.json"
     r0, r1 = run_distributed(_two_ranks, 2, args=(str(token_file), str(ref_file)), timeout_s=120)

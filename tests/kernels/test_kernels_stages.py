@@ -317,6 +317,7 @@ def test_bwd_dqk_wy(x, ref) -> None:
         assert rel_l2(dg[0, :, h], want) <= TOL
 
 
+@pytest.mark.slow  # the whole op in every variant under the interpreter
 def test_end_to_end_variants_match_the_unsplit_unfused_op(x) -> None:
     """The whole op with forced segments, with both fused paths (whose backward reuses the fused
     forward's segment maps) and with both together equals the one-walk unfused op (o, final

@@ -20,6 +20,7 @@ LENGTHS = [1, 63, 0, 64, 65]
 HQ, HV, D = 1, 2, 128
 
 
+@pytest.mark.slow  # every packed layout under the interpreter (gdn/test_varlen.py: the fast tier's)
 def test_packed_sequences_match_each_sequence_alone() -> None:
     from kernels.gdn import gated_delta_rule_triton_varlen
 

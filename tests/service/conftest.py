@@ -13,7 +13,9 @@ from tests.support.stores import STORES, migrated_engine, store_url
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test that needs `db_url` (directly or through `engine`) runs once per store kind."""
+    """Every test that needs `db_url` (directly or through `engine`) runs once per store kind;
+    the PostgreSQL runs are `slow` (a server for the session, a database per test): the fast tier
+    keeps SQLite's."""
     if "db_url" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("stores")
@@ -21,7 +23,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     unknown = [k for k in kinds if k not in STORES]
     if unknown:
         raise ValueError(f"stores marker names {unknown}; expected kinds from {STORES}")
-    metafunc.parametrize("db_url", kinds, indirect=True)
+    params = [pytest.param(k, marks=pytest.mark.slow) if k == "postgresql" else k for k in kinds]
+    metafunc.parametrize("db_url", params, indirect=True)
 
 
 @pytest.fixture(scope="session")

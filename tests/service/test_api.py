@@ -26,6 +26,8 @@ import pytest
 from tests.support.api_support import FAKE, TOKEN, Server, make_server, value
 from tests.support.stores import STORES, store_url
 
+pytestmark = pytest.mark.slow  # a real server process per store
+
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
 
@@ -46,6 +47,7 @@ def _count(db: Path, job_id: int, attempt: int) -> int:
     return sum(1 for r in _rows(db, job_id).values() if r[0] == attempt)
 
 
+@pytest.mark.slow  # a real server, killed and restarted
 def test_kill9_mid_job_then_restart_requeues_and_keeps_samples(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor")
     db = tmp_path / "gdnval.db"

@@ -18,6 +18,7 @@ from playwright.sync_api import sync_playwright
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+@pytest.mark.slow  # a real server and a browser
 def test_docs_page_loads_only_local_assets(tmp_path: Path) -> None:
     fake = "tests.support.api_support:make_fake_executor"
     server = make_server(tmp_path, executor=fake, GDNVAL_DISPATCH="false")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.cli.output import dumps, strict_json
 from tests.support.api_support import FAKE, ROOT, TOKEN, free_port, make_server
@@ -54,6 +55,7 @@ def test_dry_run_validates_parameter_values() -> None:
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow  # a real server process
 def test_piped_job_table_keeps_whole_values_and_json_is_strict(tmp_path: Path) -> None:
     fake = "tests.support.api_support:make_fake_executor"
     server = make_server(tmp_path, executor=fake, GDNVAL_DISPATCH="false")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
 from tests.support.hardening_suites import NAME, SUITE
@@ -67,6 +68,7 @@ def _submit(base: str, params: dict) -> dict:
     return r.json()
 
 
+@pytest.mark.slow  # a real server and rank process trees
 def test_a_hung_rank_ends_its_job_within_the_default_deadline(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor=EXECUTOR).start()
     try:
@@ -93,6 +95,7 @@ def test_a_hung_rank_ends_its_job_within_the_default_deadline(tmp_path: Path) ->
         server.stop()
 
 
+@pytest.mark.slow  # a real server and rank process trees
 def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor=EXECUTOR).start()
     pid_file = tmp_path / "pids"
@@ -110,6 +113,7 @@ def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None
         server.stop()
 
 
+@pytest.mark.slow  # a real server and rank process trees
 def test_a_setsid_child_ends_with_its_ranks_normal_end(tmp_path: Path) -> None:
     from tests.support.hardening_suites import make_executor
     from tests.support.suites import RecordingSink
@@ -133,6 +137,7 @@ def _job_row(db: Path, job_id: int) -> tuple[str, int, str | None]:
         con.close()
 
 
+@pytest.mark.slow  # a real server and rank process trees
 def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor")
     db = tmp_path / "gdnval.db"

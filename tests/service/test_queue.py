@@ -274,6 +274,7 @@ DISPATCHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two dispatcher processes
 def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) -> None:
     n = 50 if engine.dialect.name == "postgresql" else 30  # the issue asks 50 on PostgreSQL
     ids = [queue.submit(engine, _req(params={"cases": 1, "samples": 3}))[0].id for _ in range(n)]

@@ -44,7 +44,10 @@ MIB = 1024 * 1024
 REPS = 20
 STEPS = 30
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
+    pytest.mark.slow,  # a real server and a browser
+]
 
 # Realistic jobs of the real `gdn-op` suite (its metrics and case matrix, VALIDATION_MATRIX §4):
 # one case per shape and backend; per tensor the errors per seed, every timing repetition,

@@ -44,6 +44,7 @@ def test_capability_metadata_imports_no_torch() -> None:
     assert "wheel_contains_kernels" not in got["quick"] and "wheel_contains_kernels" in got["gate"]
 
 
+@pytest.mark.slow  # a whole capability run in a subprocess
 def test_gdnval_run_capability_needs_none_of_the_service_dependencies(tmp_path: Path) -> None:
     """The device machine has torch, triton, numpy, click, rich and pydantic only: the command, its
     rank processes and their fresh-interpreter checks all run with the rest made unimportable."""

@@ -45,6 +45,7 @@ def test_case_matrix_of_the_presets() -> None:
         suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
 
 
+@pytest.mark.slow  # runs cp-layer cases
 def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None:
     import torch
 
@@ -67,6 +68,7 @@ def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None
         list(suite.run(ctx, cases["p2p_eager_T128_B1_float64"]))
 
 
+@pytest.mark.slow  # runs cp-layer cases
 def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
     """With a reference of another dtype (or backend), the candidate is also paired with its own
     no-CP layer, so the two layers' rounding drops out of `cp_worst_rel_l2`."""

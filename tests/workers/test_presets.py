@@ -54,6 +54,7 @@ def test_cp_layer_quick_passes_on_four_cpu_ranks(tmp_path) -> None:
     assert doc["verdict"] == "passed" and doc["case_counts"]["passed"] == len(doc["cases"]) == 16
 
 
+@pytest.mark.slow  # a job on rank processes
 def test_a_case_that_cannot_apply_at_the_world_size_is_skipped_with_its_reason(tmp_path) -> None:
     """Ulysses with 3 heads on 2 ranks cannot split them: recorded as skipped (not applicable),
     the job's verdict stays passed, and P2P on the same shapes runs."""

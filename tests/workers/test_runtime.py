@@ -319,6 +319,7 @@ def test_device_pool_never_hands_one_device_to_two_jobs() -> None:
         pool.acquire(4, cancel, None)
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 def test_counting_accelerators_keeps_torch_out_of_the_executor_process() -> None:
     import subprocess
     import sys
