@@ -43,6 +43,7 @@ def test_sample_text_is_real_text(token_file: Path) -> None:
     assert header.num_tokens > 4096
 
 
+@pytest.mark.slow  # tokenizes the whole standard library
 def test_stdlib_corpus_covers_a_long_run_without_rereading(tmp_path: Path) -> None:
     """The presets' 200 steps of 8K tokens must read fresh text every step (no second pass)."""
     files = stdlib_text_files()

@@ -31,7 +31,7 @@ CASES = [
     (64, (2, 4), torch.float32, False, True),
     (65, (2, 4), torch.float32, True, True),
     (65, (1, 1), torch.float16, False, True),
-    (200, (2, 4), torch.float16, True, True),
+    pytest.param((200, (2, 4), torch.float16, True, True), marks=pytest.mark.slow),  # the longest
     (200, (1, 1), torch.float32, False, False),
 ]
 
