@@ -1,11 +1,13 @@
 """Test-wide setup: without a GPU, Triton kernels run under its CPU interpreter and `gpu` tests
-skip. Each level's own fixtures live in its conftest (tests/gdn, tests/service)."""
+skip; the fixtures that tests of several packages use. A package's own fixtures live in its
+conftest (tests/service)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,14 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gdn.data's built-in sample text as a token file, built once per test module (the data tests
+    in tests/gdn and the trajectory tests in tests/workers read it)."""
+    from gdn.data import build_sample_token_file
+
+    path = tmp_path_factory.mktemp("tokens") / "sample.bin"
+    build_sample_token_file(path)
+    return path
