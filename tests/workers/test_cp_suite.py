@@ -45,7 +45,6 @@ def test_case_matrix_of_the_presets() -> None:
         suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
 
 
-@pytest.mark.slow  # runs cp-layer cases
 def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None:
     import torch
 
