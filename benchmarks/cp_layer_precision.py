@@ -3,7 +3,7 @@
 For the report's layer (hidden 2048, heads 16/32, dim 128) under bf16 autocast with the Triton
 core, at T = 8K/16K/32K, prints the relative L2 of output, input gradient and parameter
 gradients for three pairs: plain vs truth, emulated P2P (P = 4, 8) vs truth, and emulated vs
-plain (what tests/test_cp_gpu.py checks). "truth" is the same layer in fp32 without autocast on
+plain (what tests/gdn/test_cp_gpu.py checks). "truth" is the same layer in fp32 without autocast on
 the eager core, TF32 off. `--conv cudnn` swaps the layer's conv back to `F.conv1d` (cuDNN picks
 its algorithm by length under autocast) to compare with the project's fp32 shifted-sum conv.
 

@@ -32,7 +32,7 @@ run_step() {  # name, limit (s), command...
 for step in "${steps[@]}"; do
     case $step in
         tests) run_step tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" \
-            tests/test_kernels_gpu.py tests/test_cp_gpu.py tests/test_device.py ;;
+            tests/kernels/test_kernels_gpu.py tests/gdn/test_cp_gpu.py tests/gdn/test_device.py ;;
         capability) run_step capability 50 python3 -m service.cli run capability --device cuda ;;
         gdnop) run_step gdnop 80 python3 -m service.cli run gdn-op --preset quick --device cuda ;;
         network) run_step network 120 python3 -m service.cli run network --preset gate --device cuda \
@@ -50,7 +50,7 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
     print(name, {m: f"{v:.2e}" for m, v in sorted(case["worst_rel_l2"].items())})' \
                     "/tmp/precision_$mode.json" | tee -a "$OUT/precision_$mode.log"
             done ;;
-        cpgpu) run_step cpgpu 110 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/test_cp_gpu.py ;;
+        cpgpu) run_step cpgpu 110 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gdn/test_cp_gpu.py ;;
         gatespeed) run_step gatespeed 80 python3 -m service.cli run gdn-op --preset gate --device cuda \
             --param 'backends=["triton","fla"]' ;;
         determinism) run_step determinism 60 python3 -m service.cli run network --preset gate --device cuda \

@@ -3,7 +3,7 @@
 # its own process (benchmarks/bench_gdn_peers.py), plus the GPU kernel tests. Logs and JSON go to
 # $OUT (or ./device-out); a short table is printed last.
 #   bash benchmarks/kernel_session.sh step ...
-#   steps: gputest            tests/test_kernels_gpu.py (needs the pydantic wheels in .whl/py)
+#   steps: gputest            tests/kernels/test_kernels_gpu.py (needs the pydantic wheels in .whl/py)
 #          ours[:LENS[:HEADS]] ours at the default settings (LENS e.g. 8192,65536; HEADS 32,16)
 #          sweep:LENS:NAME=JSON;NAME=JSON...   ours under TUNING overrides, 32/32, one seed
 #          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz)
@@ -59,7 +59,7 @@ for step in "$@"; do
             setup_py
             t0=$SECONDS
             PYTHONPATH="$ROOT:/tmp/site_py" timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
-                tests/test_kernels_gpu.py >"$OUT/gputest.log" 2>&1
+                tests/kernels/test_kernels_gpu.py >"$OUT/gputest.log" 2>&1
             echo "gputest rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
             tail -n 5 "$OUT/gputest.log" ;;
         ours) bench ours 400 ours "" --repro --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;

@@ -67,7 +67,7 @@
 # it would run at world sizes 2, 4 and 8, through `run --dry-run` (parameters, presets and case
 # matrices are checked; nothing runs), then the same command with CPU values (device cpu, 2 gloo
 # ranks, the quick preset, tiny lengths, the tiny model, 5 trajectory steps) for real.
-# tests/test_multi_gpu_session.py runs it.
+# tests/benchmarks/test_multi_gpu_session.py runs it.
 #
 # NVLink multicast stays off: the variables below are exported here and the rank runtime sets them
 # in every CUDA rank whatever the environment says (workers/runtime.py, NVLS_OFF_ENV).

@@ -53,7 +53,7 @@ def _patch_interpreter_tf32() -> None:
 
 def _errors(seq_len: int, heads: int, seed: int) -> dict[str, float]:
     from gdn import gated_delta_rule
-    from tests.gdn_inputs import make_inputs, rel_l2
+    from tests.support.gdn_inputs import make_inputs, rel_l2
 
     x64 = make_inputs(1, seq_len, heads, heads, 128, dtype=torch.float64, stateful=False, seed=seed)
     gen = torch.Generator().manual_seed(seed + 100)

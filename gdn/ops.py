@@ -192,7 +192,7 @@ def eager_core(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The `eager` backend: the chunked torch form with autograd (gdn.reference). The dense call
-    is a branch of its own: tests/test_gate_scenario.py plants its slow-down and perturbation there."""
+    is a branch of its own: tests/e2e/test_gate_scenario.py plants its slow-down and perturbation there."""
     if cu_seqlens is None:
         return chunk_gated_delta_rule_eager(
             q, k, v, g, beta, scale=scale, initial_state=initial_state,

@@ -1,11 +1,12 @@
-"""Test-wide setup. Without a GPU, Triton kernels run under its CPU interpreter."""
+"""Test-wide setup: without a GPU, Triton kernels run under its CPU interpreter and `gpu` tests
+skip; the fixtures that tests of several packages use. A package's own fixtures live in its
+conftest (tests/service)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,42 +38,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-STORES = ("sqlite", "postgresql")
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gdn.data's built-in sample text as a token file, built once per test module (the data tests
+    in tests/gdn and the trajectory tests in tests/workers read it)."""
+    from gdn.data import build_sample_token_file
 
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[object]:
-    """One PostgreSQL server for the session (see tests/postgres_server.py); skipped only where
-    the server binaries or the driver are not installed."""
-    from tests.postgres_server import PostgresUnavailable, start_server
-
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (extra `postgres`) is not installed")
-    try:
-        server = start_server()
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
-
-
-@contextmanager
-def store_url(request: pytest.FixtureRequest, kind: str, sqlite_file: Path) -> Iterator[str]:
-    """The URL of a fresh, empty store of `kind`: a SQLite file, or a new PostgreSQL database."""
-    if kind == "sqlite":
-        yield f"sqlite:///{sqlite_file}"
-        return
-    if kind != "postgresql":
-        raise ValueError(f"unknown store kind {kind!r}; expected one of {STORES}")
-    server = request.getfixturevalue("postgres")
-    name = server.create_database()
-    try:
-        yield server.url(name)
-    finally:
-        server.drop_database(name)
-
-
-@pytest.fixture(params=STORES)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh store per test, once on SQLite and once on PostgreSQL."""
-    with store_url(request, request.param, tmp_path / "store.db") as url:
-        yield url
+    path = tmp_path_factory.mktemp("tokens") / "sample.bin"
+    build_sample_token_file(path)
+    return path

@@ -72,7 +72,7 @@ TUNING: dict[str, int | str] = {
 # fp32 inputs double the bytes of every loaded tile, and the bf16 settings of bwd_dqk then ask for
 # more shared memory than Hopper's 232448 B per block (Triton 3.9 for sm_90: 376832 B; the H200
 # run with Triton 3.6 raised OutOfResources at 409600 B). These entries replace TUNING's for fp32
-# inputs only; tests/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
+# inputs only; tests/kernels/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
 TUNING_FP32: dict[str, int | str] = {
     "state_stages": 2,  # 3 stages of fp32 tiles would pass the limit in the reverse pass
     "fused_stages": 1,  # the fused walk loads Wk, U, Q and K per chunk: 104 KiB a stage in fp32

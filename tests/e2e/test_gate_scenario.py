@@ -1,0 +1,140 @@
+"""The verdict scenario end to end: `gdnval gate` (the CLI) against a real server that runs the
+real gdn-op suite (its CPU gate preset, the eager core) on snapshots of real commits.
+
+A temporary repository holds this project's runtime code, committed as: A; B, a comment-only
+change; C, the eager GDN forward computed twice (a 2x slow-down of the forward); D, the output
+multiplied by 1 + 1e-3. The gate must pass B, fail C naming the time metric, fail D through the
+declared accuracy rule (worse by more than 2x), and pass a commit against itself, measured anew,
+in 10 of 10 runs (the false-alarm rate, recorded in docs/benchmarks.md with the wall times).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support.gate_suite import git, serve_in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+ANCHOR = "        return chunk_gated_delta_rule_eager(\n"
+CALL_ARGS = (
+    "q, k, v, g, beta, scale=scale, initial_state=initial_state, "
+    "output_final_state=output_final_state, chunk_size=chunk_size"
+)
+# eager only: the scenario is about the eager core; the interpreter would only add minutes
+GATE_PARAMS = ("--param", 'backends=["eager"]')
+
+
+def make_scenario_repo(path: Path) -> dict[str, str]:
+    """A, B (comment only), C (forward twice), D (output x (1 + 1e-3)) on top of each other's parent."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in ("gdn", "kernels", "workers"):
+        shutil.copytree(ROOT / pkg, path / pkg, ignore=ignore)
+    ops = path / "gdn" / "ops.py"
+    src = ops.read_text()
+    assert src.count(ANCHOR) == 1, "the eager call in gdn/ops.py moved; update the scenario's anchor"
+    git(path, "init", "-q")
+    shas: dict[str, str] = {}
+
+    def commit(name: str, text: str) -> None:
+        ops.write_text(text)
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", name)
+        shas[name] = git(path, "rev-parse", "HEAD")
+
+    commit("A", src)
+    comment = src.replace(ANCHOR, "        # the eager backend: autograd through chunks\n" + ANCHOR)
+    commit("B", comment)
+    twice = src.replace(ANCHOR, f"        chunk_gated_delta_rule_eager({CALL_ARGS})  # twice\n" + ANCHOR)
+    commit("C", twice)
+    # an early return before the original call (left in place, unreachable)
+    scaled = src.replace(
+        ANCHOR,
+        f"        o, state = chunk_gated_delta_rule_eager({CALL_ARGS})\n"
+        "        return o * (1 + 1e-3), state  # perturbed\n" + ANCHOR,
+    )
+    commit("D", scaled)
+    return shas
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    from service.executor_choice import close_executors
+    from service.settings import Settings
+
+    tmp = tmp_path_factory.mktemp("scenario")
+    repo = tmp / "repo"
+    repo.mkdir()
+    shas = make_scenario_repo(repo)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GDNVAL_REPO", str(repo))
+        mp.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp / "snapshots"))
+        close_executors()
+        settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
+                            executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
+        try:
+            with serve_in_thread(settings) as url:
+                yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp)
+        finally:
+            close_executors()
+
+
+def gate(server: SimpleNamespace, head: str, base: str, *extra: str) -> SimpleNamespace:
+    """`gdnval gate` in this process (the real command, over HTTP); returns exit code, output, JSON."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+
+    out = server.tmp / f"gate-{time.monotonic_ns()}.json"
+    t0 = time.monotonic()
+    result = CliRunner().invoke(main, [
+        "gate", "--head", head, "--base", base, "--suite", "gdn-op", "--repo", str(server.repo),
+        "--server", server.url, "--poll", "0.3", "--json", str(out), *GATE_PARAMS, *extra,
+    ], catch_exceptions=False)  # fmt: skip
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return SimpleNamespace(code=result.exit_code, stdout=result.stdout, data=data, wall=time.monotonic() - t0)
+
+
+def _metrics(data: dict, verdict: str) -> set[str]:
+    return {m["metric"] for cmp in data["comparisons"] for c in cmp["cases"] for m in c["metrics"]
+            if m["verdict"] == verdict}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_gate_scenario_comment_slowdown_perturbation_and_false_alarms(server: SimpleNamespace) -> None:
+    shas = server.shas
+    walls: dict[str, float] = {}
+
+    comment = gate(server, shas["B"], shas["A"])
+    walls["comment-only"] = comment.wall
+    assert comment.code == 0, comment.stdout
+    assert comment.data["comparisons"][0]["head"]["preset"] == "gate-cpu"  # the CPU gate preset
+
+    slow = gate(server, shas["C"], shas["B"])
+    walls["2x forward"] = slow.wall
+    assert slow.code == 1, slow.stdout
+    # judged on the reference-relative time (the wall clock of a shared CPU counts from 2x only)
+    assert "fwd_rel" in _metrics(slow.data, "regressed"), slow.stdout
+    assert "fwd_rel" in slow.stdout and "❌ FAIL" in slow.stdout
+
+    perturbed = gate(server, shas["D"], shas["B"])
+    walls["output x (1+1e-3)"] = perturbed.wall
+    assert perturbed.code == 1, perturbed.stdout
+    assert "o_rel_l2" in _metrics(perturbed.data, "worsened"), perturbed.stdout
+
+    codes = []
+    for _ in range(10):
+        same = gate(server, shas["B"], shas["B"], "--fresh")
+        codes.append(same.code)
+        walls.setdefault("self (each)", same.wall)
+        assert same.code == 0, same.stdout  # a false alarm
+        jobs = {j["job_id"] for j in same.data["jobs"] if j["role"] in ("head", "base")}
+        assert len(jobs) == 2  # measured anew on both sides
+    assert codes == [0] * 10
+    print("gate scenario wall times (s):", {k: round(v, 1) for k, v in walls.items()})

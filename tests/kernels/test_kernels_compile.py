@@ -1,0 +1,239 @@
+"""Every Triton kernel launch, compiled ahead of time for Hopper (sm_90), fits its shared memory.
+
+No GPU is needed: the kernels of every stage module of `kernels.gdn` are swapped for recorders, the
+real wiring (forward + backward of `gated_delta_rule_triton`, the CP state summary, both intra variants) runs
+on CPU tensors of each input dtype, and each recorded launch is specialised and compiled the way
+`JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
+num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
+`metadata.shared` is the dynamic shared memory the launch asks for, the number that raised
+`OutOfResources` on the H200 for fp32 inputs (bwd_dqk). Registers and spills come from cuobjdump
+and are reported, not asserted (`python -m tests.kernels.test_kernels_compile` prints the table).
+
+The margin below the limit matters: the device ran Triton 3.6, whose numbers differ from the
+installed Triton's (bwd_dqk fp32, bf16 settings: 409600 B there, 376832 B with Triton 3.9).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import kernels.gdn as gdn_kernels  # noqa: E402
+from kernels.gdn import config as gdn_config  # noqa: E402
+
+HOPPER_SMEM = 232448  # bytes of shared memory per block on sm_90 (H100/H200)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# fp16 has bf16's element size and launch settings (asserted below), so its shared memory equals
+# bf16's; compiling it too would cost CI a minute for no new answer (`--full` compiles all three).
+COMPILED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _target():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+def _ptxas_present() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return os.path.exists(get_ptxas(90).path)
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _ptxas_present(), reason="Triton without its NVIDIA backend/ptxas")
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    dtype: str
+    num_warps: int
+    num_stages: int
+    constexprs: dict
+    shared: int
+    regs: int | None
+    spill_bytes: int | None  # local-memory stack frame (spills and local arrays)
+
+
+class _Recorder:
+    def __init__(self, fn, sink: list) -> None:
+        self.fn, self.sink = fn, sink
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.sink.append((self.fn, args, dict(kwargs)))
+
+        return launch
+
+
+def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
+    def t(*shape, dt=dtype):
+        return torch.randn(*shape, dtype=dt).requires_grad_()
+
+    return (t(1, T, hq, 128), t(1, T, hq, 128), t(1, T, hv, 128), t(1, T, hv, dt=torch.float32),
+            t(1, T, hv), t(1, hv, 128, 128, dt=torch.float32))  # fmt: skip
+
+
+def _drive(mod, dtype: torch.dtype, full: bool) -> None:
+    """Run the real wiring: grouped heads with and without states, the CP summary, and the intra
+    split + recompute variants at T = 65 (the failing H200 case). `full` (the `--full` report) adds
+    Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment specialisation); measured with
+    Triton 3.9 they change no kernel's shared memory, and compiling them all cold takes ~10 min
+    on two cores."""
+    for T in (65, 8192) if full else (65,):
+        for hq, hv in ((1, 2), (1, 1)) if full else ((1, 2),):
+            q, k, v, g, beta, h0 = _inputs(dtype, T, hq, hv)
+            o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+            (o.float().sum() + s.sum()).backward()
+            o, _ = mod.gated_delta_rule_triton(q, k, v, g, beta)
+            o.float().sum().backward()
+            mod.state_summary(k, v, g, beta, initial_state=h0, zero_values=True)
+            mod.state_summary(k, v, g, beta)
+    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here)
+    mod.TUNING.update(seq_segments=2)
+    q, k, v, g, beta, h0 = _inputs(dtype, 130, 1, 2)
+    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
+    # the fused forward (split and not, with a backward and forward-only) and the fused dqk + WY
+    mod.TUNING.update(fused_fwd=1, fused_dqk_wy=1)
+    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
+    mod.TUNING.update(seq_segments=0)
+    with torch.no_grad():
+        mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    # the non-default variants that stay selectable (the caller restores TUNING)
+    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
+    q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
+    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
+
+
+def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    sink: list = []
+    names = [m.name for m in pkgutil.iter_modules(gdn_kernels.__path__)]
+    mods = [importlib.import_module(f"kernels.gdn.{name}") for name in names]
+    patched = [(mod, n) for mod in mods for n, f in vars(mod).items()
+               if isinstance(f, JITFunction) and n.endswith("_kernel")]  # fmt: skip
+    assert len(patched) >= 11, f"compilable kernels found: {patched} (is TRITON_INTERPRET set?)"
+    saved = dict(gdn_kernels.TUNING)
+    try:
+        for mod, n in patched:
+            setattr(mod, n, _Recorder(getattr(mod, n), sink))
+        _drive(gdn_kernels, dtype, full)
+    finally:
+        for mod, n in patched:
+            setattr(mod, n, getattr(mod, n).fn)
+        gdn_kernels.TUNING.clear()
+        gdn_kernels.TUNING.update(saved)
+    return sink
+
+
+def _resources(cubin: bytes) -> tuple[int | None, int | None]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    reg, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
+    return (int(reg.group(1)) if reg else None), (int(stack.group(1)) if stack else None)
+
+
+def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
+    """Compile each distinct launch of `dtype` inputs for sm_90, as JITFunction.run specialises it."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = _target()
+    backend = make_backend(target)
+    seen = set()
+    for fn, args, kwargs in _recorded_launches(dtype, full):
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
+        key = (fn.__name__, repr(signature), repr(constexprs), repr(attrs), repr(options))
+        if key in seen:
+            continue
+        seen.add(key)
+        src = ASTSource(fn, signature, constexprs, attrs)
+        ck = triton.compile(src, target=target, options=options.__dict__)
+        regs, stack = _resources(ck.asm["cubin"])
+        names = {p.num: p.name for p in fn.params}
+        yield Compiled(
+            kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
+            num_stages=options.num_stages, shared=ck.metadata.shared, regs=regs, spill_bytes=stack,
+            constexprs={names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()},
+        )  # fmt: skip
+
+
+def _row(c: Compiled) -> str:
+    return (f"{c.kernel:20s} {c.dtype:8s} warps={c.num_warps} stages={c.num_stages} shared={c.shared:6d} "
+            f"regs={c.regs} stack={c.spill_bytes} {c.constexprs}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, list[dict]]:
+    """The table for every dtype, from a child process without TRITON_INTERPRET: under the CPU
+    interpreter @triton.jit (and triton.language's own jit helpers) are interpreted functions,
+    which cannot be compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-m", "tests.kernels.test_kernels_compile", "--json"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", COMPILED_DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dtype) -> None:
+    rows = [Compiled(**r) for r in compiled[str(dtype).split(".")[-1]]]
+    print("\n" + "\n".join(_row(c) for c in rows))
+    kernels = {c.kernel for c in rows}
+    expected = {"_gate_cumsum_kernel", "_intra_kernel", "_wu_kernel", "_state_fwd_kernel", "_output_kernel",
+                "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel",
+                "_bwd_dqk_wy_kernel"}  # fmt: skip
+    assert kernels == expected, f"launches recorded for {sorted(kernels)}"
+    assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
+    over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
+    assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
+
+
+def test_fp32_overrides_leave_half_precision_settings_alone() -> None:
+    for key, value in gdn_config.TUNING.items():
+        assert gdn_config.tuned(key, torch.bfloat16) == value
+        assert gdn_config.tuned(key, torch.float16) == value
+    for key, value in gdn_config.TUNING_FP32.items():
+        assert key in gdn_config.TUNING and gdn_config.tuned(key, torch.float32) == value
+
+
+if __name__ == "__main__":
+    table = {}
+    for dt in DTYPES if "--full" in sys.argv else COMPILED_DTYPES:
+        table[str(dt).split(".")[-1]] = rows = []
+        for c in compile_all(dt, full="--full" in sys.argv):
+            rows.append(asdict(c))
+            if "--json" not in sys.argv:
+                print(_row(c), "OVER" if c.shared > HOPPER_SMEM else "", flush=True)
+    if "--json" in sys.argv:
+        print(json.dumps(table))

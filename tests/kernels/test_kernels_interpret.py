@@ -1,0 +1,185 @@
+"""The Triton kernels under the CPU interpreter against the fp64 per-token oracle.
+
+The interpreter cannot run bf16 `tl.dot` (Triton issue 11584: it multiplies raw bits), so these
+run fp32 and fp16; bf16 is covered by tests/kernels/test_kernels_gpu.py on a GPU. The matrix is pairwise
+rather than a full product (every T meets both head layouts, both dtypes and every
+initial/final-state combination) to stay inside the CPU time budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn import gated_delta_rule, recurrent_gated_delta_rule
+from gdn.ops import triton_interpreter_on
+from tests.support.gdn_inputs import make_inputs, rel_l2
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() or not triton_interpreter_on(),
+    reason="interpreter tests run on machines without a GPU (TRITON_INTERPRET=1)",
+)
+
+# rel-L2 bounds against fp64: fp32 arithmetic lands near 1e-6, fp16 storage near 6e-4.
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
+
+CASES = [
+    # seq_len, (Hqk, Hv), dtype, has_h0, output_final_state
+    (1, (1, 1), torch.float32, True, True),
+    (1, (2, 4), torch.float16, False, False),
+    (64, (1, 1), torch.float16, True, False),
+    (64, (2, 4), torch.float32, False, True),
+    (65, (2, 4), torch.float32, True, True),
+    (65, (1, 1), torch.float16, False, True),
+    pytest.param((200, (2, 4), torch.float16, True, True), marks=pytest.mark.slow),  # the longest
+    (200, (1, 1), torch.float32, False, False),
+]
+
+
+def _ids(case: tuple) -> str:
+    T, (hq, hv), dt, h0, fs = case
+    return f"T{T}-h{hq}x{hv}-{str(dt).split('.')[-1]}-{'h0' if h0 else 'noh0'}-{'fs' if fs else 'nofs'}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
+    T, (hq, hv), dtype, has_h0, final = case
+    base = make_inputs(1, T, hq, hv, 128, dtype=torch.float64, stateful=has_h0, seed=T + hv)
+    ref = make_inputs(1, T, hq, hv, 128, dtype=torch.float64, stateful=has_h0, seed=T + hv).requires_grad_()
+    o_ref, s_ref = recurrent_gated_delta_rule(
+        ref.q, ref.k, ref.v, ref.g, ref.beta, initial_state=ref.h0, output_final_state=final
+    )
+    low = {n: getattr(base, n) for n in ("q", "k", "v", "beta")}
+    low = {n: t.to(dtype).requires_grad_() for n, t in low.items()}
+    g = base.g.float().requires_grad_()
+    h0 = base.h0.float().requires_grad_() if has_h0 else None
+    o, s = gated_delta_rule(
+        low["q"], low["k"], low["v"], g, low["beta"],
+        initial_state=h0, output_final_state=final, backend="triton",
+    )  # fmt: skip
+    assert o.dtype == dtype and o.shape == o_ref.shape
+    assert (s is None) == (not final)
+    tol = TOL[dtype]
+    assert torch.isfinite(o).all()
+    assert rel_l2(o, o_ref) <= tol, f"o: {rel_l2(o, o_ref):.2e}"
+    if final:
+        assert s.dtype == torch.float32 and rel_l2(s, s_ref) <= tol, f"final state: {rel_l2(s, s_ref):.2e}"
+
+    gen = torch.Generator().manual_seed(7)
+    d_o = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
+    outs_ref, grads = [o_ref], [d_o]
+    outs, grads_low = [o], [d_o.to(dtype)]
+    if final:
+        d_s = torch.randn(s_ref.shape, generator=gen, dtype=torch.float64)
+        outs_ref.append(s_ref)
+        grads.append(d_s)
+        outs.append(s)
+        grads_low.append(d_s.float())
+    torch.autograd.backward(outs_ref, grads)
+    torch.autograd.backward(outs, grads_low)
+    mine = {**low, "g": g, "h0": h0}
+    for name in ("q", "k", "v", "g", "beta", "h0"):
+        ref_t = getattr(ref, name)
+        if ref_t is None:
+            continue
+        got = mine[name].grad
+        assert got is not None, f"no gradient for {name}"
+        assert got.dtype == mine[name].dtype and got.shape == mine[name].shape
+        assert torch.isfinite(got).all(), f"non-finite d{name}"
+        if ref_t.grad.norm() == 0:  # e.g. dg at T=1 with no state: nothing depends on g
+            assert got.abs().max() == 0, f"d{name} should be exactly zero"
+            continue
+        err = rel_l2(got, ref_t.grad)
+        assert err <= tol, f"d{name}: {err:.2e} > {tol:.0e}"
+
+
+def test_state_summary_composes_to_final_state() -> None:
+    """S_end = M·S_in + S_ext with M from (V = 0, S_in = I) and S_ext from S_in = 0."""
+    from kernels.gdn import state_summary
+
+    x = make_inputs(1, 130, 2, 4, 128, dtype=torch.float64, stateful=True, seed=5)
+    _, s_ref = recurrent_gated_delta_rule(
+        x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True
+    )
+    k, v, beta, g = x.k.float(), x.v.float(), x.beta.float(), x.g.float()
+    eye = torch.eye(128).expand(1, 4, 128, 128)
+    m = state_summary(k, v, g, beta, initial_state=eye, zero_values=True)
+    s_ext = state_summary(k, v, g, beta)
+    assert m.shape == (1, 4, 128, 128) and m.dtype == torch.float32
+    composed = torch.einsum("bhij,bhjv->bhiv", m.double(), x.h0) + s_ext.double()
+    assert rel_l2(composed, s_ref) <= 2e-5
+    _, s_ext_ref = recurrent_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, output_final_state=True)
+    assert rel_l2(s_ext, s_ext_ref) <= 2e-5
+
+
+def test_output_only_backward_and_scale() -> None:
+    """Backward with dO alone (final state requested but unused) and a non-default scale."""
+    x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float64, stateful=True, seed=9)
+    ref = make_inputs(1, 70, 1, 2, 128, dtype=torch.float64, stateful=True, seed=9).requires_grad_()
+    o_ref, _ = recurrent_gated_delta_rule(
+        ref.q, ref.k, ref.v, ref.g, ref.beta, scale=0.3, initial_state=ref.h0, output_final_state=True
+    )
+    mine = [t.float().requires_grad_() for t in x.tensors()]
+    o, s = gated_delta_rule(*mine[:5], scale=0.3, initial_state=mine[5], output_final_state=True,
+                            backend="triton")  # fmt: skip
+    assert s is not None
+    o_ref.sum().backward()
+    o.sum().backward()
+    assert rel_l2(o, o_ref) <= 2e-5
+    for got, want in zip(mine, ref.tensors(), strict=True):
+        assert rel_l2(got.grad, want.grad) <= 2e-5
+
+
+def test_second_backward_recomputes_released_intermediates() -> None:
+    """The first backward frees the forward's kept intermediates; a second one (retain_graph)
+    recomputes them and must give the same gradients."""
+    x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=True, seed=3)
+    ins = [t.clone().requires_grad_() for t in x.tensors()]
+    o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+    loss = o.square().sum() + s.sum()
+    first = torch.autograd.grad(loss, ins, retain_graph=True)
+    second = torch.autograd.grad(loss, ins)
+    for a, b in zip(first, second, strict=True):
+        assert torch.isfinite(a).all()
+        assert rel_l2(b, a) <= 1e-6
+
+
+def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient() -> None:
+    """The P2P chain's early hand-off points: each callback runs once and sees exactly what the
+    call returns (the final state; the initial state's gradient)."""
+    x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=11)
+    inputs = [t.clone().requires_grad_() for t in x.tensors()]
+    seen: list[tuple[str, torch.Tensor]] = []
+    o, s = gated_delta_rule(
+        *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
+        on_final_state=lambda t: seen.append(("final", t.detach().clone())),
+        on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
+    )  # fmt: skip
+    assert [name for name, _ in seen] == ["final"] and torch.equal(seen[0][1], s)
+    gen = torch.Generator().manual_seed(3)
+    d_o, d_s = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
+    torch.autograd.backward([o, s], [d_o, d_s])
+    assert [name for name, _ in seen] == ["final", "initial_grad"]
+    assert torch.equal(seen[1][1], inputs[5].grad)
+
+
+def test_activation_checkpoint_does_not_keep_intermediates() -> None:
+    """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
+    from torch.utils.checkpoint import checkpoint
+
+    x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=13)
+    d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for ckpt in (False, True):
+        inputs = [t.clone().requires_grad_() for t in x.tensors()]
+
+        def core(*t: torch.Tensor) -> torch.Tensor:
+            return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
+
+        o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)
+        assert (o.grad_fn.kept is None) == ckpt  # the custom Function's node is its ctx
+        o.backward(d_o)
+        grads[ckpt] = [t.grad for t in inputs]
+    for plain, ckpt in zip(grads[False], grads[True], strict=True):
+        assert torch.equal(plain, ckpt)

@@ -1,0 +1,126 @@
+"""The backend of every sample on the pages and in the report, from a real gdn-op quick run.
+
+`gdnval run gdn-op` runs two backends here on the CPU, `eager` and a one-off `module:function`
+backend (the per-token oracle, which keeps the protocol and carries autograd), both timed, on a
+plain and a packed shape; the run is stored as two jobs of the store. Then:
+- `gdnval report` puts the backends side by side, one row per shape, a column group per backend,
+  each cell the stored number (the in-case ratio to the baseline, the worst tensor's rel-L2), and
+  names where each backend's code came from;
+- the job page labels every table row and case with its backend and lists the backends' sources;
+- the compare page labels every case with its backend.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.domain.numbers import fmt
+from service.persistence import db
+from service.settings import Settings
+from tests.support.run_json import store_run
+
+ONE_OFF = "gdn.reference:recurrent_gated_delta_rule"
+BACKENDS = ("eager", ONE_OFF)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from service.cli import main
+
+    tmp = tmp_path_factory.mktemp("backend-report")
+    run = tmp / "run.json"
+    params = {"backends": list(BACKENDS), "timed_backends": None, "modes": ["stateful"],
+              "packed": [[1, 63, 65]], "warmup": 1, "repeat": 3, "eager_warmup": 1, "eager_repeat": 3}
+    args = ["run", "gdn-op", "--preset", "quick", "--json", str(run)]
+    args += [x for k, v in params.items() for x in ("--param", f"{k}={json.dumps(v)}")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    url = f"sqlite:///{tmp / 'store.db'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    base = store_run(engine, run, tmp / "artifacts")
+    head = store_run(engine, run, tmp / "artifacts")
+    engine.dispose()
+    return {"url": url, "base": base, "head": head, "doc": json.loads(run.read_text()), "tmp": tmp}
+
+
+def _medians(doc: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """(case, metric) -> the median of the worst rank per idx (one rank here: of the values)."""
+    vals: dict[tuple[str, str], list[float]] = {}
+    for s in doc["samples"]:
+        vals.setdefault((s["case"], s["metric"]), []).append(s["value"])
+    return {k: statistics.median(v) for k, v in vals.items()}
+
+
+def _section(md: str, title: str) -> str:
+    return md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> None:
+    from service.cli import main
+
+    out = stored["tmp"] / "report.md"
+    res = CliRunner().invoke(main, ["report", str(stored["head"]), "--db", stored["url"], "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    md = out.read_text()
+    doc, med = stored["doc"], _medians(stored["doc"])
+    cases = {c["name"]: c for c in doc["cases"]}
+    assert len(cases) == 4 and {c["params"]["backend"] for c in cases.values()} == set(BACKENDS)
+
+    sources = _section(md, "Environment").split("### Backends under test\n", 1)[1]
+    for b in BACKENDS:
+        assert re.search(rf"\| `{re.escape(b)}` \| gdnval \| ", sources), sources
+
+    table = [ln for ln in _section(md, "Backends side by side").splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header[:2] == ["T", "packed"]
+    for b in BACKENDS:  # a column group per backend, in the job's order
+        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × eager",
+                                                                 f"{b}: worst rel-L2"]  # fmt: skip
+    rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
+    assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
+    for row in rows:
+        by_backend = {c["params"]["backend"]: name for name, c in cases.items()
+                      if str(c["params"]["seq_len"]) in row["T"]}  # fmt: skip
+        for b, name in by_backend.items():
+            assert row[f"{b}: fwd+bwd"] == fmt(med[(name, "fwd_bwd_ms")], "ms")
+            worst = max((v, m.removesuffix("_rel_l2")) for (c, m), v in med.items()
+                        if c == name and m.endswith("_rel_l2"))  # fmt: skip
+            assert row[f"{b}: worst rel-L2"] == f"{fmt(worst[0])} ({worst[1]})"
+        assert row["eager: × eager"] == "1 (baseline)"
+        ratio = med[(by_backend[ONE_OFF], "ratio_to_baseline")]
+        assert row[f"{ONE_OFF}: × eager"] == f"{fmt(ratio)}×"  # measured in the case, not across cases
+
+
+def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> None:
+    backend_of = {c["name"]: c["params"]["backend"] for c in stored["doc"]["cases"]}
+    settings = Settings(db_url=stored["url"], dispatch=False, executor="local")
+    with TestClient(create_app(settings)) as client:
+        job = client.get(f"/jobs/{stored['head']}")
+        cmp = client.get("/compare", params={"base": stored["base"], "head": stored["head"], "show": "all"})
+    assert job.status_code == 200 and cmp.status_code == 200, (job.text[-500:], cmp.text[-500:])
+
+    listed = re.search(r'<dd id="job-backends">(.*?)</dd>', job.text, re.S)
+    assert listed is not None and all(f"<code>{b}</code>" in listed.group(1) for b in BACKENDS)
+    assert "<dt>backends</dt>" not in job.text.split('id="job-backends"')[1]  # not again as raw JSON
+    # every table row that starts a case, and every case section, names the case's backend
+    tag = r'<a href="#case-[0-9a-f]+">([^<]+)</a> <span class="backend-tag" data-backend="([^"]+)"'
+    labelled = re.findall(tag, job.text)
+    tables = job.text.split('<h2 id="cases">')[0]
+    assert len(re.findall(r'<a href="#case-', tables)) == len(re.findall(tag, tables)) > 0
+    assert {(case, b) for case, b in labelled} == set(backend_of.items())
+    for name, b in backend_of.items():
+        heading = rf'<h3 id="h-[0-9a-f]+">{re.escape(name)} .*?data-backend="{re.escape(b)}"'
+        assert re.search(heading, job.text)
+
+    cells = re.findall(r'<td rowspan="\d+" class="casecell"><strong>([^<]+)</strong> '
+                       r'<span class="backend-tag" data-backend="([^"]+)"', cmp.text)  # fmt: skip
+    assert sorted(cells) == sorted(backend_of.items())

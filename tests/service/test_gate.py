@@ -1,0 +1,263 @@
+"""The gate's decisions over the real store, with jobs "run" by a fake runner that writes
+synthetic samples at submission (fast; the real executor path is tests/service/test_gate_http.py).
+
+Commit timings are known: `SLOW` commits are 30% slower, `NOISY_ONCE` commits are slow on their
+first run only, `BROKEN` commits fail as a job (a rank died: the infrastructure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from service.domain.gate import (
+    EXIT_FAIL,
+    EXIT_INFRA,
+    EXIT_PASS,
+    GateInputError,
+    GateRequest,
+    GateState,
+    evaluate_gate,
+)
+from service.persistence import baselines, queue
+from service.persistence import cases as case_store
+from service.persistence import commits as commit_store
+from service.persistence import samples as sample_store
+from service.persistence.models import CommitRow, JobRow
+from tests.support.gate_suite import SUITE, SUITE_MODULE
+
+A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
+N, NB, R = "1" * 40, "3" * 40, "2" * 40
+SLOW = {C, N}
+NOISY_ONCE = {D}
+BROKEN = {X}
+NOISY = {N, NB}  # 30% noise: a 30% slow-down is not significant from one job of each side
+ERRORS = {R}  # the case raises
+
+
+class FakeRunner:
+    """A submit function: queues the job like the API, then "runs" it at once."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.submitted: list[int] = []
+        self.runs: dict[str, int] = {}
+        self.run_now = True
+
+    def __call__(self, **kw: Any) -> int:
+        job, _ = queue.submit(self.engine, queue.JobRequest(**kw))
+        self.submitted.append(job.id)
+        if self.run_now:
+            self.run(job.id)
+        return job.id
+
+    def run(self, job_id: int) -> None:
+        with Session(self.engine) as s, s.begin():
+            job = s.get(JobRow, job_id)
+            sha = job.commit_sha
+            n = self.runs[sha] = self.runs.get(sha, 0) + 1
+            if sha in BROKEN:
+                job.status, job.error = "failed", "rank 0 died: killed by SIGKILL (out of memory?)"
+                return
+            params = SUITE.resolve_params(job.preset, job.params)
+            (case,) = SUITE.cases(params)
+            mids = sample_store.ensure_metrics(s, SUITE.name, SUITE.metrics)
+            cid = case_store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
+            case_store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
+                                  "Traceback: boom" if sha in ERRORS else None)  # fmt: skip
+            job.status = "succeeded"
+        factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
+        noise = 0.3 if sha in NOISY else 0.01
+        rng = np.random.default_rng(job_id)
+        rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
+                for i in range(params.repeats)]  # fmt: skip
+        rows.append((cid, mids["err"], 0, 0, 1e-4))
+        sample_store.insert_samples(self.engine, job_id, rows)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Any, FakeRunner]]:
+    from service.persistence.db import make_engine, upgrade
+    from workers.registry import SUITE_MODULES, get_suite
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SUITE_MODULES, "gatetime", SUITE_MODULE)
+        get_suite.cache_clear()
+        engine = make_engine(f"sqlite:///{tmp_path / 'gate.db'}")
+        upgrade(engine)
+        yield engine, FakeRunner(engine)
+        engine.dispose()
+    get_suite.cache_clear()
+
+
+def gate(env: tuple[Any, FakeRunner], **kw: Any) -> GateState:
+    engine, runner = env
+    return evaluate_gate(engine, GateRequest(suites=["gatetime"], **kw), runner)
+
+
+def sleep_metric(state: GateState) -> Any:
+    (cmp,) = state.comparisons
+    return next(m for c in cmp.cases for m in c.metrics if m.metric == "sleep_ms")
+
+
+def test_unchanged_pair_passes_and_a_second_gate_reuses_the_jobs(env) -> None:
+    state = gate(env, head=B, base=A, run_id="r1")
+    assert state.exit_code == EXIT_PASS and state.verdict == "pass", state.markdown
+    assert sleep_metric(state).verdict == "unchanged"
+    assert [j.role for j in state.jobs] == ["head", "base"] and not any(j.reused for j in state.jobs)
+    again = gate(env, head=B, base=A, run_id="r2")
+    assert again.exit_code == EXIT_PASS
+    assert all(j.reused for j in again.jobs) and len(env[1].submitted) == 2
+
+
+def test_planted_slowdown_fails(env) -> None:
+    state = gate(env, head=C, base=B)
+    assert state.exit_code == EXIT_FAIL and state.verdict == "fail"
+    m = sleep_metric(state)
+    assert m.verdict == "regressed" and 1.25 < m.ratio < 1.35 and m.p_value < 0.01
+    assert "gatetime/sleep (regressed)" in state.reason
+    assert "❌ FAIL" in state.markdown and "🔴 regressed" in state.markdown
+    d = state.to_dict()
+    assert d["exit_code"] == 1 and d["comparisons"][0]["counts"]["regressed"] == 1
+
+
+def test_confirm_ignores_a_one_off_slow_run_and_keeps_a_real_regression(env) -> None:
+    noisy = gate(env, head=D, base=B, confirm=True)
+    assert noisy.exit_code == EXIT_PASS, noisy.markdown
+    (conf,) = noisy.confirmations
+    assert not conf.confirmed and conf.rerun_verdict == "unchanged"
+    assert sleep_metric(noisy).verdict == "changed" and "not confirmed" in sleep_metric(noisy).reason
+    assert [j.role for j in noisy.jobs] == ["head", "base", "confirm-base", "confirm"]  # both re-measured
+    assert conf.first_reason.startswith("median +3")  # the first run did regress by ~30%
+    # a later gate of D reuses D's newest job: the re-run, not the noisy first run
+    assert gate(env, head=D, base=B).exit_code == EXIT_PASS
+    real = gate(env, head=C, base=B, confirm=True)
+    assert real.exit_code == EXIT_FAIL and real.confirmations[0].confirmed
+    assert "yes (confirmed)" in real.markdown
+
+
+def test_waiting_until_jobs_finish(env) -> None:
+    runner = env[1]
+    runner.run_now = False
+    first = gate(env, head=B, base=A, run_id="w")
+    assert first.phase == "waiting" and first.exit_code is None and len(runner.submitted) == 2
+    second = gate(env, head=B, base=A, run_id="w")  # same run: no new jobs
+    assert second.phase == "waiting" and len(runner.submitted) == 2
+    for job_id in runner.submitted:
+        runner.run(job_id)
+    assert gate(env, head=B, base=A, run_id="w").exit_code == EXIT_PASS
+
+
+def test_a_failed_job_means_could_not_run(env) -> None:
+    state = gate(env, head=X, base=A)
+    assert state.exit_code == EXIT_INFRA and state.verdict == "error"
+    assert "head job" in state.reason and "SIGKILL" in state.reason
+    assert "COULD NOT RUN" in state.markdown
+
+
+def test_cancelled_base_job_means_could_not_run(env) -> None:
+    engine, runner = env
+    runner.run_now = False
+    gate(env, head=B, base=A, run_id="c")
+    with Session(engine) as s, s.begin():
+        s.execute(update(JobRow).where(JobRow.id == runner.submitted[1]).values(status="cancelled"))
+    state = gate(env, head=B, base=A, run_id="c")
+    assert state.exit_code == EXIT_INFRA and "base job" in state.reason and "cancelled" in state.reason
+
+
+def test_baselines_parents_and_job_bases(env) -> None:
+    engine = env[0]
+    first = gate(env, head=B, base=A)
+    base_job = next(j.job_id for j in first.jobs if j.role == "base")
+    with Session(engine) as s, s.begin():
+        baselines.set_baseline(s, "main", commit=A)
+        s.execute(update(CommitRow).where(CommitRow.sha == C).values(parent=B))
+        commit_store.ensure_commit(s, E, parent=A)
+    named = gate(env, head=B, baseline="main")
+    assert named.exit_code == EXIT_PASS and "baseline 'main'" in named.base_source
+    by_job = gate(env, head=C, base=f"job:{base_job}")
+    assert by_job.exit_code == EXIT_FAIL and by_job.jobs[1].job_id == base_job
+    parent = gate(env, head=E)  # no repository: the parent the store recorded
+    assert parent.base == A and "recorded in the store" in parent.base_source
+    assert parent.exit_code == EXIT_PASS
+    missing = gate(env, head=B, base="job:999")
+    assert missing.exit_code == EXIT_INFRA and "base job 999 does not exist" in missing.reason
+
+
+def test_bad_requests_name_the_problem(env) -> None:
+    engine, runner = env
+    with pytest.raises(GateInputError, match="unknown suite 'nope'"):
+        evaluate_gate(engine, GateRequest(head=B, base=A, suites=["nope"]), runner)
+    with pytest.raises(GateInputError, match="unknown preset 'huge'"):
+        gate(env, head=B, base=A, preset="huge")
+    state = gate(env, head="0" * 40)
+    assert state.exit_code == EXIT_INFRA and "give --base or --baseline" in state.reason
+    with pytest.raises(GateInputError, match="not both"):
+        gate(env, head=B, base=A, baseline="main")
+    assert runner.submitted == []
+
+
+def test_everything_is_validated_before_a_job_is_queued(env) -> None:
+    engine, runner = env
+    with pytest.raises(GateInputError, match="unknown parameter"):
+        gate(env, head=B, base=A, params={"no_such_param": 1})
+    with pytest.raises(ValueError, match="base must be"):  # the request itself (API: 422)
+        gate(env, head=B, base="../x")
+    with pytest.raises(GateInputError, match="invalid parameters"):
+        gate(env, head=B, base=A, params={"repeats": "many"})
+    assert runner.submitted == []
+    ok = gate(env, head=B, base=A, params={"repeats": 12})  # overrides reach every job
+    assert ok.exit_code == EXIT_PASS
+    with Session(engine) as s:
+        assert {s.get(JobRow, j.job_id).params["repeats"] for j in ok.jobs} == {12}
+
+
+def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
+    from service.domain.gate import _suites_for
+
+    cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
+    assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
+    assert "stability" in _suites_for(GateRequest(head=B, device="cpu", world_size=2))
+
+
+def test_an_error_at_head_only_is_a_regression_and_on_both_sides_undecidable(env) -> None:
+    head_only = gate(env, head=R, base=B)
+    assert head_only.exit_code == EXIT_FAIL and "errored" in head_only.reason
+    both = gate(env, head=R, base=R, reuse=False)
+    assert both.exit_code == EXIT_INFRA and "error on both sides" in both.reason
+    assert "gatetime/sleep" in both.reason
+
+
+def test_giving_up_cancels_the_jobs_the_gate_queued(env) -> None:
+    engine, runner = env
+    runner.run_now = False
+    gate(env, head=B, base=A, run_id="g")
+    head_id, base_id = runner.submitted
+    with Session(engine) as s, s.begin():
+        s.execute(update(JobRow).where(JobRow.id == base_id).values(status="failed", error="rank 0 died"))
+    state = gate(env, head=B, base=A, run_id="g")
+    assert state.exit_code == EXIT_INFRA
+    assert f"cancelled the gate's pending job(s) [{head_id}]" in state.reason
+    with Session(engine) as s:
+        assert s.get(JobRow, head_id).status == "cancelled"
+
+
+def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(env) -> None:
+    undecided = gate(env, head=N, base=NB, max_rounds=0)
+    assert undecided.exit_code == EXIT_INFRA, undecided.markdown
+    assert undecided.undecided == ["gatetime/sleep"] and "could not decide" in undecided.reason
+    decided = gate(env, head=N, base=NB, max_rounds=5, confirm=False)  # the same first jobs, then rounds
+    assert decided.rounds >= 1, decided.markdown
+    roles = [j.role for j in decided.jobs]
+    assert roles[:2] == ["head", "base"] and roles[2:4] == ["round-base", "round-head"]
+    ids = [j.job_id for j in decided.jobs]
+    assert ids[2] < ids[3]  # each round's base job is queued before its head job
+    assert decided.exit_code == EXIT_FAIL and sleep_metric(decided).verdict == "regressed"
+    m = sleep_metric(decided)
+    assert m.head is not None and m.head.n == 10 * (decided.rounds + 1)  # every round pooled

@@ -1,0 +1,182 @@
+"""`gdnval gate` and `gdnval report` as a user runs them: CLI processes against a real server.
+
+The server (create_app, uvicorn in a thread) runs jobs with the local executor on snapshots of a
+temporary repository (GDNVAL_REPO), so every job runs its own commit's code: commit C plants a
+slow-down in the test-only `gatetime` suite. The CLI resolves refs and the parent in `--repo`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support.api_support import free_port
+from tests.support.gate_suite import NOISE_ENV, SUITE_MODULE, make_repo, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    from service.executor_choice import close_executors
+    from service.settings import Settings
+    from workers.registry import SUITE_MODULES, get_suite
+
+    tmp = tmp_path_factory.mktemp("gatehttp")
+    repo = tmp / "repo"
+    repo.mkdir()
+    shas = make_repo(repo)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SUITE_MODULES, "gatetime", SUITE_MODULE)
+        get_suite.cache_clear()
+        mp.setenv("GDNVAL_REPO", str(repo))
+        mp.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp / "snapshots"))
+        close_executors()  # an executor cached by another test would not know this repository
+        settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
+                            executor="local", poll_interval_s=1.0, lease_s=60.0)  # fmt: skip
+        try:
+            with serve_in_thread(settings) as url:
+                yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp, mp=mp)
+        finally:
+            close_executors()
+            get_suite.cache_clear()
+
+
+def cli(*args: str) -> SimpleNamespace:
+    """Run `gdnval ARGS` in this process (the real command, talking HTTP to the real server)."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+
+@pytest.mark.slow
+def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
+    repo, url = str(server.repo), server.url
+    verdict = server.tmp / "slow.json"
+    # HEAD is D (timing as B); gate C against its parent B, found by the CLI in --repo
+    slow = cli("gate", "--head", "HEAD~1", "--suite", "gatetime", "--repo", repo, "--server", url,
+               "--poll", "0.5", "--json", str(verdict))  # fmt: skip
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "❌ FAIL" in slow.stdout and "regressed" in slow.stdout
+    data = json.loads(verdict.read_text())
+    assert data["exit_code"] == 1 and data["head"] == server.shas["C"] and data["base"] == server.shas["B"]
+    (cmp,) = data["comparisons"]
+    metric = next(m for c in cmp["cases"] for m in c["metrics"] if m["metric"] == "sleep_ms")
+    assert metric["verdict"] == "regressed" and metric["ratio"] > 1.3
+    assert f"{url}/jobs/" in slow.stdout  # numbers link to the job pages
+
+    # D times like B, but its first run is slow once (noise): --confirm re-runs it and passes
+    flag = server.tmp / "noise-once"
+    flag.write_text("slow once")
+    server.mp.setenv(NOISE_ENV, str(flag))  # the server's rank processes inherit it
+    noisy_json = server.tmp / "noisy.json"
+    noisy = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
+                "--server", url, "--poll", "0.5", "--confirm", "--json", str(noisy_json))  # fmt: skip
+    assert not flag.exists()  # the head's first run consumed it
+    assert noisy.returncode == 0, noisy.stdout + noisy.stderr
+    (conf,) = json.loads(noisy_json.read_text())["confirmations"]
+    assert conf["confirmed"] is False and "not reproduced" in noisy.stdout
+
+    # the unchanged pair: D against B, without --confirm; both jobs are reused (D's newest job
+    # is the re-run), so the gate costs no run
+    same = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
+               "--server", url, "--poll", "0.5")  # fmt: skip
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "✅ PASS" in same.stdout and same.stdout.count("| reused |") == 2
+
+    # the executor can never give 64 CPU ranks: refused at once, exit 2
+    never = cli("gate", "--head", "HEAD", "--suite", "gatetime", "--repo", repo, "--server", url,
+                "--world-size", "64")  # fmt: skip
+    assert never.returncode == 2, never.stdout + never.stderr
+    assert "world_size 64" in never.stdout
+
+    # the report of the slow head job against its base, through the API
+    head_job = next(j["job_id"] for j in data["jobs"] if j["role"] == "head")
+    base_job = next(j["job_id"] for j in data["jobs"] if j["role"] == "base")
+    rep = cli("report", str(head_job), "--base", str(base_job), "--server", url)
+    assert rep.returncode == 0, rep.stderr
+    for section in ("## Environment", "## Verdicts", "## GDN accuracy matrix", "## Speed and memory",
+                    "## Trajectories", "## Comparison with the base"):  # fmt: skip
+        assert section in rep.stdout, section
+    assert f"[#{head_job}]({url}/jobs/{head_job})" in rep.stdout
+    assert "sleep_ms" in rep.stdout and "🔴 regressed" in rep.stdout
+
+    import httpx
+
+    got = httpx.get(f"{url}/api/v1/compare", params={"base": base_job, "head": head_job}).json()
+    assert got["passed"] is False and got["counts"]["regressed"] == 1
+    params = {"base_commit": server.shas["B"], "head_commit": server.shas["C"][:10], "suite": "gatetime"}
+    by_commit = httpx.get(f"{url}/api/v1/compare", params=params).json()
+    assert (by_commit["base"]["job_id"], by_commit["head"]["job_id"]) == (base_job, head_job)
+
+
+def test_gate_cli_with_the_server_down_exits_2(server: SimpleNamespace) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = cli("gate", "--head", "HEAD", "--base", "HEAD~1", "--repo", str(server.repo), "--server", dead,
+               "--json", str(server.tmp / "down.json"))  # fmt: skip
+    assert down.returncode == 2, down.stdout + down.stderr
+    assert "unreachable" in down.stdout
+    assert json.loads((server.tmp / "down.json").read_text())["verdict"] == "error"
+
+
+def test_gate_api_rejects_unknown_suites_with_the_reason(server: SimpleNamespace) -> None:
+    import httpx
+
+    resp = httpx.post(f"{server.url}/api/v1/gate", json={"head": server.shas["B"], "suites": ["nope"]})
+    assert resp.status_code == 422 and "unknown suite 'nope'" in resp.json()["detail"]
+    resp = httpx.get(f"{server.url}/api/v1/jobs/999999/report")
+    assert resp.status_code == 404 and "no job 999999" in resp.json()["detail"]
+    resp = httpx.get(f"{server.url}/api/v1/compare", params={"base": 1})
+    assert resp.status_code == 422 and "give exactly one of head" in resp.json()["detail"]
+    resp = httpx.get(f"{server.url}/api/v1/compare", params={"base": 1, "head_commit": "abc1234"})
+    assert resp.status_code == 422 and "needs suite=NAME" in resp.json()["detail"]
+
+
+
+@pytest.mark.slow
+def test_report_of_real_quick_jobs(server: SimpleNamespace) -> None:
+    """Real suites' quick jobs (capability; gdn-op with the eager backend, as the Triton
+    interpreter takes minutes on CPU) run by the executor; their report shows their numbers."""
+    import httpx
+
+    ids = []
+    for body in ({"suite": "capability", "preset": "quick", "params": {"process_checks": False}},
+                 {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager"]}}):  # fmt: skip
+        resp = httpx.post(f"{server.url}/api/v1/jobs", json=body)
+        assert resp.status_code == 201, resp.text
+        ids.append(resp.json()["id"])
+    deadline = time.monotonic() + 240
+    for job_id in ids:
+        while (job := httpx.get(f"{server.url}/api/v1/jobs/{job_id}").json())["status"] not in (
+            "succeeded", "failed", "cancelled"
+        ):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job
+    rep = cli("report", *map(str, ids), "--server", server.url)
+    assert rep.returncode == 0, rep.stderr
+    md = rep.stdout
+    import torch
+
+    assert f"| {torch.__version__} |" in md  # the environment the ranks reported
+    cap = md[md.index("## Capability checks"): md.index("## GDN accuracy matrix")]
+    # the backends' contracts are judged; Triton's availability is recorded, without a bound, on CPU
+    assert re.search(r"All \d+ bounded checks of \d+ case\(s\) hold \(\d+ more values recorded", cap), cap
+    outcomes = md[md.index("## Case outcomes"):]
+    # the fail-fast cases raised their expected errors: nothing needs attention
+    assert re.search(r"All \d+ cases passed or raised their expected error", outcomes), outcomes
+    acc_start = md.index("## GDN accuracy matrix", md.index("gdn-op"))
+    acc = md[acc_start: md.index("## Speed and memory", acc_start)]
+    gdn = acc[acc.index("### gdn-op"):] if "### gdn-op" in acc else acc  # one report per job via --server
+    assert "| o |" in gdn.splitlines()[2]  # the tensors as columns
+    o_row = next(ln for ln in gdn.splitlines() if ln.startswith("| [stateless]("))
+    assert re.search(r"\| \d\.\d{3}e-\d\d \|", o_row) and "| yes |" in o_row  # a real relative-L2
+    speed = md[md.index("## Speed and memory", acc_start): md.index("## CP tables", acc_start)]
+    assert re.search(r"\| fwd\+bwd \|", speed) and re.search(r"\| [\d.]+ ms \|", speed)
+    assert f"({server.url}/jobs/{ids[1]}#case-" in speed

@@ -1,0 +1,180 @@
+"""Jobs end on their own and leave nothing behind, against a real server (uvicorn subprocess,
+SQLite file, local executor):
+
+- a rank that sleeps forever, with no deadline configured, fails its job within the suite's
+  default deadline, naming the rank and its case;
+- `kill -9` of the server while a rank and the child it started run: no process of the job is
+  alive 5 s later;
+- a child started with `setsid` ends with its rank's normal end;
+- an orderly shutdown (SIGTERM) re-queues the running job without using up a retry.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.api_support import FAKE, TOKEN, make_server
+from tests.support.hardening_suites import NAME, SUITE
+from workers.deadline import default_deadline_s
+from workers.executors._process import PARENT_ENV
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+EXECUTOR = "tests.support.hardening_suites:make_executor"
+
+
+def _wait(cond, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < end, f"not met in {timeout} s: {what}"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+def _job_processes(server_pid: int) -> list[int]:
+    """Every live process started for a rank of that server (they inherit the rank's parent id)."""
+    marker = f"{PARENT_ENV}={server_pid}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker in env and _alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def _submit(base: str, params: dict) -> dict:
+    r = httpx.post(f"{base}/api/v1/jobs", json={"suite": NAME, "params": params}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+@pytest.mark.slow  # a real server and rank process trees
+def test_a_hung_rank_ends_its_job_within_the_default_deadline(tmp_path: Path) -> None:
+    server = make_server(tmp_path, executor=EXECUTOR).start()
+    try:
+        expected = default_deadline_s(SUITE, "quick", {}, 1)
+        assert expected == 17.0  # 15 s start-up + 2 cases x 1 s x world factor 1
+        started = time.monotonic()
+        job = _submit(server.base, {})
+
+        def final() -> dict | None:
+            j = httpx.get(f"{server.base}/api/v1/jobs/{job['id']}").json()
+            return j if j["status"] in ("succeeded", "failed", "cancelled") else None
+
+        done = _wait(final, expected + 20, "the hung job ends")
+        elapsed = time.monotonic() - started
+        assert done["status"] == "failed", done
+        assert done["info"]["deadline_s"] == expected
+        error = done["error"]
+        assert f"job deadline of {expected:g} s exceeded: rank 0 in case 'hang'" in error, error
+        assert elapsed < expected + 15, elapsed
+        page = httpx.get(f"{server.base}/jobs/{job['id']}").text
+        assert 'id="job-deadline">17.0 s (suite default)' in page
+        assert _job_processes(server.proc.pid) == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow  # a real server and rank process trees
+def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None:
+    server = make_server(tmp_path, executor=EXECUTOR).start()
+    pid_file = tmp_path / "pids"
+    try:
+        _submit(server.base, {"child": "group", "pid_file": str(pid_file)})
+        rank, child = map(int, _wait(lambda: pid_file.exists() and pid_file.read_text(), 60, "pids").split())
+        assert os.getpgid(child) == os.getpgid(rank) == rank  # the child is in the rank's group
+        server_pid = server.proc.pid
+        assert set(_job_processes(server_pid)) >= {rank, child}
+        server.kill9()
+        time.sleep(5.0)
+        assert not _alive(rank) and not _alive(child)
+        assert _job_processes(server_pid) == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow  # a real server and rank process trees
+def test_a_setsid_child_ends_with_its_ranks_normal_end(tmp_path: Path) -> None:
+    from tests.support.hardening_suites import make_executor
+    from tests.support.suites import RecordingSink
+    from workers.executors.base import JobSpec
+
+    pid_file = tmp_path / "pids"
+    executor = make_executor()
+    spec = JobSpec(job_id=1, suite=NAME, params={"hang": False, "child": "setsid", "pid_file": str(pid_file)})
+    sink = RecordingSink()
+    outcome = executor.run(spec, sink, sink.cancel)
+    assert outcome.status == "succeeded", outcome
+    _, child = map(int, pid_file.read_text().split())
+    assert not _alive(child), "the setsid child outlived its rank"
+
+
+def _job_row(db: Path, job_id: int) -> tuple[str, int, str | None]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT status, attempts, error FROM job WHERE id = ?", (job_id,)).fetchone()
+    finally:
+        con.close()
+
+
+@pytest.mark.slow  # a real server and rank process trees
+def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
+    server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor")
+    db = tmp_path / "gdnval.db"
+    server.start()
+    try:
+        params = {"cases": 2, "samples": 4000, "batch": 100, "pause_s": 0.05}
+        r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params}, headers=AUTH)
+        job_id = r.json()["id"]
+        _wait(lambda: _job_row(db, job_id)[0] == "running", 30, "attempt 1 runs")
+        server.proc.send_signal(signal.SIGTERM)  # orderly: the dispatcher re-queues the job
+        server.proc.wait(30)
+        assert _job_row(db, job_id)[:2] == ("queued", 1)
+
+        server.start()
+        _wait(lambda: _job_row(db, job_id)[:2] == ("running", 2), 30, "attempt 2 runs")
+        server.kill9()  # one crash: with max_attempts 2 the job must still be re-queued
+        server.start()
+        row = _wait(lambda: (r := _job_row(db, job_id))[1] == 3 and r, 30, "attempt 3 runs")
+        assert row[0] in ("running", "succeeded") and row[2] is None, row
+        events = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/events", params={"kind": "status"}).json()
+        reasons = [e["data"]["reason"] for e in events["items"] if (e["data"] or {}).get("reason")]
+        assert reasons[0] == "service shut down while it ran"
+        assert reasons[1].startswith("re-queued after attempt 2 was interrupted")
+    finally:
+        server.stop()
+
+
+def test_the_default_deadline_scales_and_sets_the_collective_timeout() -> None:
+    from workers.deadline import COLLECTIVE_MARGIN_S, DEFAULT_PER_CASE_S, DEFAULT_STARTUP_S, job_deadline_s
+    from workers.executors.base import JobSpec
+    from workers.executors.local import rank_payload
+    from workers.registry import get_suite
+
+    assert default_deadline_s(SUITE, "quick", {}, 4) == 15.0 + 2 * 1.0 * 2.0  # 4 ranks: twice per case
+    gdn = get_suite("gdn-op")
+    cases = len(gdn.cases(gdn.resolve_params("gate")))
+    assert default_deadline_s(gdn, "gate", {}, 1) == DEFAULT_STARTUP_S + DEFAULT_PER_CASE_S["gate"] * cases
+    assert job_deadline_s(gdn, "gate", {}, 1, override=20.0) == 20.0  # the service's setting wins
+    payload = rank_payload(JobSpec(job_id=1, suite=NAME, deadline_s=17.0), None)
+    assert payload["pg_timeout_s"] == 17.0 + COLLECTIVE_MARGIN_S

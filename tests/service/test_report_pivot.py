@@ -1,0 +1,149 @@
+"""The report's pivoted tables on jobs real suites produced, stored through the dispatcher's sink.
+
+Two runs kept under benchmarks/results: the cp-layer suite on two H200s (Ulysses, P2P and
+AllGather at 16K/64K and the B=2 8192/7777 padding case) and the cp-layer quick preset on two
+CPU ranks (16 cases). The expected numbers are recomputed here from the runs' raw samples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy.orm import Session
+
+from service.domain.report import build_report
+from tests.support.run_json import store_run
+
+pytestmark = pytest.mark.stores("sqlite")  # the `engine` of these tests is a SQLite file
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+H200 = RESULTS / "cp_layer_cp2_h200x2.json"
+QUICK = RESULTS / "cp_layer_quick_cpu_w2.json"
+
+
+def report(engine, run: Path, tmp_path: Path) -> tuple[int, str]:
+    job = store_run(engine, run, tmp_path)
+    with Session(engine) as s:
+        md, _ = build_report(s, [job], base_url="http://svc")
+    return job, md
+
+
+def section(md: str, title: str) -> list[str]:
+    start = md.index(f"## {title}\n")
+    nxt = md.find("\n## ", start + 3)
+    return md[start : nxt if nxt != -1 else len(md)].splitlines()
+
+
+def table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
+    rows = [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines if ln.startswith("| ")]
+    return rows[0], rows[1:]
+
+
+def worst_rank_median(run: Path, case: str, metric: str) -> float:
+    """Slowest rank per repetition, then the median: the report's timing statistic."""
+    per_idx: dict[int, float] = defaultdict(lambda: -np.inf)
+    for s in json.loads(run.read_text())["samples"]:
+        if s["case"] == case and s["metric"] == metric:
+            per_idx[s["idx"]] = max(per_idx[s["idx"]], s["value"])
+    return float(np.median(list(per_idx.values())))
+
+
+def test_cp_tables_pivot_a_real_h200_job(engine, tmp_path: Path) -> None:
+    job, md = report(engine, H200, tmp_path)
+    head, rows = table(section(md, "CP tables"))
+    assert head == ["mode", "backend", "T", "B", "valid", "fwd", "fwd+bwd", "bwd (est.)", "peak alloc",
+                    "peak reserved", "chain wait", "gain vs ulysses", "peak alloc vs ulysses"]  # fmt: skip
+    assert len(rows) == 8  # one row per case: mode x length x padding case
+    col = {h: i for i, h in enumerate(head)}
+    by = {(r[col["mode"]].split("]")[0].lstrip("["), r[col["T"]], r[col["valid"]]): r for r in rows}
+    for T, case in (("16K", "T16384_B1"), ("64K", "T65536_B1"), ("8K", "T8192_B2_valid7777")):
+        valid = "7777" if "valid" in case else "–"
+        u = worst_rank_median(H200, f"ulysses_triton_{case}", "fwd_bwd_ms")
+        p = worst_rank_median(H200, f"p2p_triton_{case}", "fwd_bwd_ms")
+        assert by[("p2p", T, valid)][col["gain vs ulysses"]] .startswith(f"{u / p - 1:+.1%}"), case
+        assert by[("ulysses", T, valid)][col["gain vs ulysses"]] == "–"
+        assert by[("p2p", T, valid)][col["fwd+bwd"]] == f"{p:.4g} ms"
+    # AllGather runs on eager, Ulysses on Triton: no same-backend baseline, no made-up gain
+    assert all(r[col["gain vs ulysses"]] == "–" for k, r in by.items() if k[0] == "all_gather")
+    assert by[("p2p", "16K", "–")][col["peak alloc"]].endswith("GiB")
+    # one link per row, to its case on the job page
+    assert all(re.fullmatch(rf"\[\w+\]\(http://svc/jobs/{job}#case-[0-9a-f]+\)", r[0]) for r in rows)
+
+    head, rows = table(section(md, "GDN accuracy matrix"))
+    assert head[5:8] == ["output", "input grad", "param grads"] and head[-1] == "finite"
+    assert len(rows) == 6  # the 64K cases measure speed only
+    # the input gradient of the bf16 layer is above the 1e-2 bound on every candidate: marked
+    assert all("✗" in r[head.index("input grad")] for r in rows)
+    assert all("✗" not in r[head.index("output")] for r in rows)
+
+
+def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> None:
+    _, md = report(engine, QUICK, tmp_path)
+    lines = md.splitlines()
+    assert len(lines) <= 100, len(lines)  # two screens of ~50 lines
+    assert "All 32 bounded checks of 16 case(s) hold" in md
+    assert "All 16 cases passed" in md
+    head, rows = table(section(md, "CP tables"))
+    assert head[:6] == ["mode", "P", "T", "B", "valid", "dtype"] and len(rows) == 16
+    col = {h: i for i, h in enumerate(head)}
+    for r in rows:
+        mode = r[0].split("]")[0].lstrip("[")
+        gain = r[col["gain vs ulysses"]]
+        # P2P and AllGather have a Ulysses row of the same shape and dtype; the one-process P2P
+        # emulation (P=4) has none on two ranks
+        assert (gain == "–") == (mode in ("ulysses", "p2p_emulated")), (mode, gain)
+    head, rows = table(section(md, "GDN accuracy matrix"))
+    assert len(rows) == 16 and all(r[-1] == "yes" for r in rows)
+    fp64 = [r for r in rows if r[col["dtype"]] == "float64"]
+    # fp64 CP equals the no-CP layer to rounding (bound 1e-9)
+    assert fp64 and all(float(r[head.index("fp64 worst")]) < 1e-9 for r in fp64)
+
+
+def _metric(name: str, kind: str, median: float, unit: str = "ms", bound: float | None = None) -> Any:
+    from service.persistence.summaries import MetricSummary
+
+    return MetricSummary(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
+                         None)  # fmt: skip
+
+
+def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
+    from service.persistence.summaries import CaseSummary
+
+    return CaseSummary(0, name, f"fp-{name}", params, "passed", None, None, {m.metric: m for m in metrics})
+
+
+def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() -> None:
+    """gdn-op names its backends in the metrics ('triton_fwd_bwd_ms'); a suite may instead make
+    the backend a case parameter. The report's tables read the same either way."""
+    from service.domain.report_tables import accuracy_pivot, timing_pivot
+
+    t = {"seq_len": 8192}
+    in_names = [_case("T8192", t, [
+        _metric("eager_fwd_bwd_ms", "time", 126.5), _metric("triton_fwd_bwd_ms", "time", 10.0),
+        _metric("triton_o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2),
+        _metric("eager_o_rel_l2", "accuracy", 1e-6, "ratio"),
+        _metric("speedup_vs_eager", "time", 12.65, "x"),
+    ])]  # fmt: skip
+    in_cases = [
+        _case("T8192_eager", {**t, "backend": "eager"}, [
+            _metric("fwd_bwd_ms", "time", 126.5), _metric("o_rel_l2", "accuracy", 1e-6, "ratio")]),
+        _case("T8192_triton", {**t, "backend": "triton"}, [
+            _metric("fwd_bwd_ms", "time", 10.0), _metric("o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2)]),
+    ]  # fmt: skip
+
+    def shape(p: Any) -> list[tuple[Any, ...]]:
+        return [(r.dims.get("backend"), *(r.cells[k].text for k, _ in p.columns if k in r.cells))
+                for r in p.rows]  # fmt: skip
+
+    for build in (timing_pivot, accuracy_pivot):
+        a, b = build(in_names), build(in_cases)
+        assert [label for _, label in a.columns] == [label for _, label in b.columns], build
+        assert sorted(shape(a), key=str) == sorted(shape(b), key=str), build
+    rows = {r.dims["backend"]: r for r in timing_pivot(in_names).rows}
+    assert rows["triton"].cells["gain"].text == "12.65×" and "gain" not in rows["eager"].cells

@@ -1,0 +1,56 @@
+"""`gdnval run`'s tables on a real cp-layer quick run (two CPU ranks, kept under
+benchmarks/results): one row per case with its key numbers, the failures-only view, and the
+full per-metric table behind a flag."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from service.cli.run import CollectingSink, _render
+from workers.registry import get_suite
+from workers.suite import Sample
+
+RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cp_layer_quick_cpu_w2.json"
+
+
+def rendered(view: str, failed: str | None = None) -> str:
+    doc = json.loads(RUN.read_text())
+    suite = get_suite("cp-layer")
+    cases = suite.cases(suite.resolve_params("quick"))
+    sink = CollectingSink()
+    sink.samples([Sample(s["case"], s["metric"], float("nan") if s["value"] is None else s["value"],
+                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]])  # fmt: skip
+    for c in doc["cases"]:
+        sink.case_result(c["name"], "failed" if c["name"] == failed else c["status"], c["error"])
+    console = Console(record=True, width=400, color_system=None)
+    _render(console, suite, cases, sink, "cpu", 2, view=view)
+    return console.export_text()
+
+
+def test_one_row_per_case_with_the_key_numbers_as_columns() -> None:
+    text = rendered("cases")
+    header = next(ln for ln in text.splitlines() if "case" in ln and "status" in ln)
+    for col in ("bounds held", "worst rel-L2", "fwd", "fwd+bwd", "gain"):
+        assert col in header, col
+    rows = [ln for ln in text.splitlines() if "passed" in ln]
+    assert len(rows) == 16  # one per case, where the per-metric table had a row per metric
+    p2p = next(ln for ln in rows if "p2p_eager_T128_B1_float32" in ln)
+    assert "(cp_worst)" in p2p or "(param_grad_worst)" in p2p  # the worst tensor named
+    assert "%" in p2p or "×" in p2p  # its gain over the Ulysses row of the same shape
+    assert "out of bound" not in header  # nothing broke a bound
+
+
+def test_failures_view_keeps_only_what_needs_attention() -> None:
+    assert "every case passed and every bounded number holds" in rendered("failures")
+    text = rendered("failures", failed="ulysses_eager_T128_B1_float64")
+    lines = [ln for ln in text.splitlines() if "_eager_T" in ln]
+    assert len(lines) == 1 and "failed" in lines[0]
+
+
+def test_the_full_per_metric_table_stays_behind_a_flag() -> None:
+    text = rendered("metrics")
+    rows = [ln for ln in text.splitlines() if "fwd_bwd_ms (ms)" in ln]
+    assert len(rows) == 16 and "padding_output_max_abs (abs)" in text

@@ -1,0 +1,136 @@
+"""The `cp-layer` suite: torch-free metadata, the case matrix, and one real 2-rank run of its cases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.dist_harness import run_distributed
+
+
+def test_metadata_imports_no_torch() -> None:
+    code = (
+        "import sys; from workers.registry import get_suite; s = get_suite('cp-layer'); "
+        "[s.cases(s.resolve_params(p)) for p in s.presets]; s.describe(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_case_matrix_of_the_presets() -> None:
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    full = {c.name: c.params for c in suite.cases(suite.resolve_params("full"))}
+    for mode, backend in (("ulysses", "triton"), ("p2p", "triton")):
+        for T in (8192, 16384, 32768, 65536, 131072):
+            assert f"{mode}_{backend}_T{T}_B1" in full
+        pad = full[f"{mode}_{backend}_T8192_B2_valid7777"]
+        assert (pad["batch"], pad["seq_len"], pad["valid_len"], pad["v_heads"]) == (2, 8192, 7777, 32)
+    # AllGather runs eager only, and eager stops at eager_max_seq_len.
+    assert {n for n in full if n.startswith("all_gather")} == {
+        "all_gather_eager_T8192_B1", "all_gather_eager_T16384_B1", "all_gather_eager_T32768_B1",
+        "all_gather_eager_T8192_B2_valid7777",
+    }  # fmt: skip
+    gate = [c.name for c in suite.cases(suite.resolve_params("gate"))]
+    assert gate == [
+        "p2p_emulated4_triton_T8192_B1", "p2p_emulated8_triton_T8192_B1",
+        "p2p_emulated4_triton_T8192_B2_valid7777", "p2p_emulated8_triton_T8192_B2_valid7777",
+    ]  # fmt: skip
+    quick = suite.cases(suite.resolve_params("quick"))
+    assert len(quick) == 16 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    with pytest.raises(ValueError, match="bad candidate 'ring\\+eager'"):
+        suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
+
+
+def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None:
+    import torch
+
+    from gdn.cp import CPError
+    from workers.context import RankContext
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    cases = {c.name: c for c in suite.cases(suite.resolve_params("quick"))}
+    ctx = RankContext(0, 1, torch.device("cpu"), "cpu", seed=3)
+    samples = list(suite.run(ctx, cases["p2p_emulated4_eager_T160_B2_valid151_float64"]))
+    by = {s.metric: s.value for s in samples}
+    assert all(suite.metric(s.metric).passes(s.value) for s in samples)
+    assert by["fp64_worst_rel_l2"] <= 1e-9 and by["hops_state_fwd"] == 3 and by["padding_output_max_abs"] == 0
+    each = [s.value for s in samples if s.metric == "param_grad_rel_l2_by_param"]
+    assert len(each) == 9 and by["param_grad_worst_rel_l2"] == max(each)
+    # the reference is the candidate's own no-CP layer here, so CP's share is the worst of everything
+    assert by["cp_worst_rel_l2"] == max(by["output_rel_l2"], by["input_grad_rel_l2"], *each)
+    with pytest.raises(CPError, match="'p2p' needs a job with world size >= 2"):
+        list(suite.run(ctx, cases["p2p_eager_T128_B1_float64"]))
+
+
+@pytest.mark.slow  # runs cp-layer cases
+def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
+    """With a reference of another dtype (or backend), the candidate is also paired with its own
+    no-CP layer, so the two layers' rounding drops out of `cp_worst_rel_l2`."""
+    from dataclasses import replace
+
+    import torch
+
+    from gdn.layer import GDNLayerConfig
+    from workers.harness.cp_compare import LayerCase, compare_emulated, reference_layer_step
+    from workers.measure import worst_rel_l2
+
+    cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
+    cpu = torch.device("cpu")
+    case = LayerCase(cfg, "p2p_emulated", dtype=torch.float32, ref_dtype=torch.float64, batch=2,
+                     seq_len=128, valid_len=101, seed=5)  # fmt: skip
+    cmp = compare_emulated(case, 4, cpu)
+    assert cmp.plain is not None and cmp.output[1].dtype == torch.float64
+    _, y32, dx32, _ = reference_layer_step(replace(case, ref_dtype=None), cpu)
+    assert torch.equal(cmp.plain.output[1], y32) and torch.equal(cmp.plain.input_grad[1], dx32)
+    assert cmp.plain.output[0] is cmp.output[0] and set(cmp.plain.param_grads) == set(cmp.param_grads)
+    # fp32 against fp32: the shards' summation order alone (A_log's cancelling sum is the worst)
+    assert max(worst_rel_l2(cmp.plain).values()) < 1e-4
+    assert compare_emulated(replace(case, ref_dtype=None), 4, cpu).plain is None
+
+
+PLUGIN = "gdn.reference:recurrent_gated_delta_rule"  # a backend by name: the per-token recurrence
+
+
+def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:
+    import torch
+    import torch.distributed as dist
+
+    from workers.context import RankContext
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    ctx = RankContext(rank, world, torch.device("cpu"), "cpu", group=dist.group.WORLD, seed=7)
+    out = []
+    plugin = [f"{mode}+{PLUGIN}" for mode in ("p2p", "ulysses")]
+    params = suite.resolve_params("quick")
+    params = suite.resolve_params("quick", {"candidates": [*params.candidates, *plugin]})
+    for case in suite.cases(params):
+        if case.name in names:
+            for s in suite.run(ctx, case):
+                out.append((case.name, s.metric, s.value, suite.metric(s.metric).passes(s.value)))
+    return out
+
+
+@pytest.mark.slow
+def test_quick_cases_pass_on_two_ranks() -> None:
+    names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64",
+             f"p2p_{PLUGIN}_T128_B1_float64", f"ulysses_{PLUGIN}_T128_B1_float64"]  # fmt: skip
+    per_rank = run_distributed(_rank_suite, 2, (names,), timeout_s=180)
+    for rank, samples in enumerate(per_rank):
+        failed = [s for s in samples if not s[3]]
+        assert not failed, f"rank {rank}: {failed}"
+        by = {(c, m): v for c, m, v, _ in samples}
+        assert by[(names[0], "fp64_worst_rel_l2")] <= 1e-9
+        assert by[(names[0], "hop_counts_ok")] == 1.0
+        assert by[(names[0], "hops_state_fwd")] == 1 and by[(names[0], "hops_halo")] == 2
+        assert by[(names[1], "hops_state_fwd")] == 0
+        for plugin_case in names[2:]:  # P2P and Ulysses over a backend named by module:function
+            assert by[(plugin_case, "fp64_worst_rel_l2")] <= 1e-9
+            assert by[(plugin_case, "cp_worst_rel_l2")] <= 1e-9
+        assert by[(names[0], "padding_output_max_abs")] == 0.0
+        assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 5  # quick repeat
