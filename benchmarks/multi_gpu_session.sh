@@ -123,7 +123,7 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
         REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
         PASSES=20 CPU_REPEAT=()
     else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks; the
-        # timings and passes only show that each step runs (tests/test_parallel.py checks 20 passes)
+        # timings and passes only show that each step runs (test_parallel.py checks the 20 passes)
         DEV=cpu PRESET=quick WS=2 MODEL8=tiny-8l WARM8=1 REP8=2 LENS=128 G=128 SG=64 TSTEPS=5 TG=128
         P2P='"p2p+eager"' PASSES=5 CPU_REPEAT=(--param repeat=2)
         REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
