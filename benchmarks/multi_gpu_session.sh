@@ -66,7 +66,8 @@
 # DRY_CPU=1 runs every step on this machine without a GPU: first each step's GPU command line, as
 # it would run at world sizes 2, 4 and 8, through `run --dry-run` (parameters, presets and case
 # matrices are checked; nothing runs), then the same command with CPU values (device cpu, 2 gloo
-# ranks, the quick preset, tiny lengths, the tiny model, 5 trajectory steps) for real.
+# ranks, the quick preset, tiny lengths, the tiny model, 5 trajectory steps, 2 timed repetitions,
+# 5 stability passes) for real.
 # tests/benchmarks/test_multi_gpu_session.py runs it.
 #
 # NVLink multicast stays off: the variables below are exported here and the rank runtime sets them
@@ -120,9 +121,11 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
         TSTEPS=${TRAJ_STEPS:-$TSTEPS}  # of the whole sequence does in one call (header); traj:STEPS sets it
         TG=${TRAJ_SEQ:-$G}
         REF=$REFS/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
-    else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks
+        PASSES=20 CPU_REPEAT=()
+    else  # the quick presets' sizes: tiny layer and model, eager, fp32/fp64, 2 gloo ranks; the
+        # timings and passes only show that each step runs (test_parallel.py checks the 20 passes)
         DEV=cpu PRESET=quick WS=2 MODEL8=tiny-8l WARM8=1 REP8=2 LENS=128 G=128 SG=64 TSTEPS=5 TG=128
-        P2P='"p2p+eager"'
+        P2P='"p2p+eager"' PASSES=5 CPU_REPEAT=(--param repeat=2)
         REF=$DRYTMP/traj_T${TG}_S${TSTEPS}_${REF_BACKEND}${DET_TAG}.json
     fi
 }
@@ -130,12 +133,12 @@ sizes() {  # world size, gpu|cpu: the values the step commands take
 suite_cmd() {  # step name -> CMD (the `run` command line at the current sizes)
     local args
     case $1 in
-        cplayer) args=(cp-layer --preset "$PRESET" --param "seq_lens=[$LENS]") ;;
+        cplayer) args=(cp-layer --preset "$PRESET" --param "seq_lens=[$LENS]" "${CPU_REPEAT[@]}") ;;
         p2plate) args=(cp-layer --preset "$PRESET" --param "seq_lens=[$LENS]" --param "candidates=[$P2P]"
-                       --param p2p_early_state=false) ;;
-        stability) args=(stability --preset "$PRESET" --param passes=20 --param "seq_len=$SG") ;;
+                       --param p2p_early_state=false "${CPU_REPEAT[@]}") ;;
+        stability) args=(stability --preset "$PRESET" --param "passes=$PASSES" --param "seq_len=$SG") ;;
         network) args=(network --preset "$PRESET" --param trajectory=false --param determinism=false
-                       --param 'modes=["p2p","ulysses"]' --param "seq_len=$G") ;;
+                       --param 'modes=["p2p","ulysses"]' --param "seq_len=$G" "${CPU_REPEAT[@]}") ;;
         network8l) args=(network --preset "$PRESET" --param "model=$MODEL8" --param trajectory=false
                          --param determinism=false --param 'modes=["p2p","ulysses"]' --param "seq_len=$G"
                          --param "warmup=$WARM8" --param "repeat=$REP8") ;;

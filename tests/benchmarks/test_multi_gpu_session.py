@@ -1,6 +1,8 @@
 """benchmarks/multi_gpu_session.sh under DRY_CPU=1: every GPU command line it would run at world
 sizes 2, 4 and 8 resolves (`run --dry-run`), and every step runs for real on 2 gloo ranks with the
-quick presets, leaving at most 8 files (what the device returns) with the results."""
+quick presets at the script's CPU sizes (2 timed repetitions, 5 stability passes: the step runs,
+the suites' own properties are test_parallel.py's), leaving at most 8 files (what the device
+returns) with the results."""
 
 from __future__ import annotations
 

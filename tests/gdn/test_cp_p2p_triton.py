@@ -5,7 +5,8 @@ With `CPConfig.early_state` rank 0 sends its end state from inside the core (aft
 pass) and ranks >= 1 run their reverse-chain step from inside the core's backward (after the
 reverse state pass). The arithmetic is the same as handing the states on after the whole pass,
 so both must agree bit for bit, send the same messages, and match the core run without CP. Three
-ranks give a middle rank (summary, receive-then-send in both directions). The network test runs
+ranks give a middle rank (summary, receive-then-send in both directions) besides the first and the
+last. The network test runs
 the same hand-off inside the model with FSDP and activation checkpointing.
 """
 
@@ -28,15 +29,20 @@ LOCAL_T = 80  # not a multiple of the chunk (64): every shard ends inside a chun
 NAMES = ("q", "k", "v", "g", "beta")
 
 
-def _rank(rank: int, world: int) -> dict[str, Any]:
-    from gdn import gated_delta_rule
-    from gdn.cp import CPConfig
-    from gdn.cp.p2p import p2p_gated_delta_rule
+def _inputs(world: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The whole sequence's inputs and output gradient, the same in every process."""
     from tests.support.gdn_inputs import make_inputs
 
     x = make_inputs(1, LOCAL_T * world, 1, 2, 128, dtype=torch.float32, stateful=False, seed=21)
-    full = dict(zip(NAMES, x.tensors()[:5], strict=True))
     d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(5))
+    return dict(zip(NAMES, x.tensors()[:5], strict=True)), d_o
+
+
+def _rank(rank: int, world: int) -> dict[str, Any]:
+    from gdn.cp import CPConfig
+    from gdn.cp.p2p import p2p_gated_delta_rule
+
+    full, d_o = _inputs(world)
     part = slice(rank * LOCAL_T, (rank + 1) * LOCAL_T)
     out: dict[str, Any] = {}
     for early in (True, False):
@@ -48,20 +54,38 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
             "o": o.detach(), **{f"d{n}": t.grad for n, t in local.items()},
             "sent": dict(cp.stats.sent), "received": dict(cp.stats.received),
         }  # fmt: skip
-    ref = {n: t.clone().requires_grad_() for n, t in full.items()}
-    o, _ = gated_delta_rule(*ref.values(), backend="triton")
-    o.backward(d_o)
-    out["no_cp"] = {"o": o.detach()[:, part], **{f"d{n}": t.grad[:, part] for n, t in ref.items()}}
     return out
 
 
-@pytest.mark.slow  # 2 and 3 gloo processes under the interpreter
-@pytest.mark.parametrize("world", [2, 3])
-def test_early_state_hand_off_equals_late_and_no_cp(world: int) -> None:
+def _no_cp(world: int) -> dict[str, torch.Tensor]:
+    """The core without CP over the whole sequence: output and input gradients."""
+    from gdn import gated_delta_rule
+
+    full, d_o = _inputs(world)
+    ref = {n: t.clone().requires_grad_() for n, t in full.items()}
+    o, _ = gated_delta_rule(*ref.values(), backend="triton")
+    o.backward(d_o)
+    return {"o": o.detach(), **{f"d{n}": t.grad for n, t in ref.items()}}
+
+
+@pytest.mark.slow  # 3 gloo processes under the interpreter
+def test_early_state_hand_off_equals_late_and_no_cp(one_torch_thread: None) -> None:
+    """Three ranks: the first (sends forward only), a middle one and the last (receives forward
+    only) are every role a rank has in the chain; two ranks would repeat the first and the last.
+    The no-CP run is the same for every rank: it runs once, here, while the ranks run."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tests.support.gdn_inputs import rel_l2
 
-    for rank, res in enumerate(run_distributed(_rank, world, timeout_s=600)):
-        early, late, ref = res["early=True"], res["early=False"], res["no_cp"]
+    world = 3
+    with ThreadPoolExecutor(1) as pool:
+        no_cp_run = pool.submit(_no_cp, world)
+        results = run_distributed(_rank, world, timeout_s=600)
+        no_cp = no_cp_run.result()
+    for rank, res in enumerate(results):
+        part = slice(rank * LOCAL_T, (rank + 1) * LOCAL_T)
+        early, late = res["early=True"], res["early=False"]
+        ref = {name: t[:, part] for name, t in no_cp.items()}
         assert early["sent"] == late["sent"] and early["received"] == late["received"]
         assert early["sent"].get("state_fwd", 0) == (1 if rank + 1 < world else 0)
         assert early["sent"].get("state_bwd", 0) == (1 if rank > 0 else 0)
@@ -76,7 +100,9 @@ def test_network_p2p_triton_with_checkpointing(tmp_path) -> None:  # type: ignor
     """The whole model (head dim 128 for the kernels), P2P + Triton on 2 gloo ranks with FSDP: the
     checkpoint-off trajectory against the eager reference, and the determinism pair (checkpoint
     off vs full, whose recompute re-runs the forward's hand-offs) bit-identical. Together they
-    prove the checkpoint-full trajectory matches the reference, so it is not run a third time."""
+    prove the checkpoint-full trajectory matches the reference, so it is not run a third time.
+    One chunk (64 tokens) per rank: the hand-offs, FSDP and the recompute do not depend on the
+    shard length, and the chunk-to-chunk pass inside a shard is the core test's above (80)."""
     import json
     import subprocess
     import sys
@@ -85,7 +111,7 @@ def test_network_p2p_triton_with_checkpointing(tmp_path) -> None:  # type: ignor
     out = tmp_path / "net.json"
     cmd = [sys.executable, "-m", "service.cli", "run", "network", "--preset", "quick", "--device", "cpu",
            "--world-size", "2", "--param", "model=small-128", "--param", "backend=triton",
-           "--param", 'modes=["p2p"]', "--param", 'checkpoints=["off"]', "--param", "seq_len=256",
+           "--param", 'modes=["p2p"]', "--param", 'checkpoints=["off"]', "--param", "seq_len=128",
            "--param", 'determinism_modes=["p2p"]', "--param", "steps=2", "--param", "determinism_steps=2",
            "--param", "speed=false",
            "--param", "valid_lengths=null", "--param", "batch_size=1", "--json", str(out)]  # fmt: skip
