@@ -5,9 +5,10 @@ imported before a call needs it.
 
 `fla` is FLA's own kernels and nothing else: FLA 0.6 silently dispatches its
 `chunk_gated_delta_rule` to FlashQLA when `flash_qla` is importable, unless its switch
-`FLA_FLASH_QLA=0` is set. This backend sets that switch (when unset) before FLA is first imported
-in the process, and refuses to run when it is set to anything else, so a result labelled `fla`
-never comes from FlashQLA.
+`FLA_FLASH_QLA=0` is set. FLA reads the switch at every call (`fla.backends`' `is_enabled`, not
+cached by its dispatch), so one process can run both `fla` and `flashqla`. This backend sets the
+switch (when unset) before its first call, and refuses to run when it is set to anything else, so
+a result labelled `fla` never comes from FlashQLA.
 """
 
 from __future__ import annotations
