@@ -376,17 +376,8 @@ class Series:
         s, e = self.starts[g], self.starts[g + 1]
         return self.idx[s:e], self.values[s:e]
 
-    def summary(self, g: int, direction: str) -> Summary:
-        fin = self.finite[g]
-        worst = (self.vmax[g] if direction == "lower" else self.vmin[g]) if fin else math.nan
-        bad = self.first_bad[g]
-        return Summary(
-            self.n[g], self.ranks[g], self.median[g], self.p90[g], self.vmin[g], self.vmax[g], worst, fin,
-            None if bad < 0 else bad,
-        )
-
     def summaries(self, lower: list[bool]) -> list[Summary]:
-        """`summary(g, ...)` of every group at once; `lower[g]`: group g is lower-is-better."""
+        """Every group's Summary; `lower[g]`: group g is lower-is-better (its worst value is the max)."""
         nan = math.nan
         cols = zip(self.n, self.ranks, self.median, self.p90, self.vmin, self.vmax, self.finite,
                    self.first_bad, lower, strict=True)  # fmt: skip
@@ -504,14 +495,13 @@ def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarra
     idx = np.arange(len(values)) if idx is None else np.asarray(idx, dtype=np.int64)
     series = Series([("", "")], np.array([0, len(values)]), idx, values, [ranks])
     _group_stats(series, np.array([len(values)]))
-    return series.summary(0, direction)
+    return series.summaries([direction != "higher"])[0]
 
 
 # --------------------------------------------------------------------------------------------
 # Time statistics, batched by sample counts
 
 
-@cache
 @cache
 def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> np.ndarray:
     """The (base lo, base hi, head lo, head hi) median positions of each of `bootstrap` paired
@@ -617,8 +607,8 @@ def collector_paused() -> Iterator[None]:
     """Build many small objects without the cyclic garbage collector's passes.
 
     A comparison of two 100k-sample jobs creates ~40k results and summaries (no reference
-    cycles); each allocation burst triggers collections that walk the whole heap of a server
-    process, and measured they cost more than a third of the compare (`benchmarks/compare_bench.py`).
+    cycles); their allocations trigger collections, and in a server process the older
+    generations' passes walk every object the server holds.
     Nested or concurrent uses are safe: only the outermost one that found the collector on turns it
     back on.
     """
@@ -821,18 +811,6 @@ def _metric_result(
     kind = metric.kind
     h = hsums[hg] if hg is not None else None
     b = bsums[bg] if bg is not None else None
-    if kind == "accuracy" and b is not None and h is not None and b.finite and h.finite:
-        # the common case (most metrics of a job), in one constructor call: both sides finite,
-        # judged by the bound (if any) and then by the accuracy rule
-        bound_ok = None
-        if metric.bound is not None:
-            bound_ok = verdict.bound_holds(h.median if rule.judged_on_median else h.worst, metric.bound,
-                                           metric.direction)  # fmt: skip
-        if bound_ok is not False:
-            delta, rel, ratio = _deltas(b, h, False)
-            v, why = _accuracy_verdict(b.worst, h.worst, rule)
-            return MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, v, why, b, h,
-                                ratio, None, None, None, delta, rel, None, None, bound_ok)  # fmt: skip
     mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
     if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
