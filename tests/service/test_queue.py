@@ -252,7 +252,7 @@ def test_orphans_are_requeued_once_then_failed_with_the_reason(engine) -> None:
 
 
 DISPATCHER = textwrap.dedent("""
-    import sys, time
+    import os, pathlib, sys, time
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
     from service.persistence import db
@@ -264,6 +264,12 @@ DISPATCHER = textwrap.dedent("""
                         artifacts_dir=sys.argv[2])
     engine = db.make_engine(settings.db_url)
     d = Dispatcher(settings, engine, FakeExecutor())
+    # start together: a process's imports take seconds, the queued jobs a fraction of that, so
+    # without this the first one up could run every job before the other polls once
+    (pathlib.Path(sys.argv[2]) / f"ready-{os.getpid()}").touch()
+    start_by = time.monotonic() + 30
+    while len(list(pathlib.Path(sys.argv[2]).glob("ready-*"))) < 2 and time.monotonic() < start_by:
+        time.sleep(0.01)
     d.start()
     deadline = time.monotonic() + float(sys.argv[3])
     while time.monotonic() < deadline:  # until no job is left to run (both processes see the same)
