@@ -10,11 +10,14 @@
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
 #                             (comma-separated TUNING keys; "-" for none), HEADS = Hqk,Hv
-#          gdnop:LIMIT[:ONLY,...]   the gdn-op suite's full preset (benchmarks/run_gdn_op.py) with
+#          gdnop:LIMIT[:ONLY,...]   the gdn-op suite's full preset (benchmarks/run_suite.py) with
 #                             BACKENDS (default triton, fla, flashqla) in one process, FLA the baseline,
 #                             only the cases whose name contains one of ONLY; cut at LIMIT seconds
 #                             (each case is written as it ends). Cold: ~2-3 min of FLA autotuning and
 #                             FlashQLA compiles per head layout
+#          suite:NAME:PRESET:LIMIT   any suite on one GPU (benchmarks/run_suite.py), parameter overrides
+#                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
+#                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
 # Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), SET (JSON of
 # TUNING overrides for ours' default settings in the ours/sweep/prof/stages steps).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
@@ -89,10 +92,21 @@ for step in "$@"; do
             only=()
             IFS=, read -ra pats <<<"$b"
             for pat in "${pats[@]}"; do only+=(--only "$pat"); done
-            PYTHONPATH="$ROOT:/tmp/site_py:/tmp/site_fla:/tmp/site_qla" timeout "$a" python3 benchmarks/run_gdn_op.py \
+            PYTHONPATH="$ROOT:/tmp/site_py:/tmp/site_fla:/tmp/site_qla" timeout "$a" python3 benchmarks/run_suite.py \
                 --preset full --device cuda --out "$OUT/gdnop_$n.json" \
                 --set "backends=${BACKENDS:-[\"triton\",\"fla\",\"flashqla\"]}" "${only[@]}" 2>&1 \
                 | grep -v TileLang | tee "$OUT/gdnop_$n.log"
+            echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
+        suite)
+            IFS=: read -r _ name preset limit <<<"$step"
+            setup_py; setup_fla; setup_qla
+            t0=$SECONDS n=$((${n:-0} + 1))
+            sets=()
+            IFS=';' read -ra kvs <<<"${PARAMS:-}"
+            for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
+            PYTHONPATH="$ROOT:/tmp/site_py:/tmp/site_fla:/tmp/site_qla" timeout "$limit" python3 benchmarks/run_suite.py \
+                --suite "$name" --preset "$preset" --device cuda --out "$OUT/${name}_$n.json" "${sets[@]}" 2>&1 \
+                | grep -v TileLang | tee "$OUT/${name}_$n.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
     esac

@@ -1,11 +1,15 @@
-"""Drive the `gdn-op` suite on one device without the service: print a table, write JSON.
+"""Drive one suite on one device without the service (device machines lack its packages): print
+a table, write JSON.
 
-    python benchmarks/run_gdn_op.py --preset full --device cuda --out gdn_op.json \
+    python benchmarks/run_suite.py [--suite gdn-op] --preset full --device cuda --out gdn_op.json \
         [--set eager_repeat=5] [--only T16384_stateful]
+    python benchmarks/run_suite.py --suite cp-layer --preset gate --device cuda \
+        --set 'candidates=["p2p_emulated+flashqla"]'
 
 Builds a one-rank `RankContext`, runs every case of the preset (or those whose name contains an
 `--only` string) and writes all raw samples plus per-case medians. A case that raises is recorded
-with its error and the run goes on.
+with its error and the run goes on; a case the suite calls not applicable is recorded with its
+reason.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workers.context import RankContext
-from workers.suites.gdn_op import SUITE
+from workers.registry import get_suite
 
 COLUMNS = [
     ("fwd_ms", "fwd"), ("fwd_bwd_ms", "f+b"), ("ratio_to_baseline", "/base"), ("tflops", "TF/s"),
@@ -44,6 +48,7 @@ def _parse_set(items: list[str]) -> dict[str, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="gdn-op")
     ap.add_argument("--preset", default="full")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="gdn_op.json")
@@ -62,22 +67,29 @@ def main() -> int:
 
     from gdn import device as devices
 
-    params = SUITE.resolve_params(args.preset, _parse_set(args.set))
-    cases = [c for c in SUITE.cases(params) if not args.only or any(s in c.name for s in args.only)]
+    suite = get_suite(args.suite)
+    params = suite.resolve_params(args.preset, _parse_set(args.set))
+    cases = [c for c in suite.cases(params) if not args.only or any(s in c.name for s in args.only)]
     dev = devices.get_device(args.device)
     ctx = RankContext(rank=0, world_size=1, device=dev, device_kind=args.device)
     info = devices.device_info(dev)
     from workers.provenance import backend_provenance
 
-    info["backends"] = [backend_provenance(b) for b in SUITE.backends(params)]
-    result: dict[str, object] = {"preset": args.preset, "params": params.model_dump(), "info": info,
-                                 "command": " ".join(sys.argv), "tuning": tuning, "cases": {}}  # fmt: skip
+    info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
+    result: dict[str, object] = {"suite": args.suite, "preset": args.preset, "params": params.model_dump(),
+                                 "info": info, "command": " ".join(sys.argv), "tuning": tuning,
+                                 "cases": {}}  # fmt: skip
     rows = []
     for case in cases:
         t0 = time.time()
         samples, error = [], None
+        reason = suite.not_applicable(case, 1)
+        if reason is not None:
+            result["cases"][case.name] = {"params": dict(case.params), "not_applicable": reason}  # type: ignore[index]
+            print(f"[  n/a ] {case.name}: {reason}", flush=True)
+            continue
         try:
-            samples = list(SUITE.run(ctx, case))
+            samples = list(suite.run(ctx, case))
         except Exception as exc:  # record and go on
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
