@@ -177,6 +177,11 @@ class CPLayerSuite(Suite):
 
         return ulysses_misfit(case.params["qk_heads"], case.params["v_heads"], world_size)
 
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        assert isinstance(params, CPLayerParams)
+        cores = (cand.partition("+")[2] for cand in params.candidates)
+        return tuple(dict.fromkeys((*cores, params.ref_backend)))
+
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, CPLayerParams)
         return params.repeat if params.timing else 0
