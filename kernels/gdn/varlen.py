@@ -64,9 +64,9 @@ class PackedLayout:
     """Where the packed sequences sit once each starts on a chunk edge.
 
     `starts[i]` is sequence i's first row in the padded layout (a multiple of BT), `total` the
-    padded length T' (the last sequence is not padded: its short last chunk is masked as in the
-    dense path), `seq_chunks` the N+1 int32 chunk offsets the state passes walk, and `rows` the
-    padded row of every input row (None when no row moves and nothing is copied)."""
+    padded length T' (the last non-empty sequence is not padded: its short last chunk is masked as
+    in the dense path), `seq_chunks` the N+1 int32 chunk offsets the state passes walk, and `rows`
+    the padded row of every input row (None when no row moves and nothing is copied)."""
 
     starts: tuple[int, ...]
     total: int
@@ -76,18 +76,20 @@ class PackedLayout:
     @classmethod
     def of(cls, cu: list[int], device: torch.device) -> PackedLayout:
         lens = [b - a for a, b in pairwise(cu)]
-        starts = [0]
-        for n in lens[:-1]:
-            starts.append(starts[-1] + -(-n // BT) * BT)
-        chunks = [s // BT for s in starts] + [starts[-1] // BT + -(-lens[-1] // BT)]
-        seq_chunks = torch.tensor(chunks, dtype=torch.int32, device=device)
-        shifts = [s - a for s, a in zip(starts, cu[:-1], strict=True)]
+        starts, end = [], 0
+        for n in lens:
+            starts.append(end)
+            end += -(-n // BT) * BT
+        filled = [i for i, n in enumerate(lens) if n]
+        total = starts[filled[-1]] + lens[filled[-1]] if filled else 0
+        seq_chunks = torch.tensor([s // BT for s in starts] + [end // BT], dtype=torch.int32, device=device)
+        shifts = [s - a if n else 0 for s, a, n in zip(starts, cu[:-1], lens, strict=True)]
         rows = None
         if any(shifts):
             rows = torch.arange(cu[-1], device=device) + torch.repeat_interleave(
                 torch.tensor(shifts, device=device), torch.tensor(lens, device=device), output_size=cu[-1]
             )
-        return cls(tuple(starts), starts[-1] + lens[-1], seq_chunks, rows)
+        return cls(tuple(starts), total, seq_chunks, rows)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[1, T, ...] packed -> [1, T', ...] chunk-aligned, zeros between sequences."""

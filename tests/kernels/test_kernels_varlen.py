@@ -160,11 +160,11 @@ def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> Non
 def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
     """fp16 (WY products in fp16 through "low") with the fused forward, the fused dqk + WY and
     recomputation in the backward (the packed state walks of both forward kernels): within fp16's
-    rounding of the oracle (a chunk-misaligned sequence, then a lone token). The default path's
-    packed walks are the fp32 test's."""
+    rounding of the oracle (a chunk-misaligned sequence, then a lone token, between an empty first
+    and an empty last one). The default path's packed walks are the fp32 test's."""
     from kernels.gdn import TUNING
 
-    p = _problem([65, 1], seed=5)
+    p = _problem([0, 65, 1, 0], seed=5)
     o_ref, ht_ref, g_ref = _oracle(p)
     saved = dict(TUNING)
     try:
@@ -174,6 +174,8 @@ def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
         errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
         bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
         assert not bad, f"over 3e-3: {bad} (all: {errs})"
+        for empty in (0, 3):  # their states pass through unchanged
+            assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
     finally:
         TUNING.clear()
         TUNING.update(saved)
@@ -194,6 +196,8 @@ def test_chunk_aligned_layout() -> None:
     aligned = PackedLayout.of([0, 64, 192, 200], torch.device("cpu"))
     y = torch.ones(1, 200, 1)
     assert aligned.rows is None and aligned.pad(y) is y and aligned.seq_chunks.tolist() == [0, 1, 3, 4]
+    ends = PackedLayout.of([0, 0, 65, 65], torch.device("cpu"))  # empty first and last: nothing moves
+    assert ends.rows is None and ends.total == 65 and ends.seq_chunks.tolist() == [0, 0, 2, 2]
 
 
 def test_bad_offsets_are_refused() -> None:
