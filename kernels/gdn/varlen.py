@@ -36,27 +36,22 @@ def _boundaries(cu_seqlens: torch.Tensor, total: int) -> list[int]:
 
 class _MoveRows(torch.autograd.Function):
     """Rows of dim 1 moved between the packed and the padded layout: `pad` scatters the T input
-    rows to `rows` of a zero [1, total, ...] tensor, else rows are gathered back. Each direction's
-    backward is the other one (indices are unique, so no accumulation and no atomics)."""
+    rows into the padded length (the gap rows zero), else the rows are gathered back. Each
+    direction's backward is the other one (indices are unique: no accumulation, no atomics)."""
 
     @staticmethod
     def forward(
-        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, rows: torch.Tensor, total: int, pad: bool
+        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, layout: PackedLayout, pad: bool
     ) -> torch.Tensor:
-        ctx.rows, ctx.other, ctx.pad = rows, x.shape[1], pad
-        return _scatter(x, rows, total) if pad else x.index_select(1, rows)
+        ctx.layout, ctx.pad = layout, pad
+        return layout.scatter(x) if pad else x.index_select(1, layout.rows)
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor | None, None, None, None]:
-        grad = grad.contiguous()
-        moved = grad.index_select(1, ctx.rows) if ctx.pad else _scatter(grad, ctx.rows, ctx.other)
-        return moved, None, None, None
-
-
-def _scatter(x: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
-    return x.new_zeros((x.shape[0], total, *x.shape[2:])).index_copy_(1, rows, x.contiguous())
+    ) -> tuple[torch.Tensor, None, None]:
+        lay, grad = ctx.layout, grad.contiguous()
+        return (grad.index_select(1, lay.rows) if ctx.pad else lay.scatter(grad)), None, None
 
 
 @dataclass(frozen=True)
@@ -65,13 +60,15 @@ class PackedLayout:
 
     `starts[i]` is sequence i's first row in the padded layout (a multiple of BT), `total` the
     padded length T' (the last non-empty sequence is not padded: its short last chunk is masked as
-    in the dense path), `seq_chunks` the N+1 int32 chunk offsets the state passes walk, and `rows`
-    the padded row of every input row (None when no row moves and nothing is copied)."""
+    in the dense path), `seq_chunks` the N+1 int32 chunk offsets the state passes walk, `rows` the
+    padded row of every input row and `gaps` the padded rows between sequences (both None when no
+    row moves and nothing is copied)."""
 
     starts: tuple[int, ...]
     total: int
     seq_chunks: torch.Tensor
     rows: torch.Tensor | None
+    gaps: torch.Tensor | None
 
     @classmethod
     def of(cls, cu: list[int], device: torch.device) -> PackedLayout:
@@ -84,20 +81,28 @@ class PackedLayout:
         total = starts[filled[-1]] + lens[filled[-1]] if filled else 0
         seq_chunks = torch.tensor([s // BT for s in starts] + [end // BT], dtype=torch.int32, device=device)
         shifts = [s - a if n else 0 for s, a, n in zip(starts, cu[:-1], lens, strict=True)]
-        rows = None
-        if any(shifts):
-            rows = torch.arange(cu[-1], device=device) + torch.repeat_interleave(
-                torch.tensor(shifts, device=device), torch.tensor(lens, device=device), output_size=cu[-1]
-            )
-        return cls(tuple(starts), total, seq_chunks, rows)
+        if not any(shifts):
+            return cls(tuple(starts), total, seq_chunks, None, None)
+        rows = torch.arange(cu[-1], device=device) + torch.repeat_interleave(
+            torch.tensor(shifts, device=device), torch.tensor(lens, device=device), output_size=cu[-1]
+        )
+        gaps = [r for i in filled[:-1] for r in range(starts[i] + lens[i], starts[i + 1])]
+        gap_rows = torch.tensor(gaps, dtype=torch.int64, device=device)
+        return cls(tuple(starts), total, seq_chunks, rows, gap_rows)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, T, ...] -> [1, T', ...]: every row to its padded place, the gaps zero (one pass over
+        x, not a zero-filled copy first)."""
+        out = x.new_empty((x.shape[0], self.total, *x.shape[2:])).index_copy_(1, self.rows, x.contiguous())
+        return out.index_fill_(1, self.gaps, 0) if self.gaps.numel() else out
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[1, T, ...] packed -> [1, T', ...] chunk-aligned, zeros between sequences."""
-        return x if self.rows is None else _MoveRows.apply(x, self.rows, self.total, True)
+        return x if self.rows is None else _MoveRows.apply(x, self, True)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """[1, T', ...] chunk-aligned -> [1, T, ...] packed."""
-        return x if self.rows is None else _MoveRows.apply(x, self.rows, self.total, False)
+        return x if self.rows is None else _MoveRows.apply(x, self, False)
 
 
 def gated_delta_rule_triton_varlen(

@@ -190,9 +190,12 @@ def test_chunk_aligned_layout() -> None:
     assert lay.starts == (0, 64, 128, 128, 192) and lay.total == 257
     assert lay.seq_chunks.tolist() == [0, 1, 2, 2, 3, 5]
     assert lay.rows.tolist() == [0, *range(64, 127), *range(128, 192), *range(192, 257)]
-    x = torch.arange(193.0).view(1, 193, 1)
+    assert lay.gaps.tolist() == [*range(1, 64), 127]
+    x = (torch.arange(193.0) + 1).view(1, 193, 1).requires_grad_()
     padded = lay.pad(x)
-    assert torch.equal(lay.unpad(padded), x) and padded.abs().sum() == x.sum()
+    assert torch.equal(lay.unpad(padded), x) and (padded[0, lay.gaps] == 0).all()
+    padded.backward(torch.arange(257.0).view(1, 257, 1))
+    assert torch.equal(x.grad, lay.rows.float().view(1, 193, 1))  # each row's gradient, no other
     aligned = PackedLayout.of([0, 64, 192, 200], torch.device("cpu"))
     y = torch.ones(1, 200, 1)
     assert aligned.rows is None and aligned.pad(y) is y and aligned.seq_chunks.tolist() == [0, 1, 3, 4]
