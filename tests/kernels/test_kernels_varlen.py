@@ -161,7 +161,8 @@ def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
     """fp16 (WY products in fp16 through "low") with the fused forward, the fused dqk + WY and
     recomputation in the backward (the packed state walks of both forward kernels): within fp16's
     rounding of the oracle (a chunk-misaligned sequence, then a lone token, between an empty first
-    and an empty last one). The default path's packed walks are the fp32 test's."""
+    and an empty last one), and bit for bit the same forward without autograd. The default path's
+    packed walks are the fp32 test's."""
     from kernels.gdn import TUNING
 
     p = _problem([0, 65, 1, 0], seed=5)
@@ -176,6 +177,10 @@ def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
         assert not bad, f"over 3e-3: {bad} (all: {errs})"
         for empty in (0, 3):  # their states pass through unchanged
             assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
+        with torch.no_grad():  # nothing kept for a backward (the fused walk stores no S, Vn): same numbers
+            o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
+                                      for n, t in p["leaves"].items()})  # fmt: skip
+        assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
     finally:
         TUNING.clear()
         TUNING.update(saved)
