@@ -1,16 +1,16 @@
 """Packed sequences (`cu_seqlens`, the FLA convention) in one launch chain for any number of
 sequences: one state per sequence, none crossing a boundary.
 
-Chunk-aligned packing. Every sequence but the last is padded to a multiple of the chunk size with
-rows of q = k = v = 0, β = 0 and log-gate 0. Such a row leaves the state as it is (S·e⁰ + 0) and,
-coming after the sequence's real rows in causal order, touches none of them, so no chunk
-straddles a boundary and every chunk-parallel stage (gate, intra, output, dvn_local, dqk, wy_bwd
-and the fused variants) runs unchanged on the padded [1, T', H, D] tensors. Only the state passes
-know about sequences: `seq_chunks` gives each sequence's chunk range, walked from its own h0 (and
-in the backward from its own dht, to its own dh0), all sequences in parallel in one launch. The
-padding is a scatter of rows into zeros (its backward gathers them) and the output's unpadding a
-gather (its backward scatters, so padded rows get no gradient). When every sequence but the last
-already ends on a chunk edge nothing is copied.
+Chunk-aligned packing. Every sequence but the last non-empty one is padded to a multiple of the
+chunk size with rows of q = k = v = 0, β = 0 and log-gate 0. Such a row leaves the state as it
+is (S·e⁰ + 0) and, coming after the sequence's real rows in causal order, touches none of them,
+so no chunk straddles a boundary and every chunk-parallel stage (gate, intra, output, dvn_local,
+dqk, wy_bwd and the fused variants) runs unchanged on the padded [1, T', H, D] tensors. Only the
+state passes know about sequences: `seq_chunks` gives each sequence's chunk range, walked from
+its own h0 (and in the backward from its own dht, to its own dh0), all sequences in parallel in
+one launch. The padding is a scatter of rows with the gap rows zeroed (its backward gathers
+them) and the output's unpadding a gather (its backward scatters, so padded rows get no
+gradient). When every sequence but the last already ends on a chunk edge nothing is copied.
 """
 
 from __future__ import annotations
@@ -130,14 +130,14 @@ def gated_delta_rule_triton_varlen(
                          f"got {tuple(initial_state.shape)}")  # fmt: skip
     check_heads(q, v)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
-    if n == 1:  # one sequence is the dense case (which may also split it into parallel segments)
-        return run_chunked(q, k, v, g, beta, **kw)
     if cu[-1] == 0:  # nothing to run: every final state is its initial state
         ht = None
         if output_final_state:
             ht = (initial_state.to(torch.float32, copy=True) if initial_state is not None
                   else v.new_zeros(n, hv, v.shape[3], v.shape[3], dtype=torch.float32))  # fmt: skip
-        return torch.zeros_like(v), ht
+        return v * 0, ht  # empty, and still in v's graph as the output was before
+    if n == 1:  # one sequence is the dense case (which may also split it into parallel segments)
+        return run_chunked(q, k, v, g, beta, **kw)
     layout = PackedLayout.of(cu, q.device)
     o, ht = run_chunked(*(layout.pad(t) for t in (q, k, v, g, beta)), **kw, seq_chunks=layout.seq_chunks)
     return layout.unpad(o), ht

@@ -222,3 +222,15 @@ def test_bad_offsets_are_refused() -> None:
                                        initial_state=torch.zeros(2, HV, D, D))  # fmt: skip
     with pytest.raises(ValueError, match="batch 1"):
         gated_delta_rule_triton_varlen(*(torch.cat([t, t]) for t in args), cu_seqlens=torch.tensor([0, 8]))
+
+
+def test_only_empty_sequences_pass_every_state_through() -> None:
+    from kernels.gdn import gated_delta_rule_triton_varlen
+
+    x = make_inputs(1, 0, HQ, HV, D, dtype=torch.float32, stateful=False, seed=1)
+    h0 = torch.randn(2, HV, D, D).requires_grad_()
+    o, ht = gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 0, 0]),
+                                           initial_state=h0, output_final_state=True)  # fmt: skip
+    assert o.shape == (1, 0, HV, D) and torch.equal(ht, h0.detach())
+    ht.backward(torch.full_like(ht, 3.0))
+    assert torch.equal(h0.grad, torch.full_like(h0, 3.0))
