@@ -1,7 +1,8 @@
 """Time one GDN backend (ours, FLA or FlashQLA) on the gdn-op production shapes; one process each.
 
     python benchmarks/bench_gdn_peers.py --backend ours --seq-lens 8192,65536 --qk-heads 32,16 \
-        --out ours.json [--variant NAME=JSON ...] [--profile 32768] [--accuracy-seeds 0,1,2]
+        --out ours.json [--variant NAME=JSON ...] [--profile 32768] [--accuracy-seeds 0,1,2] \
+        [--packed 1,63,64,65,1000,3000,4096,8095 ...]
 
 B = 1, Hv = 32, D = 128, bf16 inputs, stateful (fp32 h0 and final state, random dO and dHT), the
 inputs of the gdn-op suite. Per shape: forward and forward+backward medians
@@ -9,9 +10,12 @@ inputs of the gdn-op suite. Per shape: forward and forward+backward medians
 and, per accuracy seed, the relative L2 error of o, ht and every gradient against the fp32 eager
 chunked backend (tf32 off). `--variant` runs ours again under TUNING overrides (one JSON dict
 each). `--profile T` records torch.profiler GPU time per kernel over 5 forward+backward steps at
-T (Hqk = Hv). Without a GPU nothing runs. FLA is timed with FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise
-dispatches to FlashQLA when that is importable) and with its Triton >= 3.7.1 flag set (it refuses
-its gated backward on Hopper before that).
+T (Hqk = Hv). `--packed L1,L2,...` adds a packed batch of those sequence lengths (`cu_seqlens`,
+one h0 and final state per sequence, the gdn-op suite's packed cases); for ours it also times
+the chunk-aligned padding alone (`pad_ms`: the five inputs padded and the output unpadded, with
+the backward's gathers and scatter). Without a GPU nothing runs. FLA is timed with
+FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise dispatches to FlashQLA when that is importable) and with its
+Triton >= 3.7.1 flag set (it refuses its gated backward on Hopper before that).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ HV, DH = 32, 128
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def make_inputs(T: int, hqk: int, seed: int, device: Any) -> dict[str, Any]:
-    """The gdn-op suite's inputs: dO and dHT divided by their element count."""
+def make_inputs(T: int, hqk: int, seed: int, device: Any, lens: list[int] | None = None) -> dict[str, Any]:
+    """The gdn-op suite's inputs: dO and dHT divided by their element count; with `lens` (a
+    packed batch, sum(lens) = T) one h0 / dHT per sequence and the offsets `cu`."""
     import torch
     import torch.nn.functional as F
 
@@ -42,19 +47,22 @@ def make_inputs(T: int, hqk: int, seed: int, device: Any) -> dict[str, Any]:
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
     bf = torch.bfloat16
+    n = len(lens) if lens else 1
     x = {
         "q": rnd(1, T, hqk, DH).to(bf),
         "k": F.normalize(rnd(1, T, hqk, DH), dim=-1).to(bf),
         "v": rnd(1, T, HV, DH).to(bf),
         "g": F.logsigmoid(rnd(1, T, HV) + 2.0),
         "beta": torch.sigmoid(rnd(1, T, HV)).to(bf),
-        "h0": rnd(1, HV, DH, DH) * 0.1,
+        "h0": rnd(n, HV, DH, DH) * 0.1,
     }
     do = rnd(1, T, HV, DH)
     x["do"] = (do / do.numel()).to(bf)
-    dht = rnd(1, HV, DH, DH)
+    dht = rnd(n, HV, DH, DH)
     x["dht"] = dht / dht.numel()
-    return {n: t.to(device) for n, t in x.items()}
+    if lens:
+        x["cu"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return {name: t.to(device) for name, t in x.items()}
 
 
 LEAVES = ("q", "k", "v", "g", "beta", "h0")
@@ -77,7 +85,8 @@ def caller(backend: str) -> Any:
 
         def call(x: dict[str, Any]) -> tuple[Any, Any]:
             return chunk_gated_delta_rule(
-                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True
+                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
+                cu_seqlens=x.get("cu"),
             )
 
         return call
@@ -86,7 +95,8 @@ def caller(backend: str) -> Any:
 
         def call(x: dict[str, Any]) -> tuple[Any, Any]:
             return qla(
-                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True
+                x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
+                cu_seqlens=x.get("cu"),
             )
 
         return call
@@ -95,7 +105,7 @@ def caller(backend: str) -> Any:
     def call(x: dict[str, Any]) -> tuple[Any, Any]:
         return gated_delta_rule(
             x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
-            backend="triton" if backend == "ours" else backend,
+            cu_seqlens=x.get("cu"), backend="triton" if backend == "ours" else backend,
         )  # fmt: skip
 
     return call
@@ -130,14 +140,34 @@ def rel_l2(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def pad_cost(x: dict[str, Any], warm: int, rep: int) -> float:
+    """do_bench median of ours' chunk-aligned padding alone: the five inputs padded, an output
+    unpadded, and the backward of both (gathers of the inputs' gradients, scatter of dO)."""
+    import torch
+    from triton.testing import do_bench
+
+    from kernels.gdn.varlen import PackedLayout
+
+    lay = PackedLayout.of([int(c) for c in x["cu"].tolist()], x["q"].device)
+    ins = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    o_pad = torch.zeros(1, lay.total, HV, DH, device=x["q"].device, dtype=x["v"].dtype, requires_grad=True)
+
+    def fb() -> None:
+        outs = [lay.pad(t) for t in ins] + [lay.unpad(o_pad)]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+    return do_bench(fb, warmup=warm, rep=rep, grad_to_none=[*ins, o_pad], return_mode="median")
+
+
 def measure(
-    call: Any, T: int, hqk: int, seeds: list[int], dev: Any, warm: int, rep: int, repro: bool = False
+    call: Any, T: int, hqk: int, seeds: list[int], dev: Any, warm: int, rep: int, repro: bool = False,
+    lens: list[int] | None = None, ours: bool = False,
 ) -> dict[str, Any]:
     import torch
     from triton.testing import do_bench
 
-    out: dict[str, Any] = {"T": T, "hqk": hqk}
-    x = leaves(make_inputs(T, hqk, 1000, dev))
+    out: dict[str, Any] = {"T": T, "hqk": hqk, **({"packed": lens} if lens else {})}
+    x = leaves(make_inputs(T, hqk, 1000, dev, lens))
     grads = [x[n] for n in LEAVES]
 
     def f() -> None:
@@ -158,11 +188,13 @@ def measure(
     fb()
     torch.cuda.synchronize()
     out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    if lens and ours:
+        out["pad_ms"] = pad_cost(x, warm, rep)
     x = grads = None  # the timed closures are done
     torch.cuda.empty_cache()
     errs: dict[str, float] = defaultdict(float)
     for seed in seeds:
-        xs = make_inputs(T, hqk, seed, dev)
+        xs = make_inputs(T, hqk, seed, dev, lens)
         ref = reference(xs)
         got = fwd_bwd(call, leaves(xs))
         for n in TENSORS:
@@ -171,7 +203,7 @@ def measure(
         del ref, got, xs
         torch.cuda.empty_cache()
     if repro:
-        xs = make_inputs(T, hqk, 1, dev)
+        xs = make_inputs(T, hqk, 1, dev, lens)
         a, b = fwd_bwd(call, leaves(xs)), fwd_bwd(call, leaves(xs))
         out["differ_between_runs"] = sorted(n for n in TENSORS if not torch.equal(a[n], b[n]))
         del a, b, xs
@@ -222,6 +254,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=200, help="do_bench repetition, ms")
     ap.add_argument("--repro", action="store_true", help="also compare two identical fwd+bwd runs bitwise")
+    ap.add_argument("--packed", action="append", default=[],
+                    help="L1,L2,... sequence lengths of a packed batch (cu_seqlens), after the dense lengths")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -244,6 +278,7 @@ def main() -> int:
     lens = [int(t) for t in args.seq_lens.split(",") if t]
     heads = [int(h) for h in args.qk_heads.split(",") if h]
     seeds = [int(s) for s in args.accuracy_seeds.split(",") if s]
+    packs = [[int(n) for n in item.split(",")] for item in args.packed]
     result: dict[str, Any] = {"backend": args.backend, "versions": versions, "command": " ".join(sys.argv),
                               "runs": []}  # fmt: skip
     variants: list[tuple[str, dict[str, Any]]] = [("default", {})]
@@ -265,11 +300,13 @@ def main() -> int:
             K.TUNING.update(over)
         vlens = lens if vname == "default" or not args.variant_seq_lens else [
             int(t) for t in args.variant_seq_lens.split(",")]
-        for T in vlens:
+        shapes = [(T, None) for T in vlens] + [(sum(ls), ls) for ls in packs]
+        for T, ls in shapes:
             for hqk in heads:
                 t0 = time.time()
                 try:
-                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro)
+                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls,
+                                args.backend == "ours")
                 except Exception as exc:  # one failing shape is recorded and the run goes on
                     r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 r["variant"] = vname
@@ -277,10 +314,12 @@ def main() -> int:
                 result["runs"].append(r)
                 Path(args.out).write_text(json.dumps(result, indent=1))
                 err = r.get("worst_rel_l2")
-                print(f"{args.backend:8s} {vname:12s} T={T:6d} hqk={hqk:2d} fwd={r.get('fwd_ms', 0):7.3f} "
+                tag = f"T={T:6d}" if ls is None else f"packed{len(ls)}_T{T}"
+                print(f"{args.backend:8s} {vname:12s} {tag} hqk={hqk:2d} fwd={r.get('fwd_ms', 0):7.3f} "
                       f"fb={r.get('fwd_bwd_ms', 0):7.3f}/{r.get('fwd_bwd_ms_again', 0):7.3f} "
                       f"peak={r.get('peak_mib', 0):7.0f}MiB worst={err if err is None else f'{err:.2e}'} "
-                      f"differ={r.get('differ_between_runs', '-')} {r.get('error', '')}",
+                      f"differ={r.get('differ_between_runs', '-')} pad_ms={r.get('pad_ms', '-')} "
+                      f"{r.get('error', '')}",
                       flush=True)  # fmt: skip
     if saved is not None:
         K.TUNING.clear()

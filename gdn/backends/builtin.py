@@ -49,7 +49,7 @@ def _triton(
         if on_final_state is not None or on_initial_state_grad is not None:
             raise UnsupportedGDNRequest(
                 "on_final_state / on_initial_state_grad are not supported with cu_seqlens on backend "
-                "'triton' (packed sequences run one kernel chain per sequence)"
+                "'triton': drop them, or run the sequences unpacked"
             )
         from kernels.gdn import gated_delta_rule_triton_varlen
 

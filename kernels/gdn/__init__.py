@@ -18,7 +18,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   dqk_wy     dqk and wy_bwd in one kernel, dWk and the dk partial in registers (TUNING["fused_dqk_wy"])
   function   the autograd Function (wiring only) and `gated_delta_rule_triton`
   summary    the CP state summary (`state_summary`)
-  varlen     packed sequences (`cu_seqlens`) by per-sequence launches
+  varlen     packed sequences (`cu_seqlens`): chunk-aligned packing, one launch chain for all
 
 The algebra and the measurements behind the settings are in docs/kernels.md.
 """

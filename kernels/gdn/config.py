@@ -64,6 +64,7 @@ TUNING: dict[str, int | str] = {
     "recompute": 0,  # 1: backward recomputes Wk, T, per-chunk S and Vn instead of saving them
     "dw_low": 1,  # 1: bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
+    # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     "seq_segments": 0,
     "seq_programs_per_sm": 2,  # the automatic choice: about this many state programs per SM
     "seq_min_chunks": 8,  # and at least this many chunks per segment

@@ -30,10 +30,11 @@ def _saved_tensors_hook_active() -> bool:
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
-    on_final_state: StateCallback | None = None,
+    on_final_state: StateCallback | None = None, seq_chunks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
-    backward.
+    backward. `seq_chunks`: the chunk offsets of packed, chunk-aligned sequences (`varlen`), whose
+    state passes restart at every sequence; every other stage is chunk-parallel and unchanged.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed); with
     TUNING["fused_fwd"] the state and the output come from one kernel, and it runs after that."""
@@ -42,7 +43,7 @@ def _forward(
     if TUNING["fused_fwd"]:
         o, s, vn, ht, maps = fused_forward(
             q, k, w, u, gamma, Hv, scale, v.dtype, initial_state, store_states=keep, store_vn=keep,
-            store_final=output_final_state, keep_maps=keep,
+            store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks,
         )
         del u
         if on_final_state is not None and ht is not None:
@@ -50,7 +51,7 @@ def _forward(
         return o, ht, ((w, tm, s, vn, maps) if keep else ())
     s, vn, ht, maps = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
-        store_final=output_final_state, keep_maps=keep,
+        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks,
     )
     del u
     if on_final_state is not None and ht is not None:
@@ -78,17 +79,20 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
+        seq_chunks: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         gamma = gate_cumsum(g)
         keep = not TUNING["recompute"] and not _saved_tensors_hook_active()
         o, ht, kept = _forward(
-            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state
+            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state,
+            seq_chunks,
         )
         ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
         ctx.kept = list(kept) if keep else None  # intermediates, not inputs or outputs
         ctx.scale = scale
         ctx.g_dtype = g.dtype
         ctx.on_initial_state_grad = on_initial_state_grad
+        ctx.seq_chunks = seq_chunks
         return o, ht
 
     @staticmethod
@@ -109,11 +113,12 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True)
             s, vn, _, maps = state_forward(
                 k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
-                keep_maps=True,
+                keep_maps=True, seq_chunks=ctx.seq_chunks,
             )
             del u
         ds, dvn, dh0 = state_backward(
-            q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps
+            q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
+            seq_chunks=ctx.seq_chunks,
         )
         del w, maps
         if ctx.on_initial_state_grad is not None and dh0 is not None:
@@ -132,7 +137,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0.dtype)
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None
 
 
 def gated_delta_rule_triton(
@@ -155,10 +160,29 @@ def gated_delta_rule_triton(
     the initial state's gradient (fp32) as soon as the backward's reverse state pass has it: the
     points a context-parallel state chain waits on, ahead of the stages that follow them.
     """
+    check_heads(q, v)
+    return run_chunked(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad,
+    )  # fmt: skip
+
+
+def check_heads(q: torch.Tensor, v: torch.Tensor) -> None:
+    """What the kernels assume of the head layout (the rest is validated by `gdn.ops`)."""
     if q.shape[-1] != D or v.shape[-1] != D:
         raise ValueError(f"head_dim must be {D}, got q {q.shape[-1]} and v {v.shape[-1]}")
     if v.shape[2] % q.shape[2]:
         raise ValueError(f"Hv={v.shape[2]} is not a multiple of Hqk={q.shape[2]}")
+
+
+def run_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
+    on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
+    seq_chunks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The stages on checked inputs, through the autograd Function when a backward can follow.
+    `seq_chunks`: packed chunk-aligned sequences (`varlen`), one state each."""
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     inputs = (q, k, v, g, beta, h0)
@@ -167,11 +191,11 @@ def gated_delta_rule_triton(
         # is ever stored).
         o, ht, _ = _forward(
             q.contiguous(), k.contiguous(), v.contiguous(), gate_cumsum(g.contiguous()), beta.contiguous(),
-            scale, h0, output_final_state, keep=False, on_final_state=on_final_state,
+            scale, h0, output_final_state, keep=False, on_final_state=on_final_state, seq_chunks=seq_chunks,
         )  # fmt: skip
         return o, ht
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        scale, h0, output_final_state, on_final_state, on_initial_state_grad,
+        scale, h0, output_final_state, on_final_state, on_initial_state_grad, seq_chunks,
     )  # fmt: skip
     return o, ht

@@ -27,13 +27,14 @@ Opt = torch.Tensor | None
 
 @triton.jit
 def _fused_fwd_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, o_ptr, s_ptr, vn_ptr, ht_ptr, scale,
+    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, o_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, scale,
     T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr, STORE_HT: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Segment program_id 2 (CPS chunks) of head program_id 1, value columns program_id 0: S
-    starts from h0[bh, seg] (or 0); the last segment writes the final state."""
+    starts from h0[bh, seg] (or 0); the last segment writes the final state. VARLEN (B = 1):
+    segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1], from h0[n, h] to ht[n, h]."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -47,12 +48,20 @@ def _fused_fwd_kernel(
     qk_base = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     cols = dk[:, None] * D + dv[None, :]
+    if VARLEN:
+        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
+    else:
+        st = bh * nseg + seg
     if HAS_H0:
-        S = tl.load(h0_ptr + (bh * nseg + seg) * D * D + cols).to(tl.float32)
+        S = tl.load(h0_ptr + st * D * D + cols).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    c0 = seg * CPS
-    c1 = tl.minimum(c0 + CPS, NT)
+    if VARLEN:
+        c0 = tl.load(seq_ptr + seg)
+        c1 = tl.load(seq_ptr + seg + 1)
+    else:
+        c0 = seg * CPS
+        c1 = tl.minimum(c0 + CPS, NT)
     for c in range(c0, c1):
         sd = S.to(dt)
         if STORE_S:
@@ -75,8 +84,10 @@ def _fused_fwd_kernel(
         tl.store(o_ptr + o_off, (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vnd)
-    if STORE_HT:  # noqa: SIM102 - a constexpr guard around a run-time test
-        if seg == nseg - 1:
+    if STORE_HT:
+        if VARLEN:
+            tl.store(ht_ptr + st * D * D + cols, S)
+        elif seg == nseg - 1:
             tl.store(ht_ptr + bh * D * D + cols, S)
 
 
@@ -84,22 +95,25 @@ def fused_forward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gamma: torch.Tensor,
     num_v_heads: int, scale: float, out_dtype: torch.dtype, initial_state: torch.Tensor | None, *,
     store_states: bool, store_vn: bool, store_final: bool, keep_maps: bool = False,
+    seq_chunks: Opt = None,
 ) -> tuple[torch.Tensor, Opt, Opt, Opt, Opt]:  # fmt: skip
     """o [B, T, Hv, D] in out_dtype, and as asked the per-chunk incoming states [B·Hv, NT, D, D],
     Vn [B·Hv, T, D] (k's dtype; the backward reads them), the final fp32 state and, when
     `keep_maps`, the segment transitions M (None for one segment), as `state_forward` returns
-    them. The segment count is `state_segments`'s, as in the unfused passes."""
+    them. The segment count is `state_segments`'s, as in the unfused passes; with `seq_chunks`
+    (packed sequences) one segment per sequence, as `state_forward` walks them."""
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T)
     dev = q.device
     o = torch.empty(B, T, Hv, D, device=dev, dtype=out_dtype)
     s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
-    ht = torch.empty(B, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
+    n_states = B if seq_chunks is None else seq_chunks.numel() - 1
+    ht = torch.empty(n_states, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    nseg = state_segments(B * Hv, T, dev)
+    nseg = state_segments(B * Hv, T, dev) if seq_chunks is None else n_states
     maps = None
-    if nseg > 1:
+    if nseg > 1 and seq_chunks is None:
         maps, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps)
         h0 = segment_scan(maps, ee, h0, reverse=False)
         del ee
@@ -108,9 +122,10 @@ def fused_forward(
     BV = int(TUNING["fused_bv"])
     _fused_fwd_kernel[(D // BV, B * Hv, nseg)](
         q, k, w, u, gamma, h0 if h0 is not None else w, o,
-        s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w, scale,
-        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
+        seq_chunks if seq_chunks is not None else w, scale, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn, STORE_HT=store_final,
-        BT=BT, D=D, BV=BV, num_warps=TUNING["fused_warps"], num_stages=tuned("fused_stages", k.dtype),
+        VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV, num_warps=TUNING["fused_warps"],
+        num_stages=tuned("fused_stages", k.dtype),
     )  # fmt: skip
     return o, s, vn, ht, maps

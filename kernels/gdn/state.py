@@ -17,13 +17,15 @@ from kernels.gdn.segments import segment_forward_summary, segment_scan, state_se
 
 @triton.jit
 def _state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr,
+    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr,
     T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
-    STORE_HT: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
-    segment's chunks; the last segment writes the final state. One segment = the whole sequence."""
+    segment's chunks; the last segment writes the final state. One segment = the whole sequence.
+    VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1], from
+    h0[n, h] to ht[n, h]; no state crosses a sequence boundary."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -34,12 +36,20 @@ def _state_fwd_kernel(
     dv = iv * BV + tl.arange(0, BV)
     k_base = k_ptr + b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
+    if VARLEN:
+        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
+    else:
+        st = bh * nseg + seg
     if HAS_H0:
-        S = tl.load(h0_ptr + (bh * nseg + seg) * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
+        S = tl.load(h0_ptr + st * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    c0 = seg * CPS
-    c1 = tl.minimum(c0 + CPS, NT)
+    if VARLEN:
+        c0 = tl.load(seq_ptr + seg)
+        c1 = tl.load(seq_ptr + seg + 1)
+    else:
+        c0 = seg * CPS
+        c1 = tl.minimum(c0 + CPS, NT)
     for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
@@ -55,21 +65,25 @@ def _state_fwd_kernel(
         kc = load_rows(k_base, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
-    if STORE_HT:  # noqa: SIM102 - a constexpr guard around a run-time test
-        if seg == nseg - 1:
+    if STORE_HT:
+        if VARLEN:
+            tl.store(ht_ptr + st * D * D + dk[:, None] * D + dv[None, :], S)
+        elif seg == nseg - 1:
             tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
 
 
 @triton.jit
 def _state_bwd_kernel(
-    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, scale,
+    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, scale,
     T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
     STORE: write dS per chunk and dVn. The segment's start gradient goes to dh0[bh, seg] when
-    ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0."""
+    ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0.
+    VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
+    walked back from dht[n, h] to dh0[n, h]."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = SEG0 + tl.program_id(2)
@@ -81,12 +95,20 @@ def _state_bwd_kernel(
     qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     cols = dk[:, None] * D + dv[None, :]
+    if VARLEN:
+        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
+    else:
+        st = bh * nseg + seg
     if HAS_DHT:
-        dS = tl.load(dht_ptr + (bh * nseg + seg) * D * D + cols).to(tl.float32)
+        dS = tl.load(dht_ptr + st * D * D + cols).to(tl.float32)
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
-    c0 = seg * CPS
-    c1 = tl.minimum(c0 + CPS, NT)
+    if VARLEN:
+        c0 = tl.load(seq_ptr + seg)
+        c1 = tl.load(seq_ptr + seg + 1)
+    else:
+        c0 = seg * CPS
+        c1 = tl.minimum(c0 + CPS, NT)
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
@@ -106,9 +128,11 @@ def _state_bwd_kernel(
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
     if ALL_DH0:
-        tl.store(dh0_ptr + (bh * nseg + seg) * D * D + cols, dS)
-    elif STORE_DH0:  # noqa: SIM102 - a constexpr guard around a run-time test
-        if seg == 0:
+        tl.store(dh0_ptr + st * D * D + cols, dS)
+    elif STORE_DH0:
+        if VARLEN:
+            tl.store(dh0_ptr + st * D * D + cols, dS)
+        elif seg == 0:
             tl.store(dh0_ptr + bh * D * D + cols, dS)
 
 
@@ -124,6 +148,7 @@ def state_forward(
     store_vn: bool,
     store_final: bool,
     keep_maps: bool = False,
+    seq_chunks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D], the final fp32 state
     and, when `keep_maps`, the segment transitions M [B·Hv, nseg, D, D] (None for one segment; the
@@ -132,18 +157,23 @@ def state_forward(
     With nseg = `state_segments(...)` > 1 the sequence is cut into nseg runs of chunks: every
     segment's affine map (M, E) from a zero start in parallel, a scan over segments for the state
     entering each, then every segment's pass from its true state in parallel. Exact: the same
-    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary)."""
+    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary).
+
+    `seq_chunks` (packed sequences, B = 1, chunk-aligned: `varlen.PackedLayout`): int32 chunk
+    offsets of the N sequences; each is walked from its own initial state [N, Hv, D, D] to its own
+    final state [N, Hv, D, D], all N in parallel in one launch (they are the segments; no maps)."""
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, num_chunks(T)
     dev = k.device
+    n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
-    ht = torch.empty(B, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
+    ht = torch.empty(n_states, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     BV = TUNING["state_bv"]
     h0 = initial_state.contiguous() if initial_state is not None else None
-    nseg = state_segments(B * Hv, T, dev)
+    nseg = state_segments(B * Hv, T, dev) if seq_chunks is None else n_states
     mm = None
-    if nseg > 1:
+    if nseg > 1 and seq_chunks is None:
         mm, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps)
         h0 = segment_scan(mm, ee, h0, reverse=False)
         del ee
@@ -152,9 +182,10 @@ def state_forward(
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
-        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        seq_chunks if seq_chunks is not None else w, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
-        STORE_HT=store_final, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"],
+        STORE_HT=store_final, VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV,
+        num_warps=TUNING["state_warps"],
         num_stages=tuned("state_stages", k.dtype),
     )  # fmt: skip
     return s, vn, ht, mm
@@ -163,37 +194,43 @@ def state_forward(
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
+    seq_chunks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
 
     `maps` are the forward's segment transitions (state_forward's fourth result): with them the
     reverse pass is segmented the same way. Every segment but the first walks back from a zero
     gradient (its affine part), a reverse scan carries dS over segments with Mᵀ, then every
-    segment walks back from its true gradient in parallel."""
+    segment walks back from its true gradient in parallel. `seq_chunks` as in `state_forward`:
+    every packed sequence walks back from its own dht [N, Hv, D, D] to its own dh0, in parallel."""
     B, T, Hqk, _ = q.shape
     Hv, NT = do.shape[2], num_chunks(T)
     R = Hv // Hqk
+    if seq_chunks is not None and maps is not None:
+        raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
     dvl = dvn_local(q, k, do, gamma, scale)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
-    dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
+    n_states = B if seq_chunks is None else seq_chunks.numel() - 1
+    dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = TUNING["state_bv"]
-    nseg = 1 if maps is None else maps.shape[1]
+    nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     cps = triton.cdiv(NT, nseg)
     stages = tuned("state_stages", q.dtype)
     common = dict(BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
     dend = dht
-    if nseg > 1:
+    if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
         _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
-            q, k, w, do, dvl, gamma, w, w, w, dext, scale, T, NT, cps, 1, Hqk, Hv, R,
-            HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, **common,
+            q, k, w, do, dvl, gamma, w, w, w, dext, w, scale, T, NT, cps, 1, Hqk, Hv, R,
+            HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, VARLEN=False, **common,
         )  # fmt: skip
         dend = segment_scan(maps, dext, dht, reverse=True)
         del dext
     _state_bwd_kernel[(D // BV, B * Hv, nseg)](
         q, k, w, do, dvl, gamma, dend if dend is not None else w, ds, dvn, dh0 if dh0 is not None else w,
-        scale, T, NT, cps, 0, Hqk, Hv, R,
-        HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False, **common,
+        seq_chunks if seq_chunks is not None else w, scale, T, NT, cps, 0, Hqk, Hv, R,
+        HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False,
+        VARLEN=seq_chunks is not None, **common,
     )  # fmt: skip
     return ds, dvn, dh0

@@ -1,7 +1,8 @@
 """Every Triton kernel launch, compiled ahead of time for Hopper (sm_90), fits its shared memory.
 
 No GPU is needed: the kernels of every stage module of `kernels.gdn` are swapped for recorders, the
-real wiring (forward + backward of `gated_delta_rule_triton`, the CP state summary, both intra variants) runs
+real wiring (forward + backward of `gated_delta_rule_triton` and of packed sequences, the CP state
+summary, both intra variants) runs
 on CPU tensors of each input dtype, and each recorded launch is specialised and compiled the way
 `JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
 num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
@@ -115,6 +116,13 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     mod.TUNING.update(seq_segments=0)
     with torch.no_grad():
         mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    # packed sequences (one walk per sequence in the state passes), fused forward and not
+    cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
+    for fused in (1, 0):
+        mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
+        o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
+                                                  output_final_state=True)  # fmt: skip
+        (o.float().sum() + s.sum()).backward()
     # the non-default variants that stay selectable (the caller restores TUNING)
     mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)

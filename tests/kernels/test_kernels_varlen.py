@@ -1,8 +1,18 @@
-"""Packed sequences (`cu_seqlens`) through the Triton kernels against the per-sequence fp64 oracle
-(CPU interpreter, fp32): lengths 1, 63, 64, 65 and an empty one, so boundaries fall inside chunks,
-on them and between two; every sequence with its own initial and final state."""
+"""Packed sequences (`cu_seqlens`) through the Triton kernels, one launch chain for all of them
+(CPU interpreter): against the per-sequence fp64 oracle with lengths 1, 63, 64, 65 and an empty
+one, so boundaries fall inside chunks, on them and between two, every sequence with its own
+initial and final state and every gradient, h0's included; against the dense kernels run on each
+sequence alone (the same numbers, bit for bit, but dg's rounding); with the selectable fused and
+recompute paths in fp16."""
 
 from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import pairwise
 
 import pytest
 import torch
@@ -18,52 +28,184 @@ pytestmark = pytest.mark.skipif(
 
 LENGTHS = [1, 63, 0, 64, 65]
 HQ, HV, D = 1, 2, 128
+NAMES = ("q", "k", "v", "g", "beta", "h0")
+
+Run = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 
 
-@pytest.mark.slow  # every packed layout under the interpreter (gdn/test_varlen.py: the fast tier's)
-def test_packed_sequences_match_each_sequence_alone() -> None:
+def _problem(lengths: list[int], seed: int) -> dict:
+    total, n = sum(lengths), len(lengths)
+    x = make_inputs(1, total, HQ, HV, D, dtype=torch.float64, stateful=False, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    leaves = {n_: getattr(x, n_).detach() for n_ in NAMES[:5]}
+    leaves["h0"] = torch.randn(n, HV, D, D, generator=gen, dtype=torch.float64) * 0.1
+    return {
+        "leaves": leaves,
+        "cu": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]),
+        "do": torch.randn(1, total, HV, D, generator=gen, dtype=torch.float64),
+        "dht": torch.randn(n, HV, D, D, generator=gen, dtype=torch.float64),
+    }
+
+
+def _run(p: dict, fn: Callable, dtype: torch.dtype) -> Run:
+    """o, the final states and every input's gradient of fn(leaves) in `dtype` (g and h0 in fp32
+    unless `dtype` is fp64, the oracle's)."""
+    def cast(n: str) -> torch.dtype:
+        return torch.float32 if n in ("g", "h0") and dtype != torch.float64 else dtype
+
+    mine = {n: t.to(cast(n), copy=True).requires_grad_() for n, t in p["leaves"].items()}
+    o, ht = fn(mine)
+    torch.autograd.backward([o, ht], [p["do"].to(o.dtype), p["dht"].float()])
+    return o.detach(), ht.detach(), {n: t.grad for n, t in mine.items()}
+
+
+def _packed(p: dict) -> Callable:
     from kernels.gdn import gated_delta_rule_triton_varlen
 
-    total, n = sum(LENGTHS), len(LENGTHS)
-    x = make_inputs(1, total, HQ, HV, D, dtype=torch.float64, stateful=False, seed=21)
-    gen = torch.Generator().manual_seed(22)
-    h0 = torch.randn(n, HV, D, D, generator=gen, dtype=torch.float64) * 0.1
-    do = torch.randn(1, total, HV, D, generator=gen, dtype=torch.float64)
-    dht = torch.randn(n, HV, D, D, generator=gen, dtype=torch.float64)
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    def fn(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return gated_delta_rule_triton_varlen(*(x[n] for n in NAMES[:5]), cu_seqlens=p["cu"],
+                                              initial_state=x["h0"], output_final_state=True)  # fmt: skip
 
-    leaves = {n_: getattr(x, n_).detach() for n_ in ("q", "k", "v", "g", "beta")}
-    mine = {n_: t.float().requires_grad_() for n_, t in leaves.items()}
-    mine["h0"] = h0.float().requires_grad_()
-    o, ht = gated_delta_rule_triton_varlen(
-        mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"],
-        cu_seqlens=cu, initial_state=mine["h0"], output_final_state=True,
-    )  # fmt: skip
-    assert o.shape == (1, total, HV, D) and ht.shape == (n, HV, D, D)
-    torch.autograd.backward([o, ht], [do.float(), dht.float()])
+    return fn
 
-    ref = {n_: t.clone().requires_grad_() for n_, t in leaves.items()}
-    ref["h0"] = h0.clone().requires_grad_()
-    outs, finals = [], []
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-        if a == b:
-            outs.append(ref["v"][:, a:b] * 0)
-            finals.append(ref["h0"][i : i + 1])
-            continue
-        oi, hi = recurrent_gated_delta_rule(
-            ref["q"][:, a:b], ref["k"][:, a:b], ref["v"][:, a:b], ref["g"][:, a:b], ref["beta"][:, a:b],
-            initial_state=ref["h0"][i : i + 1], output_final_state=True,
-        )  # fmt: skip
-        outs.append(oi)
-        finals.append(hi)
-    o_ref, ht_ref = torch.cat(outs, 1), torch.cat(finals, 0)
-    torch.autograd.backward([o_ref, ht_ref], [do, dht])
 
+def _each_alone(p: dict, core: Callable) -> Callable:
+    """core(q, k, v, g, beta, initial_state=..., output_final_state=True) on every sequence's
+    slice, concatenated; an empty sequence passes its state on."""
+
+    def fn(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        outs, finals = [], []
+        for i, (a, b) in enumerate(pairwise(p["cu"].tolist())):
+            h0 = x["h0"][i : i + 1]
+            if a == b:
+                outs.append(x["v"][:, a:b] * 0)
+                finals.append(h0.float())
+                continue
+            o, ht = core(*(x[n][:, a:b] for n in NAMES[:5]), initial_state=h0, output_final_state=True)
+            outs.append(o)
+            finals.append(ht)
+        return torch.cat(outs, 1), torch.cat(finals, 0)
+
+    return fn
+
+
+def per_sequence_reference(*args: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense Triton path on one sequence (what varlen ran before: one chain per sequence)."""
+    from kernels.gdn import gated_delta_rule_triton
+
+    return gated_delta_rule_triton(*args, **kwargs)
+
+
+@contextmanager
+def _counted_launches() -> Iterator[Counter]:
+    """Counts every stage kernel's launches while the block runs (each still runs)."""
+    import kernels.gdn as pkg
+
+    counts: Counter = Counter()
+
+    class Counting:
+        def __init__(self, fn) -> None:
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            counts[getattr(self.fn, "__name__", repr(self.fn))] += 1
+            return self.fn[grid]
+
+    mods = [importlib.import_module(f"kernels.gdn.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    patched = [(m, n) for m in mods for n in vars(m) if n.endswith("_kernel") and n.startswith("_")]
+    assert len(patched) >= 11, f"kernels found: {patched}"
+    for m, n in patched:
+        setattr(m, n, Counting(getattr(m, n)))
+    try:
+        yield counts
+    finally:
+        for m, n in patched:
+            setattr(m, n, getattr(m, n).fn)
+
+
+def _oracle(p: dict) -> Run:
+    return _run(p, _each_alone(p, recurrent_gated_delta_rule), torch.float64)
+
+
+@pytest.mark.slow  # the fast tier's check of packing is gdn/test_varlen.py
+def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> None:
+    p = _problem(LENGTHS, seed=21)
+    with _counted_launches() as counts:
+        o, ht, grads = _run(p, _packed(p), torch.float32)
+    # one launch of each stage for the five sequences, as for one dense sequence
+    assert counts and set(counts.values()) == {1}, f"launches: {dict(counts)}"
+    assert "_state_fwd_kernel" in counts and "_state_bwd_kernel" in counts
+    o_ref, ht_ref, g_ref = _oracle(p)
+    assert o.shape == (1, sum(LENGTHS), HV, D) and ht.shape == (len(LENGTHS), HV, D, D)
     assert rel_l2(o, o_ref) <= 2e-5 and rel_l2(ht, ht_ref) <= 2e-5
-    assert torch.equal(ht[2], mine["h0"][2].detach())  # the empty sequence passes its state on
-    for name in ("q", "k", "v", "g", "beta", "h0"):
-        err = rel_l2(mine[name].grad, ref[name].grad)
+    assert torch.equal(ht[2], p["leaves"]["h0"][2].float())  # the empty sequence passes its state on
+    assert torch.equal(grads["h0"][2], p["dht"][2].float())  # and its gradient back
+    for name in NAMES:
+        err = rel_l2(grads[name], g_ref[name])
         assert err <= 2e-5, f"d{name}: {err:.2e}"
+
+    # The dense kernels on each sequence alone give the same bits: a padded row is a masked one.
+    # dg alone may round differently: the chunk's last log-gate gradient lands on the padded
+    # last row instead of the sequence's last row before the in-chunk reverse cumulative sum.
+    o_1, ht_1, g_1 = _run(p, _each_alone(p, per_sequence_reference), torch.float32)
+    assert torch.equal(o, o_1) and torch.equal(ht, ht_1)
+    for name in NAMES:
+        if name == "g":
+            assert rel_l2(grads[name], g_1[name]) <= 1e-6
+        else:
+            assert torch.equal(grads[name], g_1[name]), f"d{name} differs from the dense path's"
+
+
+@pytest.mark.slow
+def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
+    """fp16 (WY products in fp16 through "low") with the fused forward, the fused dqk + WY and
+    recomputation in the backward (the packed state walks of both forward kernels): within fp16's
+    rounding of the oracle (a chunk-misaligned sequence, then a lone token, between an empty first
+    and an empty last one), and bit for bit the same forward without autograd. The default path's
+    packed walks are the fp32 test's."""
+    from kernels.gdn import TUNING
+
+    p = _problem([0, 65, 1, 0], seed=5)
+    o_ref, ht_ref, g_ref = _oracle(p)
+    saved = dict(TUNING)
+    try:
+        TUNING.update(fused_fwd=1, fused_dqk_wy=1, recompute=1)
+        o, ht, grads = _run(p, _packed(p), torch.float16)
+        errs = {"o": rel_l2(o, o_ref), "ht": rel_l2(ht, ht_ref)}
+        errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
+        bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
+        assert not bad, f"over 3e-3: {bad} (all: {errs})"
+        for empty in (0, 3):  # their states pass through unchanged
+            assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
+        with torch.no_grad():  # nothing kept for a backward (the fused walk stores no S, Vn): same numbers
+            o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
+                                      for n, t in p["leaves"].items()})  # fmt: skip
+        assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
+    finally:
+        TUNING.clear()
+        TUNING.update(saved)
+
+
+def test_chunk_aligned_layout() -> None:
+    """Where each sequence lands: every start on a chunk edge, the last sequence unpadded, no copy
+    when every boundary is already on an edge."""
+    from kernels.gdn.varlen import PackedLayout
+
+    lay = PackedLayout.of([0, 1, 64, 64, 128, 193], torch.device("cpu"))
+    assert lay.starts == (0, 64, 128, 128, 192) and lay.total == 257
+    assert lay.seq_chunks.tolist() == [0, 1, 2, 2, 3, 5]
+    assert lay.rows.tolist() == [0, *range(64, 127), *range(128, 192), *range(192, 257)]
+    assert lay.gaps.tolist() == [*range(1, 64), 127]
+    x = (torch.arange(193.0) + 1).view(1, 193, 1).requires_grad_()
+    padded = lay.pad(x)
+    assert torch.equal(lay.unpad(padded), x) and (padded[0, lay.gaps] == 0).all()
+    padded.backward(torch.arange(257.0).view(1, 257, 1))
+    assert torch.equal(x.grad, lay.rows.float().view(1, 193, 1))  # each row's gradient, no other
+    aligned = PackedLayout.of([0, 64, 192, 200], torch.device("cpu"))
+    y = torch.ones(1, 200, 1)
+    assert aligned.rows is None and aligned.pad(y) is y and aligned.seq_chunks.tolist() == [0, 1, 3, 4]
+    ends = PackedLayout.of([0, 0, 65, 65], torch.device("cpu"))  # empty first and last: nothing moves
+    assert ends.rows is None and ends.total == 65 and ends.seq_chunks.tolist() == [0, 0, 2, 2]
 
 
 def test_bad_offsets_are_refused() -> None:
@@ -78,3 +220,17 @@ def test_bad_offsets_are_refused() -> None:
     with pytest.raises(ValueError, match="initial_state must be"):
         gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0, 8]),
                                        initial_state=torch.zeros(2, HV, D, D))  # fmt: skip
+    with pytest.raises(ValueError, match="batch 1"):
+        gated_delta_rule_triton_varlen(*(torch.cat([t, t]) for t in args), cu_seqlens=torch.tensor([0, 8]))
+
+
+def test_only_empty_sequences_pass_every_state_through() -> None:
+    from kernels.gdn import gated_delta_rule_triton_varlen
+
+    x = make_inputs(1, 0, HQ, HV, D, dtype=torch.float32, stateful=False, seed=1)
+    h0 = torch.randn(2, HV, D, D).requires_grad_()
+    o, ht = gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 0, 0]),
+                                           initial_state=h0, output_final_state=True)  # fmt: skip
+    assert o.shape == (1, 0, HV, D) and torch.equal(ht, h0.detach())
+    ht.backward(torch.full_like(ht, 3.0))
+    assert torch.equal(h0.grad, torch.full_like(h0, 3.0))
