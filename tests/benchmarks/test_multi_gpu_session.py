@@ -85,8 +85,8 @@ def test_the_gpu_command_lines_take_the_issue_lengths_per_world_size(session) ->
 def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-untyped-def]
     out, _ = session
     expected = {
-        "cplayer": 16,  # the quick preset: every mode incl. p2p_emulated, fp64 and fp32
-        "p2plate": 4,  # P2P alone, fp64 and fp32, with the late state hand-off
+        "cplayer": 26,  # the quick preset: every mode incl. p2p_emulated and none, fp64 and fp32
+        "p2plate": 6,  # P2P alone, fp64 and fp32, with the late state hand-off
         "stability": 3,
         "network": 4,
         "network8l": 4,
@@ -95,7 +95,10 @@ def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-u
     for name, count in expected.items():
         doc = json.loads(_read(out, f"{name}.json"))
         assert (doc["device"], doc["world_size"], doc["exit_code"]) == ("cpu", 2, 0), name
-        assert len(doc["cases"]) == count and all(c["status"] == "passed" for c in doc["cases"]), name
+        # AllGather over quick's packed batch is not applicable (a sequence crosses the boundary)
+        skip = {c["name"] for c in doc["cases"] if c["name"].startswith("all_gather_eager_T160_B1_packed")}
+        ok = all(c["status"] == ("skipped" if c["name"] in skip else "passed") for c in doc["cases"])
+        assert len(doc["cases"]) == count and ok, name
     traj = json.loads(_read(out, "traj.json"))
     assert {c["name"] for c in traj["cases"]} == {f"traj/{m}/ckpt-{c}" for m in ("p2p", "ulysses")
                                                   for c in ("off", "full")}  # fmt: skip
