@@ -31,6 +31,25 @@ def test_every_device_kind_has_a_gate_preset(name: str) -> None:
         assert suite.gate_presets[device] in suite.presets
 
 
+# Parameters that name core backends (cp-layer's candidates are '<mode>+<backend>')
+BACKEND_FIELDS = ("backend", "backends", "ref_backend", "reference_backend", "baseline", "candidates")
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_backend_a_preset_runs_is_named_for_its_provenance(name: str) -> None:
+    """The ranks record where each backend's code came from (`Suite.backends`): every backend a
+    preset's parameters name is among those."""
+    suite = get_suite(name)
+    for preset in suite.presets:
+        params = suite.resolve_params(preset)
+        named: set[str] = set()
+        for key, value in params.model_dump().items():
+            if key in BACKEND_FIELDS and value is not None:
+                values = [value] if isinstance(value, str) else list(value)
+                named |= {v.partition("+")[2] if key == "candidates" else v for v in values}
+        assert named <= set(suite.backends(params)), (preset, sorted(named), suite.backends(params))
+
+
 def test_cp_layer_quick_heads_split_over_two_four_and_eight_ranks() -> None:
     suite = get_suite("cp-layer")
     p = suite.resolve_params("quick")
