@@ -85,8 +85,8 @@ def test_the_gpu_command_lines_take_the_issue_lengths_per_world_size(session) ->
 def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-untyped-def]
     out, _ = session
     expected = {
-        "cplayer": 26,  # the quick preset: every mode incl. p2p_emulated and none, fp64 and fp32
-        "p2plate": 6,  # P2P alone, fp64 and fp32, with the late state hand-off
+        "cplayer": 21,  # the quick preset: every mode incl. p2p_emulated and none, fp64 and fp32
+        "p2plate": 5,  # P2P alone, fp64 and fp32, with the late state hand-off
         "stability": 3,
         "network": 4,
         "network8l": 4,

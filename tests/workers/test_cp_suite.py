@@ -49,13 +49,16 @@ def test_case_matrix_of_the_presets() -> None:
         "none_triton_T8192_B1_packed7",
     ]  # fmt: skip
     quick = suite.cases(suite.resolve_params("quick"))
-    assert len(quick) == 26 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
-    assert sum("packed" in c.params for c in quick) == 10  # 5 candidates x 2 dtypes
+    assert len(quick) == 21 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    packed = [c for c in quick if "packed" in c.params]  # 5 candidates, fp64 only (packed_dtypes)
+    assert len(packed) == 5 and {c.params["dtype"] for c in packed} == {"float64"}
     with pytest.raises(ValueError, match="bad candidate 'ring\\+eager'"):
         suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
     # the backends whose provenance the ranks record: every candidate's and the reference's
     assert suite.backends(suite.resolve_params("full")) == ("triton", "eager")
     assert suite.backends(suite.resolve_params("quick", {"candidates": ["p2p+a.b:c"]})) == ("a.b:c", "eager")
+    with pytest.raises(ValueError, match=r"packed_dtypes \['bfloat16'\] must be some of the dtypes"):
+        suite.cases(suite.resolve_params("quick", {"packed_dtypes": ["bfloat16"]}))
     with pytest.raises(ValueError, match="named twice: packed_cases"):
         suite.cases(suite.resolve_params("quick", {"packed_cases": [[100, 60], [60, 100]]}))
 
@@ -77,7 +80,7 @@ def test_all_gather_over_a_packing_crossing_a_rank_boundary_is_not_applicable() 
         assert suite.not_applicable(cases[name], 4) is None
     aligned = suite.cases(suite.resolve_params("quick", {"packed_cases": [[40, 40, 20, 20, 40]],
                                                          "candidates": ["all_gather+eager"]}))  # fmt: skip
-    assert [suite.not_applicable(c, 4) for c in aligned if "packed" in c.params] == [None, None]
+    assert [suite.not_applicable(c, 4) for c in aligned if "packed" in c.params] == [None]
 
 
 def test_emulated_case_in_one_process_and_distributed_modes_need_ranks(one_torch_thread: None) -> None:

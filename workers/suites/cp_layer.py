@@ -81,6 +81,7 @@ class CPLayerParams(SuiteParams):
     head_dim: Positive = 128
     conv_size: Positive = 4
     dtypes: tuple[DType, ...] = ("bfloat16",)
+    packed_dtypes: tuple[DType, ...] | None = None  # the packed cases' dtypes, some of dtypes (None: all)
     ref_backend: str = "eager"
     # "same" (the candidate's dtype), as the report compares: its 1e-2 bound is for bf16 against
     # the bf16 eager layer. "float32" measures against an fp32 truth instead, where the bf16
@@ -159,13 +160,13 @@ class CPLayerSuite(Suite):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU, gloo, world size 2, 4 or 8: tiny layer, fp64 and fp32 eager, every mode, a padding
         # case whose valid/padding boundary falls inside a chunk of the last rank (160/151 on
-        # CP2), a packed batch with a sequence across rank boundaries (AllGather: not
+        # CP2), a packed batch with a sequence across rank boundaries in fp64 (AllGather: not
         # applicable). 8 q/k and 8 v heads so Ulysses splits them over up to 8 ranks.
         "quick": {
             "candidates": ("ulysses+eager", "p2p+eager", "all_gather+eager", "p2p_emulated+eager",
                            "none+eager"),
             "seq_lens": (128,), "padding_cases": ((2, 160, 151),), "packed_cases": (PACKED_QUICK,),
-            "emulated_shards": (4,),
+            "packed_dtypes": ("float64",), "emulated_shards": (4,),
             "hidden_size": 32, "qk_heads": 8, "v_heads": 8, "head_dim": 8,
             "dtypes": ("float64", "float32"), "ref_dtype": "same",
             "warmup": 1, "repeat": 5, "transfer_timeout_s": 60.0,
@@ -213,7 +214,12 @@ class CPLayerSuite(Suite):
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, CPLayerParams)
         base = params.model_dump()
-        drop = ("candidates", "seq_lens", "padding_cases", "packed_cases", "dtypes", "emulated_shards")
+        drop = ("candidates", "seq_lens", "padding_cases", "packed_cases", "dtypes", "packed_dtypes",
+                "emulated_shards")  # fmt: skip
+        packed_dtypes = params.dtypes if params.packed_dtypes is None else params.packed_dtypes
+        if set(packed_dtypes) - set(params.dtypes):
+            raise ValueError(f"packed_dtypes {list(packed_dtypes)} must be some of the dtypes "
+                             f"{list(params.dtypes)}; name some of those or set packed_cases=[]")  # fmt: skip
         shapes: list[tuple[int, int, int | None, tuple[int, ...] | None]] = [
             *((1, T, None, None) for T in params.seq_lens),
             *((b, T, valid, None) for b, T, valid in params.padding_cases),
@@ -232,6 +238,8 @@ class CPLayerSuite(Suite):
                     if backend == "eager" and T > params.eager_max_seq_len:  # noqa: SIM300
                         continue
                     if mode == "none" and lens is None:  # the no-CP layer is the reference there
+                        continue
+                    if lens is not None and dtype not in packed_dtypes:
                         continue
                     for shards in shard_counts:
                         p = {k: v for k, v in base.items() if k not in drop}
