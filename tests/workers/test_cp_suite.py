@@ -59,6 +59,7 @@ def test_case_matrix_of_the_presets() -> None:
     assert suite.backends(suite.resolve_params("quick", {"candidates": ["p2p+a.b:c"]})) == ("a.b:c", "eager")
     with pytest.raises(ValueError, match=r"packed_dtypes \['bfloat16'\] must be some of the dtypes"):
         suite.cases(suite.resolve_params("quick", {"packed_dtypes": ["bfloat16"]}))
+    assert suite.cases(suite.resolve_params("quick", {"dtypes": ["float32"], "packed_cases": []}))
     with pytest.raises(ValueError, match="named twice: packed_cases"):
         suite.cases(suite.resolve_params("quick", {"packed_cases": [[100, 60], [60, 100]]}))
 
