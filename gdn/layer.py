@@ -42,7 +42,7 @@ from gdn.cp.comm import (
 from gdn.cp.config import CPConfig, CPError, packed_shard_misfit, ulysses_misfit
 from gdn.cp.p2p import all_gather_gated_delta_rule, p2p_gated_delta_rule
 from gdn.ops import gated_delta_rule
-from gdn.packing import check_cu_seqlens
+from gdn.packing import check_cu_seqlens, shard_segments
 
 L2NORM_EPS = 1e-6
 
@@ -225,6 +225,21 @@ class GatedDeltaNet(nn.Module):
         return torch.cat([self.conv(qkv[:, a:b], halo if a == 0 else None, channels)
                           for a, b in pairwise(cu)], dim=1)  # fmt: skip
 
+    def shard_conv(
+        self, qkv: torch.Tensor, halo: torch.Tensor | None, cu: list[int] | None, lo: int
+    ) -> torch.Tensor:
+        """`conv` of a sequence shard that starts at global token `lo`, after `halo` (its K-1
+        tokens before; None: zeros). Packed (`cu`: offsets over the global T), the halo keeps
+        only tokens of the sequence holding token lo and the conv restarts at every sequence
+        start inside the shard."""
+        if cu is None:
+            return self.conv(qkv, halo)
+        segments, _, start = shard_segments(cu, lo, qkv.shape[1])
+        if halo is not None:
+            keep = torch.arange(lo - halo.shape[1], lo, device=qkv.device) >= start
+            halo = halo * keep.to(halo.dtype)[None, :, None]
+        return self.packed_conv(qkv, segments, None, halo)
+
     def core(
         self, q, k, v, g, beta, *, initial_state: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
@@ -269,9 +284,7 @@ class GatedDeltaNet(nn.Module):
         if cp.mode == "ulysses":
             return self._forward_ulysses(x, m, cu)
         if cu is not None and misfit is None:  # every shard holds whole sequences: nothing crosses
-            lo = cp.rank * x.shape[1]
-            local = [a - lo for a in cu if lo <= a <= lo + x.shape[1]]
-            return self._forward_local(x, m, local)
+            return self._forward_local(x, m, shard_segments(cu, cp.rank * x.shape[1], x.shape[1])[0])
         return self._forward_sequence_sharded(x, m, cu)
 
     def _forward_local(
@@ -292,15 +305,11 @@ class GatedDeltaNet(nn.Module):
         qkv, z, b, a = self.project(x, m)
         width = c.conv_size - 1
         halo = conv_halo(qkv, cp, width, pending, pending_bwd)
+        lo = cp.rank * x.shape[1]
         segments, continues = None, True
         if cu is not None:  # packed, a sequence crosses a boundary (P2P): see p2p_gated_delta_rule
-            lo, T = cp.rank * x.shape[1], x.shape[1]
-            segments = [0, *(s - lo for s in cu if lo < s < lo + T), T]
-            continues = lo not in cu
-            start = max(s for s in cu if s <= lo)  # where the sequence holding token lo began
-            keep = torch.arange(lo - width, lo, device=x.device) >= start  # halo tokens of that sequence
-            halo = halo * keep.to(halo.dtype)[None, :, None]
-        q, k, v = self.split_qkv(self.packed_conv(qkv, segments, None, halo), c.num_qk_heads, c.num_v_heads)
+            segments, continues, _ = shard_segments(cu, lo, x.shape[1])
+        q, k, v = self.split_qkv(self.shard_conv(qkv, halo, cu, lo), c.num_qk_heads, c.num_v_heads)
         g, beta = self.gates(b, a, m)
         if cp.mode == "p2p":
             o = p2p_gated_delta_rule(

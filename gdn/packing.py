@@ -68,3 +68,13 @@ def per_sequence(
         if output_final_state:
             finals.append(ht)
     return torch.cat(outs, dim=1), (torch.cat(finals, dim=0) if output_final_state else None)
+
+
+def shard_segments(cu: list[int], lo: int, length: int) -> tuple[list[int], bool, int]:
+    """How checked offsets `cu` (over the global T) cut the shard of tokens [lo, lo + length):
+    (its local offsets [0, ..., length], whether its first token continues a sequence begun
+    before lo, the global token where the sequence holding token lo began). One rule for the
+    distributed P2P layer and its single-process emulation."""
+    segments = [0, *(s - lo for s in cu if lo < s < lo + length), length]
+    start = max(s for s in cu if s <= lo)
+    return segments, start != lo, start

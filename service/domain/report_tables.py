@@ -263,8 +263,8 @@ def _headline(v: Variant) -> tuple[str, float] | None:
 
 def _baseline(v: Variant, by_params: Mapping[str, Variant]) -> tuple[Variant, str] | None:
     """The row this one is measured against: the same parameters with the CP mode Ulysses, or
-    else with the eager backend (`views.BASELINE_PARAMS`, the report's pairing)."""
-    for key, base in views.BASELINE_PARAMS:
+    else with the job's baseline backend (`views.baseline_pairs`, the report's pairing)."""
+    for key, base in views.baseline_pairs(v.params):
         value = v.params.get(key)
         if value is None or value == base:
             continue
@@ -287,7 +287,8 @@ def gain_cell(base_ms: float, this_ms: float) -> views.Cell:
 def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     """Rows: case variants; columns: fwd / fwd+bwd / backward estimate (stored, else
     median(fwd+bwd) − median(fwd)) / peak allocated / peak reserved, then the gain of the
-    fwd+bwd median over the baseline row (P2P and AllGather vs Ulysses, Triton vs eager)."""
+    fwd+bwd median over the baseline row (P2P and AllGather vs Ulysses, any backend vs the job's
+    baseline backend, eager unless the job names another); the column header names the baseline."""
     rows = variants(cases)
     by_params = {views.params_key(v.params): v for v in rows}
 
@@ -326,7 +327,7 @@ def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     ]
     if "gain" in keys:
         p.notes.append("gain: the baseline row's median fwd+bwd over this row's (same parameters, the CP "
-                       "mode Ulysses or else the eager backend)")  # fmt: skip
+                       "mode Ulysses or else the job's baseline backend)")  # fmt: skip
     p.notes.insert(0, "times: median of the slowest rank per repetition; memory: max over ranks")
     return p
 

@@ -29,8 +29,10 @@ ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("max_rel", "max rel"),
     ("finite", "finite"),
 )
-# The report's baselines: P2P is compared with Ulysses (same backend), Triton with eager. The CP
-# mode comes first: a P2P+Triton case is measured against Ulysses+Triton, as in the report.
+# The report's baselines: P2P is compared with Ulysses (same backend), any other backend with
+# eager, or with the backend the case's job names as its `baseline` (gdn-op's parameter): see
+# `baseline_pairs`. The CP mode comes first: a P2P+Triton case is measured against
+# Ulysses+Triton, as in the report.
 BASELINE_PARAMS: tuple[tuple[str, str], ...] = (("mode", "ulysses"), ("backend", "eager"))
 BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
@@ -202,10 +204,19 @@ def accuracy_rows(cases: Sequence[CaseStats]) -> list[AccuracyRow]:
     return rows
 
 
+def baseline_pairs(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(parameter, baseline value) pairs a case with `params` is measured against, in order: the
+    CP mode Ulysses, then the backend its job names as `baseline` (eager when it names none)."""
+    named = params.get("baseline")
+    if not isinstance(named, str) or not named:
+        return BASELINE_PARAMS
+    return tuple((key, named if key == "backend" else base) for key, base in BASELINE_PARAMS)
+
+
 def find_baseline(case: CaseStats, by_params: Mapping[str, CaseStats]) -> tuple[CaseStats, str] | None:
-    """The case this one is measured against: the same parameters with the baseline backend
-    (eager) or CP mode (Ulysses). Returns (baseline case, label) or None."""
-    for key, base in BASELINE_PARAMS:
+    """The case this one is measured against: the same parameters with the CP mode Ulysses or
+    the baseline backend (`baseline_pairs`). Returns (baseline case, label) or None."""
+    for key, base in baseline_pairs(case.params):
         value = case.params.get(key)
         if value is None or value == base:
             continue
@@ -231,8 +242,8 @@ def baseline_metric(name: str, metrics: Mapping[str, Any]) -> str | None:
 
 def _baseline_of(c: CaseStats, m: MetricStats,
                  case_base: tuple[CaseStats, str] | None) -> tuple[MetricStats, str] | None:
-    """The value this metric is measured against: the same metric of the baseline case (eager
-    backend / Ulysses mode), else the baseline's metric in the same case."""
+    """The value this metric is measured against: the same metric of the baseline case (Ulysses
+    mode / the job's baseline backend), else the baseline's metric in the same case."""
     if case_base is not None and m.metric in case_base[0].metrics:
         return case_base[0].metrics[m.metric], f"{case_base[1]} ({case_base[0].name})"
     other = baseline_metric(m.metric, c.metrics)

@@ -65,11 +65,12 @@ def test_every_step_passes_and_the_files_fit_what_the_device_returns(session) ->
 def test_the_gpu_command_lines_take_the_issue_lengths_per_world_size(session) -> None:  # type: ignore[no-untyped-def]
     out, _ = session
     log = "".join((d / "session.log").read_text() for d in _outs(out))
-    # cp-layer full: CP2 16K/64K, CP4 16K/64K/128K, CP8 64K/128K, always the 8192/7777 padding case;
-    # AllGather+eager stops at 32K, so at CP8 only its padding case remains.
-    assert "cp-layer --preset full --device cuda --world-size 2: 8 case(s)" in log
-    assert "cp-layer --preset full --device cuda --world-size 4: 10 case(s)" in log
-    assert "cp-layer --preset full --device cuda --world-size 8: 7 case(s)" in log
+    # cp-layer full: CP2 16K/64K, CP4 16K/64K/128K, CP8 64K/128K, always the 8192/7777 padding case
+    # and the packed 16K batch (the no-CP layer too); AllGather+eager stops at 32K, so at CP8 only
+    # its padding and packed cases remain.
+    assert "cp-layer --preset full --device cuda --world-size 2: 12 case(s)" in log
+    assert "cp-layer --preset full --device cuda --world-size 4: 14 case(s)" in log
+    assert "cp-layer --preset full --device cuda --world-size 8: 11 case(s)" in log
     assert "p2p_triton_T131072_B1" in log and "ulysses_triton_T8192_B2_valid7777" in log
     # stability and the network speed cases at 16K tokens per rank
     for n in (2, 4, 8):
@@ -84,8 +85,8 @@ def test_the_gpu_command_lines_take_the_issue_lengths_per_world_size(session) ->
 def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-untyped-def]
     out, _ = session
     expected = {
-        "cplayer": 16,  # the quick preset: every mode incl. p2p_emulated, fp64 and fp32
-        "p2plate": 4,  # P2P alone, fp64 and fp32, with the late state hand-off
+        "cplayer": 21,  # the quick preset: every mode incl. p2p_emulated and none, fp64 and fp32
+        "p2plate": 5,  # P2P alone, fp64 and fp32, with the late state hand-off
         "stability": 3,
         "network": 4,
         "network8l": 4,
@@ -94,7 +95,10 @@ def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-u
     for name, count in expected.items():
         doc = json.loads(_read(out, f"{name}.json"))
         assert (doc["device"], doc["world_size"], doc["exit_code"]) == ("cpu", 2, 0), name
-        assert len(doc["cases"]) == count and all(c["status"] == "passed" for c in doc["cases"]), name
+        # AllGather over quick's packed batch is not applicable (a sequence crosses the boundary)
+        skip = {c["name"] for c in doc["cases"] if c["name"].startswith("all_gather_eager_T160_B1_packed")}
+        ok = all(c["status"] == ("skipped" if c["name"] in skip else "passed") for c in doc["cases"])
+        assert len(doc["cases"]) == count and ok, name
     traj = json.loads(_read(out, "traj.json"))
     assert {c["name"] for c in traj["cases"]} == {f"traj/{m}/ckpt-{c}" for m in ("p2p", "ulysses")
                                                   for c in ("off", "full")}  # fmt: skip
@@ -120,7 +124,7 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     summary = (out / "summary.txt").read_text()
     assert "plan rc=0 (N=8" in summary
     log = (out / "session.log").read_text()
-    assert "cp-layer --preset full --device cuda --world-size 8: 7 case(s)" in log
+    assert "cp-layer --preset full --device cuda --world-size 8: 11 case(s)" in log
     traj = next(line for line in log.splitlines() if line.startswith("=== traj"))
     for part in ('modes=["p2p"]', "steps=7", "seq_len=32768", f"{tmp_path}/refs/traj_T32768_S7_eager.json",
                  "reference_checkpoint=full", "--world-size 8", "--deadline 60"):  # fmt: skip

@@ -165,6 +165,29 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
     engine.dispose()
 
 
+def test_cp_layer_quick_runs_ulysses_and_p2p_over_it_on_two_ranks(ext_repo, tmp_path: Path) -> None:
+    """cp-layer's quick preset over the right commit on 2 gloo ranks (the local executor installs
+    it, the ranks find it by its entry point): Ulysses and P2P over the packed batch (a sequence
+    across the rank boundary) equal its own no-CP layer (run on each sequence alone) to 1e-9 in
+    fp64; the job records where the backend came from."""
+    repo, right, _ = ext_repo
+    sink = RecordingSink()
+    params = {"candidates": ["ulysses+extgdn", "p2p+extgdn"], "ref_backend": "extgdn", "dtypes": ["float64"],
+              "seq_lens": [], "padding_cases": [], "timing": False}  # fmt: skip
+    spec = JobSpec(job_id=2, suite="cp-layer", preset="quick", params=params, world_size=2, deadline_s=300.0,
+                   backend_source=f"git+{repo}@{right}")  # fmt: skip
+    outcome = LocalExecutor(cache_dir=tmp_path / "snapshots").run(spec, sink, threading.Event())
+    assert outcome.status == "succeeded", (outcome, sink.cases)
+    names = {"ulysses_extgdn_T160_B1_packed4", "p2p_extgdn_T160_B1_packed4"}
+    assert sink.cases == {n: ("passed", None) for n in names}
+    for metric in ("fp64_worst_rel_l2", "cp_worst_rel_l2", "hop_counts_ok"):
+        got = {(s.case, s.rank): s.value for s in sink.samples_ if s.metric == metric}
+        assert set(got) == {(n, r) for n in names for r in (0, 1)}, got
+        assert all(v == 1.0 for v in got.values()) if metric == "hop_counts_ok" else max(got.values()) <= 1e-9
+    prov = {b["backend"]: b for info in sink.infos for b in info.get("backends", [])}
+    assert (prov["extgdn"]["distribution"], prov["extgdn"]["commit"]) == ("ext-gdn", right)
+
+
 def test_sources_that_cannot_be_had_are_refused(ext_repo, tmp_path: Path) -> None:
     repo, _, _ = ext_repo
     with pytest.raises(BackendSourceError, match=r"expected 'git\+<repository>@<commit>'"):

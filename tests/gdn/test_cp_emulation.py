@@ -75,6 +75,34 @@ def test_emulated_layer_equals_layer_with_padding() -> None:
         assert rel_l2(a, b) <= TOL
 
 
+# (lengths, shards, hops): a sequence across one boundary and through a whole middle shard (P = 4:
+# shard 2 is one sequence's middle, shard 1 ends one and starts the next), across several at P = 8,
+# and a packing whose every shard boundary is a sequence boundary (each shard alone: no hop)
+PACKINGS = [((1, 63, 65, 31), 4, 3), ((5, 20, 120, 15), 8, 7), ((40, 20, 20, 40, 40), 4, 0)]
+
+
+@pytest.mark.parametrize(("lens", "shards", "hops"), PACKINGS)
+def test_emulated_layer_equals_the_packed_layer(lens: tuple[int, ...], shards: int, hops: int) -> None:
+    cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
+    layer = gdn_layer_init_(GatedDeltaNet(cfg), 5).double()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, sum(lens), 32, dtype=torch.float64, generator=gen).requires_grad_(True)
+    dy = torch.randn(1, sum(lens), 32, dtype=torch.float64, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    params = [x, *layer.parameters()]
+    stats = EmulationStats()
+    y = emulated_p2p_layer(layer, x, num_shards=shards, stats=stats, cu_seqlens=cu)
+    grads = torch.autograd.grad(y, params, dy)
+    y_ref = layer(x, cu_seqlens=cu)
+    grads_ref = torch.autograd.grad(y_ref, params, dy)
+    assert rel_l2(y, y_ref) <= TOL
+    for a, b in zip(grads, grads_ref, strict=True):
+        assert rel_l2(a, b) <= TOL
+    assert stats.forward_hops == hops
+    # the packing is honoured: the same tokens as one sequence give another output
+    assert rel_l2(emulated_p2p_layer(layer, x, num_shards=shards), y_ref) > 1e-3
+
+
 def test_emulated_layer_rejects_shards_shorter_than_halo() -> None:
     cfg = GDNLayerConfig(hidden_size=16, num_qk_heads=1, num_v_heads=1, head_dim=8)
     layer = GatedDeltaNet(cfg)

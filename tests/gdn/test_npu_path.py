@@ -338,4 +338,6 @@ def test_quick_suites_pass_on_two_gloo_ranks_under_hccl_rules(args, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     doc = json.loads(out_json.read_text())
     assert doc["status"] == "succeeded" and doc["cases"]
-    assert all(c["status"] in ("passed", "expected_error") for c in doc["cases"])
+    # skipped: only a case that cannot apply (cp-layer's AllGather over its packed batch)
+    assert all(c["status"] in ("passed", "expected_error")
+               or (c["status"] == "skipped" and "not applicable" in c["error"]) for c in doc["cases"])

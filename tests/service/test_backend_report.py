@@ -2,11 +2,14 @@
 
 `gdnval run gdn-op` runs two backends here on the CPU, `eager` and a one-off `module:function`
 backend (the per-token oracle, which keeps the protocol and carries autograd), both timed, on a
-plain and a packed shape; the run is stored as two jobs of the store. Then:
+plain and a packed shape, with the one-off backend as the job's `baseline` (not eager); the run
+is stored as two jobs of the store. Then:
 - `gdnval report` puts the backends side by side, one row per shape, a column group per backend,
   each cell the stored number (the in-case ratio to the baseline, the worst tensor's rel-L2), and
-  names where each backend's code came from;
-- the job page labels every table row and case with its backend and lists the backends' sources;
+  names where each backend's code came from; its speed table's gain column is against the job's
+  baseline backend and says so in its header;
+- the job page labels every table row and case with its backend and lists the backends' sources,
+  and its speed-ups are against the job's baseline backend;
 - the compare page labels every case with its backend.
 """
 
@@ -23,6 +26,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.domain.numbers import fmt
+from service.domain.report_tables import gain_cell
 from service.persistence import db
 from service.settings import Settings
 from tests.support.run_json import store_run
@@ -37,7 +41,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     tmp = tmp_path_factory.mktemp("backend-report")
     run = tmp / "run.json"
-    params = {"backends": list(BACKENDS), "timed_backends": None, "modes": ["stateful"],
+    params = {"backends": list(BACKENDS), "baseline": ONE_OFF, "timed_backends": None, "modes": ["stateful"],
               "packed": [[1, 63, 65]], "warmup": 1, "repeat": 3, "eager_warmup": 1, "eager_repeat": 3}
     args = ["run", "gdn-op", "--preset", "quick", "--json", str(run)]
     args += [x for k, v in params.items() for x in ("--param", f"{k}={json.dumps(v)}")]
@@ -83,7 +87,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:2] == ["T", "packed"]
     for b in BACKENDS:  # a column group per backend, in the job's order
-        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × eager",
+        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × {ONE_OFF}",
                                                                  f"{b}: worst rel-L2"]  # fmt: skip
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
@@ -95,9 +99,26 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
             worst = max((v, m.removesuffix("_rel_l2")) for (c, m), v in med.items()
                         if c == name and m.endswith("_rel_l2"))  # fmt: skip
             assert row[f"{b}: worst rel-L2"] == f"{fmt(worst[0])} ({worst[1]})"
-        assert row["eager: × eager"] == "1 (baseline)"
-        ratio = med[(by_backend[ONE_OFF], "ratio_to_baseline")]
-        assert row[f"{ONE_OFF}: × eager"] == f"{fmt(ratio)}×"  # measured in the case, not across cases
+        assert row[f"{ONE_OFF}: × {ONE_OFF}"] == "1 (baseline)"
+        ratio = med[(by_backend["eager"], "ratio_to_baseline")]
+        assert row[f"eager: × {ONE_OFF}"] == f"{fmt(ratio)}×"  # measured in the case, not across cases
+
+    # Speed and memory: the gain of each row over the same shape on the job's baseline backend
+    speed = [ln for ln in _section(md, "Speed and memory").splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in speed[0].strip("|").split("|")]
+    assert header[-1] == f"gain vs {ONE_OFF}" and not any("eager" in h for h in header), header
+    rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in speed[2:]]
+    assert len(rows) == 4
+    for row in rows:
+        backend = row["backend"].split("]")[0].lstrip("[")
+        name = next(n for n, c in cases.items() if c["params"]["backend"] == backend
+                    and str(c["params"]["seq_len"]) == row["T"])  # fmt: skip
+        if backend == ONE_OFF:
+            assert row[header[-1]] == "–"  # the baseline itself
+            continue
+        base = next(n for n, c in cases.items() if c["params"]["backend"] == ONE_OFF
+                    and c["params"]["seq_len"] == cases[name]["params"]["seq_len"])  # fmt: skip
+        assert row[header[-1]] == gain_cell(med[(base, "fwd_bwd_ms")], med[(name, "fwd_bwd_ms")]).text
 
 
 def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> None:
@@ -120,6 +141,13 @@ def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> N
     for name, b in backend_of.items():
         heading = rf'<h3 id="h-[0-9a-f]+">{re.escape(name)} .*?data-backend="{re.escape(b)}"'
         assert re.search(heading, job.text)
+
+    # the speed table's speed-ups: every eager row against the same shape on the job's baseline
+    speed = job.text.split('id="speed-table"', 1)[1].split("</table>", 1)[0]
+    against = re.findall(r'<td class="hide-narrow small">([^<]*)</td>', speed)
+    eager_cases = sorted(n for n, b in backend_of.items() if b == "eager")
+    assert {a for a in against if a} == {f"vs {ONE_OFF} ({n.replace('_eager', '_' + ONE_OFF)})"
+                                         for n in eager_cases}, against  # fmt: skip
 
     cells = re.findall(r'<td rowspan="\d+" class="casecell"><strong>([^<]+)</strong> '
                        r'<span class="backend-tag" data-backend="([^"]+)"', cmp.text)  # fmt: skip

@@ -59,8 +59,9 @@ def test_dry_run_lists_the_cases_of_a_gpu_job_without_starting_ranks(tmp_path: P
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "cp-layer --preset full --device cuda --world-size 8: 7 case(s)"
+    assert lines[0] == "cp-layer --preset full --device cuda --world-size 8: 11 case(s)"
     assert "  p2p_triton_T131072_B1" in lines and "  all_gather_eager_T8192_B2_valid7777" in lines
+    assert "  none_triton_T16384_B1_packed8" in lines  # the packed 16K batch, every mode
     assert not report.exists()  # nothing ran, nothing written
     bad = CliRunner().invoke(main, ["run", "cp-layer", "--param", 'candidates=["ring+eager"]', "--dry-run"])
     assert bad.exit_code == 2 and "bad candidate 'ring+eager'" in bad.output

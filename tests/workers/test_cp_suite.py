@@ -32,20 +32,59 @@ def test_case_matrix_of_the_presets() -> None:
     # AllGather runs eager only, and eager stops at eager_max_seq_len.
     assert {n for n in full if n.startswith("all_gather")} == {
         "all_gather_eager_T8192_B1", "all_gather_eager_T16384_B1", "all_gather_eager_T32768_B1",
-        "all_gather_eager_T8192_B2_valid7777",
+        "all_gather_eager_T8192_B2_valid7777", "all_gather_eager_T16384_B1_packed8",
     }  # fmt: skip
+    # one packed 16K batch (8 sequences) under every mode; the no-CP layer on packed batches only
+    packed = {n: p for n, p in full.items() if "packed" in p}
+    assert set(packed) == {f"{m}_T16384_B1_packed8" for m in
+                           ("ulysses_triton", "p2p_triton", "all_gather_eager", "none_triton")}  # fmt: skip
+    assert all(sum(p["packed"]) == p["seq_len"] == 16384 and p["batch"] == 1 for p in packed.values())
+    assert [n for n in full if n.startswith("none")] == ["none_triton_T16384_B1_packed8"]
+    assert "packed" not in full["p2p_triton_T8192_B1"]  # unpacked cases keep their parameters
     gate = [c.name for c in suite.cases(suite.resolve_params("gate"))]
     assert gate == [
         "p2p_emulated4_triton_T8192_B1", "p2p_emulated8_triton_T8192_B1",
         "p2p_emulated4_triton_T8192_B2_valid7777", "p2p_emulated8_triton_T8192_B2_valid7777",
+        "p2p_emulated4_triton_T8192_B1_packed7", "p2p_emulated8_triton_T8192_B1_packed7",
+        "none_triton_T8192_B1_packed7",
     ]  # fmt: skip
     quick = suite.cases(suite.resolve_params("quick"))
-    assert len(quick) == 16 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    assert len(quick) == 21 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
+    packed = [c for c in quick if "packed" in c.params]  # 5 candidates, fp64 only (packed_dtypes)
+    assert len(packed) == 5 and {c.params["dtype"] for c in packed} == {"float64"}
     with pytest.raises(ValueError, match="bad candidate 'ring\\+eager'"):
         suite.cases(suite.resolve_params("quick", {"candidates": ["ring+eager"]}))
+    # the backends whose provenance the ranks record: every candidate's and the reference's
+    assert suite.backends(suite.resolve_params("full")) == ("triton", "eager")
+    assert suite.backends(suite.resolve_params("quick", {"candidates": ["p2p+a.b:c"]})) == ("a.b:c", "eager")
+    with pytest.raises(ValueError, match=r"packed_dtypes \['bfloat16'\] must be some of the dtypes"):
+        suite.cases(suite.resolve_params("quick", {"packed_dtypes": ["bfloat16"]}))
+    assert suite.cases(suite.resolve_params("quick", {"dtypes": ["float32"], "packed_cases": []}))
+    with pytest.raises(ValueError, match="named twice: packed_cases"):
+        suite.cases(suite.resolve_params("quick", {"packed_cases": [[100, 60], [60, 100]]}))
 
 
-def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None:
+def test_all_gather_over_a_packing_crossing_a_rank_boundary_is_not_applicable() -> None:
+    """AllGather cannot carry a sequence's state over a rank boundary: such a packed case is
+    skipped at that world size with the sequence and boundary named; P2P and Ulysses run it, and
+    AllGather runs a packing whose rank boundaries are all sequence boundaries."""
+    from workers.registry import get_suite
+
+    suite = get_suite("cp-layer")
+    cases = {c.name: c for c in suite.cases(suite.resolve_params("quick"))}
+    ag = cases["all_gather_eager_T160_B1_packed4_float64"]  # offsets 0, 1, 64, 129, 160
+    for world, seq, edge in ((2, "2 (tokens [64, 129))", 80), (4, "1 (tokens [1, 64))", 40),
+                             (8, "1 (tokens [1, 64))", 20)):  # the first crossing is named
+        why = suite.not_applicable(ag, world) or ""
+        assert f"sequence {seq}" in why and f"boundary at token {edge} " in why, why
+    for name in ("p2p_eager_T160_B1_packed4_float64", "ulysses_eager_T160_B1_packed4_float64"):
+        assert suite.not_applicable(cases[name], 4) is None
+    aligned = suite.cases(suite.resolve_params("quick", {"packed_cases": [[40, 40, 20, 20, 40]],
+                                                         "candidates": ["all_gather+eager"]}))  # fmt: skip
+    assert [suite.not_applicable(c, 4) for c in aligned if "packed" in c.params] == [None]
+
+
+def test_emulated_case_in_one_process_and_distributed_modes_need_ranks(one_torch_thread: None) -> None:
     import torch
 
     from gdn.cp import CPError
@@ -55,6 +94,13 @@ def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None
     suite = get_suite("cp-layer")
     cases = {c.name: c for c in suite.cases(suite.resolve_params("quick"))}
     ctx = RankContext(0, 1, torch.device("cpu"), "cpu", seed=3)
+    for name in ("p2p_emulated4_eager_T160_B1_packed4_float64", "none_eager_T160_B1_packed4_float64"):
+        samples = list(suite.run(ctx, cases[name]))  # the packed batch against each sequence alone
+        by = {s.metric: s.value for s in samples}
+        assert all(suite.metric(s.metric).passes(s.value) for s in samples), (name, samples)
+        assert by["fp64_worst_rel_l2"] <= 1e-9, name
+        assert by.get("hops_state_fwd", 3) == 3  # the emulation's chain crosses all 3 boundaries
+    assert by["fwd_bwd_ms"] > 0 and "hops_state_fwd" not in by  # the no-CP layer: timed, no chain
     samples = list(suite.run(ctx, cases["p2p_emulated4_eager_T160_B2_valid151_float64"]))
     by = {s.metric: s.value for s in samples}
     assert all(suite.metric(s.metric).passes(s.value) for s in samples)
@@ -68,7 +114,7 @@ def test_emulated_case_in_one_process_and_distributed_modes_need_ranks() -> None
 
 
 @pytest.mark.slow  # runs cp-layer cases
-def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
+def test_cp_share_is_measured_against_the_candidates_own_layer(one_torch_thread: None) -> None:
     """With a reference of another dtype (or backend), the candidate is also paired with its own
     no-CP layer, so the two layers' rounding drops out of `cp_worst_rel_l2`."""
     from dataclasses import replace
@@ -93,7 +139,25 @@ def test_cp_share_is_measured_against_the_candidates_own_layer() -> None:
     assert compare_emulated(replace(case, ref_dtype=None), 4, cpu).plain is None
 
 
-PLUGIN = "gdn.reference:recurrent_gated_delta_rule"  # a backend by name: the per-token recurrence
+def test_a_packed_reference_runs_each_sequence_alone(one_torch_thread: None) -> None:
+    """The packed cases' reference restarts at every sequence: a layer that ignored the packing
+    (the same tokens as one sequence) would be far from it, so the packed cases have teeth."""
+    import torch
+
+    from gdn.layer import GDNLayerConfig
+    from tests.support.gdn_inputs import rel_l2
+    from workers.harness.cp_compare import LayerCase, build_layer, make_inputs, reference_layer_step
+
+    cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
+    cpu = torch.device("cpu")
+    case = LayerCase(cfg, "none", seq_len=160, packed=(1, 63, 65, 31), seed=2)
+    _, y_ref, _, _ = reference_layer_step(case, cpu)
+    x, _, _ = make_inputs(case, cpu)
+    layer = build_layer(case, None, "eager", cpu)
+    assert rel_l2(layer(x, None, case.cu_seqlens(cpu)), y_ref) <= 1e-12
+    assert rel_l2(layer(x), y_ref) > 1e-3
+    with pytest.raises(ValueError, match="lengths summing to seq_len=128"):
+        LayerCase(cfg, "p2p", seq_len=128, packed=(1, 63, 65, 31))
 
 
 def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str, float, bool]]:
@@ -106,10 +170,7 @@ def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str,
     suite = get_suite("cp-layer")
     ctx = RankContext(rank, world, torch.device("cpu"), "cpu", group=dist.group.WORLD, seed=7)
     out = []
-    plugin = [f"{mode}+{PLUGIN}" for mode in ("p2p", "ulysses")]
-    params = suite.resolve_params("quick")
-    params = suite.resolve_params("quick", {"candidates": [*params.candidates, *plugin]})
-    for case in suite.cases(params):
+    for case in suite.cases(suite.resolve_params("quick")):
         if case.name in names:
             for s in suite.run(ctx, case):
                 out.append((case.name, s.metric, s.value, suite.metric(s.metric).passes(s.value)))
@@ -118,8 +179,10 @@ def _rank_suite(rank: int, world: int, names: list[str]) -> list[tuple[str, str,
 
 @pytest.mark.slow
 def test_quick_cases_pass_on_two_ranks() -> None:
+    """Quick cases on 2 gloo ranks (Ulysses and P2P over a backend from elsewhere, found by its
+    entry point: tests/e2e/test_external_backend.py)."""
     names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64",
-             f"p2p_{PLUGIN}_T128_B1_float64", f"ulysses_{PLUGIN}_T128_B1_float64"]  # fmt: skip
+             "p2p_eager_T160_B1_packed4_float64"]  # fmt: skip
     per_rank = run_distributed(_rank_suite, 2, (names,), timeout_s=180)
     for rank, samples in enumerate(per_rank):
         failed = [s for s in samples if not s[3]]
@@ -129,8 +192,8 @@ def test_quick_cases_pass_on_two_ranks() -> None:
         assert by[(names[0], "hop_counts_ok")] == 1.0
         assert by[(names[0], "hops_state_fwd")] == 1 and by[(names[0], "hops_halo")] == 2
         assert by[(names[1], "hops_state_fwd")] == 0
-        for plugin_case in names[2:]:  # P2P and Ulysses over a backend named by module:function
-            assert by[(plugin_case, "fp64_worst_rel_l2")] <= 1e-9
-            assert by[(plugin_case, "cp_worst_rel_l2")] <= 1e-9
+        # a packed batch, one sequence across the rank boundary: exact, the chain as unpacked
+        assert by[(names[2], "fp64_worst_rel_l2")] <= 1e-9 and by[(names[2], "hop_counts_ok")] == 1.0
+        assert by[(names[2], "hops_state_fwd")] == 1 and by[(names[2], "hops_halo")] == 2
         assert by[(names[0], "padding_output_max_abs")] == 0.0
         assert sum(1 for c, m, _, _ in samples if c == names[0] and m == "fwd_bwd_ms") == 5  # quick repeat

@@ -137,8 +137,8 @@ def test_fake_accelerators_place_one_actor_per_bundle(executor, cluster, device:
 
 
 def test_spread_cp_layer_job_runs_on_two_nodes(executor, cluster, one_torch_thread) -> None:
-    params = {"candidates": ["p2p+eager"], "seq_lens": [256], "padding_cases": [], "dtypes": ["float32"],
-              "warmup": 0, "repeat": 1}  # fmt: skip
+    params = {"candidates": ["p2p+eager"], "seq_lens": [256], "padding_cases": [], "packed_cases": [],
+              "dtypes": ["float32"], "warmup": 0, "repeat": 1}  # fmt: skip
     outcome, sink, _ = _run(executor, suite="cp-layer", params=params, world_size=4, placement="SPREAD")
     assert outcome.status == "succeeded", outcome.error
     assert sink.cases and all(s == "passed" for s, _ in sink.cases.values()), sink.cases

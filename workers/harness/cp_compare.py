@@ -1,14 +1,18 @@
 """One CP layer case against the no-CP reference, on every rank of a CP group.
 
 Both sides are built from the same seed on every rank: the reference runs the full sequence, the
-candidate this rank's shard. Parameter gradients of the candidate are summed over the group (what
-FSDP's reduce does) before they are compared with the reference's. Used by the tests and by the
-`cp-layer` suite, so both check exactly the same thing.
+candidate this rank's shard. A packed case (`packed`: sequence lengths, B = 1) runs the candidate
+on the packed batch (`cu_seqlens`) and the reference on each sequence alone, so the comparison
+says that packing (and CP over it) changes nothing. Parameter gradients of the candidate are
+summed over the group (what FSDP's reduce does) before they are compared with the reference's.
+Used by the tests and by the `cp-layer` suite, so both check exactly the same thing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, pairwise
+from typing import Any
 
 import torch
 
@@ -19,7 +23,8 @@ from gdn.layer import GatedDeltaNet, GDNLayerConfig, gdn_layer_init_
 
 @dataclass(frozen=True)
 class LayerCase:
-    """Inputs of one comparison. Row 0 of the batch is all valid; rows >= 1 hold `valid_len` tokens."""
+    """Inputs of one comparison. Row 0 of the batch is all valid; rows >= 1 hold `valid_len` tokens.
+    `packed`: the lengths of the sequences packed into the batch (B = 1, they sum to seq_len)."""
 
     config: GDNLayerConfig
     mode: str
@@ -31,6 +36,22 @@ class LayerCase:
     seq_len: int = 64
     valid_len: int | None = None
     seed: int = 0
+    packed: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.packed is not None and (self.batch != 1 or sum(self.packed) != self.seq_len
+                                        or self.valid_len is not None):  # fmt: skip
+            raise ValueError(f"a packed case needs batch 1, no valid_len and lengths summing to seq_len="
+                             f"{self.seq_len}; got batch {self.batch}, valid_len {self.valid_len}, "
+                             f"packed {self.packed} (sum {sum(self.packed)})")  # fmt: skip
+
+    def offsets(self) -> list[int] | None:
+        """The packed sequences' offsets [0, ..., seq_len], or None."""
+        return None if self.packed is None else [0, *accumulate(self.packed)]
+
+    def cu_seqlens(self, device: torch.device) -> torch.Tensor | None:
+        cu = self.offsets()
+        return None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
 
 
 @dataclass
@@ -81,14 +102,23 @@ def build_layer(
 def reference_layer_step(
     case: LayerCase, device: torch.device
 ) -> tuple[GatedDeltaNet, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The no-CP layer on the full sequence: (layer with grads, output, input grad, mask)."""
+    """The no-CP layer on the full sequence (a packed case: on each sequence alone, the outputs
+    joined, the gradients summed): (layer with grads, output, input grad, mask)."""
     ref_dtype = case.ref_dtype or case.dtype
     x, mask, dy = make_inputs(case, device, ref_dtype)
     ref = build_layer(case, None, case.ref_backend, device, ref_dtype)
     x = x.clone().requires_grad_(True)
-    y = ref(x, mask)
-    y.backward(dy)
-    return ref, y.detach(), x.grad, mask  # type: ignore[return-value]
+    cu = case.offsets()
+    if cu is None:
+        y = ref(x, mask)
+        y.backward(dy)
+        return ref, y.detach(), x.grad, mask  # type: ignore[return-value]
+    outs = []
+    for a, b in pairwise(cu):
+        y = ref(x[:, a:b])
+        y.backward(dy[:, a:b])
+        outs.append(y.detach())
+    return ref, torch.cat(outs, dim=1), x.grad, mask  # type: ignore[return-value]
 
 
 def cp_layer_step(
@@ -102,7 +132,7 @@ def cp_layer_step(
     layer = build_layer(case, cp, case.backend, device)
     x_loc = shard_sequence(x, cp, 1).clone().requires_grad_(True)
     m_loc = None if mask is None else shard_sequence(mask, cp, 1)
-    y = layer(x_loc, m_loc)
+    y = layer(x_loc, m_loc, case.cu_seqlens(device))
     y.backward(shard_sequence(dy, cp, 1))
     sum_param_grads(layer, cp)
     return layer, y.detach(), x_loc.grad, m_loc  # type: ignore[return-value]
@@ -171,11 +201,23 @@ def compare_emulated(case: LayerCase, num_shards: int, device: torch.device) -> 
     """The single-process P2P emulation (`num_shards` shards, the case's backend) vs the no-CP layer."""
     from gdn.cp.emulation import emulated_p2p_layer
 
+    return _compare_in_process(case, device, lambda layer, x, mask, cu: emulated_p2p_layer(
+        layer, x, mask, num_shards=num_shards, cu_seqlens=cu))  # fmt: skip
+
+
+def compare_no_cp(case: LayerCase, device: torch.device) -> LayerComparison:
+    """The no-CP layer (the case's backend and dtype) on the whole batch vs the reference: for a
+    packed case, the packed layer against each sequence alone."""
+    return _compare_in_process(case, device, lambda layer, x, mask, cu: layer(x, mask, cu))
+
+
+def _compare_in_process(case: LayerCase, device: torch.device, forward: Any) -> LayerComparison:
+    """`forward(layer, x, mask, cu_seqlens)` on the full batch in this process vs the reference."""
     ref, y_ref, dx_ref, _ = reference_layer_step(case, device)
     x, mask, dy = make_inputs(case, device)
     cand = build_layer(case, None, case.backend, device)
     x = x.clone().requires_grad_(True)
-    y = emulated_p2p_layer(cand, x, mask, num_shards=num_shards)
+    y = forward(cand, x, mask, case.cu_seqlens(device))
     y.backward(dy)
     out = _pair(cand, y.detach(), x.grad, ref, y_ref, dx_ref, None)  # type: ignore[arg-type]
     del ref, y_ref, dx_ref

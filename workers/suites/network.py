@@ -212,6 +212,10 @@ class NetworkSuite(Suite):
         assert isinstance(params, NetworkParams)
         return params.repeat if params.speed else 0
 
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        assert isinstance(params, NetworkParams)
+        return tuple(dict.fromkeys((params.backend, params.reference_backend)))
+
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, NetworkParams)
         _check(params)

@@ -52,6 +52,10 @@ class ProfileSuite(Suite):
         Metric("trace_bytes", "bytes", "memory", description="size of this rank's trace file"),
     )  # fmt: skip
 
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        assert isinstance(params, ProfileParams)
+        return (params.backend,)
+
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, ProfileParams)
         check_modes_and_dtype(params.modes, CP_MODES, params.dtype)

@@ -79,6 +79,10 @@ class StabilitySuite(Suite):
         assert isinstance(params, StabilityParams)
         return params.passes
 
+    def backends(self, params: SuiteParams) -> tuple[str, ...]:
+        assert isinstance(params, StabilityParams)
+        return (params.backend,)
+
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, StabilityParams)
         check_modes_and_dtype(params.modes, CP_MODES[1:], params.dtype, what="distributed CP mode")
