@@ -132,8 +132,3 @@ def test_suites_take_backends_by_name_and_refuse_malformed_ones() -> None:
     with pytest.raises(ValueError, match=r"baseline 'fla' is not one of the backends \['eager'\]"):
         op.cases(op.resolve_params("quick", {"backends": ["eager"], "baseline": "fla"}))
     assert op.backends(op.resolve_params("full")) == ("eager", "triton", "fla")
-    # the ranks record the provenance of each core a job runs: cp-layer's and network's too
-    assert cp.backends(cp.resolve_params("quick", {"candidates": ["ulysses+extgdn", "p2p+eager"]})) == (
-        "extgdn", "eager")
-    net = get_suite("network")
-    assert net.backends(net.resolve_params("quick", {"backend": "extgdn"})) == ("extgdn", "eager")

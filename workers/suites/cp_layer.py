@@ -207,11 +207,6 @@ class CPLayerSuite(Suite):
         assert isinstance(params, CPLayerParams)
         return tuple(dict.fromkeys([*(c.partition("+")[2] for c in params.candidates), params.ref_backend]))
 
-    def backends(self, params: SuiteParams) -> tuple[str, ...]:
-        assert isinstance(params, CPLayerParams)
-        cores = (cand.partition("+")[2] for cand in params.candidates)
-        return tuple(dict.fromkeys((*cores, params.ref_backend)))
-
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, CPLayerParams)
         return params.repeat if params.timing else 0

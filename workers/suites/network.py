@@ -204,10 +204,6 @@ class NetworkSuite(Suite):
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         return ulysses_misfit_of_model(case, world_size)
 
-    def backends(self, params: SuiteParams) -> tuple[str, ...]:
-        assert isinstance(params, NetworkParams)
-        return tuple(dict.fromkeys((params.backend, params.reference_backend)))
-
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, NetworkParams)
         return params.repeat if params.speed else 0
