@@ -24,17 +24,24 @@ STEPS = tuple(step for call in CALLS for step in call)
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """Both calls with one $OUT each; returns the first call's $OUT (the second's is `out2` in the
-    same folder) and the last failing (else the last) process."""
+    same folder) and the last failing (else the last) process. The two calls are independent
+    (their own $OUT, temporary folder and free ports), as on two device machines: they run side
+    by side, each mostly one process at a time, so the second core is not left idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
     base = tmp_path_factory.mktemp("device-out")
     env = {**os.environ, "DRY_CPU": "1", "PYTHON": sys.executable}
     env.pop("NCCL_NVLS_ENABLE", None)
-    procs = []
-    for i, steps in enumerate(CALLS):
-        env["OUT"] = str(base / ("out" if i == 0 else f"out{i + 1}"))
-        procs.append(subprocess.run(
-            ["bash", "benchmarks/multi_gpu_session.sh", *steps],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-        ))  # fmt: skip
+
+    def call(i: int) -> subprocess.CompletedProcess[str]:
+        out = str(base / ("out" if i == 0 else f"out{i + 1}"))
+        return subprocess.run(
+            ["bash", "benchmarks/multi_gpu_session.sh", *CALLS[i]],
+            cwd=ROOT, env={**env, "OUT": out}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(len(CALLS)) as pool:
+        procs = list(pool.map(call, range(len(CALLS))))
     return base / "out", next((p for p in procs if p.returncode), procs[-1])
 
 
@@ -117,10 +124,15 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     env = {**os.environ, "NGPU": "8", "PYTHON": sys.executable, "OUT": str(out), "BUDGET": "200",
            "REFS": str(tmp_path / "refs")}  # fmt: skip
     env.pop("DRY_CPU", None)
+    # DETERMINISTIC=1 (checked last) runs beside the first call: its own $OUT, nothing shared
+    det_env = {**env, "OUT": str(tmp_path / "det"), "DETERMINISTIC": "1"}
+    det = subprocess.Popen(["bash", "benchmarks/multi_gpu_session.sh", "traj:7:80:32768:\"p2p\""],
+                           cwd=ROOT, env=det_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc = subprocess.run(
         ["bash", "benchmarks/multi_gpu_session.sh", "plan", "traj:7:80:32768:\"p2p\""],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    det.wait(timeout=120)
     summary = (out / "summary.txt").read_text()
     assert "plan rc=0 (N=8" in summary
     log = (out / "session.log").read_text()
@@ -134,11 +146,6 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     assert [c["name"] for c in doc["cases"]] == ["traj/p2p/ckpt-off", "traj/p2p/ckpt-full"]
     assert "--deterministic" not in traj
     # DETERMINISTIC=1: the job runs deterministic, and its reference has a name of its own
-    env.update(OUT=str(tmp_path / "det"), DETERMINISTIC="1")
-    subprocess.run(
-        ["bash", "benchmarks/multi_gpu_session.sh", "traj:7:80:32768:\"p2p\""],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
     log = (tmp_path / "det" / "session.log").read_text()
     traj = next(line for line in log.splitlines() if line.startswith("=== traj"))
     assert "--deterministic" in traj and f"{tmp_path}/refs/traj_T32768_S7_eager_det.json" in traj

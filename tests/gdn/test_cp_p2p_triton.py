@@ -12,6 +12,10 @@ the same hand-off inside the model with FSDP and activation checkpointing.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +31,32 @@ pytestmark = pytest.mark.skipif(
 
 LOCAL_T = 80  # not a multiple of the chunk (64): every shard ends inside a chunk
 NAMES = ("q", "k", "v", "g", "beta")
+ROOT = Path(__file__).resolve().parents[2]
+# the network test's job (see its docstring): model small-128 (head dim 128 for the kernels), P2P +
+# Triton on 2 gloo ranks with FSDP, checkpoint off against the eager reference, determinism pair
+NETWORK_RUN = ("network", "--preset", "quick", "--device", "cpu", "--world-size", "2",
+               "--param", "model=small-128", "--param", "backend=triton", "--param", 'modes=["p2p"]',
+               "--param", 'checkpoints=["off"]', "--param", "seq_len=128", "--param", "speed=false",
+               "--param", 'determinism_modes=["p2p"]', "--param", "steps=2", "--param", "determinism_steps=2",
+               "--param", "valid_lengths=null", "--param", "batch_size=1")  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def network_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """The network test's `gdnval run`, started with the module: its P2P chain leaves a core idle
+    while one rank waits for the other's state, and the core test below runs in that time (killed
+    at the module's end if the network test did not wait for it)."""
+    tmp = tmp_path_factory.mktemp("network")
+    out = tmp / "net.json"
+    with (tmp / "log.txt").open("w+") as log:
+        cmd = [sys.executable, "-m", "service.cli", "run", *NETWORK_RUN, "--json", str(out)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            yield proc, out
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _inputs(world: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -96,7 +126,7 @@ def test_early_state_hand_off_equals_late_and_no_cp(one_torch_thread: None) -> N
 
 
 @pytest.mark.slow
-def test_network_p2p_triton_with_checkpointing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_network_p2p_triton_with_checkpointing(network_job: tuple[subprocess.Popen[str], Path]) -> None:
     """The whole model (head dim 128 for the kernels), P2P + Triton on 2 gloo ranks with FSDP: the
     checkpoint-off trajectory against the eager reference, and the determinism pair (checkpoint
     off vs full, whose recompute re-runs the forward's hand-offs) bit-identical. Together they
@@ -104,20 +134,11 @@ def test_network_p2p_triton_with_checkpointing(tmp_path) -> None:  # type: ignor
     One chunk (64 tokens) per rank: the hand-offs, FSDP and the recompute do not depend on the
     shard length, and the chunk-to-chunk pass inside a shard is the core test's above (80)."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    out = tmp_path / "net.json"
-    cmd = [sys.executable, "-m", "service.cli", "run", "network", "--preset", "quick", "--device", "cpu",
-           "--world-size", "2", "--param", "model=small-128", "--param", "backend=triton",
-           "--param", 'modes=["p2p"]', "--param", 'checkpoints=["off"]', "--param", "seq_len=128",
-           "--param", 'determinism_modes=["p2p"]', "--param", "steps=2", "--param", "determinism_steps=2",
-           "--param", "speed=false",
-           "--param", "valid_lengths=null", "--param", "batch_size=1", "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, out = network_job
+    proc.wait(timeout=900)
+    log = (out.parent / "log.txt").read_text()
+    assert proc.returncode == 0, log[-6000:]
     doc = json.loads(out.read_text())
     assert doc["params"]["backend"] == "triton" and doc["world_size"] == 2
     assert {c["name"]: c["status"] for c in doc["cases"]} == {

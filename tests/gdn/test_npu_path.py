@@ -319,23 +319,48 @@ def test_dry_run_network_gate_on_npu_lists_cases():
 # ------------------------------------------------------------------------------ acceptance runs
 
 
-@pytest.mark.slow  # a 2-rank job per suite
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("cp-layer", "--preset", "quick"),
-        ("stability", "--preset", "quick"),
-        # network quick cut to its P2P trajectories with FSDP (checkpoint off and full); the whole
-        # preset passes too (docs/npu.md), at ~85 s more than this file's CI share
-        ("network", "--preset", "quick", "--param", 'modes=["p2p"]', "--param", "steps=3",
-         "--param", "speed=false", "--param", "determinism=false"),
-    ],
-    ids=["cp-layer", "stability", "network"],
-)
-def test_quick_suites_pass_on_two_gloo_ranks_under_hccl_rules(args, tmp_path):
-    out_json = tmp_path / "run.json"
-    out = _cli(*args, "--device", "cpu", "--world-size", "2", "--json", str(out_json), env=HCCL_ENV)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+QUICK_RUNS = {
+    "cp-layer": ("cp-layer", "--preset", "quick"),
+    "stability": ("stability", "--preset", "quick"),
+    # network quick cut to its P2P trajectories with FSDP (checkpoint off and full); the whole
+    # preset passes too (docs/npu.md), at ~85 s more than this file's CI share
+    "network": ("network", "--preset", "quick", "--param", 'modes=["p2p"]', "--param", "steps=3",
+                "--param", "speed=false", "--param", "determinism=false"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The selected suites' 2-rank jobs, started side by side (own processes, ports and JSON
+    each: a 2-rank job waits on its peer's collectives and leaves a core idle); each test below
+    checks its own. Yields {suite: (process, JSON path, log path)}."""
+    test = "test_quick_suites_pass_on_two_gloo_ranks_under_hccl_rules"
+    wanted = {item.callspec.id for item in request.session.items if getattr(item, "originalname", "") == test}
+    tmp = tmp_path_factory.mktemp("quick-runs")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **HCCL_ENV}
+    runs = {}
+    try:
+        for name in (n for n in QUICK_RUNS if n in wanted):
+            out_json, log = tmp / f"{name}.json", tmp / f"{name}.log"
+            cmd = [sys.executable, "-m", "service.cli", "run", *QUICK_RUNS[name], "--device", "cpu",
+                   "--world-size", "2", "--json", str(out_json)]  # fmt: skip
+            with log.open("w") as f:
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+            runs[name] = (proc, out_json, log)
+        yield runs
+    finally:
+        for proc, _, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.slow  # a 2-rank job per suite, the three side by side
+@pytest.mark.parametrize("suite", list(QUICK_RUNS))
+def test_quick_suites_pass_on_two_gloo_ranks_under_hccl_rules(suite, quick_runs):
+    proc, out_json, log = quick_runs[suite]
+    proc.wait(timeout=300)
+    assert proc.returncode == 0, log.read_text()[-6000:]
     doc = json.loads(out_json.read_text())
     assert doc["status"] == "succeeded" and doc["cases"]
     # skipped: only a case that cannot apply (cp-layer's AllGather over its packed batch)

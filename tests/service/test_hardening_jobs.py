@@ -68,29 +68,20 @@ def _submit(base: str, params: dict) -> dict:
     return r.json()
 
 
-@pytest.mark.slow  # a real server and rank process trees
-def test_a_hung_rank_ends_its_job_within_the_default_deadline(tmp_path: Path) -> None:
-    server = make_server(tmp_path, executor=EXECUTOR).start()
+HUNG_TEST = "test_a_hung_rank_ends_its_job_within_the_default_deadline"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The hung-rank test's server and job, started with the module when that test is selected:
+    the job waits out its default deadline while the module's other tests run (that test is
+    the module's last; it reads the job's own times, so waiting longer changes nothing)."""
+    if not any(item.name == HUNG_TEST for item in request.session.items):
+        yield None
+        return
+    server = make_server(tmp_path_factory.mktemp("hung"), executor=EXECUTOR).start()
     try:
-        expected = default_deadline_s(SUITE, "quick", {}, 1)
-        assert expected == 17.0  # 15 s start-up + 2 cases x 1 s x world factor 1
-        started = time.monotonic()
-        job = _submit(server.base, {})
-
-        def final() -> dict | None:
-            j = httpx.get(f"{server.base}/api/v1/jobs/{job['id']}").json()
-            return j if j["status"] in ("succeeded", "failed", "cancelled") else None
-
-        done = _wait(final, expected + 20, "the hung job ends")
-        elapsed = time.monotonic() - started
-        assert done["status"] == "failed", done
-        assert done["info"]["deadline_s"] == expected
-        error = done["error"]
-        assert f"job deadline of {expected:g} s exceeded: rank 0 in case 'hang'" in error, error
-        assert elapsed < expected + 15, elapsed
-        page = httpx.get(f"{server.base}/jobs/{job['id']}").text
-        assert 'id="job-deadline">17.0 s (suite default)' in page
-        assert _job_processes(server.proc.pid) == []
+        yield server, _submit(server.base, {})
     finally:
         server.stop()
 
@@ -177,3 +168,28 @@ def test_the_default_deadline_scales_and_sets_the_collective_timeout() -> None:
     assert job_deadline_s(gdn, "gate", {}, 1, override=20.0) == 20.0  # the service's setting wins
     payload = rank_payload(JobSpec(job_id=1, suite=NAME, deadline_s=17.0), None)
     assert payload["pg_timeout_s"] == 17.0 + COLLECTIVE_MARGIN_S
+
+
+@pytest.mark.slow  # a real server and rank process trees; its job runs from the module's start
+def test_a_hung_rank_ends_its_job_within_the_default_deadline(hung_job) -> None:  # type: ignore[no-untyped-def]
+    from datetime import datetime
+
+    server, job = hung_job
+    expected = default_deadline_s(SUITE, "quick", {}, 1)
+    assert expected == 17.0  # 15 s start-up + 2 cases x 1 s x world factor 1
+
+    def final() -> dict | None:
+        j = httpx.get(f"{server.base}/api/v1/jobs/{job['id']}").json()
+        return j if j["status"] in ("succeeded", "failed", "cancelled") else None
+
+    done = _wait(final, expected + 20, "the hung job ends")
+    # from its submission to its end, on the server's clock
+    elapsed = (datetime.fromisoformat(done["finished_at"]) - datetime.fromisoformat(done["created_at"]))
+    assert done["status"] == "failed", done
+    assert done["info"]["deadline_s"] == expected
+    error = done["error"]
+    assert f"job deadline of {expected:g} s exceeded: rank 0 in case 'hang'" in error, error
+    assert elapsed.total_seconds() < expected + 15, elapsed
+    page = httpx.get(f"{server.base}/jobs/{job['id']}").text
+    assert 'id="job-deadline">17.0 s (suite default)' in page
+    assert _job_processes(server.proc.pid) == []
