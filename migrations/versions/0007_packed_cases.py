@@ -5,6 +5,9 @@ Comparing two stored jobs reduced every sample over ranks in SQL and built one P
 the reduction is stored then, next to its summary rows (`service.persistence.packed`). Jobs
 stored before this revision have no packed rows and are still reduced from their samples.
 
+`ix_summary_judged`: the definitions a run was judged with (copied onto its summary rows) are
+read from the index alone, not from every summary row of the job.
+
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-01 18:30:00.000000
@@ -43,7 +46,10 @@ def upgrade() -> None:
             "job_id", "attempt", "case_id", name=op.f("uq_packed_case_job_id_attempt_case_id")
         ),
     )
+    judged = ["job_id", "attempt", "metric_id", "kind", "direction", "bound"]
+    op.create_index("ix_summary_judged", "summary", judged)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_summary_judged", table_name="summary")
     op.drop_table("packed_case")

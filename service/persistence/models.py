@@ -247,6 +247,8 @@ class SummaryRow(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),
         Index("ix_summary_series", "case_id", "metric_id", "job_id"),  # one series across jobs
+        # the definitions one run was judged with (compare), read from the index alone
+        Index("ix_summary_judged", "job_id", "attempt", "metric_id", "kind", "direction", "bound"),
     )
 
 
