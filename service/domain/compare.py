@@ -673,7 +673,7 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
     # one rule per metric name of either side, worked out before the per-group loops
     rules: dict[str, _Rule] = {
         name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
-        for name in dict.fromkeys(m for ser in (bser, hser) for _, m in ser.keys)
+        for name in dict.fromkeys([*base.samples.metric_keys, *head.samples.metric_keys])
     }
     bsums = bser.summaries([rules[m].lower for _, m in bser.keys])
     hsums = hser.summaries([rules[m].lower for _, m in hser.keys])
