@@ -66,8 +66,8 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
 
 def reduced_rows(session: Session, job: JobRow, attempt: int) -> ReducedRows:
     """The run's samples reduced over ranks: the packed rows of its ended cases (`packed`), and
-    for the cases with samples but none (a job stored before packing, a case still running, a
-    case whose packing failed) the reduction in SQL. Either way the same arrays, in
+    for the cases with samples but none (a job stored before packing, a case still running or
+    not yet summarised) the reduction in SQL. Either way the same arrays, in
     (case_id, metric_id, idx) order: a CP job's 100k raw samples are ~25k reduced rows, and
     reducing and reading them in SQL was most of the compare time."""
     packed = read_packed(session, job.id, attempt)
