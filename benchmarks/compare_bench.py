@@ -78,6 +78,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
     finishes a job (summaries and packed cases written) and once as samples only (a job stored
     before packed cases existed), then time load_side x2 + compare (what the gate, the compare
     page and `/api/v1/compare` do) of each pair, the two pairs alternating."""
+    import shutil
     import tempfile
     from pathlib import Path
 
@@ -124,6 +125,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
             times[kind].append(time.perf_counter() - t0)
             verdicts[kind] = cmp.to_dict()["cases"]
     engine.dispose()
+    shutil.rmtree(tmp)
     if verdicts["packed"] != verdicts["samples only"]:
         raise AssertionError("the packed and the samples-only jobs compare differently")
     return times
