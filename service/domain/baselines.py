@@ -62,9 +62,9 @@ def load_side(session: Session, job_id: int) -> JobSide:
     stored = read_job_for_compare(session, job_id)
     if stored is None:
         raise NotFound(f"no job {job_id} in the store")
-    arr, metric_rows, case_rows = stored.samples, stored.metric_rows, stored.case_rows
-    case_ids_s, case_codes = np.unique(arr[:, 0].astype(np.int64), return_inverse=True)
-    metric_ids_s, metric_codes = np.unique(arr[:, 1].astype(np.int64), return_inverse=True)
+    rows, metric_rows, case_rows = stored.samples, stored.metric_rows, stored.case_rows
+    case_ids_s, case_codes = np.unique(rows.case_id, return_inverse=True)
+    metric_ids_s, metric_codes = np.unique(rows.metric_id, return_inverse=True)
     by_result = {cid: (status, error) for cid, status, error in stored.results}
     cases: dict[str, CaseInfo] = {}
     for cid in sorted(case_rows):
@@ -74,12 +74,12 @@ def load_side(session: Session, job_id: int) -> JobSide:
     table = SampleTable(
         case=case_codes.reshape(-1),
         metric=metric_codes.reshape(-1),
-        rank=np.zeros(len(arr), dtype=np.int64),
-        idx=arr[:, 2].astype(np.int64),
-        value=arr[:, 4],
+        rank=np.zeros(len(rows), dtype=np.int64),
+        idx=rows.idx,
+        value=rows.value,
         case_keys=[case_rows[c].fingerprint for c in case_ids_s.tolist()],
         metric_keys=[metric_rows[m].name for m in metric_ids_s.tolist()],
-        ranks=arr[:, 3].astype(np.int64),
+        ranks=rows.ranks,
     )
     metrics = {m.name: metric_of(m) for m in metric_rows.values()}
     # the definition the job was judged with (copied onto its summaries), not today's

@@ -391,50 +391,39 @@ def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     """Worst rank per (case, metric, idx): max for lower-is-better metrics, min for higher.
 
     NaN is the worst value of all (it propagates), so a NaN on any rank survives the reduction.
+    Rows the store reduced already (`SampleTable.ranks`), one per (case, metric, idx) in that
+    order, are taken as they are: only their grouping is worked out.
     """
     n = len(samples)
     if n == 0:
         empty = np.zeros(0, np.int64)
         return Series([], np.zeros(1, dtype=np.int64), empty, np.zeros(0), [])
     n_metrics = max(len(samples.metric_keys), 1)
-    # sign +1 for lower-is-better, -1 for higher: max over signed values is the worst rank.
-    sign_of_metric = np.array(
-        [-1.0 if (metrics.get(m) is not None and metrics[m].direction == "higher") else 1.0
-         for m in samples.metric_keys] or [1.0]
-    )
     metric_col = np.asarray(samples.metric, dtype=np.int64)
     group = np.asarray(samples.case, dtype=np.int64) * n_metrics + metric_col
     idx_col = np.asarray(samples.idx, dtype=np.int64)
-    rank_col = np.asarray(samples.rank, dtype=np.int64)
-    order = np.lexsort((rank_col, idx_col, group))
-    g_sorted = group[order]
-    i_sorted = idx_col[order]
-    signed = np.asarray(samples.value, dtype=np.float64)[order] * sign_of_metric[metric_col[order]]
-    r_sorted = rank_col[order]
-    # run starts of (group, idx)
-    new_run = np.empty(n, dtype=bool)
-    new_run[0] = True
-    new_run[1:] = (g_sorted[1:] != g_sorted[:-1]) | (i_sorted[1:] != i_sorted[:-1])
-    run_starts = np.flatnonzero(new_run)
-    reduced = np.maximum.reduceat(signed, run_starts)
-    run_group = g_sorted[run_starts]
-    run_idx = i_sorted[run_starts]
-    # group starts among runs
-    new_group = np.empty(len(run_starts), dtype=bool)
+    if samples.ranks is not None and _one_row_per_idx_in_order(group, idx_col):
+        run_group, run_idx = group, idx_col
+        values = np.asarray(samples.value, dtype=np.float64)
+        reported: np.ndarray | None = np.asarray(samples.ranks, dtype=np.int64)
+        r_sorted = g_sorted = None
+    else:
+        run_group, run_idx, values, reported, g_sorted, r_sorted = _worst_per_idx(samples, metrics, group,
+                                                                                  idx_col)  # fmt: skip
+    new_group = np.empty(len(run_group), dtype=bool)  # group starts among the reduced rows
     new_group[0] = True
     new_group[1:] = run_group[1:] != run_group[:-1]
     gstarts = np.flatnonzero(new_group)
     groups = run_group[gstarts]
     metric_codes = groups % n_metrics
-    starts = np.append(gstarts, len(run_starts))
+    starts = np.append(gstarts, len(run_group))
     counts = np.diff(starts)
-    values = reduced * np.repeat(sign_of_metric[metric_codes], counts)
-    # distinct ranks per group: distinct (group, rank) pairs; within a (group, idx) run ranks are
-    # sorted, so count rank changes over the (group, rank)-sorted order.
-    if samples.ranks is not None:  # pre-reduced rows: the most ranks any idx of the group had
-        reported = np.asarray(samples.ranks, dtype=np.int64)[order][run_starts]
+    if reported is not None:  # pre-reduced rows: the most ranks any idx of the group had
         ranks_per_group = np.maximum.reduceat(reported, gstarts)
     else:
+        # distinct ranks per group: distinct (group, rank) pairs; within a (group, idx) run ranks
+        # are sorted, so count rank changes over the (group, rank)-sorted order.
+        assert g_sorted is not None and r_sorted is not None
         gr_order = np.lexsort((r_sorted, g_sorted))
         gs, rs = g_sorted[gr_order], r_sorted[gr_order]
         distinct = np.empty(n, dtype=bool)
@@ -452,6 +441,42 @@ def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     series = Series(keys, starts, run_idx, values, ranks_per_group.tolist())
     _group_stats(series, counts)
     return series
+
+
+def _one_row_per_idx_in_order(group: np.ndarray, idx: np.ndarray) -> bool:
+    """Rows strictly increasing in (group, idx): one row per idx, grouped, as the store sends them."""
+    dg = np.diff(group)
+    return bool(np.all((dg > 0) | ((dg == 0) & (np.diff(idx) > 0))))
+
+
+def _worst_per_idx(
+    samples: SampleTable, metrics: Mapping[str, Metric], group: np.ndarray, idx_col: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """The rank reduction proper: (group, idx, worst value, ranks reported or None) per reduced
+    row in (group, idx) order, and the group and rank columns of the sorted input."""
+    n = len(samples)
+    # sign +1 for lower-is-better, -1 for higher: max over signed values is the worst rank.
+    sign_of_metric = np.array(
+        [-1.0 if (metrics.get(m) is not None and metrics[m].direction == "higher") else 1.0
+         for m in samples.metric_keys] or [1.0]
+    )
+    metric_col = np.asarray(samples.metric, dtype=np.int64)
+    rank_col = np.asarray(samples.rank, dtype=np.int64)
+    order = np.lexsort((rank_col, idx_col, group))
+    g_sorted = group[order]
+    i_sorted = idx_col[order]
+    signed = np.asarray(samples.value, dtype=np.float64)[order] * sign_of_metric[metric_col[order]]
+    r_sorted = rank_col[order]
+    new_run = np.empty(n, dtype=bool)  # run starts of (group, idx)
+    new_run[0] = True
+    new_run[1:] = (g_sorted[1:] != g_sorted[:-1]) | (i_sorted[1:] != i_sorted[:-1])
+    run_starts = np.flatnonzero(new_run)
+    run_metric = metric_col[order][run_starts]
+    values = np.maximum.reduceat(signed, run_starts) * sign_of_metric[run_metric]
+    reported = None
+    if samples.ranks is not None:
+        reported = np.asarray(samples.ranks, dtype=np.int64)[order][run_starts]
+    return g_sorted[run_starts], i_sorted[run_starts], values, reported, g_sorted, r_sorted
 
 
 def _group_stats(series: Series, counts: np.ndarray) -> None:
@@ -503,21 +528,29 @@ def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarra
 
 
 @cache
-def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> np.ndarray:
-    """The (base lo, base hi, head lo, head hi) median positions of each of `bootstrap` paired
-    resamples, shape (bootstrap, 4).
+def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Where each of `bootstrap` paired resamples takes its two medians from: per side, the
+    distinct (lo, hi) median position pairs, shape (U, 2), and each resample's pair, shape
+    (bootstrap,).
 
     A resample drawn through sorted indices from sorted values is itself sorted, so its median
     is the mean of the values at two positions, the same positions for every group of the same
-    size: a group's bootstrap is four gathers, not `bootstrap` sorts. The random stream depends
-    only on (seed, n1, n2), so a group's CI does not depend on the other groups in the comparison.
+    size: a group's bootstrap is a gather, not `bootstrap` sorts. Few position pairs occur (the
+    middle of a sorted resample of 20 lands on a few dozen), so each group sums its pairs once
+    and the resamples gather those sums. The random stream depends only on (seed, n1, n2), so a
+    group's CI does not depend on the other groups in the comparison.
     """
     rng = np.random.default_rng([seed, n1, n2])
     rb = np.sort(rng.integers(0, n1, size=(bootstrap, n1)), axis=1)
     rh = np.sort(rng.integers(0, n2, size=(bootstrap, n2)), axis=1)
-    plan = np.stack([rb[:, (n1 - 1) // 2], rb[:, n1 // 2], rh[:, (n2 - 1) // 2], rh[:, n2 // 2]], axis=1)
-    plan.setflags(write=False)  # cached: shared by every comparison
-    return plan
+    out = []
+    for r, n in ((rb, n1), (rh, n2)):
+        pairs, which = np.unique(np.stack([r[:, (n - 1) // 2], r[:, n // 2]], axis=1), axis=0,
+                                 return_inverse=True)  # fmt: skip
+        out += [pairs, which.reshape(-1)]
+    for a in out:
+        a.setflags(write=False)  # cached: shared by every comparison
+    return tuple(out)
 
 
 BOOTSTRAP_ROWS = 1024  # groups per block: a block's ratios are BOOTSTRAP_ROWS x bootstrap floats
@@ -531,7 +564,7 @@ def _bootstrap_ratio_ci(
     The two quantiles are order statistics of each row's `bootstrap` ratios, found by
     `np.partition` (linear) rather than a sort; NaN ratios order last, as in a sort."""
     n1, n2 = base_sorted.shape[1], head_sorted.shape[1]
-    plan = _bootstrap_plan(n1, n2, cfg.bootstrap, cfg.seed)
+    bpairs, bwhich, hpairs, hwhich = _bootstrap_plan(n1, n2, cfg.bootstrap, cfg.seed)
     a = (1 - cfg.ci_level) / 2
     # inverted CDF: the k-th smallest (0-based) of B values is the first whose rank k+1 >= q*B
     k_lo = min(max(math.ceil(a * cfg.bootstrap) - 1, 0), cfg.bootstrap - 1)
@@ -541,10 +574,11 @@ def _bootstrap_ratio_ci(
     for start in range(0, len(base_sorted), BOOTSTRAP_ROWS):
         bs = base_sorted[start : start + BOOTSTRAP_ROWS]
         hs = head_sorted[start : start + BOOTSTRAP_ROWS]
+        # twice each distinct median (the halves cancel in the ratio), then one per resample
+        bsum = np.take(bs, bpairs[:, 0], axis=1) + np.take(bs, bpairs[:, 1], axis=1)
+        hsum = np.take(hs, hpairs[:, 0], axis=1) + np.take(hs, hpairs[:, 1], axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):  # np.take: a fraction of bs[:, idx]'s time
-            bmed = np.take(bs, plan[:, 0], axis=1) + np.take(bs, plan[:, 1], axis=1)
-            hmed = np.take(hs, plan[:, 2], axis=1) + np.take(hs, plan[:, 3], axis=1)
-            ratios = hmed / bmed  # the halves of the two medians cancel
+            ratios = np.take(hsum, hwhich, axis=1) / np.take(bsum, bwhich, axis=1)
         picked = np.partition(ratios, (k_lo, k_hi), axis=1)
         lo[start : start + len(bs)] = picked[:, k_lo]
         hi[start : start + len(bs)] = picked[:, k_hi]
@@ -636,16 +670,13 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
     bser = reduce_ranks(base.samples, metrics)
     hser = reduce_ranks(head.samples, metrics)
-    rules: dict[str, _Rule] = {}
-
-    def rule_of(name: str) -> _Rule:
-        rule = rules.get(name)
-        if rule is None:
-            rule = rules[name] = _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
-        return rule
-
-    bsums = bser.summaries([rule_of(m).lower for _, m in bser.keys])
-    hsums = hser.summaries([rule_of(m).lower for _, m in hser.keys])
+    # one rule per metric name of either side, worked out before the per-group loops
+    rules: dict[str, _Rule] = {
+        name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
+        for name in dict.fromkeys([*base.samples.metric_keys, *head.samples.metric_keys])
+    }
+    bsums = bser.summaries([rules[m].lower for _, m in bser.keys])
+    hsums = hser.summaries([rules[m].lower for _, m in hser.keys])
     bgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(bser.keys)}
     hgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(hser.keys)}
     by_case_b: dict[str, list[str]] = {}
@@ -690,12 +721,14 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
             cr.verdict, cr.reason = "skipped", "skipped on head"
             continue
         base_usable = in_base and bstat not in ("error", "skipped")
-        names = list(dict.fromkeys([*by_case_h.get(fp, []), *(by_case_b.get(fp, []) if base_usable else [])]))
+        hnames, bnames = by_case_h.get(fp, []), (by_case_b.get(fp, []) if base_usable else [])
+        names = hnames if hnames == bnames else list(dict.fromkeys([*hnames, *bnames]))
         results = cr.metrics
         for name in names:
-            hg = hgroups.get((fp, name))
-            bg = bgroups.get((fp, name)) if base_usable else None
-            results.append(_metric_result(rule_of(name), bser, bsums, bg, hser, hsums, hg, pending))
+            key = (fp, name)
+            bg = bgroups.get(key) if base_usable else None
+            hg = hgroups.get(key)
+            results.append(_metric_result(rules[name], bser, bsums, bg, hser, hsums, hg, pending))
         undecided.append(cr)
 
     for (n1, n2), items in pending.items():

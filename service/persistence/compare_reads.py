@@ -1,6 +1,7 @@
 """The rows the compare engine loads of one job: its metric definitions, the latest run's case
-results and cases, its samples reduced over ranks in SQL, and the definitions it was judged
-with. `service.domain.baselines.load_side` turns them into the engine's `JobSide`."""
+results and cases, its samples reduced over ranks (packed when its cases ended, else in SQL),
+and the definitions it was judged with. `service.domain.baselines.load_side` turns them into
+the engine's `JobSide`."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import literal, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import CaseResultRow, CaseRow, JobRow, MetricRow, SampleRow, SummaryRow
-from service.persistence.samples import worst_rank_per_idx
+from service.persistence.models import CaseResultRow, CaseRow, JobRow, MetricRow, SummaryRow
+from service.persistence.packed import read_packed
+from service.persistence.samples import ReducedRows, higher_metric_ids, worst_rank_rows
+from service.persistence.summaries import sampled_case_ids
 
 
 @dataclass
@@ -20,7 +23,7 @@ class StoredJob:
     job: JobRow
     attempt: int
     metric_rows: dict[int, MetricRow]  # the suite's, plus any other metric the samples name
-    samples: np.ndarray  # (n, 5): case id, metric id, idx, ranks reporting, worst rank's value
+    samples: ReducedRows  # the latest run's samples reduced over ranks (`reduced_rows`)
     results: list[tuple[int, str, str | None]]  # (case id, status, error) of the latest run
     case_rows: dict[int, Any]  # every case with samples or a result: (id, fingerprint, name, params) rows
     judged: list[tuple[int, str, str, float | None]]  # (metric id, kind, direction, bound)
@@ -35,21 +38,20 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
     # a re-queued job keeps its interrupted run's samples (and a stale run may still write case
     # results under its attempt): read the latest run only, samples and statuses alike
     attempt = max(1, job.attempts or 0)
-    higher = [m.id for m in metric_rows.values() if m.direction == "higher"]
-    arr = _worst_rank_rows(session, job_id, attempt, higher, job.world_size)
+    rows = reduced_rows(session, job, attempt)
     results = session.execute(
         select(CaseResultRow.case_id, CaseResultRow.status, CaseResultRow.error).where(
             CaseResultRow.job_id == job_id, CaseResultRow.attempt == attempt
         )
     ).all()
-    all_case_ids = set(np.unique(arr[:, 0].astype(np.int64)).tolist()) | {r[0] for r in results}
+    all_case_ids = set(np.unique(rows.case_id).tolist()) | {r[0] for r in results}
     case_rows = {  # plain rows, not ORM objects: a job has hundreds of cases and nothing edits them
         c.id: c for c in session.execute(
             select(CaseRow.id, CaseRow.fingerprint, CaseRow.name, CaseRow.params)
             .where(CaseRow.id.in_(all_case_ids))
         )
     }  # fmt: skip
-    missing = set(np.unique(arr[:, 1].astype(np.int64)).tolist()) - set(metric_rows)
+    missing = set(np.unique(rows.metric_id).tolist()) - set(metric_rows)
     if missing:  # a metric of another suite name (renamed suite): still load its definition
         extra = session.scalars(select(MetricRow).where(MetricRow.id.in_(missing)))
         metric_rows.update({m.id: m for m in extra})
@@ -58,34 +60,23 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
         .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt, SummaryRow.kind.is_not(None))
         .distinct()
     ).all()
-    return StoredJob(job, attempt, metric_rows, arr, [tuple(r) for r in results], case_rows,
+    return StoredJob(job, attempt, metric_rows, rows, [tuple(r) for r in results], case_rows,
                      [tuple(r) for r in judged])  # type: ignore[misc]  # fmt: skip
 
 
-def _worst_rank_rows(
-    session: Session, job_id: int, attempt: int, higher: list[int], world_size: int
-) -> np.ndarray:
-    """(n, 5) float64 rows of case id, metric id, ranks reporting, idx and the worst rank's value
-    (NaN when any rank's is), one per (case, metric, idx): the rank reduction runs in SQL over
-    the covering job index (`sample_store.worst_rank_per_idx`), and the rows come through the driver's
-    own cursor into numpy in one call. A CP job's 100k raw rows become ~25k: loading, not
-    comparing, was most of the gate's compare time."""
-    s = SampleRow
-    where = (s.job_id == job_id, s.attempt == attempt)
-    if world_size == 1:  # one rank: the rows are the reduction already
-        q: Any = select(s.case_id, s.metric_id, s.idx, literal(1), s.value).where(*where)
-    else:
-        q = worst_rank_per_idx(where, higher)
-    conn = session.connection()
-    compiled = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = compiled.construct_params()
-    positional = compiled.positiontup
-    cursor = conn.connection.cursor()
-    try:  # the DBAPI cursor, inside the session's transaction
-        cursor.execute(str(compiled), [params[k] for k in positional] if positional else params)
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
-    if not rows:
-        return np.empty((0, 5), dtype=np.float64)
-    return np.array(rows, dtype=np.float64)  # case_id, metric_id, idx, n, w (None -> NaN)
+def reduced_rows(session: Session, job: JobRow, attempt: int) -> ReducedRows:
+    """The run's samples reduced over ranks: the packed rows of its ended cases (`packed`), and
+    for the cases with samples but none (a job stored before packing, a case still running or
+    not yet summarised) the reduction in SQL. Either way the same arrays, in
+    (case_id, metric_id, idx) order: a CP job's 100k raw samples are ~25k reduced rows, and
+    reducing and reading them in SQL was most of the compare time."""
+    packed = read_packed(session, job.id, attempt)
+    rest = None  # every case
+    if len(packed):
+        have = set(np.unique(packed.case_id).tolist())
+        rest = [c for c in sampled_case_ids(session, job.id, attempt) if c not in have]
+        if not rest:
+            return packed
+    higher = higher_metric_ids(session, job.suite)
+    reduced = worst_rank_rows(session, job.id, attempt, higher, job.world_size, rest)
+    return ReducedRows.concat([packed, reduced])

@@ -247,7 +247,29 @@ class SummaryRow(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", "case_id", "metric_id"),
         Index("ix_summary_series", "case_id", "metric_id", "job_id"),  # one series across jobs
+        # the definitions one run was judged with (compare), read from the index alone
+        Index("ix_summary_judged", "job_id", "attempt", "metric_id", "kind", "direction", "bound"),
     )
+
+
+class PackedCaseRow(Base):
+    """One ended case's samples of one run of a job, reduced over ranks (one row per metric and
+    idx) and packed as one array (`service.persistence.packed` says the layout).
+
+    Written and dropped with the case's summary rows, so comparing two jobs reads a few hundred
+    of these instead of reducing up to millions of samples; a case without one (a job stored
+    before these existed, a case still running) is reduced from its samples instead.
+    """
+
+    __tablename__ = "packed_case"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"))
+    rows: Mapped[int] = mapped_column(Integer)  # records in `data`
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id"),)
 
 
 class ArtifactRow(Base):

@@ -10,7 +10,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, Text, cast, func, insert, select
+from sqlalchemy import Engine, Text, cast, func, insert, literal, select
 from sqlalchemy import case as sa_case
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -139,12 +139,7 @@ def worst_rank_arrays(
     if case_ids is not None and not case_ids:
         return {}
     attempt = job_attempt(job) if attempt is None else attempt
-    # metric rows are per suite (undeclared ones too, see StoreSink), so no scan of samples here
-    higher = list(
-        session.scalars(
-            select(MetricRow.id).where(MetricRow.suite == job.suite, MetricRow.direction == "higher")
-        )
-    )
+    higher = higher_metric_ids(session, job.suite)
     s = SampleRow
     where = [s.job_id == job_id, s.attempt == attempt]
     if case_id is not None:
@@ -220,6 +215,83 @@ def worst_rank_per_idx(where: Sequence[Any], higher: Sequence[int]) -> Any:
         .where(*where)
         .group_by(s.case_id, s.metric_id, s.idx)
     )
+
+
+def higher_metric_ids(session: Session, suite: str) -> list[int]:
+    """The ids of the suite's higher-is-better metrics, whose worst rank is the min. Metric rows
+    are per suite (undeclared ones too, see StoreSink), so no scan of the samples is needed."""
+    m = MetricRow
+    return list(session.scalars(select(m.id).where(m.suite == suite, m.direction == "higher")))
+
+
+@dataclass(frozen=True)
+class ReducedRows:
+    """One row per (case, metric, idx) after the worst-rank reduction, as parallel arrays in
+    (case_id, metric_id, idx) order: what the compare engine reads of a job's run."""
+
+    case_id: np.ndarray  # int64
+    metric_id: np.ndarray  # int64
+    idx: np.ndarray  # int64
+    ranks: np.ndarray  # int64: the ranks reporting that idx
+    value: np.ndarray  # float64: the worst rank's value, NaN when any rank's is
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    @classmethod
+    def empty(cls) -> ReducedRows:
+        ints = np.zeros(0, dtype=np.int64)
+        return cls(ints, ints, ints, ints, np.zeros(0, dtype=np.float64))
+
+    @classmethod
+    def concat(cls, parts: Sequence[ReducedRows]) -> ReducedRows:
+        """The rows of every part, back in (case_id, metric_id, idx) order."""
+        parts = [p for p in parts if len(p)]
+        if len(parts) <= 1:
+            return parts[0] if parts else cls.empty()
+        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("case_id", "metric_id", "idx",
+                                                                         "ranks", "value")]  # fmt: skip
+        order = np.lexsort((cols[2], cols[1], cols[0]))
+        return cls(*(c[order] for c in cols))
+
+
+def worst_rank_rows(
+    session: Session,
+    job_id: int,
+    attempt: int,
+    higher: Sequence[int],
+    world_size: int,
+    case_ids: Sequence[int] | None = None,
+) -> ReducedRows:
+    """The run's samples (of every case, or of `case_ids`) reduced over ranks in SQL
+    (`worst_rank_per_idx`, over the covering job index) and read through the driver's own
+    cursor into numpy in one call: SQLAlchemy's row objects would cost more than the query."""
+    s = SampleRow
+    where: list[Any] = [s.job_id == job_id, s.attempt == attempt]
+    if case_ids is not None:
+        if not case_ids:
+            return ReducedRows.empty()
+        where.append(s.case_id.in_(sorted(set(case_ids))))
+    if world_size == 1:  # one rank: the rows are the reduction already
+        q: Any = select(s.case_id, s.metric_id, s.idx, literal(1), s.value).where(*where)
+        q = q.order_by(s.case_id, s.metric_id, s.idx)
+    else:
+        q = worst_rank_per_idx(where, higher).order_by(s.case_id, s.metric_id, s.idx)
+    conn = session.connection()
+    compiled = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params = compiled.construct_params()
+    positional = compiled.positiontup
+    cursor = conn.connection.cursor()
+    try:  # the DBAPI cursor, inside the session's transaction
+        cursor.execute(str(compiled), [params[k] for k in positional] if positional else params)
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    if not rows:
+        return ReducedRows.empty()
+    arr = np.array(rows, dtype=np.float64)  # case_id, metric_id, idx, n, w (None -> NaN)
+    ints = arr[:, :4].T.astype(np.int64)  # (4, n): each column contiguous
+    return ReducedRows(ints[0], ints[1], ints[2], ints[3], np.ascontiguousarray(arr[:, 4]))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from service.persistence.models import (
     SampleRow,
     SummaryRow,
 )
+from service.persistence.packed import drop_earlier_packed, drop_packed, pack_cases
 from service.persistence.samples import worst_rank_arrays
 from workers import verdict
 
@@ -107,11 +108,12 @@ def store_summary(
     case_ids: Sequence[int] | None = None,
     attempt: int | None = None,
 ) -> int:
-    """Store the summaries of the job's latest attempt (or `attempt`), computed here unless given.
+    """Store the summaries of the job's latest attempt (or `attempt`), computed here unless given,
+    and the same cases' packed rank-reduced samples (`packed`: what compare reads).
 
     Without `case_ids`: the whole job's rows of that attempt are replaced, and rows of earlier
     attempts dropped. With `case_ids` (a case that just ended): only those cases' rows are
-    replaced; `summary` then holds those cases only. Returns the number of rows written."""
+    replaced; `summary` then holds those cases only. Returns the number of summary rows written."""
     if attempt is None:
         job = session.get(JobRow, job_id)
         attempt = job_attempt(job) if job is not None else 1
@@ -120,6 +122,7 @@ def store_summary(
     r = SummaryRow
     if case_ids is None:
         session.execute(delete(r).where(r.job_id == job_id, r.attempt <= attempt))
+        drop_earlier_packed(session, job_id, attempt)
     else:
         wanted = set(case_ids)
         if any(c not in wanted for c, _ in summary):
@@ -129,6 +132,7 @@ def store_summary(
                 delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(sorted(wanted)))
             )
     _add_rows(session, job_id, attempt, summary)
+    pack_cases(session, job_id, attempt, None if case_ids is None else sorted(set(case_ids)))
     return len(summary)
 
 
@@ -160,16 +164,20 @@ def _add_rows(
 
 
 def drop_case_summaries(session: Session, job_id: int, attempt: int, case_ids: Iterable[int]) -> None:
-    """Forget stored summaries of cases that got new samples after they ended (shown live again)."""
+    """Forget stored summaries (and packed rows) of cases that got new samples after they ended
+    (shown live again)."""
     ids = sorted(set(case_ids))
     if ids:
         r = SummaryRow
         session.execute(delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(ids)))
+        drop_packed(session, job_id, attempt, ids)
 
 
 def drop_earlier_summaries(session: Session, job_id: int, attempt: int) -> None:
-    """Rows of the job's runs before `attempt`: never shown again once a new run started."""
+    """Rows (summaries and packed) of the job's runs before `attempt`: never shown again once a
+    new run started."""
     session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id, SummaryRow.attempt < attempt))
+    drop_earlier_packed(session, job_id, attempt)
 
 
 def _none(v: float) -> float | None:
