@@ -75,8 +75,8 @@ def make_job(job_id: int, samples: int, ranks: int, layout: str, slowdown: float
 
 def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list[float]]:
     """Store both jobs twice in a temporary SQLite store, once finished as the dispatcher
-    finishes a job (summaries and packed cases written) and once as samples only (a job stored
-    before packed cases existed), then time load_side x2 + compare (what the gate, the compare
+    finishes a job (summaries and reduced cases written) and once as samples only (a job stored
+    before reduced cases existed), then time load_side x2 + compare (what the gate, the compare
     page and `/api/v1/compare` do) of each pair, the two pairs alternating."""
     import shutil
     import tempfile
@@ -95,7 +95,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
     tmp = tempfile.mkdtemp(prefix="gdnval-compare-bench-")
     engine = make_engine(f"sqlite:///{Path(tmp) / 'bench.db'}")
     upgrade(engine)
-    pairs: dict[str, list[int]] = {"packed": [], "samples only": []}
+    pairs: dict[str, list[int]] = {"reduced": [], "samples only": []}
     for kind, ids in pairs.items():
         for side in (base, head):
             with Session(engine) as s, s.begin():
@@ -113,7 +113,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
             rows = list(zip(case_ids.tolist(), metric_ids.tolist(), t.rank.tolist(), t.idx.tolist(),
                             t.value.tolist(), strict=True))  # fmt: skip
             sample_store.insert_samples(engine, ids[-1], rows)
-            if kind == "packed":
+            if kind == "reduced":
                 finish_summary(engine, ids[-1], 1)
     times: dict[str, list[float]] = {kind: [] for kind in pairs}
     verdicts = {}
@@ -126,8 +126,8 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
             verdicts[kind] = cmp.to_dict()["cases"]
     engine.dispose()
     shutil.rmtree(tmp)
-    if verdicts["packed"] != verdicts["samples only"]:
-        raise AssertionError("the packed and the samples-only jobs compare differently")
+    if verdicts["reduced"] != verdicts["samples only"]:
+        raise AssertionError("the reduced and the samples-only jobs compare differently")
     return times
 
 

@@ -1,5 +1,5 @@
 """The rows the compare engine loads of one job: its metric definitions, the latest run's case
-results and cases, its samples reduced over ranks (packed when its cases ended, else in SQL),
+results and cases, its samples reduced over ranks (stored when its cases ended, else reduced in SQL now),
 and the definitions it was judged with. `service.domain.baselines.load_side` turns them into
 the engine's `JobSide`."""
 
@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import CaseResultRow, CaseRow, JobRow, MetricRow, SummaryRow
-from service.persistence.packed import read_packed
+from service.persistence.reduced_cases import read_reduced
 from service.persistence.samples import ReducedRows, higher_metric_ids, worst_rank_rows
 from service.persistence.summaries import sampled_case_ids
 
@@ -65,18 +65,18 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
 
 
 def reduced_rows(session: Session, job: JobRow, attempt: int) -> ReducedRows:
-    """The run's samples reduced over ranks: the packed rows of its ended cases (`packed`), and
-    for the cases with samples but none (a job stored before packing, a case still running or
+    """The run's samples reduced over ranks: the stored reductions of its ended cases (`reduced_cases`), and
+    for the cases with samples but none (a job stored before those existed, a case still running or
     not yet summarised) the reduction in SQL. Either way the same arrays, in
     (case_id, metric_id, idx) order: a CP job's 100k raw samples are ~25k reduced rows, and
     reducing and reading them in SQL was most of the compare time."""
-    packed = read_packed(session, job.id, attempt)
+    stored = read_reduced(session, job.id, attempt)
     rest = None  # every case
-    if len(packed):
-        have = set(np.unique(packed.case_id).tolist())
+    if len(stored):
+        have = set(np.unique(stored.case_id).tolist())
         rest = [c for c in sampled_case_ids(session, job.id, attempt) if c not in have]
         if not rest:
-            return packed
+            return stored
     higher = higher_metric_ids(session, job.suite)
     reduced = worst_rank_rows(session, job.id, attempt, higher, job.world_size, rest)
-    return ReducedRows.concat([packed, reduced])
+    return ReducedRows.concat([stored, reduced])

@@ -252,16 +252,16 @@ class SummaryRow(Base):
     )
 
 
-class PackedCaseRow(Base):
+class ReducedCaseRow(Base):
     """One ended case's samples of one run of a job, reduced over ranks (one row per metric and
-    idx) and packed as one array (`service.persistence.packed` says the layout).
+    idx) and stored as one array (`service.persistence.reduced_cases` says the layout).
 
     Written and dropped with the case's summary rows, so comparing two jobs reads a few hundred
     of these instead of reducing up to millions of samples; a case without one (a job stored
     before these existed, a case still running) is reduced from its samples instead.
     """
 
-    __tablename__ = "packed_case"
+    __tablename__ = "reduced_case"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)

@@ -21,7 +21,7 @@ from service.persistence.models import (
     SampleRow,
     SummaryRow,
 )
-from service.persistence.packed import drop_earlier_packed, drop_packed, pack_cases
+from service.persistence.reduced_cases import drop_earlier_reduced, drop_reduced, store_reduced_cases
 from service.persistence.samples import worst_rank_arrays
 from workers import verdict
 
@@ -109,7 +109,7 @@ def store_summary(
     attempt: int | None = None,
 ) -> int:
     """Store the summaries of the job's latest attempt (or `attempt`), computed here unless given,
-    and the same cases' packed rank-reduced samples (`packed`: what compare reads).
+    and the same cases' rank-reduced samples (`reduced_cases`: what compare reads).
 
     Without `case_ids`: the whole job's rows of that attempt are replaced, and rows of earlier
     attempts dropped. With `case_ids` (a case that just ended): only those cases' rows are
@@ -122,7 +122,7 @@ def store_summary(
     r = SummaryRow
     if case_ids is None:
         session.execute(delete(r).where(r.job_id == job_id, r.attempt <= attempt))
-        drop_earlier_packed(session, job_id, attempt)
+        drop_earlier_reduced(session, job_id, attempt)
     else:
         wanted = set(case_ids)
         if any(c not in wanted for c, _ in summary):
@@ -132,7 +132,7 @@ def store_summary(
                 delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(sorted(wanted)))
             )
     _add_rows(session, job_id, attempt, summary)
-    pack_cases(session, job_id, attempt, None if case_ids is None else sorted(set(case_ids)))
+    store_reduced_cases(session, job_id, attempt, None if case_ids is None else sorted(set(case_ids)))
     return len(summary)
 
 
@@ -164,20 +164,20 @@ def _add_rows(
 
 
 def drop_case_summaries(session: Session, job_id: int, attempt: int, case_ids: Iterable[int]) -> None:
-    """Forget stored summaries (and packed rows) of cases that got new samples after they ended
+    """Forget stored summaries (and reduced rows) of cases that got new samples after they ended
     (shown live again)."""
     ids = sorted(set(case_ids))
     if ids:
         r = SummaryRow
         session.execute(delete(r).where(r.job_id == job_id, r.attempt == attempt, r.case_id.in_(ids)))
-        drop_packed(session, job_id, attempt, ids)
+        drop_reduced(session, job_id, attempt, ids)
 
 
 def drop_earlier_summaries(session: Session, job_id: int, attempt: int) -> None:
-    """Rows (summaries and packed) of the job's runs before `attempt`: never shown again once a
+    """Rows (summaries and reduced) of the job's runs before `attempt`: never shown again once a
     new run started."""
     session.execute(delete(SummaryRow).where(SummaryRow.job_id == job_id, SummaryRow.attempt < attempt))
-    drop_earlier_packed(session, job_id, attempt)
+    drop_earlier_reduced(session, job_id, attempt)
 
 
 def _none(v: float) -> float | None:

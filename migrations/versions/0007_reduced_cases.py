@@ -1,9 +1,9 @@
-"""The rank-reduced samples of each ended case, packed as one array per (job, run, case).
+"""The rank-reduced samples of each ended case, stored as one array per (job, run, case).
 
 Comparing two stored jobs reduced every sample over ranks in SQL and built one Python row per
 (case, metric, idx): most of the compare time. A case's samples never change once it ended, so
-the reduction is stored then, next to its summary rows (`service.persistence.packed`). Jobs
-stored before this revision have no packed rows and are still reduced from their samples.
+the reduction is stored then, next to its summary rows (`service.persistence.reduced_cases`). Jobs
+stored before this revision have no reduced rows and are still reduced from their samples.
 
 `ix_summary_judged`: the definitions a run was judged with (copied onto its summary rows) are
 read from the index alone, not from every summary row of the job.
@@ -28,7 +28,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.create_table(
-        "packed_case",
+        "reduced_case",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("job_id", sa.Integer(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
@@ -36,14 +36,14 @@ def upgrade() -> None:
         sa.Column("rows", sa.Integer(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["job_id"], ["job.id"], name=op.f("fk_packed_case_job_id_job"), ondelete="CASCADE"
+            ["job_id"], ["job.id"], name=op.f("fk_reduced_case_job_id_job"), ondelete="CASCADE"
         ),
         sa.ForeignKeyConstraint(
-            ["case_id"], ["case.id"], name=op.f("fk_packed_case_case_id_case"), ondelete="CASCADE"
+            ["case_id"], ["case.id"], name=op.f("fk_reduced_case_case_id_case"), ondelete="CASCADE"
         ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_packed_case")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_reduced_case")),
         sa.UniqueConstraint(
-            "job_id", "attempt", "case_id", name=op.f("uq_packed_case_job_id_attempt_case_id")
+            "job_id", "attempt", "case_id", name=op.f("uq_reduced_case_job_id_attempt_case_id")
         ),
     )
     judged = ["job_id", "attempt", "metric_id", "kind", "direction", "bound"]
@@ -52,4 +52,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_summary_judged", table_name="summary")
-    op.drop_table("packed_case")
+    op.drop_table("reduced_case")
