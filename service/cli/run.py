@@ -233,7 +233,7 @@ STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", 
 def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
     as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did not
-    pass or hold a number out of bound. Returns the number of rows printed."""
+    pass (a case skipped as not applicable did not fail) or hold a number out of bound. Returns the number of rows printed."""
     from service.domain.report_tables import case_pivot
 
     pivot = case_pivot(stats)
@@ -252,9 +252,9 @@ def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, fa
     shown = 0
     for c in stats:
         rows = rows_of.get(c.fingerprint) or [None]
-        bad = c.status not in ("passed", "expected_error") or any(
+        bad = c.status not in ("passed", "expected_error", "skipped") or any(
             "out_of_bound" in r.cells for r in rows if r is not None
-        )  # a slower gain is a number to read, not a failure
+        )  # a slower gain is a number to read, not a failure; a skipped case does not apply
         if failures and not bad:
             continue
         for i, row in enumerate(rows):
@@ -270,7 +270,9 @@ def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, fa
     if shown:
         console.print(table)
     elif failures:
-        console.print(f"{suite.name}: every case passed and every bounded number holds", highlight=False)
+        skipped = sum(c.status == "skipped" for c in stats)
+        console.print(f"{suite.name}: every case passed and every bounded number holds"
+                      + (f" ({skipped} not applicable, skipped)" if skipped else ""), highlight=False)  # fmt: skip
     return shown
 
 

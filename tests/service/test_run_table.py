@@ -36,7 +36,8 @@ def test_one_row_per_case_with_the_key_numbers_as_columns() -> None:
     for col in ("bounds held", "worst rel-L2", "fwd", "fwd+bwd", "gain"):
         assert col in header, col
     rows = [ln for ln in text.splitlines() if "passed" in ln]
-    assert len(rows) == 16  # one per case, where the per-metric table had a row per metric
+    passed = json.loads(RUN.read_text())["case_counts"]["passed"]
+    assert len(rows) == passed > 0  # one per case, where the per-metric table had a row per metric
     p2p = next(ln for ln in rows if "p2p_eager_T128_B1_float32" in ln)
     assert "(cp_worst)" in p2p or "(param_grad_worst)" in p2p  # the worst tensor named
     assert "%" in p2p or "×" in p2p  # its gain over the Ulysses row of the same shape
@@ -53,4 +54,5 @@ def test_failures_view_keeps_only_what_needs_attention() -> None:
 def test_the_full_per_metric_table_stays_behind_a_flag() -> None:
     text = rendered("metrics")
     rows = [ln for ln in text.splitlines() if "fwd_bwd_ms (ms)" in ln]
-    assert len(rows) == 16 and "padding_output_max_abs (abs)" in text
+    assert len(rows) == json.loads(RUN.read_text())["case_counts"]["passed"]
+    assert "padding_output_max_abs (abs)" in text
