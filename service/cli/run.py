@@ -232,8 +232,9 @@ STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", 
 
 def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
-    as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did not
-    pass (a case skipped as not applicable did not fail) or hold a number out of bound. Returns the number of rows printed."""
+    as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did
+    not pass (a case skipped as not applicable did not fail) or hold a number out of bound.
+    Returns the number of rows printed."""
     from service.domain.report_tables import case_pivot
 
     pivot = case_pivot(stats)
@@ -271,8 +272,8 @@ def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, fa
         console.print(table)
     elif failures:
         skipped = sum(c.status == "skipped" for c in stats)
-        console.print(f"{suite.name}: every case passed and every bounded number holds"
-                      + (f" ({skipped} not applicable, skipped)" if skipped else ""), highlight=False)  # fmt: skip
+        note = f" ({skipped} not applicable, skipped)" if skipped else ""
+        console.print(f"{suite.name}: every case passed and every bounded number holds{note}", highlight=False)
     return shown
 
 

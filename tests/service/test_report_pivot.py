@@ -93,7 +93,8 @@ def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> 
     # the one case that does not apply (AllGather over a packing that crosses a rank boundary) is
     # listed as skipped with its reason, not as a failure
     outcomes = table(section(md, "Case outcomes"))[1]
-    assert len(outcomes) == skipped == 1 and outcomes[0][2] == "skipped" and "not applicable" in outcomes[0][3]
+    assert len(outcomes) == skipped == 1
+    assert outcomes[0][2] == "skipped" and "not applicable" in outcomes[0][3]
     head, rows = table(section(md, "CP tables"))
     cp_rows = ran - 1  # every case that ran but the no-CP packed one ('none', under Speed and memory)
     assert head[:6] == ["mode", "P", "T", "B", "valid", "dtype"] and len(rows) == cp_rows
