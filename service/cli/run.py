@@ -273,7 +273,8 @@ def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, fa
     elif failures:
         skipped = sum(c.status == "skipped" for c in stats)
         note = f" ({skipped} not applicable, skipped)" if skipped else ""
-        console.print(f"{suite.name}: every case passed and every bounded number holds{note}", highlight=False)
+        console.print(f"{suite.name}: every case passed and every bounded number holds{note}",
+                      highlight=False)
     return shown
 
 
