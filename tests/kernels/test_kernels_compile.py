@@ -116,7 +116,8 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     mod.TUNING.update(seq_segments=0)
     with torch.no_grad():
         mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    # packed sequences (one walk per sequence in the state passes), fused forward and not
+    # packed sequences (every stage through the chunk table, one walk per sequence in the state
+    # passes), fused forward and not
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
     for fused in (1, 0):
         mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
@@ -127,6 +128,9 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
+    o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 1, 65]),
+                                              initial_state=h0s, output_final_state=True)  # fmt: skip
     (o.float().sum() + s.sum()).backward()
 
 
