@@ -22,6 +22,28 @@ def chunk_span(c, T, spans_ptr, VARLEN: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def seq_rows(spans_ptr, c0, c1):
+    """First row and end row of the packed sequence whose chunks are c0 .. c1 (0, 0 when it has
+    none): the state walks step through its rows by BT from there, so their loads stay affine in
+    the loop counter (software-pipelined as the dense walk's are) rather than read per chunk."""
+    some = c1 > c0
+    first = tl.load(spans_ptr + 2 * c0, mask=some, other=0)
+    return first, tl.load(spans_ptr + 2 * c1 - 1, mask=some, other=0)
+
+
+@triton.jit
+def walk_span(c, c0, r0, r1, T, VARLEN: tl.constexpr, BT: tl.constexpr):
+    """`chunk_span` inside a state walk over chunks c0.. of one sequence at rows r0 .. r1."""
+    if VARLEN:
+        t0 = r0 + (c - c0) * BT
+        t1 = r1
+    else:
+        t0 = c * BT
+        t1 = T
+    return t0, t1
+
+
+@triton.jit
 def load_gamma(gamma_ptr, bh, t0, t1, T, BT: tl.constexpr):
     """γ of the chunk at rows t0 .. t1 (t1 - t0 <= BT) with padded rows set to γ_last (so every
     exp(γ_i − γ_j) with j <= i is <= 1), plus γ_last itself and the row mask."""

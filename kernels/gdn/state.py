@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, load_gamma, load_rows
+from kernels.gdn.common import load_gamma, load_rows, seq_rows, walk_span
 from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
@@ -47,13 +47,15 @@ def _state_fwd_kernel(
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
+        r0, r1 = seq_rows(spans_ptr, c0, c1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)
+        r0, r1 = 0, T
     for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
-        t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+        t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
@@ -108,14 +110,16 @@ def _state_bwd_kernel(
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
+        r0, r1 = seq_rows(spans_ptr, c0, c1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)
+        r0, r1 = 0, T
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
             tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
-        t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+        t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
