@@ -11,9 +11,8 @@ and, per accuracy seed, the relative L2 error of o, ht and every gradient agains
 chunked backend (tf32 off). `--variant` runs ours again under TUNING overrides (one JSON dict
 each). `--profile T` records torch.profiler GPU time per kernel over 5 forward+backward steps at
 T (Hqk = Hv). `--packed L1,L2,...` adds a packed batch of those sequence lengths (`cu_seqlens`,
-one h0 and final state per sequence, the gdn-op suite's packed cases); for ours it also times
-the chunk-aligned padding alone (`pad_ms`: the five inputs padded and the output unpadded, with
-the backward's gathers and scatter). Without a GPU nothing runs. FLA is timed with
+one h0 and final state per sequence, the gdn-op suite's packed cases). Without a GPU nothing
+runs. FLA is timed with
 FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise dispatches to FlashQLA when that is importable) and with its
 Triton >= 3.7.1 flag set (it refuses its gated backward on Hopper before that).
 """
@@ -140,28 +139,9 @@ def rel_l2(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def pad_cost(x: dict[str, Any], warm: int, rep: int) -> float:
-    """do_bench median of ours' chunk-aligned padding alone: the five inputs padded, an output
-    unpadded, and the backward of both (gathers of the inputs' gradients, scatter of dO)."""
-    import torch
-    from triton.testing import do_bench
-
-    from kernels.gdn.varlen import PackedLayout
-
-    lay = PackedLayout.of([int(c) for c in x["cu"].tolist()], x["q"].device)
-    ins = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    o_pad = torch.zeros(1, lay.total, HV, DH, device=x["q"].device, dtype=x["v"].dtype, requires_grad=True)
-
-    def fb() -> None:
-        outs = [lay.pad(t) for t in ins] + [lay.unpad(o_pad)]
-        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-
-    return do_bench(fb, warmup=warm, rep=rep, grad_to_none=[*ins, o_pad], return_mode="median")
-
-
 def measure(
     call: Any, T: int, hqk: int, seeds: list[int], dev: Any, warm: int, rep: int, repro: bool = False,
-    lens: list[int] | None = None, ours: bool = False,
+    lens: list[int] | None = None,
 ) -> dict[str, Any]:
     import torch
     from triton.testing import do_bench
@@ -188,8 +168,6 @@ def measure(
     fb()
     torch.cuda.synchronize()
     out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    if lens and ours:
-        out["pad_ms"] = pad_cost(x, warm, rep)
     x = grads = None  # the timed closures are done
     torch.cuda.empty_cache()
     errs: dict[str, float] = defaultdict(float)
@@ -305,8 +283,7 @@ def main() -> int:
             for hqk in heads:
                 t0 = time.time()
                 try:
-                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls,
-                                args.backend == "ours")
+                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls)
                 except Exception as exc:  # one failing shape is recorded and the run goes on
                     r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 r["variant"] = vname
@@ -318,7 +295,7 @@ def main() -> int:
                 print(f"{args.backend:8s} {vname:12s} {tag} hqk={hqk:2d} fwd={r.get('fwd_ms', 0):7.3f} "
                       f"fb={r.get('fwd_bwd_ms', 0):7.3f}/{r.get('fwd_bwd_ms_again', 0):7.3f} "
                       f"peak={r.get('peak_mib', 0):7.0f}MiB worst={err if err is None else f'{err:.2e}'} "
-                      f"differ={r.get('differ_between_runs', '-')} pad_ms={r.get('pad_ms', '-')} "
+                      f"differ={r.get('differ_between_runs', '-')} "
                       f"{r.get('error', '')}",
                       flush=True)  # fmt: skip
     if saved is not None:

@@ -8,12 +8,48 @@ import triton.language as tl
 
 
 @triton.jit
-def load_gamma(gamma_ptr, bh, c, T, BT: tl.constexpr):
-    """γ of chunk c with padded rows set to γ_last (so every exp(γ_i − γ_j) with j <= i is <= 1),
-    plus γ_last itself and the row mask."""
-    t = c * BT + tl.arange(0, BT)
-    m = t < T
-    last = tl.minimum(c * BT + BT - 1, T - 1)
+def chunk_span(c, T, spans_ptr, VARLEN: tl.constexpr, BT: tl.constexpr):
+    """First row and end row (exclusive) of chunk c. Dense: c·BT and T (the short last chunk
+    masked at T). VARLEN: the chunk table's entry (`chunks.ChunkTable.spans`), so a chunk of packed
+    sequences starts where it does in the packed rows and ends at its sequence's end at the latest."""
+    if VARLEN:
+        t0 = tl.load(spans_ptr + 2 * c)
+        t1 = tl.load(spans_ptr + 2 * c + 1)
+    else:
+        t0 = c * BT
+        t1 = T
+    return t0, t1
+
+
+@triton.jit
+def seq_rows(spans_ptr, c0, c1):
+    """First row and end row of the packed sequence whose chunks are c0 .. c1 (0, 0 when it has
+    none): the state walks step through its rows by BT from there, so their loads stay affine in
+    the loop counter (software-pipelined as the dense walk's are) rather than read per chunk."""
+    some = c1 > c0
+    first = tl.load(spans_ptr + 2 * c0, mask=some, other=0)
+    return first, tl.load(spans_ptr + 2 * c1 - 1, mask=some, other=0)
+
+
+@triton.jit
+def walk_span(c, c0, r0, r1, T, VARLEN: tl.constexpr, BT: tl.constexpr):
+    """`chunk_span` inside a state walk over chunks c0.. of one sequence at rows r0 .. r1."""
+    if VARLEN:
+        t0 = r0 + (c - c0) * BT
+        t1 = r1
+    else:
+        t0 = c * BT
+        t1 = T
+    return t0, t1
+
+
+@triton.jit
+def load_gamma(gamma_ptr, bh, t0, t1, T, BT: tl.constexpr):
+    """γ of the chunk at rows t0 .. t1 (t1 - t0 <= BT) with padded rows set to γ_last (so every
+    exp(γ_i − γ_j) with j <= i is <= 1), plus γ_last itself and the row mask."""
+    t = t0 + tl.arange(0, BT)
+    m = t < t1
+    last = tl.minimum(t0 + BT - 1, t1 - 1)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gam = tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0)
     return tl.where(m, gam, g_last), g_last, m

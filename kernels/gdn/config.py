@@ -105,5 +105,15 @@ def dot_precision(dtype: torch.dtype, group: str) -> str:
     return prec
 
 
-def num_chunks(T: int) -> int:
-    return triton.cdiv(T, BT)
+def num_chunks(T: int, spans: torch.Tensor | None = None) -> int:
+    """Chunks of a dense sequence of T rows, or the rows of the chunk table `spans` of packed
+    sequences (`chunks.ChunkTable`)."""
+    return triton.cdiv(T, BT) if spans is None else spans.shape[0]
+
+
+def chunk_count(T: int, seq_chunks: torch.Tensor | None, spans: torch.Tensor | None) -> int:
+    """`num_chunks` for the state walks, which need both tensors of a chunk table or neither."""
+    if (seq_chunks is None) != (spans is None):
+        raise ValueError("packed sequences need both seq_chunks and spans (chunks.ChunkTable), "
+                         f"got seq_chunks={seq_chunks is not None}, spans={spans is not None}")
+    return num_chunks(T, spans)

@@ -6,16 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, transpose_via
+from kernels.gdn.common import chunk_span, load_gamma, transpose_via
 from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
 
 
 @triton.jit
 def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, scale,
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk. Every γ-gradient term is linear in
     the column split, so each program writes its own dγ partial (summed by the WY stage)."""
@@ -26,13 +26,14 @@ def _bwd_dqk_kernel(
     hk = h // R
     dkc = ik * BK + tl.arange(0, BK)
     i = tl.arange(0, BT)
-    t = c * BT + i
-    m = t < T
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = t0 + i
+    m = t < t1
     qk_off = b * T * HQK * D + hk * D
     q = tl.load(q_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
     kc = tl.load(k_ptr + qk_off + t[:, None] * (HQK * D) + dkc[None, :], mask=m[:, None], other=0.0)
     dt = q.dtype
-    gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     dq_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dO·Sᵀ
     dk_acc = tl.zeros([BT, BK], dtype=tl.float32)  # Vn·dS'ᵀ
     dw_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dVn·Sᵀ
@@ -61,12 +62,12 @@ def _bwd_dqk_kernel(
     ekd = tl.exp(g_last - gam)
     dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
     # dpmᵀ through this program's own dk tile (BK >= BT columns; written with dk below)
-    dpmt = transpose_via(dk_ptr + (bh * T + c * BT) * D + ik * BK, dpm, i, m, D)
+    dpmt = transpose_via(dk_ptr + (bh * T + t0) * D + ik * BK, dpm, i, m, D)
     dk = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
     z = dpm * qk
     y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
     dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
-    last = tl.minimum(T - 1 - c * BT, BT - 1)
+    last = tl.minimum(t1 - 1 - t0, BT - 1)
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
     # dq goes straight to [B, T, Hqk, D] when R == 1, else to a per-value-head fp32 buffer.
     if DQ_HEADS == HQK:
@@ -83,11 +84,13 @@ def _bwd_dqk_kernel(
 def bwd_dqk(
     q: torch.Tensor, k: torch.Tensor, num_v_heads: int, gamma: torch.Tensor, s: torch.Tensor,
     ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
+    spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
-    (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]."""
+    (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]; `spans` as in
+    `intra_solve`."""
     B, T, Hqk, _ = q.shape
-    Hv, NT = num_v_heads, num_chunks(T)
+    Hv, NT = num_v_heads, num_chunks(T, spans)
     R = Hv // Hqk
     dev = q.device
     heads = Hqk if R == 1 else Hv
@@ -101,8 +104,8 @@ def bwd_dqk(
                          f"so it needs at least {BT} columns per program")
     dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
-        q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, scale,
-        T, NT, Hqk, Hv, R, heads, BT=BT, D=D, BK=BK, BV=tuned("dqk_bv", q.dtype),
+        q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, spans if spans is not None else dq, scale,
+        T, NT, Hqk, Hv, R, heads, VARLEN=spans is not None, BT=BT, D=D, BK=BK, BV=tuned("dqk_bv", q.dtype),
         num_warps=tuned("dqk_warps", q.dtype),
     )  # fmt: skip
     return dq, dkp, dw, dgam

@@ -15,18 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, mm, transpose_via
+from kernels.gdn.common import chunk_span, load_gamma, load_rows, mm, transpose_via
 from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks, tuned
 
 
 @triton.jit
 def _bwd_dqk_wy_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, s_ptr, ds_ptr, vn_ptr, dvn_ptr, do_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, spans_ptr, scale,
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
     DK_HEADS: tl.constexpr, DK_ROW_F32: tl.constexpr,
     PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -34,13 +34,14 @@ def _bwd_dqk_wy_kernel(
     hk = h // R
     d = tl.arange(0, D)
     i = tl.arange(0, BT)
-    t = c * BT + i
-    m = t < T
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = t0 + i
+    m = t < t1
     qk_off = b * T * HQK * D + hk * D
     q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
     kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
     dt = q.dtype
-    gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
 
     # --- the state/output part (bwd_dqk with all D key columns in one program)
     dq_acc = tl.zeros([BT, D], dtype=tl.float32)  # dO·Sᵀ
@@ -79,11 +80,11 @@ def _bwd_dqk_wy_kernel(
     z = dpm * tl.dot(q, tl.trans(kc))
     dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
     # This program's dk output rows, seen as fp32, carry both transposes (dk is written last).
-    dk_rows = dk_ptr + ((b * T + c * BT) * DK_HEADS + h // (HV // DK_HEADS)) * D
+    dk_rows = dk_ptr + ((b * T + t0) * DK_HEADS + h // (HV // DK_HEADS)) * D
     scratch = dk_rows.to(tl.pointer_type(tl.float32))
     dpmt = transpose_via(scratch, dpm, i, m, DK_ROW_F32)
     dkp = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
-    last = tl.minimum(T - 1 - c * BT, BT - 1)
+    last = tl.minimum(t1 - 1 - t0, BT - 1)
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
     dw = -dw_acc  # dWk, fp32, never stored
 
@@ -131,11 +132,12 @@ def _bwd_dqk_wy_kernel(
 def bwd_dqk_wy(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype,
     gamma: torch.Tensor, tm: torch.Tensor, s: torch.Tensor, ds: torch.Tensor, vn: torch.Tensor,
-    dvn: torch.Tensor, do: torch.Tensor, scale: float,
+    dvn: torch.Tensor, do: torch.Tensor, scale: float, spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """dq, dk (per value head fp32 when Hv > Hqk, as `bwd_dqk` / `bwd_wy` give them), dv, dβ, dg."""
+    """dq, dk (per value head fp32 when Hv > Hqk, as `bwd_dqk` / `bwd_wy` give them), dv, dβ, dg;
+    `spans` as in `intra_solve`."""
     B, T, Hqk, _ = q.shape
-    Hv, NT = v.shape[2], num_chunks(T)
+    Hv, NT = v.shape[2], num_chunks(T, spans)
     R = Hv // Hqk
     heads = Hqk if R == 1 else Hv
     part = q.dtype if R == 1 else torch.float32
@@ -145,8 +147,9 @@ def bwd_dqk_wy(
     dbeta = torch.empty_like(beta)
     dg = torch.empty(B, T, Hv, device=q.device, dtype=g_dtype)
     _bwd_dqk_wy_kernel[(NT, B * Hv)](
-        q, k, v, beta, gamma, tm, s, ds, vn, dvn, do, dq, dk, dv, dbeta, dg, scale,
-        T, NT, Hqk, Hv, R, heads, heads, dk.stride(1) * dk.element_size() // 4,
+        q, k, v, beta, gamma, tm, s, ds, vn, dvn, do, dq, dk, dv, dbeta, dg,
+        spans if spans is not None else dg, scale,
+        T, NT, Hqk, Hv, R, heads, heads, dk.stride(1) * dk.element_size() // 4, VARLEN=spans is not None,
         PREC_DT=dot_precision(k.dtype, "wy_dt"), PREC_DA=dot_precision(k.dtype, "wy_da"),
         PREC_DX=dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BV=tuned("dqkwy_bv", q.dtype),
         num_warps=tuned("dqkwy_warps", q.dtype), num_stages=TUNING["dqkwy_stages"],

@@ -7,28 +7,30 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows
+from kernels.gdn.common import chunk_span, load_gamma, load_rows
 from kernels.gdn.config import BT, TUNING, D, num_chunks
 
 
 @triton.jit
 def _dvn_local_kernel(
-    q_ptr, k_ptr, do_ptr, gamma_ptr, dvl_ptr, scale,
-    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    q_ptr, k_ptr, do_ptr, gamma_ptr, dvl_ptr, spans_ptr, scale,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
     d = tl.arange(0, D)
-    t = c * BT + tl.arange(0, BT)
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = t0 + tl.arange(0, BT)
     i = tl.arange(0, BT)
-    m = t < T
+    m = t < t1
     qk_off = b * T * HQK * D + hk * D
     q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
     kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
     do = load_rows(do_ptr + b * T * HV * D + h * D, t, m, HV * D, D)
-    gam, _, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     up = i[:, None] <= i[None, :]  # key i, query j >= i
     pt = tl.dot(kc, tl.trans(q))
     pt = tl.where(up, pt * tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0) * scale
@@ -38,13 +40,16 @@ def _dvn_local_kernel(
 
 
 def dvn_local(
-    q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor, scale: float,
+    spans: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The intra-chunk part of dVn, [B·Hv, T, D] in q's dtype."""
+    """The intra-chunk part of dVn, [B·Hv, T, D] in q's dtype; `spans` as in `intra_solve`."""
     B, T, Hqk, _ = q.shape
     Hv = do.shape[2]
     dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
-    _dvn_local_kernel[(num_chunks(T), B * Hv)](
-        q, k, do, gamma, dvl, scale, T, Hqk, Hv, Hv // Hqk, BT=BT, D=D, num_warps=TUNING["dvl_warps"]
+    nt = num_chunks(T, spans)
+    _dvn_local_kernel[(nt, B * Hv)](
+        q, k, do, gamma, dvl, spans if spans is not None else dvl, scale, T, Hqk, Hv, Hv // Hqk,
+        VARLEN=spans is not None, BT=BT, D=D, num_warps=TUNING["dvl_warps"],
     )
     return dvl

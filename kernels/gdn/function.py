@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.gdn.chunks import ChunkTable, table_parts
 from kernels.gdn.config import TUNING, D
 from kernels.gdn.dqk import bwd_dqk
 from kernels.gdn.dqk_wy import bwd_dqk_wy
@@ -30,20 +31,22 @@ def _saved_tensors_hook_active() -> bool:
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
-    on_final_state: StateCallback | None = None, seq_chunks: torch.Tensor | None = None,
+    on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
-    backward. `seq_chunks`: the chunk offsets of packed, chunk-aligned sequences (`varlen`), whose
-    state passes restart at every sequence; every other stage is chunk-parallel and unchanged.
+    backward. `table`: the chunk table of packed sequences (`varlen`): every stage reads and
+    writes the packed rows chunk by chunk through it, and the state passes restart at every
+    sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed); with
     TUNING["fused_fwd"] the state and the output come from one kernel, and it runs after that."""
     Hv = v.shape[2]
-    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep)
+    spans, seq_chunks = table_parts(table)
+    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans)
     if TUNING["fused_fwd"]:
         o, s, vn, ht, maps = fused_forward(
             q, k, w, u, gamma, Hv, scale, v.dtype, initial_state, store_states=keep, store_vn=keep,
-            store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks,
+            store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans,
         )
         del u
         if on_final_state is not None and ht is not None:
@@ -51,12 +54,12 @@ def _forward(
         return o, ht, ((w, tm, s, vn, maps) if keep else ())
     s, vn, ht, maps = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
-        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks,
+        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans,
     )
     del u
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
-    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype)
+    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, spans)
     return o, ht, ((w, tm, s, vn, maps) if keep else ())
 
 
@@ -79,20 +82,20 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
-        seq_chunks: torch.Tensor | None = None,
+        table: ChunkTable | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        gamma = gate_cumsum(g)
+        gamma = gate_cumsum(g, table_parts(table)[0])
         keep = not TUNING["recompute"] and not _saved_tensors_hook_active()
         o, ht, kept = _forward(
             q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state,
-            seq_chunks,
+            table,
         )
         ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
         ctx.kept = list(kept) if keep else None  # intermediates, not inputs or outputs
         ctx.scale = scale
         ctx.g_dtype = g.dtype
         ctx.on_initial_state_grad = on_initial_state_grad
-        ctx.seq_chunks = seq_chunks
+        ctx.table = table
         return o, ht
 
     @staticmethod
@@ -106,31 +109,33 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         do = torch.zeros_like(v) if do is None else do.contiguous().to(v.dtype)
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
+        table = ctx.table
+        spans, seq_chunks = table_parts(table)
         if kept:
             w, tm, s, vn, maps = kept
             del kept
         else:
-            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True)
+            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans)
             s, vn, _, maps = state_forward(
                 k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
-                keep_maps=True, seq_chunks=ctx.seq_chunks,
+                keep_maps=True, seq_chunks=seq_chunks, spans=spans,
             )
             del u
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
-            seq_chunks=ctx.seq_chunks,
+            seq_chunks=seq_chunks, spans=spans,
         )
         del w, maps
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
         if TUNING["fused_dqk_wy"]:
             dq, dk, dv, dbeta, dg = bwd_dqk_wy(q, k, v, beta, ctx.g_dtype, gamma, tm, s, ds, vn, dvn, do,
-                                               ctx.scale)  # fmt: skip
+                                               ctx.scale, spans)  # fmt: skip
             del s, ds, vn, tm, dvn
         else:
-            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale)
+            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans)
             del s, ds, vn
-            dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam)
+            dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans)
             del tm, dw, dvn, dkp, dgam
         if R > 1:
             dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
@@ -179,10 +184,10 @@ def run_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
-    seq_chunks: torch.Tensor | None = None,
+    table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The stages on checked inputs, through the autograd Function when a backward can follow.
-    `seq_chunks`: packed chunk-aligned sequences (`varlen`), one state each."""
+    `table`: the chunk table of packed sequences (`varlen`), one state each."""
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     inputs = (q, k, v, g, beta, h0)
@@ -190,12 +195,13 @@ def run_chunked(
         # No backward can follow: nothing is kept for one (with fused_fwd, no per-chunk S or Vn
         # is ever stored).
         o, ht, _ = _forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), gate_cumsum(g.contiguous()), beta.contiguous(),
-            scale, h0, output_final_state, keep=False, on_final_state=on_final_state, seq_chunks=seq_chunks,
+            q.contiguous(), k.contiguous(), v.contiguous(),
+            gate_cumsum(g.contiguous(), table_parts(table)[0]), beta.contiguous(),
+            scale, h0, output_final_state, keep=False, on_final_state=on_final_state, table=table,
         )  # fmt: skip
         return o, ht
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        scale, h0, output_final_state, on_final_state, on_initial_state_grad, seq_chunks,
+        scale, h0, output_final_state, on_final_state, on_initial_state_grad, table,
     )  # fmt: skip
     return o, ht

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows
-from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+from kernels.gdn.common import load_gamma, load_rows, seq_rows, walk_span
+from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
 Opt = torch.Tensor | None
@@ -27,7 +27,8 @@ Opt = torch.Tensor | None
 
 @triton.jit
 def _fused_fwd_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, o_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, scale,
+    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, o_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr,
+    scale,
     T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr, STORE_HT: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
@@ -59,22 +60,25 @@ def _fused_fwd_kernel(
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
+        r0, r1 = seq_rows(spans_ptr, c0, c1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)
+        r0, r1 = 0, T
     for c in range(c0, c1):
         sd = S.to(dt)
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + cols, sd)
-        t = c * BT + i
-        m = t < T
+        t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
+        t = t0 + i
+        m = t < t1
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         u = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         vn = u.to(tl.float32) - tl.dot(wk, sd)
         vnd = vn.to(dt)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vnd, mask=m[:, None])
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         q = load_rows(q_ptr + qk_base, t, m, HQK * D, D)
         kc = load_rows(k_ptr + qk_base, t, m, HQK * D, D)
         p = tl.dot(q, tl.trans(kc))
@@ -95,15 +99,15 @@ def fused_forward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gamma: torch.Tensor,
     num_v_heads: int, scale: float, out_dtype: torch.dtype, initial_state: torch.Tensor | None, *,
     store_states: bool, store_vn: bool, store_final: bool, keep_maps: bool = False,
-    seq_chunks: Opt = None,
+    seq_chunks: Opt = None, spans: Opt = None,
 ) -> tuple[torch.Tensor, Opt, Opt, Opt, Opt]:  # fmt: skip
     """o [B, T, Hv, D] in out_dtype, and as asked the per-chunk incoming states [B·Hv, NT, D, D],
     Vn [B·Hv, T, D] (k's dtype; the backward reads them), the final fp32 state and, when
     `keep_maps`, the segment transitions M (None for one segment), as `state_forward` returns
     them. The segment count is `state_segments`'s, as in the unfused passes; with `seq_chunks`
-    (packed sequences) one segment per sequence, as `state_forward` walks them."""
+    and `spans` (packed sequences) one segment per sequence, as `state_forward` walks them."""
     B, T, Hqk, _ = q.shape
-    Hv, NT = num_v_heads, num_chunks(T)
+    Hv, NT = num_v_heads, chunk_count(T, seq_chunks, spans)
     dev = q.device
     o = torch.empty(B, T, Hv, D, device=dev, dtype=out_dtype)
     s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
@@ -123,7 +127,8 @@ def fused_forward(
     _fused_fwd_kernel[(D // BV, B * Hv, nseg)](
         q, k, w, u, gamma, h0 if h0 is not None else w, o,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
-        seq_chunks if seq_chunks is not None else w, scale, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        seq_chunks if seq_chunks is not None else w, spans if spans is not None else w, scale,
+        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn, STORE_HT=store_final,
         VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV, num_warps=TUNING["fused_warps"],
         num_stages=tuned("fused_stages", k.dtype),

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import a_block, inv_unit_lower16, load_gamma, load_rows, mm, store_rows
+from kernels.gdn.common import a_block, chunk_span, inv_unit_lower16, load_gamma, load_rows, mm, store_rows
 from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks
 
 
@@ -42,10 +42,10 @@ def _store_row_blocks(base, r0, r1, r2, r3, t0, t1, t2, t3, m0, m1, m2, m3, d, D
 
 @triton.jit
 def _intra_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr,
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     STORE_U: tl.constexpr, STORE_T: tl.constexpr, STORE_WU: tl.constexpr, PREC: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -55,15 +55,16 @@ def _intra_kernel(
     v_base = v_ptr + b * T * HV * D + h * D
     s = tl.arange(0, 16)
     d = tl.arange(0, D)
-    last = tl.minimum(c * BT + BT - 1, T - 1)
+    r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    last = tl.minimum(r0 + BT - 1, r1 - 1)
     g_last = tl.load(gamma_ptr + bh * T + last)
 
     # Four 16-row sub-blocks of the chunk.
-    t0 = c * BT + s
+    t0 = r0 + s
     t1 = t0 + 16
     t2 = t0 + 32
     t3 = t0 + 48
-    m0, m1, m2, m3 = t0 < T, t1 < T, t2 < T, t3 < T
+    m0, m1, m2, m3 = t0 < r1, t1 < r1, t2 < r1, t3 < r1
     k0 = load_rows(k_base, t0, m0, HQK * D, D)
     k1 = load_rows(k_base, t1, m1, HQK * D, D)
     k2 = load_rows(k_base, t2, m2, HQK * D, D)
@@ -154,9 +155,9 @@ def _intra_kernel(
 
 @triton.jit
 def _wu_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr,
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
-    PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    PREC: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     """Wk = T·(β e^γ K) and U = T·(β V) as two 64-wide products from the stored T."""
     c = tl.program_id(0)
@@ -164,10 +165,11 @@ def _wu_kernel(
     b, h = bh // HV, bh % HV
     hk = h // R
     i = tl.arange(0, BT)
-    t = c * BT + i
-    m = t < T
+    r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = r0 + i
+    m = t < r1
     beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
-    gam, _, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, _, _ = load_gamma(gamma_ptr, bh, r0, r1, T, BT)
     tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
     kc = load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D).to(tl.float32)
     w = mm(tm, kc * (beta * tl.exp(gam))[:, None], PREC)
@@ -186,8 +188,10 @@ def intra_solve(
     num_v_heads: int,
     *,
     store_t: bool = False,
+    spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked.
+    `spans`: the chunk table of packed sequences (`chunks.ChunkTable`); rows stay packed.
 
     TUNING["intra_split"] = 1 writes T first and forms Wk, U in a second kernel with 64-wide
     products; 0 forms them from the 16×16 blocks in registers (no T round trip)."""
@@ -197,18 +201,19 @@ def intra_solve(
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
     tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if (store_t or split) else None
-    grid = (num_chunks(T), B * Hv)
+    grid = (num_chunks(T, spans), B * Hv)
+    table = dict(spans_ptr=spans if spans is not None else w, VARLEN=spans is not None)
     prec = dot_precision(k.dtype, "wu")
     _intra_kernel[grid](
         k, v if v is not None else k, beta, gamma, w, u if u is not None else w, tm if tm is not None else w,
-        T, Hqk, Hv, Hv // Hqk,
+        T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, **table,
         STORE_U=v is not None, STORE_T=tm is not None, STORE_WU=not split, PREC=prec, BT=BT, D=D,
         num_warps=TUNING["intra_warps"],
     )  # fmt: skip
     if split:
         _wu_kernel[grid](
             k, v if v is not None else k, beta, gamma, tm, w, u if u is not None else w,
-            T, Hqk, Hv, Hv // Hqk, STORE_U=v is not None, PREC=prec, BT=BT, D=D,
+            T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, **table, STORE_U=v is not None, PREC=prec, BT=BT, D=D,
             num_warps=TUNING["wu_warps"],
         )  # fmt: skip
     return w, u, tm if store_t else None

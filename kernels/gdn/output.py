@@ -6,15 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows
+from kernels.gdn.common import chunk_span, load_gamma, load_rows
 from kernels.gdn.config import BT, TUNING, D, num_chunks
 
 
 @triton.jit
 def _output_kernel(
-    q_ptr, k_ptr, vn_ptr, s_ptr, gamma_ptr, o_ptr, scale,
-    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-    BV: tl.constexpr,
+    q_ptr, k_ptr, vn_ptr, s_ptr, gamma_ptr, o_ptr, spans_ptr, scale,
+    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
     iv = tl.program_id(1)
@@ -23,15 +23,16 @@ def _output_kernel(
     hk = h // R
     d = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
-    t = c * BT + tl.arange(0, BT)
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = t0 + tl.arange(0, BT)
     i = tl.arange(0, BT)
-    m = t < T
+    m = t < t1
     qk_off = b * T * HQK * D + hk * D
     q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
     kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
     S = tl.load(s_ptr + (bh * NT + c) * D * D + d[:, None] * D + dv[None, :])
     vn = tl.load(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
-    gam, _, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     causal = i[:, None] >= i[None, :]
     p = tl.dot(q, tl.trans(kc))
     p = tl.where(causal, p * tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
@@ -42,14 +43,16 @@ def _output_kernel(
 
 def output(
     q: torch.Tensor, k: torch.Tensor, vn: torch.Tensor, s: torch.Tensor, gamma: torch.Tensor,
-    num_v_heads: int, scale: float, out_dtype: torch.dtype,
+    num_v_heads: int, scale: float, out_dtype: torch.dtype, spans: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """o [B, T, Hv, D] in out_dtype from per-chunk states and Vn."""
+    """o [B, T, Hv, D] in out_dtype from per-chunk states and Vn; `spans` as in `intra_solve`."""
     B, T, Hqk, _ = q.shape
     Hv, BV = num_v_heads, TUNING["out_bv"]
     o = torch.empty(B, T, Hv, D, device=q.device, dtype=out_dtype)
-    _output_kernel[(num_chunks(T), D // BV, B * Hv)](
-        q, k, vn, s, gamma, o, scale, T, num_chunks(T), Hqk, Hv, Hv // Hqk, BT=BT, D=D, BV=BV,
+    nt = num_chunks(T, spans)
+    _output_kernel[(nt, D // BV, B * Hv)](
+        q, k, vn, s, gamma, o, spans if spans is not None else o, scale, T, nt, Hqk, Hv, Hv // Hqk,
+        VARLEN=spans is not None, BT=BT, D=D, BV=BV,
         num_warps=TUNING["output_warps"],
     )  # fmt: skip
     return o

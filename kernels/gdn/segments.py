@@ -42,7 +42,7 @@ def _segment_fwd_summary_kernel(
         if HAS_U:
             ve += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         vm = -tl.dot(wk, M.to(dt))
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
         kdt = tl.trans((kc * tl.exp(g_last - gam)[:, None]).to(dt))
         decay = tl.exp(g_last)

@@ -9,23 +9,23 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows
-from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+from kernels.gdn.common import load_gamma, load_rows, seq_rows, walk_span
+from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
 
 @triton.jit
 def _state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr,
+    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr,
     T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
     STORE_HT: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
     segment's chunks; the last segment writes the final state. One segment = the whole sequence.
-    VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1], from
-    h0[n, h] to ht[n, h]; no state crosses a sequence boundary."""
+    VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1] at the
+    rows of the chunk table, from h0[n, h] to ht[n, h]; no state crosses a sequence boundary."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -47,21 +47,24 @@ def _state_fwd_kernel(
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
+        r0, r1 = seq_rows(spans_ptr, c0, c1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)
+        r0, r1 = 0, T
     for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
-        t = c * BT + tl.arange(0, BT)
-        m = t < T
+        t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
+        t = t0 + tl.arange(0, BT)
+        m = t < t1
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
         vn = -tl.dot(wk, S.to(dt))
         if HAS_U:
             vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
@@ -74,7 +77,8 @@ def _state_fwd_kernel(
 
 @triton.jit
 def _state_bwd_kernel(
-    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, scale,
+    q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
+    scale,
     T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
@@ -106,16 +110,19 @@ def _state_bwd_kernel(
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
+        r0, r1 = seq_rows(spans_ptr, c0, c1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)
+        r0, r1 = 0, T
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
             tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
-        t = c * BT + tl.arange(0, BT)
-        m = t < T
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+        t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
+        t = t0 + tl.arange(0, BT)
+        m = t < t1
+        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
         kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         dvn = tl.dot(kd, dS.to(dt))
@@ -149,6 +156,7 @@ def state_forward(
     store_final: bool,
     keep_maps: bool = False,
     seq_chunks: torch.Tensor | None = None,
+    spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D], the final fp32 state
     and, when `keep_maps`, the segment transitions M [B·Hv, nseg, D, D] (None for one segment; the
@@ -159,11 +167,12 @@ def state_forward(
     entering each, then every segment's pass from its true state in parallel. Exact: the same
     recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary).
 
-    `seq_chunks` (packed sequences, B = 1, chunk-aligned: `varlen.PackedLayout`): int32 chunk
-    offsets of the N sequences; each is walked from its own initial state [N, Hv, D, D] to its own
-    final state [N, Hv, D, D], all N in parallel in one launch (they are the segments; no maps)."""
+    `seq_chunks` and `spans` (packed sequences, B = 1: `chunks.ChunkTable`): int32 chunk offsets
+    of the N sequences and each chunk's rows; each sequence is walked from its own initial state
+    [N, Hv, D, D] to its own final state [N, Hv, D, D], all N in parallel in one launch (they are
+    the segments; no maps)."""
     B, T, Hqk, _ = k.shape
-    Hv, NT = num_v_heads, num_chunks(T)
+    Hv, NT = num_v_heads, chunk_count(T, seq_chunks, spans)
     dev = k.device
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
@@ -182,7 +191,8 @@ def state_forward(
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
-        seq_chunks if seq_chunks is not None else w, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        seq_chunks if seq_chunks is not None else w, spans if spans is not None else w,
+        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
         STORE_HT=store_final, VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV,
         num_warps=TUNING["state_warps"],
@@ -194,7 +204,7 @@ def state_forward(
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
-    seq_chunks: torch.Tensor | None = None,
+    seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
 
@@ -204,11 +214,11 @@ def state_backward(
     segment walks back from its true gradient in parallel. `seq_chunks` as in `state_forward`:
     every packed sequence walks back from its own dht [N, Hv, D, D] to its own dh0, in parallel."""
     B, T, Hqk, _ = q.shape
-    Hv, NT = do.shape[2], num_chunks(T)
+    Hv, NT = do.shape[2], chunk_count(T, seq_chunks, spans)
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
-    dvl = dvn_local(q, k, do, gamma, scale)
+    dvl = dvn_local(q, k, do, gamma, scale, spans)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
@@ -222,14 +232,15 @@ def state_backward(
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
         _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
-            q, k, w, do, dvl, gamma, w, w, w, dext, w, scale, T, NT, cps, 1, Hqk, Hv, R,
+            q, k, w, do, dvl, gamma, w, w, w, dext, w, w, scale, T, NT, cps, 1, Hqk, Hv, R,
             HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, VARLEN=False, **common,
         )  # fmt: skip
         dend = segment_scan(maps, dext, dht, reverse=True)
         del dext
     _state_bwd_kernel[(D // BV, B * Hv, nseg)](
         q, k, w, do, dvl, gamma, dend if dend is not None else w, ds, dvn, dh0 if dh0 is not None else w,
-        seq_chunks if seq_chunks is not None else w, scale, T, NT, cps, 0, Hqk, Hv, R,
+        seq_chunks if seq_chunks is not None else w, spans if spans is not None else w,
+        scale, T, NT, cps, 0, Hqk, Hv, R,
         HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False,
         VARLEN=seq_chunks is not None, **common,
     )  # fmt: skip

@@ -6,17 +6,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, mm, transpose_via
+from kernels.gdn.common import chunk_span, load_gamma, mm, transpose_via
 from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks
 
 
 @triton.jit
 def _bwd_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
-    dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
+    dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
     DK_ROW_F32: tl.constexpr, PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
 ):  # fmt: skip
     """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
     over D), the second applies Tᵀ and writes dk, dv slice by slice."""
@@ -25,12 +25,13 @@ def _bwd_wy_kernel(
     b, h = bh // HV, bh % HV
     hk = h // R
     i = tl.arange(0, BT)
-    t = c * BT + i
-    m = t < T
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    t = t0 + i
+    m = t < t1
     k_base = k_ptr + b * T * HQK * D + hk * D
     v_base = v_ptr + b * T * HV * D + h * D
     beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
-    gam, _, _ = load_gamma(gamma_ptr, bh, c, T, BT)
+    gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     eg = tl.exp(gam)
     bg = beta * eg
     tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
@@ -60,7 +61,7 @@ def _bwd_wy_kernel(
         dgam += tl.load(dgam_ptr + (ik * tl.num_programs(1) + bh) * T + t, mask=m, other=0.0)
     bd = dae * beta[:, None]
     # bdᵀ through this program's dk output rows seen as fp32 (the second pass writes dk there)
-    dk_rows = dk_ptr + ((b * T + c * BT) * DK_HEADS + h // (HV // DK_HEADS)) * D
+    dk_rows = dk_ptr + ((b * T + t0) * DK_HEADS + h // (HV // DK_HEADS)) * D
     bdt = transpose_via(dk_rows.to(tl.pointer_type(tl.float32)), bd, i, m, DK_ROW_F32)
     for s0 in range(0, D, BD):
         d = s0 + tl.arange(0, BD)
@@ -93,10 +94,12 @@ def _bwd_wy_kernel(
 def bwd_wy(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype, gamma: torch.Tensor,
     tm: torch.Tensor, dw: torch.Tensor, dvn: torch.Tensor, dkp: torch.Tensor, dgam: torch.Tensor,
+    spans: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation."""
+    """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation;
+    `spans` as in `intra_solve`."""
     B, T, Hqk, _ = k.shape
-    Hv, NT = v.shape[2], num_chunks(T)
+    Hv, NT = v.shape[2], num_chunks(T, spans)
     R = Hv // Hqk
     heads = Hqk if R == 1 else Hv
     dk = torch.empty(B, T, heads, D, device=k.device, dtype=k.dtype if R == 1 else torch.float32)
@@ -104,8 +107,8 @@ def bwd_wy(
     dbeta = torch.empty_like(beta)
     dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
-        k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg,
-        T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4,
+        k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg, spans if spans is not None else dg,
+        T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4, VARLEN=spans is not None,
         PREC_DT=dot_precision(k.dtype, "wy_dt"), PREC_DA=dot_precision(k.dtype, "wy_da"),
         PREC_DX=dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
         NK=dgam.shape[0], num_warps=TUNING["wy_warps"], num_stages=TUNING["wy_stages"],

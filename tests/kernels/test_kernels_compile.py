@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 import pytest
@@ -116,7 +117,8 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     mod.TUNING.update(seq_segments=0)
     with torch.no_grad():
         mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    # packed sequences (one walk per sequence in the state passes), fused forward and not
+    # packed sequences (every stage through the chunk table, one walk per sequence in the state
+    # passes), fused forward and not
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
     for fused in (1, 0):
         mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
@@ -127,6 +129,9 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (o.float().sum() + s.sum()).backward()
+    o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 1, 65]),
+                                              initial_state=h0s, output_final_state=True)  # fmt: skip
     (o.float().sum() + s.sum()).backward()
 
 
@@ -201,15 +206,26 @@ def _row(c: Compiled) -> str:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, list[dict]]:
-    """The table for every dtype, from a child process without TRITON_INTERPRET: under the CPU
-    interpreter @triton.jit (and triton.language's own jit helpers) are interpreted functions,
-    which cannot be compiled."""
+    """The table for every dtype, from child processes without TRITON_INTERPRET (under the CPU
+    interpreter @triton.jit and triton.language's own jit helpers are interpreted functions,
+    which cannot be compiled): one per dtype, side by side, since compiling is one core's work
+    each and the test run is serial."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.test_kernels_compile", "--json"], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    table: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as files:
+        runs = []
+        for dt in COMPILED_DTYPES:  # output to files: a full pipe would stall a child
+            name = str(dt).split(".")[-1]
+            out, err = (files.enter_context(open(os.path.join(tmp, name + e), "w+")) for e in ("o", "e"))
+            cmd = [sys.executable, "-m", "tests.kernels.test_kernels_compile", "--json", "--dtype", name]
+            runs.append((subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=err), out, err))
+        for proc, out, err in runs:
+            rc = proc.wait(timeout=900)
+            out.seek(0), err.seek(0)
+            assert rc == 0, err.read()[-4000:]
+            table |= json.loads(out.read().strip().splitlines()[-1])
+    return table
 
 
 @pytest.mark.parametrize("dtype", COMPILED_DTYPES, ids=lambda d: str(d).split(".")[-1])
@@ -222,6 +238,8 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
                 "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel",
                 "_bwd_dqk_wy_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
+    packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
+    assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
@@ -237,7 +255,10 @@ def test_fp32_overrides_leave_half_precision_settings_alone() -> None:
 
 if __name__ == "__main__":
     table = {}
-    for dt in DTYPES if "--full" in sys.argv else COMPILED_DTYPES:
+    chosen = DTYPES if "--full" in sys.argv else COMPILED_DTYPES
+    if "--dtype" in sys.argv:  # one dtype (the fixture runs one process per dtype)
+        chosen = (getattr(torch, sys.argv[sys.argv.index("--dtype") + 1]),)
+    for dt in chosen:
         table[str(dt).split(".")[-1]] = rows = []
         for c in compile_all(dt, full="--full" in sys.argv):
             rows.append(asdict(c))

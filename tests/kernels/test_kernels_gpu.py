@@ -152,7 +152,8 @@ def test_packed_batch_meets_the_bar_matches_each_sequence_and_reproduces(heads: 
     """The gdn-op full preset's 16K packed batch (8 sequences, boundaries inside, on and next to
     chunk edges) in one launch chain, bf16 stateful: every tensor within the bar against the fp32
     eager backend, within 1e-5 of the dense kernels run on each sequence alone (the same algebra
-    on the same chunks; the interpreter gives the same bits but dg), and bit-identical over two
+    on the same chunks, read in place; the interpreter gives the same bits, but on a device the
+    dense run of a long sequence may split it into parallel segments), and bit-identical over two
     runs."""
     from workers.context import RankContext
     from workers.suites.gdn_op import PACKED_16K, _fwd_bwd, _leaves, _make_inputs
