@@ -329,6 +329,7 @@ def _no_horizontal_overflow(page: Page) -> None:
 T8 = "T8192_stateful_hqk16_hv32_b1_triton"
 T16 = "T16384_stateful_hqk16_hv32_b1_triton"
 T8_EAGER = "T8192_stateful_hqk16_hv32_b1_eager"
+T8_FLA = "T8192_stateful_hqk16_hv32_b1_fla"
 
 
 def _row(page: Page, table: str, fp: str, **data: str) -> Any:
@@ -353,13 +354,15 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     expect(dk).to_have_text("7.200e-03✗ > bound")
     expect(dk).to_have_class("num bad")
     expect(dk).to_have_attribute("title", "bound ≤ 5.000e-03")
-    # speed and memory: the Triton case against its eager sibling
+    # speed and memory: the Triton case against the job's baseline backend (gdn-op's `baseline`,
+    # fla); the head's Triton is the planted 1.3x slower one: 1.12 / 1.3 = 0.86x
     sp = _row(page, "speed-table", fp8, metric="fwd_bwd_ms")
-    expect(sp).to_contain_text(f"vs eager ({T8_EAGER})")
-    expect(sp.locator("td.num").nth(4)).to_contain_text(re.compile(r"^\d+\.\d\d× ?faster$"))
+    expect(sp).to_contain_text(f"vs fla ({T8_FLA})")
+    gain = re.compile(r"^0\.8[5-7]\d× \(-1[2-5]\.\d%\) ?slower$")
+    expect(sp.locator("td.num").nth(4)).to_contain_text(gain)
     mem = _row(page, "memory-table", fp8, metric="peak_bytes")
     expect(mem.locator("td.num").nth(0)).to_have_text("400.0 MiB")
-    expect(mem.locator("td.num").nth(1)).to_have_text("3.84× lower")
+    expect(mem.locator("td.num").nth(1)).to_have_text("20.0 MiB lower (-4.8%)")  # 400 against 420 MiB
     # the finite checks sit in the accuracy table, not in a table of their own
     expect(page.locator("#checks-table")).to_have_count(0)
     # plots: every repetition of the case's backend (fwd, fwd+bwd x 20 reps x 1 rank), loaded when
