@@ -22,13 +22,34 @@ def chunk_span(c, T, spans_ptr, VARLEN: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def seq_rows(spans_ptr, c0, c1):
-    """First row and end row of the packed sequence whose chunks are c0 .. c1 (0, 0 when it has
-    none): the state walks step through its rows by BT from there, so their loads stay affine in
-    the loop counter (software-pipelined as the dense walk's are) rather than read per chunk."""
-    some = c1 > c0
-    first = tl.load(spans_ptr + 2 * c0, mask=some, other=0)
-    return first, tl.load(spans_ptr + 2 * c1 - 1, mask=some, other=0)
+def walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN: tl.constexpr):
+    """Chunks c0 .. c1 and rows r0 .. r1 of state walk `seg`: packed sequence seg (VARLEN; its
+    first and end row read from the chunk table once, 0, 0 when it has no chunk, so the walk steps
+    through its rows by BT and its loads stay affine in the loop counter, software-pipelined as
+    the dense walk's are), else segment seg of CPS chunks of a dense sequence of T rows."""
+    if VARLEN:
+        c0 = tl.load(seq_ptr + seg)
+        c1 = tl.load(seq_ptr + seg + 1)
+        some = c1 > c0
+        r0 = tl.load(spans_ptr + 2 * c0, mask=some, other=0)
+        r1 = tl.load(spans_ptr + 2 * c1 - 1, mask=some, other=0)
+    else:
+        c0 = seg * CPS
+        c1 = tl.minimum(c0 + CPS, NT)
+        r0 = 0
+        r1 = T
+    return c0, c1, r0, r1
+
+
+@triton.jit
+def state_slot(bh, h, seg, nseg, HV: tl.constexpr, VARLEN: tl.constexpr):
+    """Row of walk `seg`'s initial / final state: [N, Hv] per packed sequence (VARLEN), else
+    [B·Hv, segments]."""
+    if VARLEN:
+        st = seg * HV + h
+    else:
+        st = bh * nseg + seg
+    return st
 
 
 @triton.jit

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, seq_rows, walk_span
+from kernels.gdn.common import load_gamma, load_rows, state_slot, walk_range, walk_span
 from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
@@ -49,22 +49,12 @@ def _fused_fwd_kernel(
     qk_base = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     cols = dk[:, None] * D + dv[None, :]
-    if VARLEN:
-        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
-    else:
-        st = bh * nseg + seg
+    st = state_slot(bh, h, seg, nseg, HV, VARLEN)
     if HAS_H0:
         S = tl.load(h0_ptr + st * D * D + cols).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    if VARLEN:
-        c0 = tl.load(seq_ptr + seg)
-        c1 = tl.load(seq_ptr + seg + 1)
-        r0, r1 = seq_rows(spans_ptr, c0, c1)
-    else:
-        c0 = seg * CPS
-        c1 = tl.minimum(c0 + CPS, NT)
-        r0, r1 = 0, T
+    c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
     for c in range(c0, c1):
         sd = S.to(dt)
         if STORE_S:

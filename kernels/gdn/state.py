@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, seq_rows, walk_span
+from kernels.gdn.common import load_gamma, load_rows, state_slot, walk_range, walk_span
 from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
@@ -36,22 +36,12 @@ def _state_fwd_kernel(
     dv = iv * BV + tl.arange(0, BV)
     k_base = k_ptr + b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
-    if VARLEN:
-        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
-    else:
-        st = bh * nseg + seg
+    st = state_slot(bh, h, seg, nseg, HV, VARLEN)
     if HAS_H0:
         S = tl.load(h0_ptr + st * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
-    if VARLEN:
-        c0 = tl.load(seq_ptr + seg)
-        c1 = tl.load(seq_ptr + seg + 1)
-        r0, r1 = seq_rows(spans_ptr, c0, c1)
-    else:
-        c0 = seg * CPS
-        c1 = tl.minimum(c0 + CPS, NT)
-        r0, r1 = 0, T
+    c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
     for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
@@ -99,22 +89,12 @@ def _state_bwd_kernel(
     qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     cols = dk[:, None] * D + dv[None, :]
-    if VARLEN:
-        st = seg * HV + h  # this sequence's state in [N, Hv, D, D]
-    else:
-        st = bh * nseg + seg
+    st = state_slot(bh, h, seg, nseg, HV, VARLEN)
     if HAS_DHT:
         dS = tl.load(dht_ptr + st * D * D + cols).to(tl.float32)
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
-    if VARLEN:
-        c0 = tl.load(seq_ptr + seg)
-        c1 = tl.load(seq_ptr + seg + 1)
-        r0, r1 = seq_rows(spans_ptr, c0, c1)
-    else:
-        c0 = seg * CPS
-        c1 = tl.minimum(c0 + CPS, NT)
-        r0, r1 = 0, T
+    c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
