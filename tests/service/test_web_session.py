@@ -44,10 +44,12 @@ def test_logout_revokes_the_session_on_the_server(tmp_path: Path) -> None:
 
 
 def test_sessions_expire(tmp_path: Path) -> None:
-    with _client(tmp_path, session_ttl_s=1.0) as c:
+    # expiry has whole-second resolution, so a 1 s TTL could lapse before the first request on a
+    # loaded machine: 3 s leaves at least 2
+    with _client(tmp_path, session_ttl_s=3.0) as c:
         _login(c)
         assert c.get("/suites").status_code == 200
-        time.sleep(2.1)  # expiry has whole-second resolution
+        time.sleep(4.1)
         assert c.get("/suites").status_code == 303
 
 
