@@ -21,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # state_bv is shared by both sequential passes, so it is judged on state_fwd + state_bwd.
 SWEEP: list[tuple[str, str, list[int]]] = [
     ("state_both", "seq_segments", [1, 2, 4, 8]),
+    ("state_both", "walk_operands", [0, 1]),
     ("state_both", "state_bv", [16, 32, 64]),
     ("state_both", "state_warps", [2, 4, 8]),
     ("state_both", "state_stages", [1, 2, 3]),
+    ("state_both", "ready_stages", [1, 2, 3]),
     ("fused_fwd", "fused_bv", [32, 64]),
     ("fused_fwd", "fused_warps", [4, 8]),
     ("fused_fwd", "fused_stages", [2, 3, 4]),
@@ -54,6 +56,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     import kernels.gdn as K
+    from kernels.gdn.walk_operands import walk_operands
 
     if args.set:
         import json
@@ -106,6 +109,9 @@ def main() -> None:
         "fused_fwd_only": lambda: K.fused_forward(q, k, w, u, gamma, Hv, scale, bf, h0, store_states=False,
                                                   store_vn=False, store_final=True),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
+        # Kd and Qg formed ahead of the reverse walk; the state stages include it when
+        # TUNING["walk_operands"] is set (the forward forms Kd alone: about half of this)
+        "walk_operands": lambda: walk_operands(k, gamma, Hv, q=q, scale=scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
         "bwd_wy": wy,

@@ -9,6 +9,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   gate       γ = chunk-local cumulative log gates
   intra      T = (I + A)⁻¹, Wk = T·(β e^γ K), U = T·(β V)
   segments   per-segment affine maps of the state and the scan across segments
+  walk_operands  Kd, Qg formed chunk-parallel ahead of the walks (TUNING["walk_operands"])
   state      forward / reverse state passes (sequence-parallel over segments when it pays)
   output     O from per-chunk states and Vn
   fused_fwd  the state walk and the output in one kernel per segment (TUNING["fused_fwd"])

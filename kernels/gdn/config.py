@@ -61,6 +61,13 @@ TUNING: dict[str, int | str] = {
     "fused_bv": 32,  # value columns per program of the fused walk (D/BV programs per head)
     "fused_warps": 4,
     "fused_stages": 3,
+    # 1: the state walks load Kd = K ⊙ e^{γ_last − γ} and Qg = scale·Q ⊙ e^γ formed chunk-parallel
+    # beforehand (walk_operands) instead of forming them in every sequential step; bit-identical.
+    # Off until measured on the H200 (predicted from the sm_90 code of the walk: the steps lose
+    # their elementwise pass and register transpose, the op gains one launch per pass and
+    # 2 (forward) / 4 (backward) x [B·Hv, T, D] of traffic).
+    "walk_operands": 0,
+    "ready_stages": 3,  # software-pipelining stages of the walks on operands formed ahead
     "recompute": 0,  # 1: backward recomputes Wk, T, per-chunk S and Vn instead of saving them
     "dw_low": 1,  # 1: bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
@@ -76,6 +83,7 @@ TUNING: dict[str, int | str] = {
 # inputs only; tests/kernels/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
 TUNING_FP32: dict[str, int | str] = {
     "state_stages": 2,  # 3 stages of fp32 tiles would pass the limit in the reverse pass
+    "ready_stages": 1,  # the reverse walk on Kd and Qg formed ahead: 245760 B at 2 stages
     "fused_stages": 1,  # the fused walk loads Wk, U, Q and K per chunk: 104 KiB a stage in fp32
     "dqk_bk": 64,
     "dqk_bv": 32,

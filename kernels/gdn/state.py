@@ -13,19 +13,23 @@ from kernels.gdn.common import load_gamma, load_rows, state_slot, walk_range, wa
 from kernels.gdn.config import BT, TUNING, D, chunk_count, tuned
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
+from kernels.gdn.walk_operands import walk_operands
 
 
 @triton.jit
 def _state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr,
+    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr, kd_ptr,
     T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
-    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, PRE: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
     segment's chunks; the last segment writes the final state. One segment = the whole sequence.
     VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1] at the
-    rows of the chunk table, from h0[n, h] to ht[n, h]; no state crosses a sequence boundary."""
+    rows of the chunk table, from h0[n, h] to ht[n, h]; no state crosses a sequence boundary.
+    PRE: Kd = K ⊙ e^{γ_last − γ} comes ready-made from kd_ptr (`walk_operands`), so a step loads it
+    and γ_last instead of forming it from K and the chunk's γ."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -42,6 +46,9 @@ def _state_fwd_kernel(
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
     c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
+    if PRE:  # γ_last of the walk's first chunk; each step loads the next one's a step ahead
+        f0, f1 = walk_span(c0, c0, r0, r1, T, VARLEN, BT)
+        g_next = tl.load(gamma_ptr + bh * T + tl.minimum(f0 + BT - 1, f1 - 1), mask=c1 > c0, other=0.0)
     for c in range(c0, c1):
         if STORE_S:
             tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
@@ -49,14 +56,20 @@ def _state_fwd_kernel(
         t = t0 + tl.arange(0, BT)
         m = t < t1
         wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        if PRE:
+            kd = tl.load(kd_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+            g_last = g_next
+            nxt = tl.minimum(t0 + 2 * BT - 1, t1 - 1)  # chunk c + 1's last row
+            g_next = tl.load(gamma_ptr + bh * T + nxt, mask=c + 1 < c1, other=0.0)
         vn = -tl.dot(wk, S.to(dt))
         if HAS_U:
             vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-        kc = load_rows(k_base, t, m, HQK * D, D)
-        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
+        if not PRE:
+            gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            kc = load_rows(k_base, t, m, HQK * D, D)
+            kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
     if STORE_HT:
         if VARLEN:
@@ -68,16 +81,17 @@ def _state_fwd_kernel(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
-    scale,
+    kd_ptr, qg_ptr, scale,
     T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, PRE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
     STORE: write dS per chunk and dVn. The segment's start gradient goes to dh0[bh, seg] when
     ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0.
     VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
-    walked back from dht[n, h] to dh0[n, h]."""
+    walked back from dht[n, h] to dh0[n, h]. PRE: Kd and Qg = scale·Q ⊙ e^γ come ready-made from
+    kd_ptr and qg_ptr (`walk_operands`)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = SEG0 + tl.program_id(2)
@@ -95,6 +109,9 @@ def _state_bwd_kernel(
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
     c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
+    if PRE:  # γ_last of the walk's first chunk (the last one); each step loads the next a step ahead
+        f0, f1 = walk_span(c1 - 1, c0, r0, r1, T, VARLEN, BT)
+        g_next = tl.load(gamma_ptr + bh * T + tl.minimum(f0 + BT - 1, f1 - 1), mask=c1 > c0, other=0.0)
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
@@ -102,17 +119,25 @@ def _state_bwd_kernel(
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-        kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
+        rows = (bh * T + t[:, None]) * D
+        if PRE:
+            kd = tl.load(kd_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+            qg = tl.load(qg_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+            g_last = g_next
+            g_next = tl.load(gamma_ptr + bh * T + t0 - 1, mask=c > c0, other=0.0)  # chunk c - 1 is whole
+        else:
+            gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+            kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
         dvn = tl.dot(kd, dS.to(dt))
-        dvn += tl.load(dvl_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        dvn += tl.load(dvl_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
         if STORE:
-            tl.store(dvn_ptr + (bh * T + t[:, None]) * D + dv[None, :], dvn.to(dt), mask=m[:, None])
-        q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-        qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
+            tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])
+        if not PRE:
+            q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+            qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
         do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
         dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
     if ALL_DH0:
         tl.store(dh0_ptr + st * D * D + cols, dS)
@@ -168,15 +193,16 @@ def state_forward(
         del ee
         if not keep_maps:
             mm = None
+    kd = walk_operands(k, gamma, Hv, spans=spans)[0] if TUNING["walk_operands"] else None
+    stages = tuned("state_stages" if kd is None else "ready_stages", k.dtype)
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
         seq_chunks if seq_chunks is not None else w, spans if spans is not None else w,
-        T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
+        kd if kd is not None else w, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
-        STORE_HT=store_final, VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV,
-        num_warps=TUNING["state_warps"],
-        num_stages=tuned("state_stages", k.dtype),
+        STORE_HT=store_final, VARLEN=seq_chunks is not None, PRE=kd is not None, BT=BT, D=D, BV=BV,
+        num_warps=TUNING["state_warps"], num_stages=stages,
     )  # fmt: skip
     return s, vn, ht, mm
 
@@ -206,13 +232,15 @@ def state_backward(
     BV = TUNING["state_bv"]
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     cps = triton.cdiv(NT, nseg)
-    stages = tuned("state_stages", q.dtype)
-    common = dict(BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
+    ready = bool(TUNING["walk_operands"])
+    kd, qg = walk_operands(k, gamma, Hv, q=q, scale=scale, spans=spans) if ready else (w, w)
+    stages = tuned("ready_stages" if ready else "state_stages", q.dtype)
+    common = dict(PRE=ready, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
         _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
-            q, k, w, do, dvl, gamma, w, w, w, dext, w, w, scale, T, NT, cps, 1, Hqk, Hv, R,
+            q, k, w, do, dvl, gamma, w, w, w, dext, w, w, kd, qg, scale, T, NT, cps, 1, Hqk, Hv, R,
             HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, VARLEN=False, **common,
         )  # fmt: skip
         dend = segment_scan(maps, dext, dht, reverse=True)
@@ -220,7 +248,7 @@ def state_backward(
     _state_bwd_kernel[(D // BV, B * Hv, nseg)](
         q, k, w, do, dvl, gamma, dend if dend is not None else w, ds, dvn, dh0 if dh0 is not None else w,
         seq_chunks if seq_chunks is not None else w, spans if spans is not None else w,
-        scale, T, NT, cps, 0, Hqk, Hv, R,
+        kd, qg, scale, T, NT, cps, 0, Hqk, Hv, R,
         HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False,
         VARLEN=seq_chunks is not None, **common,
     )  # fmt: skip

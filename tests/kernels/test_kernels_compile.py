@@ -105,28 +105,30 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
             o.float().sum().backward()
             mod.state_summary(k, v, g, beta, initial_state=h0, zero_values=True)
             mod.state_summary(k, v, g, beta)
-    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here)
-    mod.TUNING.update(seq_segments=2)
+    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here), on walk
+    # operands formed ahead (the same launches without them are compiled above and below)
+    mod.TUNING.update(seq_segments=2, walk_operands=1)
     q, k, v, g, beta, h0 = _inputs(dtype, 130, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
     # the fused forward (split and not, with a backward and forward-only) and the fused dqk + WY
-    mod.TUNING.update(fused_fwd=1, fused_dqk_wy=1)
+    mod.TUNING.update(fused_fwd=1, fused_dqk_wy=1, walk_operands=0)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
     mod.TUNING.update(seq_segments=0)
     with torch.no_grad():
         mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     # packed sequences (every stage through the chunk table, one walk per sequence in the state
-    # passes), fused forward and not
+    # passes), fused forward and not (the latter on walk operands formed ahead)
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
     for fused in (1, 0):
-        mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused)
+        mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused, walk_operands=1 - fused)
         o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
                                                   output_final_state=True)  # fmt: skip
         (o.float().sum() + s.sum()).backward()
     # the non-default variants that stay selectable (the caller restores TUNING)
-    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0)
+    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0,
+                      walk_operands=0)
     q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
     o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     (o.float().sum() + s.sum()).backward()
@@ -236,11 +238,13 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_wu_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
                 "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel",
-                "_bwd_dqk_wy_kernel"}  # fmt: skip
+                "_bwd_dqk_wy_kernel", "_walk_operands_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
     assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
-    assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
+    ready = {c.kernel for c in rows if c.constexprs.get("PRE")}  # both walks on operands formed ahead
+    assert ready == {"_state_fwd_kernel", "_state_bwd_kernel"}, sorted(ready)
+    assert all(c.shared > 0 for c in rows if c.kernel not in ("_gate_cumsum_kernel", "_walk_operands_kernel"))
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
 

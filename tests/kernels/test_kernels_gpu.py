@@ -120,12 +120,14 @@ def test_triton_available_on_production_shapes() -> None:
 @pytest.mark.parametrize(
     "tuning,heads",
     [({"fused_fwd": 1}, (16, 32)), ({"fused_dqk_wy": 1}, (16, 32)),
-     ({"fused_fwd": 1, "fused_dqk_wy": 1}, (32, 32)), ({"fused_fwd": 1, "fused_dqk_wy": 1}, (16, 32))],
+     ({"fused_fwd": 1, "fused_dqk_wy": 1}, (32, 32)), ({"fused_fwd": 1, "fused_dqk_wy": 1}, (16, 32)),
+     ({"walk_operands": 1}, (16, 32)), ({"walk_operands": 1, "seq_segments": 4}, (32, 32))],
     ids=lambda v: "-".join(k for k in v) if isinstance(v, dict) else f"{v[0]}x{v[1]}",
 )  # fmt: skip
 def test_fused_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
-    """The fused forward and the fused dqk + WY backward (selectable, TUNING) at 8K stateful: every
-    tensor within the bar against the fp32 eager backend, and bit-identical over two runs."""
+    """The selectable paths (TUNING: the fused forward, the fused dqk + WY backward, the walks on
+    operands formed ahead, split or not) at 8K stateful: every tensor within the bar against the
+    fp32 eager backend, and bit-identical over two runs."""
     from kernels.gdn import TUNING
     from workers.context import RankContext
     from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs

@@ -223,6 +223,68 @@ def test_state_backward(x, ref, segments: int) -> None:
         assert rel_l2(dh0[0, h], d0) <= TOL
 
 
+def test_walk_operands(x, ref) -> None:
+    """Kd = K ⊙ e^{γ_last − γ} and Qg = scale·Q ⊙ e^γ per chunk, dense and through a chunk table."""
+    from kernels.gdn.chunks import ChunkTable
+    from kernels.gdn.walk_operands import walk_operands
+
+    gamma = ref["gam"].float()
+    kd, qg = walk_operands(x["k"], gamma, HV, q=x["q"], scale=SCALE)
+    for h in range(HV):
+        q, k, gam = head(x["q"], h // R), head(x["k"], h // R), ref["gam"][h]
+        for sl in chunks():
+            assert rel_l2(kd[h, sl], k[sl] * torch.exp(gam[sl][-1] - gam[sl])[:, None]) <= TOL
+            assert rel_l2(qg[h, sl], SCALE * q[sl] * torch.exp(gam[sl])[:, None]) <= TOL
+    # packed: sequences of 1, 64 and 65 rows, each chunk's γ_last its own sequence's
+    table = ChunkTable.of([0, 1, 65, 130], x["k"].device)
+    pk, pq = walk_operands(x["k"], gamma, HV, spans=table.spans)
+    assert pq is None
+    for a, b in table.spans.tolist():
+        decay = torch.exp(gamma[:, b - 1, None, None] - gamma[:, a:b, None]).double()
+        want = x["k"][0, a:b, 0].double() * decay
+        assert rel_l2(pk[:, a:b], want) <= TOL
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_walks_on_ready_operands_are_bit_identical(x, ref, segments: int) -> None:
+    """TUNING["walk_operands"]: both walks on Kd and Qg formed ahead give the same bits as the
+    walks that form them (S, Vn, the final state, dS, dVn, dh0), split into segments or not, and
+    for packed sequences (one walk per sequence)."""
+    from kernels.gdn import TUNING, gate_cumsum, intra_solve, state_backward, state_forward
+    from kernels.gdn.chunks import ChunkTable
+
+    gamma = ref["gam"].float()
+    table = ChunkTable.of([0, 1, 65, 130], x["k"].device) if segments == 1 else None
+    spans, seq = (table.spans, table.seq_chunks) if table is not None else (None, None)
+    n = 3 if table is not None else 1
+    h0 = x["h0"].expand(n, -1, -1, -1).contiguous()
+    dht = x["dht"].expand(n, -1, -1, -1).contiguous()
+    saved = dict(TUNING)
+    runs = []
+    try:
+        for ready in (0, 1):
+            TUNING.update(seq_segments=segments, walk_operands=ready)
+            for packed in ((None, None), (seq, spans)) if table is not None else ((None, None),):
+                init, grad = (h0, dht) if packed[0] is not None else (x["h0"], x["dht"])
+                # packed chunks restart γ at every sequence
+                gam = gamma if packed[0] is None else gate_cumsum(x["g"], spans)
+                w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gam, HV, spans=packed[1])
+                s, vn, ht, maps = state_forward(x["k"], w, u, gam, HV, init, store_states=True, store_vn=True,
+                                                store_final=True, keep_maps=packed[0] is None,
+                                                seq_chunks=packed[0], spans=packed[1])  # fmt: skip
+                back = state_backward(x["q"], x["k"], w, x["do"], gam, grad, SCALE, want_dh0=True, maps=maps,
+                                      seq_chunks=packed[0], spans=packed[1])  # fmt: skip
+                runs.append((s, vn, ht, *back))
+    finally:
+        TUNING.clear()
+        TUNING.update(saved)
+    half = len(runs) // 2
+    for formed, ready in zip(runs[:half], runs[half:], strict=True):
+        for a, b in zip(formed, ready, strict=True):
+            assert torch.equal(a, b)
+    assert rel_l2(runs[0][2][0, 0], ref["fwd"][0][2]) <= TOL  # and they are the right walks
+
+
 def test_bwd_dqk(x, ref) -> None:
     """dq, the state/output part of dk and Σ dγ partials are the gradients of
     <O, dO> + <S', dS'> in q, k and γ with S, Vn, dS' held; dWk = −dVn·Sᵀ."""

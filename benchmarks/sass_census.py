@@ -1,0 +1,112 @@
+"""Static census of a GDN kernel's main loop as compiled for Hopper (sm_90), without a GPU.
+
+The state walks are latency-bound: one program per value slice steps through every chunk, so the
+instructions each step issues bound how fast it can go. This compiles one recorded launch of a
+kernel (the launches `tests/kernels/test_kernels_compile.py` records from the real wiring) for
+sm_90 with the installed Triton and its ptxas, disassembles it with the wheel's cuobjdump and
+counts the instructions of its main loop (between the target of the longest backward branch and
+that branch) by opcode. Run it under the Triton version the device runs (the code differs
+between versions), e.g. with that wheel unpacked on PYTHONPATH ahead of the installed one:
+
+    python benchmarks/sass_census.py _state_fwd_kernel --where VARLEN=0,HAS_H0=1,STORE_S=1
+    python benchmarks/sass_census.py _state_bwd_kernel --where VARLEN=0,HAS_DHT=1,STORE=1 \
+        --set '{"walk_operands": 1}'
+
+`--where` picks the launch by its constexprs (0/1 for booleans), `--set` applies TUNING
+overrides before the wiring runs, `--out DIR` keeps the ttgir, ptx and sass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+OPS = ("HGMMA", "BAR", "WARPGROUP", "LDGSTS", "LDG", "STG", "LDS", "LDSM", "STS", "MUFU", "FMUL",
+       "FFMA", "F2FP", "BRA")  # fmt: skip
+
+
+def loop_census(sass: str) -> tuple[int, collections.Counter]:
+    """Instructions of the longest loop of a cuobjdump -sass listing, and their opcodes."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]  # fmt: skip
+    loops = []
+    for addr, text in ins:
+        target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loops.append((addr - int(target.group(1), 16), int(target.group(1), 16), addr))
+    if not loops:
+        raise SystemExit("no loop found in the listing (is this a walking kernel?)")
+    _, lo, hi = max(loops)
+    body = [text for addr, text in ins if lo <= addr <= hi]
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+    return len(body), ops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kernel", help="e.g. _state_fwd_kernel")
+    ap.add_argument("--where", default="", help="constexpr filter, e.g. VARLEN=0,STORE_S=1")
+    ap.add_argument("--set", default="{}", help="JSON of TUNING overrides")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="", help="folder for the ttgir, ptx and sass")
+    args = ap.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+
+    import torch
+    import triton
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    import kernels.gdn as K
+    from tests.kernels import test_kernels_compile as tc
+
+    K.TUNING.update(json.loads(args.set))
+    want = {k: bool(int(v)) if v in "01" else (int(v) if v.isdigit() else v)
+            for k, v in (kv.split("=") for kv in args.where.split(",") if kv)}  # fmt: skip
+    target = tc._target()
+    backend = make_backend(target)
+    for fn, call_args, kwargs in tc._recorded_launches(getattr(torch, args.dtype), False):
+        if fn.__name__ != args.kernel:
+            continue
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(*call_args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
+        names = {p.num: p.name for p in fn.params}
+        ce = {names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()}
+        if any(ce.get(k) != v for k, v in want.items()):
+            continue
+        src = ASTSource(fn, signature, constexprs, attrs)
+        ck = triton.compile(src, target=target, options=options.__dict__)
+        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(ck.asm["cubin"])
+            cubin.flush()
+            sass = subprocess.run([str(tool), "-sass", cubin.name], capture_output=True, text=True,
+                                  check=True).stdout  # fmt: skip
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            for ext in ("ttgir", "ptx"):
+                (out / f"{args.kernel}.{ext}").write_text(ck.asm[ext])
+            (out / f"{args.kernel}.sass").write_text(sass)
+        n, ops = loop_census(sass)
+        regs, stack = tc._resources(ck.asm["cubin"])
+        print(f"{args.kernel} Triton {triton.__version__} sm_90 {args.dtype} {ce}")
+        print(f"  warps={options.num_warps} stages={options.num_stages} shared={ck.metadata.shared} "
+              f"regs={regs} stack={stack}")  # fmt: skip
+        print(f"  main loop: {n} instructions; " + ", ".join(f"{op} {ops[op]}" for op in OPS if ops[op]))
+        return
+    raise SystemExit(f"no launch of {args.kernel} matched {want}")
+
+
+if __name__ == "__main__":
+    main()

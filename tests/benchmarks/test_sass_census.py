@@ -1,0 +1,32 @@
+"""benchmarks/sass_census.py counts a kernel's main loop in a cuobjdump listing."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.sass_census import loop_census
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+        /*0010*/                   S2R R0, SR_TID.X ;                     /* 0x0000000000007919 */
+        /*0020*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR20].tnspB, RZ, !UPT ;
+        /*0030*/              @!P1 LDGSTS.E.BYPASS.128 [R97], desc[UR16][R90.64], P1 ;
+        /*0040*/                   MUFU.EX2 R33, R32 ;                    /* 0x0000002000217308 */
+        /*0050*/               @P0 BRA 0x10 ;                             /* 0xffffffe400181947 */
+        /*0060*/                   HGMMA.64x32x16.F32.BF16 R40, gdesc[UR4].tnspB, R40 ;
+        /*0070*/               @P2 BRA 0x60 ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   BRA 0x90;
+"""
+
+
+def test_the_longest_loop_is_counted_by_opcode() -> None:
+    n, ops = loop_census(LISTING)
+    assert n == 5  # 0x10 .. 0x50: the longest backward branch; the self-branch after EXIT is no loop
+    assert (ops["S2R"], ops["HGMMA"], ops["LDGSTS"], ops["MUFU"], ops["BRA"]) == (1, 1, 1, 1, 1)
+    assert ops["MOV"] == 0 and ops["EXIT"] == 0
+
+
+def test_a_listing_without_a_loop_is_refused() -> None:
+    with pytest.raises(SystemExit, match="no loop"):
+        loop_census("        /*0000*/  EXIT ;\n        /*0010*/  BRA 0x10;\n")
