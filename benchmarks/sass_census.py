@@ -5,7 +5,8 @@ instructions each step issues bound how fast it can go. This compiles one record
 kernel (the launches `tests/kernels/test_kernels_compile.py` records from the real wiring) for
 sm_90 with the installed Triton and its ptxas, disassembles it with the wheel's cuobjdump and
 counts the instructions of its main loop (between the target of the longest backward branch and
-that branch) by opcode. Run it under the Triton version the device runs (the code differs
+that branch), or of the whole kernel when it has none, by opcode (STL / LDL: register spills).
+Run it under the Triton version the device runs (the code differs
 between versions), e.g. with that wheel unpacked on PYTHONPATH ahead of the installed one:
 
     python benchmarks/sass_census.py _state_fwd_kernel --where VARLEN=0,HAS_H0=1,STORE_S=1
@@ -30,12 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-OPS = ("HGMMA", "BAR", "WARPGROUP", "LDGSTS", "LDG", "STG", "LDS", "LDSM", "STS", "MUFU", "FMUL",
-       "FFMA", "F2FP", "BRA")  # fmt: skip
+OPS = ("HGMMA", "HMMA", "BAR", "WARPGROUP", "LDGSTS", "LDG", "STG", "LDS", "LDSM", "STS", "STL", "LDL",
+       "MUFU", "FMUL", "FFMA", "F2FP", "BRA")  # fmt: skip
 
 
-def loop_census(sass: str) -> tuple[int, collections.Counter]:
-    """Instructions of the longest loop of a cuobjdump -sass listing, and their opcodes."""
+def loop_census(sass: str) -> tuple[str, int, collections.Counter]:
+    """Instructions of the longest loop of a cuobjdump -sass listing and their opcodes, or of the
+    whole listing when it has no loop (a chunk-parallel stage runs it once per program)."""
     ins = [(int(m.group(1), 16), m.group(2).strip())
            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]  # fmt: skip
     loops = []
@@ -43,12 +45,13 @@ def loop_census(sass: str) -> tuple[int, collections.Counter]:
         target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             loops.append((addr - int(target.group(1), 16), int(target.group(1), 16), addr))
-    if not loops:
-        raise SystemExit("no loop found in the listing (is this a walking kernel?)")
-    _, lo, hi = max(loops)
+    if loops:
+        scope, lo, hi = "main loop", *max(loops)[1:]
+    else:
+        scope, lo, hi = "whole kernel", 0, (ins[-1][0] if ins else -1)
     body = [text for addr, text in ins if lo <= addr <= hi]
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-    return len(body), ops
+    return scope, len(body), ops
 
 
 def main() -> None:
@@ -98,12 +101,12 @@ def main() -> None:
             for ext in ("ttgir", "ptx"):
                 (out / f"{args.kernel}.{ext}").write_text(ck.asm[ext])
             (out / f"{args.kernel}.sass").write_text(sass)
-        n, ops = loop_census(sass)
+        scope, n, ops = loop_census(sass)
         regs, stack = tc._resources(ck.asm["cubin"])
         print(f"{args.kernel} Triton {triton.__version__} sm_90 {args.dtype} {ce}")
         print(f"  warps={options.num_warps} stages={options.num_stages} shared={ck.metadata.shared} "
               f"regs={regs} stack={stack}")  # fmt: skip
-        print(f"  main loop: {n} instructions; " + ", ".join(f"{op} {ops[op]}" for op in OPS if ops[op]))
+        print(f"  {scope}: {n} instructions; " + ", ".join(f"{op} {ops[op]}" for op in OPS if ops[op]))
         return
     raise SystemExit(f"no launch of {args.kernel} matched {want}")
 
