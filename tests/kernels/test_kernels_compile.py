@@ -202,7 +202,8 @@ class _SharedKnown(Exception):
 def _stop_after_llir() -> Iterator[None]:
     """Compiles inside end once shared memory is known: PTX and ptxas (about half of a cold fp32
     compile) only add the registers and spills, which are the report's, not the test's. Nothing
-    of a stopped compile is a cache hit later (Triton writes a group's metadata last)."""
+    of a stopped compile is a hit of Triton's cache later (it writes a group's metadata last);
+    `_compile_one` keeps the shared bytes there itself."""
     from triton.backends.nvidia.compiler import CUDABackend
 
     add = CUDABackend.add_stages
@@ -224,18 +225,49 @@ def _stop_after_llir() -> Iterator[None]:
         CUDABackend.add_stages = add
 
 
-def _compile_one(dtype: torch.dtype, launch: tuple, target) -> Compiled:
-    """One launch compiled for `target`; registers and spills only when the compile reached ptxas
-    (None under `_stop_after_llir`, unless the cache holds the whole compile)."""
+SHARED_FILE = "shared-after-llir.json"  # a stopped compile's answer, beside Triton's own cache files
+
+
+def _cache_of(src, target, options):  # -> (Triton's cache manager for this compile, its hash)
+    """The cache entry `triton.compile` would use: its key, computed as it computes it."""
+    import hashlib
+
+    from triton.compiler import make_backend
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, get_cache_key
+    from triton.runtime.cache import get_cache_manager
+
+    backend = make_backend(target)
+    opts = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+    key = get_cache_key(src, backend, opts, env_vars=get_cache_invalidating_env_vars())
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return get_cache_manager(digest), digest
+
+
+def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = True) -> Compiled:
+    """One launch compiled for `target`. `to_ptxas=False` stops once shared memory is known and
+    keeps that number in Triton's cache (a whole compile found there is used as it is); registers
+    and spills are None then."""
     from triton.compiler import ASTSource
 
     fn, signature, constexprs, attrs, options = launch
     src = ASTSource(fn, signature, constexprs, attrs)
-    try:
-        ck = triton.compile(src, target=target, options=options.__dict__)
-        shared, (regs, stack) = ck.metadata.shared, _resources(ck.asm["cubin"])
-    except _SharedKnown as stop:
-        shared, regs, stack = stop.metadata["shared"], None, None
+    regs = stack = None
+    cache, digest = (None, None) if to_ptxas else _cache_of(src, target, options)
+    known = cache.get_file(SHARED_FILE) if cache is not None else None
+    if known is not None:
+        with open(known) as f:
+            shared = json.load(f)["shared"]
+    else:
+        try:
+            with ExitStack() as stop:
+                if not to_ptxas:
+                    stop.enter_context(_stop_after_llir())
+                ck = triton.compile(src, target=target, options=options.__dict__)
+            shared, (regs, stack) = ck.metadata.shared, _resources(ck.asm["cubin"])
+        except _SharedKnown as known_shared:
+            shared = known_shared.metadata["shared"]
+            assert known_shared.metadata["hash"] == digest, "the cache key differs from triton.compile's"
+            cache.put(json.dumps({"shared": shared}), SHARED_FILE, binary=False)
     names = {p.num: p.name for p in fn.params}
     return Compiled(
         kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
@@ -293,8 +325,7 @@ def serve_queue(dtypes: tuple[torch.dtype, ...], counter: str) -> dict[str, list
     table: dict[str, list[dict]] = {}
     while (n := claim(counter)) < len(items):
         i, dt, launch = items[n]
-        with _stop_after_llir():
-            row = asdict(_compile_one(dt, launch, target))
+        row = asdict(_compile_one(dt, launch, target, to_ptxas=False))
         table.setdefault(row["dtype"], []).append({"index": i, "of": len(items), **row})
     return table
 
