@@ -7,10 +7,10 @@ on CPU tensors of each input dtype, and each recorded launch is specialised and 
 `JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
 num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
 `metadata.shared` is the dynamic shared memory the launch asks for, the number that raised
-`OutOfResources` on the H200 for fp32 inputs (bwd_dqk); it is final after the LLVM IR stage, where
-the test stops each compile. The report (`python -m tests.kernels.test_kernels_compile` prints the
-table) compiles on through PTX and ptxas: registers and spills come from cuobjdump and are
-reported, not asserted.
+`OutOfResources` on the H200 for fp32 inputs (bwd_dqk); it is final once the MLIR passes of the
+LLVM IR stage have allocated shared memory, where the test stops each compile (before LLVM -O3).
+The report (`python -m tests.kernels.test_kernels_compile` prints the table) compiles on through
+PTX and ptxas: registers and spills come from cuobjdump and are reported, not asserted.
 
 The margin below the limit matters: the device ran Triton 3.6, whose numbers differ from the
 installed Triton's (bwd_dqk fp32, bf16 settings: 409600 B there, 376832 B with Triton 3.9).
@@ -191,41 +191,53 @@ def _distinct_launches(dtype: torch.dtype, full: bool, backend) -> Iterator[tupl
 
 
 class _SharedKnown(Exception):
-    """Raised right after the LLVM IR stage, where `metadata["shared"]` (ttg.shared) is final."""
+    """Raised in the LLVM IR stage once its MLIR passes have allocated shared memory: the
+    `ttg.shared` attribute they leave on the module is what `make_llir` reports as `shared`."""
 
     def __init__(self, metadata: dict) -> None:
         super().__init__("shared memory known")
         self.metadata = dict(metadata)
 
 
-@contextmanager
-def _stop_after_llir() -> Iterator[None]:
-    """Compiles inside end once shared memory is known: PTX and ptxas (about half of a cold fp32
-    compile) only add the registers and spills, which are the report's, not the test's. Nothing
-    of a stopped compile is a hit of Triton's cache later (it writes a group's metadata last);
-    `_compile_one` keeps the shared bytes there itself."""
-    from triton.backends.nvidia.compiler import CUDABackend
+class _Lowered(Exception):
+    """Raised in place of LLVM's -O3 pipeline, which starts after the MLIR passes."""
 
-    add = CUDABackend.add_stages
+
+@contextmanager
+def _stop_after_shared_allocation() -> Iterator[None]:
+    """Compiles inside end once shared memory is known: LLVM's -O3, PTX and ptxas (about three
+    quarters of a cold fp32 compile) only shape the registers and spills, which are the report's,
+    not the test's. Nothing of a stopped compile is a hit of Triton's cache later (it writes a
+    group's metadata last); `_compile_one` keeps the shared bytes there itself."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    add, optimize = nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module
 
     def add_stages(self, stages, options, language):  # type: ignore[no-untyped-def]
         add(self, stages, options, language)
         make_llir = stages["llir"]
 
         def llir_then_stop(src, metadata):  # type: ignore[no-untyped-def]
-            make_llir(src, metadata)
+            try:
+                make_llir(src, metadata)  # its pass manager rewrites `src` in place
+            except _Lowered:
+                metadata["shared"] = src.get_int_attr("ttg.shared")
+            assert isinstance(metadata.get("shared"), int), f"no ttg.shared after the passes: {metadata}"
             raise _SharedKnown(metadata)
 
         stages["llir"] = llir_then_stop
 
-    CUDABackend.add_stages = add_stages
+    def lowered(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise _Lowered
+
+    nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module = add_stages, lowered
     try:
         yield
     finally:
-        CUDABackend.add_stages = add
+        nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module = add, optimize
 
 
-SHARED_FILE = "shared-after-llir.json"  # a stopped compile's answer, beside Triton's own cache files
+SHARED_FILE = "shared-memory.json"  # a stopped compile's answer, beside Triton's own cache files
 
 
 def _cache_of(src, target, options):  # -> (Triton's cache manager for this compile, its hash)
@@ -261,7 +273,7 @@ def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = Tru
         try:
             with ExitStack() as stop:
                 if not to_ptxas:
-                    stop.enter_context(_stop_after_llir())
+                    stop.enter_context(_stop_after_shared_allocation())
                 ck = triton.compile(src, target=target, options=options.__dict__)
             shared, (regs, stack) = ck.metadata.shared, _resources(ck.asm["cubin"])
         except _SharedKnown as known_shared:
@@ -286,7 +298,7 @@ def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
         yield _compile_one(dtype, launch, target)
 
 
-# Kernels whose cold sm_90 compile takes 10-40 s (their spills; most others take 1-3 s):
+# Kernels whose cold sm_90 compile takes several times the others' (the largest bodies):
 # the shared queue hands them out first, so the two workers end within a short compile of each other.
 SLOW_COMPILES = ("_bwd_wy_kernel", "_bwd_dqk_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
 
