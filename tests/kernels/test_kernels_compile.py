@@ -7,8 +7,10 @@ on CPU tensors of each input dtype, and each recorded launch is specialised and 
 `JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
 num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
 `metadata.shared` is the dynamic shared memory the launch asks for, the number that raised
-`OutOfResources` on the H200 for fp32 inputs (bwd_dqk). Registers and spills come from cuobjdump
-and are reported, not asserted (`python -m tests.kernels.test_kernels_compile` prints the table).
+`OutOfResources` on the H200 for fp32 inputs (bwd_dqk); it is final once the MLIR passes of the
+LLVM IR stage have allocated shared memory, where the test stops each compile (before LLVM -O3).
+The report (`python -m tests.kernels.test_kernels_compile` prints the table) compiles on through
+PTX and ptxas: registers and spills come from cuobjdump and are reported, not asserted.
 
 The margin below the limit matters: the device ran Triton 3.6, whose numbers differ from the
 installed Triton's (bwd_dqk fp32, bf16 settings: 409600 B there, 376832 B with Triton 3.9).
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
 import pytest
@@ -174,31 +176,172 @@ def _resources(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(reg.group(1)) if reg else None), (int(stack.group(1)) if stack else None)
 
 
-def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
-    """Compile each distinct launch of `dtype` inputs for sm_90, as JITFunction.run specialises it."""
-    from triton.compiler import ASTSource, make_backend
+def _distinct_launches(dtype: torch.dtype, full: bool, backend) -> Iterator[tuple]:
+    """(fn, signature, constexprs, attrs, options) of each distinct launch of `dtype` inputs, as
+    JITFunction.run specialises it, in the order the wiring makes them."""
     from triton.runtime.jit import create_function_from_signature
 
-    target = _target()
-    backend = make_backend(target)
     seen = set()
     for fn, args, kwargs in _recorded_launches(dtype, full):
         binder = create_function_from_signature(fn.signature, fn.params, backend)
         bound, spec, opts = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
         key = (fn.__name__, repr(signature), repr(constexprs), repr(attrs), repr(options))
-        if key in seen:
-            continue
-        seen.add(key)
-        src = ASTSource(fn, signature, constexprs, attrs)
-        ck = triton.compile(src, target=target, options=options.__dict__)
-        regs, stack = _resources(ck.asm["cubin"])
-        names = {p.num: p.name for p in fn.params}
-        yield Compiled(
-            kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
-            num_stages=options.num_stages, shared=ck.metadata.shared, regs=regs, spill_bytes=stack,
-            constexprs={names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()},
-        )  # fmt: skip
+        if key not in seen:
+            seen.add(key)
+            yield fn, signature, constexprs, attrs, options
+
+
+class _SharedKnown(Exception):
+    """Raised in the LLVM IR stage once its MLIR passes have allocated shared memory: the
+    `ttg.shared` attribute they leave on the module is what `make_llir` reports as `shared`."""
+
+    def __init__(self, metadata: dict) -> None:
+        super().__init__("shared memory known")
+        self.metadata = dict(metadata)
+
+
+class _Lowered(Exception):
+    """Raised in place of LLVM's -O3 pipeline, which starts after the MLIR passes."""
+
+
+@contextmanager
+def _stop_after_shared_allocation() -> Iterator[None]:
+    """Compiles inside end once shared memory is known: LLVM's -O3, PTX and ptxas (about three
+    quarters of a cold fp32 compile) only shape the registers and spills, which are the report's,
+    not the test's. Nothing of a stopped compile is a hit of Triton's cache later (it writes a
+    group's metadata last); `_compile_one` keeps the shared bytes there itself."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    add, optimize = nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module
+
+    def add_stages(self, stages, options, language):  # type: ignore[no-untyped-def]
+        add(self, stages, options, language)
+        make_llir = stages["llir"]
+
+        def llir_then_stop(src, metadata):  # type: ignore[no-untyped-def]
+            try:
+                make_llir(src, metadata)  # its pass manager rewrites `src` in place
+            except _Lowered:
+                metadata["shared"] = src.get_int_attr("ttg.shared")
+            assert isinstance(metadata.get("shared"), int), f"no ttg.shared after the passes: {metadata}"
+            raise _SharedKnown(metadata)
+
+        stages["llir"] = llir_then_stop
+
+    def lowered(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise _Lowered
+
+    nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module = add_stages, lowered
+    try:
+        yield
+    finally:
+        nvidia.CUDABackend.add_stages, nvidia.llvm.optimize_module = add, optimize
+
+
+SHARED_FILE = "shared-memory.json"  # a stopped compile's answer, beside Triton's own cache files
+
+
+def _cache_of(src, target, options):  # -> (Triton's cache manager for this compile, its hash)
+    """The cache entry `triton.compile` would use: its key, computed as it computes it."""
+    import hashlib
+
+    from triton.compiler import make_backend
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, get_cache_key
+    from triton.runtime.cache import get_cache_manager
+
+    backend = make_backend(target)
+    opts = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+    key = get_cache_key(src, backend, opts, env_vars=get_cache_invalidating_env_vars())
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return get_cache_manager(digest), digest
+
+
+def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = True) -> Compiled:
+    """One launch compiled for `target`. `to_ptxas=False` stops once shared memory is known and
+    keeps that number in Triton's cache (a whole compile found there is used as it is); registers
+    and spills are None then."""
+    from triton.compiler import ASTSource
+
+    fn, signature, constexprs, attrs, options = launch
+    src = ASTSource(fn, signature, constexprs, attrs)
+    regs = stack = None
+    cache, digest = (None, None) if to_ptxas else _cache_of(src, target, options)
+    known = cache.get_file(SHARED_FILE) if cache is not None else None
+    if known is not None:
+        with open(known) as f:
+            shared = json.load(f)["shared"]
+    else:
+        try:
+            with ExitStack() as stop:
+                if not to_ptxas:
+                    stop.enter_context(_stop_after_shared_allocation())
+                ck = triton.compile(src, target=target, options=options.__dict__)
+            shared, (regs, stack) = ck.metadata.shared, _resources(ck.asm["cubin"])
+        except _SharedKnown as known_shared:
+            shared = known_shared.metadata["shared"]
+            assert known_shared.metadata["hash"] == digest, "the cache key differs from triton.compile's"
+            cache.put(json.dumps({"shared": shared}), SHARED_FILE, binary=False)
+    names = {p.num: p.name for p in fn.params}
+    return Compiled(
+        kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
+        num_stages=options.num_stages, shared=shared, regs=regs, spill_bytes=stack,
+        constexprs={names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()},
+    )  # fmt: skip
+
+
+def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
+    """Compile each distinct launch of `dtype` inputs for sm_90, as JITFunction.run specialises it."""
+    from triton.compiler import make_backend
+
+    target = _target()
+    backend = make_backend(target)
+    for launch in _distinct_launches(dtype, full, backend):
+        yield _compile_one(dtype, launch, target)
+
+
+# Kernels whose cold sm_90 compile takes several times the others' (the largest bodies):
+# the shared queue hands them out first, so the two workers end within a short compile of each other.
+SLOW_COMPILES = ("_bwd_wy_kernel", "_bwd_dqk_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
+
+
+def work_list(dtypes: tuple[torch.dtype, ...], backend) -> list[tuple[int, torch.dtype, tuple]]:
+    """Every distinct launch of `dtypes`, numbered in wiring order, slow compiles (fp32 first) ahead."""
+    items = [(dt, launch) for dt in dtypes for launch in _distinct_launches(dt, False, backend)]
+    numbered = [(i, dt, launch) for i, (dt, launch) in enumerate(items)]
+
+    def cost_rank(item: tuple) -> tuple[int, int]:
+        _, dt, launch = item
+        return (launch[0].__name__ not in SLOW_COMPILES, dt != torch.float32)
+
+    return sorted(numbered, key=cost_rank)
+
+
+def claim(counter: str) -> int:
+    """The next item of the shared queue: a number in a file, read and bumped under an exclusive lock."""
+    import fcntl
+
+    with open(counter, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        n = int(f.read() or 0)
+        f.seek(0), f.truncate(), f.write(str(n + 1))
+        return n
+
+
+def serve_queue(dtypes: tuple[torch.dtype, ...], counter: str) -> dict[str, list[dict]]:
+    """Compile the items this worker claims from the queue shared with the other workers (each
+    records the same list: the wiring is deterministic); rows carry their wiring number."""
+    from triton.compiler import make_backend
+
+    target = _target()
+    backend = make_backend(target)
+    items = work_list(dtypes, backend)
+    table: dict[str, list[dict]] = {}
+    while (n := claim(counter)) < len(items):
+        i, dt, launch = items[n]
+        row = asdict(_compile_one(dt, launch, target, to_ptxas=False))
+        table.setdefault(row["dtype"], []).append({"index": i, "of": len(items), **row})
+    return table
 
 
 def _row(c: Compiled) -> str:
@@ -206,27 +349,39 @@ def _row(c: Compiled) -> str:
             f"regs={c.regs} stack={c.spill_bytes} {c.constexprs}")  # fmt: skip
 
 
+COMPILE_WORKERS = 2  # CI's cores; the test run itself is serial
+
+
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, list[dict]]:
     """The table for every dtype, from child processes without TRITON_INTERPRET (under the CPU
     interpreter @triton.jit and triton.language's own jit helpers are interpreted functions,
-    which cannot be compiled): one per dtype, side by side, since compiling is one core's work
-    each and the test run is serial."""
+    which cannot be compiled): each compile is one core's work, so two workers take the launches
+    of both dtypes from one queue (one process per dtype left a core idle while fp32's spilling
+    kernels compiled: fp32 costs twice bf16's time)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     table: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as files:
+        counter = os.path.join(tmp, "next")
+        with open(counter, "w") as f:
+            f.write("0")
         runs = []
-        for dt in COMPILED_DTYPES:  # output to files: a full pipe would stall a child
-            name = str(dt).split(".")[-1]
-            out, err = (files.enter_context(open(os.path.join(tmp, name + e), "w+")) for e in ("o", "e"))
-            cmd = [sys.executable, "-m", "tests.kernels.test_kernels_compile", "--json", "--dtype", name]
+        for w in range(COMPILE_WORKERS):  # output to files: a full pipe would stall a child
+            out, err = (files.enter_context(open(os.path.join(tmp, f"{w}{e}"), "w+")) for e in ("o", "e"))
+            cmd = [sys.executable, "-m", "tests.kernels.test_kernels_compile", "--json", "--queue", counter]
             runs.append((subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=err), out, err))
         for proc, out, err in runs:
             rc = proc.wait(timeout=900)
             out.seek(0), err.seek(0)
             assert rc == 0, err.read()[-4000:]
-            table |= json.loads(out.read().strip().splitlines()[-1])
+            for dtype, rows in json.loads(out.read().strip().splitlines()[-1]).items():
+                table.setdefault(dtype, []).extend(rows)
+    rows = [r for dtype_rows in table.values() for r in dtype_rows]
+    sizes, done = {r.pop("of") for r in rows}, sorted(r["index"] for r in rows)
+    assert len(sizes) == 1 and done == list(range(sizes.pop())), f"queue items compiled: {done}"
+    for dtype_rows in table.values():  # back in wiring order
+        dtype_rows.sort(key=lambda r: r.pop("index"))
     return table
 
 
@@ -260,8 +415,11 @@ def test_fp32_overrides_leave_half_precision_settings_alone() -> None:
 if __name__ == "__main__":
     table = {}
     chosen = DTYPES if "--full" in sys.argv else COMPILED_DTYPES
-    if "--dtype" in sys.argv:  # one dtype (the fixture runs one process per dtype)
+    if "--dtype" in sys.argv:  # one dtype only
         chosen = (getattr(torch, sys.argv[sys.argv.index("--dtype") + 1]),)
+    if "--queue" in sys.argv:  # a worker of the fixture: compile what it claims from the shared queue
+        print(json.dumps(serve_queue(chosen, sys.argv[sys.argv.index("--queue") + 1])))
+        sys.exit(0)
     for dt in chosen:
         table[str(dt).split(".")[-1]] = rows = []
         for c in compile_all(dt, full="--full" in sys.argv):

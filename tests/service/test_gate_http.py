@@ -36,7 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         mp.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp / "snapshots"))
         close_executors()  # an executor cached by another test would not know this repository
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
-                            executor="local", poll_interval_s=1.0, lease_s=60.0)  # fmt: skip
+                            executor="local", poll_interval_s=0.3, lease_s=60.0)  # fmt: skip
         try:
             with serve_in_thread(settings) as url:
                 yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp, mp=mp)
@@ -61,7 +61,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     verdict = server.tmp / "slow.json"
     # HEAD is D (timing as B); gate C against its parent B, found by the CLI in --repo
     slow = cli("gate", "--head", "HEAD~1", "--suite", "gatetime", "--repo", repo, "--server", url,
-               "--poll", "0.5", "--json", str(verdict))  # fmt: skip
+               "--poll", "0.2", "--json", str(verdict))  # fmt: skip
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "❌ FAIL" in slow.stdout and "regressed" in slow.stdout
     data = json.loads(verdict.read_text())
@@ -77,7 +77,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     server.mp.setenv(NOISE_ENV, str(flag))  # the server's rank processes inherit it
     noisy_json = server.tmp / "noisy.json"
     noisy = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
-                "--server", url, "--poll", "0.5", "--confirm", "--json", str(noisy_json))  # fmt: skip
+                "--server", url, "--poll", "0.2", "--confirm", "--json", str(noisy_json))  # fmt: skip
     assert not flag.exists()  # the head's first run consumed it
     assert noisy.returncode == 0, noisy.stdout + noisy.stderr
     (conf,) = json.loads(noisy_json.read_text())["confirmations"]
@@ -86,7 +86,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     # the unchanged pair: D against B, without --confirm; both jobs are reused (D's newest job
     # is the re-run), so the gate costs no run
     same = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
-               "--server", url, "--poll", "0.5")  # fmt: skip
+               "--server", url, "--poll", "0.2")  # fmt: skip
     assert same.returncode == 0, same.stdout + same.stderr
     assert "✅ PASS" in same.stdout and same.stdout.count("| reused |") == 2
 
