@@ -67,7 +67,6 @@ def main() -> None:
     import torch
     import triton
     from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
 
     import kernels.gdn as K
     from tests.kernels import test_kernels_compile as tc
@@ -76,13 +75,11 @@ def main() -> None:
     want = {k: bool(int(v)) if v in "01" else (int(v) if v.isdigit() else v)
             for k, v in (kv.split("=") for kv in args.where.split(",") if kv)}  # fmt: skip
     target = tc._target()
-    backend = make_backend(target)
-    for fn, call_args, kwargs in tc._recorded_launches(getattr(torch, args.dtype), False):
+    for fn, signature, constexprs, attrs, options in tc._distinct_launches(
+        getattr(torch, args.dtype), False, make_backend(target)
+    ):
         if fn.__name__ != args.kernel:
             continue
-        binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, spec, opts = binder(*call_args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
         names = {p.num: p.name for p in fn.params}
         ce = {names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()}
         if any(ce.get(k) != v for k, v in want.items()):
