@@ -15,6 +15,9 @@
 #                             only the cases whose name contains one of ONLY; cut at LIMIT seconds
 #                             (each case is written as it ends). Cold: ~2-3 min of FLA autotuning and
 #                             FlashQLA compiles per head layout
+#          sanitize[:T[:STAGES]]   benchmarks/ready_walk_probe.py under compute-sanitizer's memcheck
+#                             (wheel: .whl/san/nvidia_cuda_sanitizer_api-13.0.*.whl): which launch of the
+#                             walks on operands formed ahead goes out of bounds at STAGES (default 1)
 #          suite:NAME:PRESET:LIMIT   any suite on one GPU (benchmarks/run_suite.py), parameter overrides
 #                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
@@ -61,7 +64,7 @@ for step in "$@"; do
         gputest)
             setup_py
             t0=$SECONDS
-            PYTHONPATH="$ROOT:/tmp/site_py" timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+            PYTHONPATH="$ROOT:/tmp/site_py" timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu \
                 tests/kernels/test_kernels_gpu.py >"$OUT/gputest.log" 2>&1
             echo "gputest rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
             tail -n 5 "$OUT/gputest.log" ;;
@@ -97,6 +100,15 @@ for step in "$@"; do
                 --set "backends=${BACKENDS:-[\"triton\",\"fla\",\"flashqla\"]}" "${only[@]}" 2>&1 \
                 | grep -v TileLang | tee "$OUT/gdnop_$n.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
+        sanitize)
+            [ -d /tmp/site_san ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --target /tmp/site_san .whl/san/*.whl >>"$OUT/summary.txt" 2>&1
+            t0=$SECONDS
+            PYTHONPATH=$ROOT timeout 300 /tmp/site_san/nvidia/cu13/bin/compute-sanitizer --tool memcheck \
+                --print-limit 20 python3 benchmarks/ready_walk_probe.py --seq-len "${a:-4096}" --stages "${b:-1}" \
+                >"$OUT/sanitize.log" 2>&1
+            echo "$step rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+            grep -m 12 -E "Invalid|at 0x|by thread|FAILED|ran$" "$OUT/sanitize.log" ;;
         suite)
             IFS=: read -r _ name preset limit <<<"$step"
             setup_py; setup_fla; setup_qla

@@ -148,6 +148,24 @@ def _state_bwd_kernel(
             tl.store(dh0_ptr + bh * D * D + cols, dS)
 
 
+def walk_stages(ready: bool, dtype: torch.dtype, device: torch.device) -> int:
+    """Software-pipelining stages of a state walk: `state_stages`, or `ready_stages` for a walk on
+    operands formed ahead (`ready`). Unpipelined ready walks are refused on a GPU: on the H200
+    (Triton 3.6, bf16) the first launch at 1 stage stopped with an illegal memory access, while
+    3 stages ran and passed the GPU tests (docs/kernels.md, "Walk steps on operands formed ahead").
+    The interpreter runs them (the CPU tests compare them bit for bit)."""
+    if not ready:
+        return int(tuned("state_stages", dtype))
+    stages = int(tuned("ready_stages", dtype))
+    if stages < 2 and device.type == "cuda":
+        raise RuntimeError(
+            f"walk_operands=1 with ready_stages={stages} for {dtype} inputs: an unpipelined walk on "
+            "operands formed ahead stopped with an illegal memory access on the H200 (Triton 3.6); "
+            "set ready_stages >= 2, or walk_operands=0 (fp32 inputs need 1 stage: shared memory)"
+        )
+    return stages
+
+
 def state_forward(
     k: torch.Tensor,
     w: torch.Tensor,
@@ -193,8 +211,8 @@ def state_forward(
         del ee
         if not keep_maps:
             mm = None
+    stages = walk_stages(bool(TUNING["walk_operands"]), k.dtype, dev)
     kd = walk_operands(k, gamma, Hv, spans=spans)[0] if TUNING["walk_operands"] else None
-    stages = tuned("state_stages" if kd is None else "ready_stages", k.dtype)
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
@@ -233,8 +251,8 @@ def state_backward(
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     cps = triton.cdiv(NT, nseg)
     ready = bool(TUNING["walk_operands"])
+    stages = walk_stages(ready, q.dtype, q.device)
     kd, qg = walk_operands(k, gamma, Hv, q=q, scale=scale, spans=spans) if ready else (w, w)
-    stages = tuned("ready_stages" if ready else "state_stages", q.dtype)
     common = dict(PRE=ready, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:

@@ -285,6 +285,29 @@ def test_walks_on_ready_operands_are_bit_identical(x, ref, segments: int) -> Non
     assert rel_l2(runs[0][2][0, 0], ref["fwd"][0][2]) <= TOL  # and they are the right walks
 
 
+def test_unpipelined_ready_walks_are_refused_on_a_gpu() -> None:
+    """An unpipelined walk on operands formed ahead is refused for a CUDA device, naming the
+    setting and what to change (it crashed on the H200), and allowed in the interpreter; a walk
+    that forms its operands keeps its own stage count."""
+    from kernels.gdn import TUNING
+    from kernels.gdn.config import TUNING_FP32
+    from kernels.gdn.state import walk_stages
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    with pytest.raises(RuntimeError, match=r"ready_stages=1 for torch\.float32 inputs.*ready_stages >= 2"):
+        walk_stages(True, torch.float32, gpu)
+    assert walk_stages(True, torch.float32, cpu) == TUNING_FP32["ready_stages"] == 1
+    assert walk_stages(True, torch.bfloat16, gpu) == TUNING["ready_stages"] >= 2
+    assert walk_stages(False, torch.float32, gpu) == TUNING_FP32["state_stages"]
+    saved = TUNING["ready_stages"]
+    try:
+        TUNING["ready_stages"] = 1
+        with pytest.raises(RuntimeError, match=r"ready_stages=1 for torch\.bfloat16"):
+            walk_stages(True, torch.bfloat16, gpu)
+    finally:
+        TUNING["ready_stages"] = saved
+
+
 def test_bwd_dqk(x, ref) -> None:
     """dq, the state/output part of dk and Σ dγ partials are the gradients of
     <O, dO> + <S', dS'> in q, k and γ with S, Vn, dS' held; dWk = −dVn·Sᵀ."""
