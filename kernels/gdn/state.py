@@ -202,6 +202,7 @@ def state_forward(
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
     ht = torch.empty(n_states, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     BV = TUNING["state_bv"]
+    stages = walk_stages(bool(TUNING["walk_operands"]), k.dtype, dev)
     h0 = initial_state.contiguous() if initial_state is not None else None
     nseg = state_segments(B * Hv, T, dev) if seq_chunks is None else n_states
     mm = None
@@ -211,7 +212,6 @@ def state_forward(
         del ee
         if not keep_maps:
             mm = None
-    stages = walk_stages(bool(TUNING["walk_operands"]), k.dtype, dev)
     kd = walk_operands(k, gamma, Hv, spans=spans)[0] if TUNING["walk_operands"] else None
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
@@ -242,6 +242,7 @@ def state_backward(
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
+    stages = walk_stages(bool(TUNING["walk_operands"]), q.dtype, q.device)
     dvl = dvn_local(q, k, do, gamma, scale, spans)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
@@ -251,7 +252,6 @@ def state_backward(
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     cps = triton.cdiv(NT, nseg)
     ready = bool(TUNING["walk_operands"])
-    stages = walk_stages(ready, q.dtype, q.device)
     kd, qg = walk_operands(k, gamma, Hv, q=q, scale=scale, spans=spans) if ready else (w, w)
     common = dict(PRE=ready, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
     dend = dht
