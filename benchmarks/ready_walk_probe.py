@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,50 +33,37 @@ def main() -> int:
 
     import kernels.gdn as K
     import kernels.gdn.state as state
-    from kernels.gdn.config import TUNING_FP32, tuned
+    from benchmarks.bench_gdn_peers import HV, make_inputs
+    from kernels.gdn.config import tuned
 
-    dt = getattr(torch, args.dtype)
-    K.TUNING.update(walk_operands=1, ready_stages=args.stages, seq_segments=args.segments)
-    TUNING_FP32["ready_stages"] = args.stages
+    K.TUNING.update(walk_operands=1, seq_segments=args.segments)
 
     def stages(ready: bool, dtype: torch.dtype, device: torch.device) -> int:
         return args.stages if ready else int(tuned("state_stages", dtype))
 
     state.walk_stages = stages  # the refusal lifted for this process only
-    torch.manual_seed(0)
-    B, T, H, D = 1, args.seq_len, 32, 128
-    dev = args.device
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    q = torch.randn(B, T, H, D, device=dev, dtype=dt)
-    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dt)
-    v = torch.randn(B, T, H, D, device=dev, dtype=dt)
-    g = F.logsigmoid(torch.randn(B, T, H, device=dev) + 2.0)
-    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(dt)
-    h0 = torch.randn(B, H, D, D, device=dev) * 0.1
-    do = torch.randn_like(v) / v.numel()
-    dht = torch.randn_like(h0) / h0.numel()
-
-    steps = {}
-    gamma = K.gate_cumsum(g)
-    w, u, _ = K.intra_solve(k, v, beta, gamma, H, store_t=True)
+    dt = getattr(torch, args.dtype)
+    x = make_inputs(args.seq_len, HV, 0, args.device)  # bf16 leaves, fp32 g and states
+    q, k, v, beta, do = (x[n].to(dt) for n in ("q", "k", "v", "beta", "do"))
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    gamma = K.gate_cumsum(x["g"])
+    w, u, _ = K.intra_solve(k, v, beta, gamma, HV, store_t=True)
     sync()
-
-    def forward():
-        steps["maps"] = K.state_forward(k, w, u, gamma, H, h0, store_states=True, store_vn=True,
-                                        store_final=True, keep_maps=True)[3]  # fmt: skip
-
-    def backward():
-        K.state_backward(q, k, w, do, gamma, dht, D**-0.5, want_dh0=True, maps=steps["maps"])
-
-    print(f"T={T} {args.dtype} ready_stages={args.stages} seq_segments={args.segments}", flush=True)
-    for name, fn in (("state_forward", forward), ("state_backward", backward)):
-        try:
-            fn()
-            sync()
-        except RuntimeError as exc:
-            print(f"{name}: FAILED {str(exc)[:200]}", flush=True)
-            return 1
-        print(f"{name}: ran", flush=True)
+    setting = f"ready_stages={args.stages} seq_segments={args.segments}"
+    print(f"T={args.seq_len} {args.dtype} {setting}", flush=True)
+    stage = "state_forward"
+    try:
+        maps = K.state_forward(k, w, u, gamma, HV, x["h0"], store_states=True, store_vn=True,
+                               store_final=True, keep_maps=True)[3]  # fmt: skip
+        sync()
+        print(f"{stage}: ran", flush=True)
+        stage = "state_backward"
+        K.state_backward(q, k, w, do, gamma, x["dht"], q.shape[-1] ** -0.5, want_dh0=True, maps=maps)
+        sync()
+        print(f"{stage}: ran", flush=True)
+    except RuntimeError as exc:
+        print(f"{stage}: FAILED {str(exc)[:200]}", flush=True)
+        return 1
     return 0
 
 

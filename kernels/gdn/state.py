@@ -202,7 +202,8 @@ def state_forward(
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
     ht = torch.empty(n_states, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     BV = TUNING["state_bv"]
-    stages = walk_stages(bool(TUNING["walk_operands"]), k.dtype, dev)
+    ready = bool(TUNING["walk_operands"])
+    stages = walk_stages(ready, k.dtype, dev)
     h0 = initial_state.contiguous() if initial_state is not None else None
     nseg = state_segments(B * Hv, T, dev) if seq_chunks is None else n_states
     mm = None
@@ -212,14 +213,14 @@ def state_forward(
         del ee
         if not keep_maps:
             mm = None
-    kd = walk_operands(k, gamma, Hv, spans=spans)[0] if TUNING["walk_operands"] else None
+    kd = walk_operands(k, gamma, Hv, spans=spans)[0] if ready else None
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
         k, w, u if u is not None else w, gamma, h0 if h0 is not None else w,
         s if s is not None else w, vn if vn is not None else w, ht if ht is not None else w,
         seq_chunks if seq_chunks is not None else w, spans if spans is not None else w,
         kd if kd is not None else w, T, NT, triton.cdiv(NT, nseg), Hqk, Hv, Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
-        STORE_HT=store_final, VARLEN=seq_chunks is not None, PRE=kd is not None, BT=BT, D=D, BV=BV,
+        STORE_HT=store_final, VARLEN=seq_chunks is not None, PRE=ready, BT=BT, D=D, BV=BV,
         num_warps=TUNING["state_warps"], num_stages=stages,
     )  # fmt: skip
     return s, vn, ht, mm
@@ -242,7 +243,8 @@ def state_backward(
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
-    stages = walk_stages(bool(TUNING["walk_operands"]), q.dtype, q.device)
+    ready = bool(TUNING["walk_operands"])
+    stages = walk_stages(ready, q.dtype, q.device)
     dvl = dvn_local(q, k, do, gamma, scale, spans)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
@@ -251,7 +253,6 @@ def state_backward(
     BV = TUNING["state_bv"]
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     cps = triton.cdiv(NT, nseg)
-    ready = bool(TUNING["walk_operands"])
     kd, qg = walk_operands(k, gamma, Hv, q=q, scale=scale, spans=spans) if ready else (w, w)
     common = dict(PRE=ready, BT=BT, D=D, BV=BV, num_warps=TUNING["state_warps"], num_stages=stages)
     dend = dht
