@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -116,9 +116,6 @@ class MemoryStats:
     peak_allocated: int
     peak_reserved: int
     tracked: bool
-
-    def as_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
 
 
 def memory_stats(device: torch.device | str) -> MemoryStats:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ from gdn.data import IGNORE_INDEX
 if TYPE_CHECKING:
     from gdn.cp import CPConfig
 
-LayerType = Literal["linear_attention", "full_attention"]
 LAYER_TYPES: tuple[str, ...] = ("linear_attention", "full_attention")
 
 

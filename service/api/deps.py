@@ -76,9 +76,6 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-
-
 def job_or_404(session: Session, job_id: int) -> JobRow:
     job = jobs.get_job(session, job_id)
     if job is None:

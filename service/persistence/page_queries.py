@@ -246,14 +246,6 @@ def suite_overview(
     return out
 
 
-def metric_names_by_kind(session: Session, suite: str) -> dict[str, list[str]]:
-    """kind -> metric names declared by `suite` (for pickers)."""
-    out: dict[str, list[str]] = {}
-    for m in session.scalars(select(MetricRow).where(MetricRow.suite == suite).order_by(MetricRow.id)):
-        out.setdefault(m.kind, []).append(m.name)
-    return out
-
-
 def suites_with_results(session: Session) -> list[str]:
     return sorted(session.scalars(select(JobRow.suite).distinct()).all())
 

@@ -1,6 +1,6 @@
 """Triton CP path on one GPU: P2P emulation (P = 4, 8 shards) against no-CP Triton, bf16, 8K-32K.
 
-Bar (issue 4): relative-L2 <= 5e-3 on every tensor, and no growth with P or T (an error at P = 8
+Bar (docs/cp.md): relative-L2 <= 5e-3 on every tensor, and no growth with P or T (an error at P = 8
 or 32K stays within 2x the P = 4 / 8K error, plus a small floor for errors near zero). For the
 layer, single parameters whose gradient is a sum over every token with cancellation (A_log,
 dt_bias: 32 values each) amplify relative error, so each is held to the report's 1e-2 layer

@@ -166,7 +166,7 @@ def _cp_job(engine: Any, *, commit: str, rng: np.random.Generator) -> int:
     rows: list[tuple[int, int, int, int, float]] = []
     for case in cases[:2]:
         cid = cids[case.name]
-        ms = 300.0 if case.params["mode"] == "ulysses" else 256.4  # P2P 17% faster (§5)
+        ms = 300.0 if case.params["mode"] == "ulysses" else 256.4  # P2P 17% faster, as in the report
         for r in range(CP_WORLD):
             vals = rng.normal(ms * (1 + 0.01 * r), ms * 0.01, REPS)
             rows += [(cid, mids["layer_fwd_bwd_ms"], r, i, float(v)) for i, v in enumerate(vals)]
@@ -415,7 +415,7 @@ def test_multi_rank_job_plots_every_rank_and_each_step(site: Any, page: Page) ->
     shot(page, "job-cp-desktop")
 
 
-PAGE_BUDGET = 250 * 1024  # the job page at ~100k samples (issue 22)
+PAGE_BUDGET = 250 * 1024  # the job page at ~100k samples (docs/benchmarks.md, the job page)
 
 
 def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:

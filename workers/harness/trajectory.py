@@ -1,4 +1,4 @@
-"""Optimizer trajectories: a candidate network against the single-device eager reference (§2, §6).
+"""Optimizer trajectories: a candidate network against the single-device eager reference.
 
 Both sides start from the same seeded weights, read the same token windows (same padding, same
 global valid-label count), start AdamW from the same (empty) state with a non-zero learning rate,

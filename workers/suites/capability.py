@@ -1,4 +1,4 @@
-"""`capability`: can this machine run the Triton GDN backend, and does the package behave (§3).
+"""`capability`: can this machine run the Triton GDN backend, and does the package behave.
 
 Cases:
 - `triton_available_T{T}_hqk{H}`: `is_triton_gdn_available` on the production shapes. Required

@@ -1,4 +1,4 @@
-"""`cp-layer`: the full GatedDeltaNet layer under context parallelism against the no-CP layer (§5).
+"""`cp-layer`: the full GatedDeltaNet layer under context parallelism against the no-CP layer.
 
 One case per (candidate = CP mode + backend, global length, batch, padding or packing). Every
 rank of the job is one CP rank (world size = CP size; `ctx.group` is the CP group). On every rank
@@ -52,11 +52,10 @@ from workers.suite import (
 from workers.suites.gdn_op import PACKED_16K
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated", "none")  # none: the no-CP layer, packed cases
-DISTRIBUTED_MODES = ("ulysses", "p2p", "all_gather")
 BACKENDS = ("eager", "triton")  # ours; any registered backend name is accepted as well
 TENSORS = ("output", "input_grad", "param_grad")
 ACC_BOUND = 1e-2  # the report's acceptance threshold for bf16 against the eager reference
-FP64_BOUND = 1e-9  # fp64 eager CP must equal the no-CP layer to rounding (issue 4)
+FP64_BOUND = 1e-9  # fp64 eager CP must equal the no-CP layer to rounding (docs/cp.md)
 # Packings (sequence lengths, B = 1): 1, 63, 64 and 65 tokens and chunk boundaries inside the long
 # ones. Quick's (T = 160) crosses a rank boundary at CP 2, 4 and 8 (and the P = 4 emulation's);
 # the gate's 8K has a shard that is one sequence's middle and one holding an end and a start.
@@ -86,7 +85,7 @@ class CPLayerParams(SuiteParams):
     # "same" (the candidate's dtype), as the report compares: its 1e-2 bound is for bf16 against
     # the bf16 eager layer. "float32" measures against an fp32 truth instead, where the bf16
     # layer's own rounding (its projections) is already ~1.3e-2 on the input gradient, with or
-    # without CP (docs/benchmarks.md, CP layer; the CP2 run of issue 10)
+    # without CP (docs/benchmarks.md, CP layer, the CP2 run)
     ref_dtype: DType | Literal["same"] = "same"
     accuracy_max_seq_len: int = 32768
     eager_max_seq_len: int = 32768  # candidates on the eager backend stop here

@@ -1,4 +1,4 @@
-"""`gdn-op`: the single-device GDN core, any registered backends side by side (§4).
+"""`gdn-op`: the single-device GDN core, any registered backends side by side.
 
 One case per (shape, backend): shape = T (or a packed batch of sequences), stateless/stateful,
 Hqk, Hv, B; `backend` is any name `gdn.backends.get_backend` resolves (built-ins, entry points of
@@ -76,7 +76,7 @@ class GDNOpParams(SuiteParams):
     eager_warmup: NonNegative = 5  # the eager backend at 64K takes ~1 s per fwd+bwd
     eager_repeat: Positive = 20
     eager_max_seq_len: int = 65536  # eager is not timed above this
-    accuracy_max_seq_len: int = 32768  # 64K is for speed and memory only (§4)
+    accuracy_max_seq_len: int = 32768  # 64K is for speed and memory only, as in the report
     accuracy_seeds: tuple[int, ...] = (0, 1, 2)
     oracle_max_seq_len: int = 512  # fp64 per-token oracle up to here, fp32 eager above
     timing: bool = True

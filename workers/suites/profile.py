@@ -1,4 +1,4 @@
-"""`profile`: one `torch.profiler` trace per CP mode of one forward+backward of the network (§7).
+"""`profile`: one `torch.profiler` trace per CP mode of one forward+backward of the network.
 
 The trace (gzipped Chrome JSON, without shapes or stacks to keep it small) is written into the rank's
 `ctx.artifacts_dir`, which the executor ships with the job as a downloadable artifact. It is not a

@@ -1,4 +1,4 @@
-"""`stability`: each distributed mode runs many consecutive forward+backward passes (§7).
+"""`stability`: each distributed mode runs many consecutive forward+backward passes.
 
 Per pass (idx = pass): the global loss, whether it and the grad-norm are finite, the pass time and
 the full-process peak allocated (peak reset before each pass). Per case: the peak growth from
