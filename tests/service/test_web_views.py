@@ -79,7 +79,7 @@ def test_speed_rows_compute_speedup_against_the_eager_and_ulysses_siblings() -> 
     rows = {r.case: r for r in views.speed_rows([eager, triton, uly, p2p])}
     assert rows["triton"].speedup.text == "12.65×" and rows["triton"].speedup.mark == "faster"
     assert rows["triton"].baseline == "vs eager (eager)" and rows["triton"].n == "20 × 4 ranks"
-    assert rows["p2p"].speedup.text == "1.144× (+14.4%)"
+    assert rows["p2p"].speedup.text == "12.6%"  # a CP mode's gain: time saved, (114.4 − 100) / 114.4
     assert rows["eager"].speedup.text == "–" and rows["uly"].speedup.text == "–"
 
 
@@ -206,8 +206,8 @@ def test_p2p_triton_is_measured_against_ulysses_triton_first() -> None:
         return C(name, {"seq_len": 65536, "mode": mode, "backend": backend},
                  {"layer_ms": M("layer_ms", "time", ms, unit="ms")})
 
-    rows = {r.case: r for r in views.speed_rows([case("uly-tri", "ulysses", "triton", 117.0),
+    rows = {r.case: r for r in views.speed_rows([case("uly-tri", "ulysses", "triton", 160.283),
                                                   case("p2p-eager", "p2p", "eager", 900.0),
-                                                  case("p2p-tri", "p2p", "triton", 100.0)])}
+                                                  case("p2p-tri", "p2p", "triton", 132.973)])}
     assert rows["p2p-tri"].baseline == "vs ulysses (uly-tri)"
-    assert rows["p2p-tri"].speedup.text == "1.170× (+17.0%)"
+    assert rows["p2p-tri"].speedup.text == "17.0%"  # the report's pair: (U − P) / U
