@@ -757,7 +757,7 @@ def traces(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             names = sorted(a for a in j.artifacts if stem in a)
             mode = (c.params or {}).get("mode", c.name)
             events = c.metrics.get("trace_events")
-            size = f", {fmt(views.worst(events))} events" if events is not None else ""
+            size = f", {views.worst(events):.0f} events" if events is not None else ""
             if names:
                 lines.append(
                     f"- CP{j.data.world_size} {mode}: "
@@ -926,6 +926,12 @@ def _failures(jobs: Sequence[CampaignJob]) -> list[str]:
     return out
 
 
+def _span(values: Sequence[float]) -> str:
+    """'+26.7% to +29.0%', or one value when they are all the same."""
+    lo, hi = cv.percent(min(values), signed=True), cv.percent(max(values), signed=True)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def conclusions(
     jobs: Sequence[CampaignJob], scaling: Sequence[dict[str, Any]], ckpt: Sequence[dict[str, Any]]
 ) -> Section | None:
@@ -991,17 +997,9 @@ def conclusions(
     if ckpt:
         times = [r["time"] for r in ckpt if r["time"] is not None]
         peaks = [r["peak"] for r in ckpt if r["peak"] is not None]
-        text = (
-            f"Activation checkpoint full vs off: fwd+bwd {cv.percent(min(times), signed=True)} to "
-            f"{cv.percent(max(times), signed=True)}"
-            if times
-            else "Activation checkpoint full vs off:"
-        )
-        text += (
-            f", peak allocated {cv.percent(min(peaks), signed=True)} to {cv.percent(max(peaks), signed=True)}"
-            if peaks
-            else ", peak allocated not tracked"
-        )
+        time_text = f"fwd+bwd {_span(times)}" if times else "fwd+bwd –"
+        peak_text = f"peak allocated {_span(peaks)}" if peaks else "peak allocated not tracked"
+        text = f"Activation checkpoint full vs off (change = (full − off) / off): {time_text}, {peak_text}"
         items.append(text + ".")
     traj = [(j, v) for j, v in _rows_of(jobs, "network") if v.params.get("kind") == "trajectory"
             and _traj_prefix(v.metrics)]  # fmt: skip
