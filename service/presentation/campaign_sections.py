@@ -1062,3 +1062,90 @@ def build_sections(
         conclusions(jobs, scaling, ckpt) if jobs else None,
     ]
     return [s for s in out if s is not None]
+
+
+# ------------------------------------------------------------------------------------ plots
+
+
+@dataclass
+class Series:
+    """One line of a plot: values (and their spread) at each size."""
+
+    name: str
+    sizes: list[float]
+    values: list[float]
+    lo: list[float]
+    hi: list[float]
+
+
+@dataclass
+class Sweep:
+    """A statistic against a size (sequence length, world size), one series per backend or mode."""
+
+    key: str
+    title: str
+    x_label: str
+    unit: str
+    series: list[Series]
+
+
+def _sweep_of(key: str, title: str, x_label: str, points: Iterable[tuple[str, float, Any]]) -> Sweep | None:
+    """(series name, size, fwd+bwd metric) points as a sweep of medians with min..p90 whiskers."""
+    by: dict[str, dict[float, Any]] = {}
+    for name, size, m in points:
+        by.setdefault(name, {})[size] = m
+    series = []
+    for name, at in sorted(by.items()):
+        sizes = sorted(at)
+        series.append(Series(name, sizes, [at[x].median for x in sizes], [at[x].min for x in sizes],
+                             [at[x].p90 for x in sizes]))  # fmt: skip
+    return Sweep(key, title, x_label, "ms", series) if series else None
+
+
+def sweeps(jobs: Sequence[CampaignJob]) -> list[Sweep]:
+    """The report's plots as plain data: time against length per backend (single device) and per
+    topology and mode (CP layer), time against world size per mode at a fixed local length."""
+    gdn = [
+        (f"{v.params.get('backend')}" + (f" {v.params['mode']}" if v.params.get("mode") else ""),
+         float(v.params["seq_len"]), v.metrics["fwd_bwd_ms"])
+        for _, v in _rows_of(jobs, "gdn-op")
+        if "fwd_bwd_ms" in v.metrics and v.metrics["fwd_bwd_ms"].unit == "ms" and v.params.get("seq_len")
+    ]  # fmt: skip
+    cp_rows = [
+        (j, v)
+        for j, v in _rows_of(jobs, "cp-layer")
+        if "fwd_bwd_ms" in v.metrics and v.params.get("seq_len") and v.params.get("valid_len") is None
+        and not v.params.get("packed")
+    ]  # fmt: skip
+    dtypes = len({v.params.get("dtype") for _, v in cp_rows}) > 1
+    cp = [
+        (f"{_cp_label(j, v)} {v.params.get('mode')}" + (f" {v.params.get('dtype')}" if dtypes else ""),
+         float(v.params["seq_len"]), v.metrics["fwd_bwd_ms"])
+        for j, v in cp_rows
+    ]  # fmt: skip
+    _, found = cp_scaling(jobs, Links())
+    scaling = []
+    for r in found:
+        name = f"{r['mode']} local {_length(r['local'])}"
+        scaling += [(name, float(r["from"]), _Point(r["before"])), (name, float(r["to"]), _Point(r["after"]))]
+    out = [
+        _sweep_of("gdn-time", "Single-device fwd+bwd against T", "sequence length", gdn),
+        _sweep_of("cp-time", "CP layer fwd+bwd against global T", "global sequence length", cp),
+        _sweep_of("cp-scaling", "CP layer weak scaling: fwd+bwd against world size", "world size", scaling),
+    ]
+    return [s for s in out if s is not None]
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A median alone (weak scaling keeps only the medians it compares)."""
+
+    median: float
+
+    @property
+    def min(self) -> float:
+        return self.median
+
+    @property
+    def p90(self) -> float:
+        return self.median

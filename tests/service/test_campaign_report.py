@@ -676,3 +676,26 @@ def _fmt(value: float) -> str:
     from service.domain.numbers import fmt
 
     return fmt(value)
+
+
+@pytest.mark.stores("sqlite")
+def test_the_report_page_draws_the_sections_and_plots(db_url: str, engine, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    ids = [store_run(engine, RESULTS / name, tmp_path / "artifacts") for name in STORED]
+    with TestClient(create_app(Settings(db_url=db_url, dispatch=False, executor="local"))) as client:
+        resp = client.get("/reports/campaign", params=[("job", i) for i in ids])
+        missing = client.get("/reports/campaign", params={"job": 999})
+        none = client.get("/reports/campaign")
+    assert resp.status_code == 200, resp.text[-2000:]
+    html = resp.text
+    for key in ("environment", "cp-accuracy", "cp-speed", "trajectories", "network-speed", "stability"):
+        assert f'id="report-{key}"' in html, key
+    assert 'data-plot="cp-time"' in html and html.count("<svg") >= 1
+    assert "<th>gain vs Ulysses</th>" in html and re.search(r"<td>-?\d+\.\d%</td>", html)
+    assert f'href="http://testserver/jobs/{ids[0]}#case-' in html
+    assert missing.status_code == 404 and "no job 999" in missing.text
+    assert none.status_code == 422
