@@ -699,3 +699,23 @@ def test_the_report_page_draws_the_sections_and_plots(db_url: str, engine, tmp_p
     assert f'href="http://testserver/jobs/{ids[0]}#case-' in html
     assert missing.status_code == 404 and "no job 999" in missing.text
     assert none.status_code == 422
+
+
+@pytest.mark.stores("sqlite")
+def test_a_base_campaign_is_compared_job_by_job(engine, tmp_path: Path) -> None:
+    names = ("cp_layer_cp2_h200x2.json", "stability_cp2_h200x2.json")
+    base = [store_run(engine, RESULTS / n, tmp_path / "artifacts") for n in names]
+    head = [store_run(engine, RESULTS / n, tmp_path / "artifacts") for n in names]
+    with Session(engine) as s:
+        md = campaign_report_markdown(s, head, base_job_ids=base)
+        with pytest.raises(ValueError, match=r"base job \d+ ran stability at world size 2"):
+            campaign_report_markdown(s, head[:1], base_job_ids=base)
+    got = sections(md)
+    assert list(got)[-2:] == ["Against the base campaign", "Conclusions"]
+    header, rows = table(got["Against the base campaign"])
+    assert header == ["suite", "head job", "base job", "verdict", "cases"]
+    assert [(r["suite"], r["head job"], r["base job"], r["verdict"]) for r in rows] == [
+        ("cp-layer", f"#{head[0]}", f"#{base[0]}", "FAIL"),  # its input grads fail their bound on both sides
+        ("stability", f"#{head[1]}", f"#{base[1]}", "pass"),
+    ]
+    assert "](" not in md  # no public URL configured: no links
