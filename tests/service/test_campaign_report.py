@@ -694,7 +694,9 @@ def test_the_report_page_draws_the_sections_and_plots(db_url: str, engine, tmp_p
     html = resp.text
     for key in ("environment", "cp-accuracy", "cp-speed", "trajectories", "network-speed", "stability"):
         assert f'id="report-{key}"' in html, key
-    assert 'data-plot="cp-time"' in html and html.count("<svg") >= 1
+    assert 'data-plot="cp-time"' in html
+    # reference and candidate per step, loss and grad-norm, for each of the stored trajectory cases
+    assert html.count('data-plot="trajectory"') == 2 * 2 and "ckpt-off: loss per step" in html
     assert "<th>gain vs Ulysses</th>" in html and re.search(r"<td>-?\d+\.\d%</td>", html)
     assert f'href="http://testserver/jobs/{ids[0]}#case-' in html
     assert missing.status_code == 404 and "no job 999" in missing.text

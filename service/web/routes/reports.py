@@ -12,14 +12,19 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import MAX_ID, get_session
 from service.domain.baselines import NotFound
+from service.persistence import jobs as job_store
+from service.persistence import page_queries
+from service.persistence import samples as sample_store
 from service.presentation.campaign_report import load_jobs
-from service.presentation.campaign_sections import Links, Table, build_sections, sweeps
+from service.presentation.campaign_sections import CampaignJob, Links, Table, build_sections, sweeps
 from service.web import charts
 from service.web.deps import error_page, page, require_page_read
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
 _LINK = re.compile(r"^\[(?P<text>[^\]]*)\]\((?P<href>[^)]*)\)$")
 MAX_JOBS = 40
+MAX_TRAJECTORY_CASES = 12  # trajectory plots per page (each case: loss and grad-norm)
+TRAJECTORY_PAIRS = (("loss", "ref_loss", "cand_loss"), ("grad-norm", "ref_grad_norm", "cand_grad_norm"))
 
 
 def _cell(text: str) -> dict[str, str | None]:
@@ -45,6 +50,43 @@ def _blocks(blocks: list[str | Table]) -> list[dict[str, Any]]:
     return out
 
 
+def _trajectory_plots(session: Session, jobs: list[CampaignJob]) -> list[dict[str, Any]]:
+    """Loss and grad-norm against step, reference and candidate overlaid, per network trajectory
+    case (the worst rank of each step; over MAX_STEPS steps the worst of each bin)."""
+    out: list[dict[str, Any]] = []
+    for j in jobs:
+        d = j.data
+        cases = [c for c in d.cases if d.suite == "network" and (c.params or {}).get("kind") == "trajectory"]
+        if not cases or len(out) >= 2 * MAX_TRAJECTORY_CASES:
+            continue
+        defs = {m.name: m for m in sample_store.metrics_of_kinds(session, d.suite, ("trajectory",))}
+        wanted = {
+            defs[n].id: (n, defs[n].direction) for _, *names in TRAJECTORY_PAIRS for n in names if n in defs
+        }
+        bins: dict[int, int] = {}
+        for c in cases:
+            for n, ms in c.metrics.items():
+                if n in defs and defs[n].id in wanted and ms.count > charts.MAX_STEPS:
+                    bins[defs[n].id] = max(bins.get(defs[n].id, 1), -(-ms.count // charts.MAX_STEPS))
+        row = job_store.get_job(session, d.job_id)
+        attempt = max(1, row.attempts if row is not None else 1)
+        case_ids = [c.case_id for c in cases][:MAX_TRAJECTORY_CASES]
+        groups = page_queries.step_groups(session, d.job_id, attempt, case_ids, wanted, bins)
+        by = {(g.case_id, g.metric): g for g in groups}
+        for c in cases[:MAX_TRAJECTORY_CASES]:
+            for what, ref, cand in TRAJECTORY_PAIRS:
+                series = [
+                    charts.Trajectory(side, g.idx, g.worst, per_bin=bins.get(defs[name].id, 1))
+                    for side, name in (("reference", ref), ("candidate", cand))
+                    if (g := by.get((c.case_id, name))) is not None
+                ]
+                if series:
+                    title = f"CP{d.world_size} {c.name}: {what} per step"
+                    out.append({"key": "trajectory", "caption": title,
+                                "svg": charts.trajectory_chart(series, title=title)})  # fmt: skip
+    return out
+
+
 @router.get("/reports/campaign", response_class=HTMLResponse)
 def campaign_page(
     request: Request,
@@ -65,6 +107,7 @@ def campaign_page(
         series = [charts.SweepSeries(x.name, x.sizes, x.values, x.lo, x.hi) for x in s.series]
         svg = charts.sweep_chart(series, title=s.title, x_label=s.x_label, unit=s.unit)
         plots.append({"key": s.key, "caption": s.title, "svg": svg})
+    plots += _trajectory_plots(session, jobs)
     return page(
         request,
         "report.html",
