@@ -40,9 +40,7 @@ TIMING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("peak_allocated", "peak alloc"), ("peak_reserved_bytes", "peak reserved"),
     ("peak_reserved", "peak reserved"),
 )  # fmt: skip
-# Backward estimates some suites store per rank: the tables show median(fwd+bwd) − median(fwd) of
-# their own medians instead (`conventions.bwd_estimate`), so these stay on the job page.
-STORED_ESTIMATES = frozenset({"bwd_est_ms", "bwd_estimate_ms"})
+STORED_ESTIMATES = views.STORED_ESTIMATES  # shown as median(fwd+bwd) − median(fwd) instead
 HEADLINE_TIMES = ("fwd_bwd_ms", "fwd_ms")  # the gain column compares the first one present
 HEADLINE_MEMORY = ("peak_bytes", "peak_allocated_bytes", "peak_allocated")  # and the memory one
 ACCURACY_LABELS = {"output": "output", "o": "o", "input_grad": "input grad", "param_grad": "param grads"}

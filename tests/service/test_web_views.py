@@ -211,3 +211,25 @@ def test_p2p_triton_is_measured_against_ulysses_triton_first() -> None:
                                                   case("p2p-tri", "p2p", "triton", 132.973)])}
     assert rows["p2p-tri"].baseline == "vs ulysses (uly-tri)"
     assert rows["p2p-tri"].speedup.text == "17.0%"  # the report's pair: (U − P) / U
+
+
+def test_the_page_shows_the_backward_estimate_of_its_medians_not_a_stored_one() -> None:
+    case = C("p2p", {"mode": "p2p"}, {
+        "fwd_ms": M("fwd_ms", "time", 55.7, unit="ms"),
+        "fwd_bwd_ms": M("fwd_bwd_ms", "time", 72.81, unit="ms"),
+        "bwd_est_ms": M("bwd_est_ms", "time", 23.04, unit="ms"),  # a per-rank difference, reduced afterwards
+    })  # fmt: skip
+    rows = {r.metric: r for r in views.speed_rows([case])}
+    assert list(rows) == ["fwd_ms", "fwd_bwd_ms", views.BWD_ESTIMATE]
+    assert rows[views.BWD_ESTIMATE].median.text == fmt(72.81 - 55.7, "ms") == "17.11 ms"
+
+
+def test_untracked_peak_memory_is_not_zero() -> None:
+    case = C("cpu", {}, {
+        "peak_allocated_bytes": M("peak_allocated_bytes", "memory", 0.0, unit="bytes"),
+        "trace_bytes": M("trace_bytes", "memory", 2048.0, 2048.0, 2048.0, unit="bytes"),
+    })  # fmt: skip
+    rows = {r.metric: r for r in views.memory_rows([case], tracked=False)}
+    assert rows["peak_allocated_bytes"].value.text == "not tracked"
+    assert rows["trace_bytes"].value.text == "2.0 KiB"  # a file's size is a reading on any device
+    assert views.memory_rows([case])[0].value.text == "0.0 MiB"  # tracked: a real zero
