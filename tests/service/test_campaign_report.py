@@ -518,8 +518,8 @@ def test_scaling_checkpoint_trajectories_and_padding() -> None:
 def test_conclusions_are_computed_with_their_rules() -> None:
     text = sections(markdown(campaign()))["Conclusions"]
     assert (
-        "Single-device GDN: worst relative-L2 5.860e-03 (dq, triton T=16K) against the bound 0.01: holds"
-        in text
+        "Single-device GDN: worst relative-L2 5.860e-03 (dq, triton T=16K, bound 0.01); every value within "
+        "its metric's bound; it does not grow with T" in text
     )
     assert "does not grow with T" in text and "more than 2×" in text
     assert "Single-device speed-up triton vs eager (median fwd+bwd): 12.65× (8K) to 22.37× (16K)." in text
@@ -540,7 +540,10 @@ def test_conclusions_are_computed_with_their_rules() -> None:
         )
     )
     text = sections(markdown(jobs))["Conclusions"]
-    assert "CP layer: worst relative-L2 0.02 (output, triton T=64K) against the bound 0.01: FAILS" in text
+    assert (
+        "CP layer: worst relative-L2 0.02 (output, triton T=64K, bound 0.01); 1 value(s) beyond their bound, "
+        "the furthest 0.02 > 0.01 (output, triton T=64K): FAILS" in text
+    )
     assert f"cp-layer #3 {bad.name}: out of bound (output_rel_l2)" in text
     assert "cp-layer #3 p2p_triton_T32768_B1: error (RuntimeError: NCCL timeout)" in text
 
