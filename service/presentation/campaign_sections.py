@@ -39,6 +39,7 @@ GAIN_MODES = ("p2p", "all_gather")  # the CP modes whose gain over Ulysses the t
 ROUNDING_FLOOR = 1e-12
 # Conclusions' thresholds, stated in the conclusions themselves.
 GROWTH_FACTOR = 2.0  # an error "grows with T" when the longest T's worst exceeds this × the shortest's
+MAX_NAMED_FAILURES = 30  # the conclusions name this many failing cases, then count the rest
 SAME_SIZE_FACTOR = 1.5  # P2P and Ulysses errors are "the same size" when their ratio is within this
 
 
@@ -1032,11 +1033,12 @@ def conclusions(
                 f"({v.params.get('mode')}, ckpt {v.params.get('checkpoint')}){holds}."
             )
     fails = _failures(jobs)
-    items.append(
-        "Every bound holds; no case errored."
-        if not fails
-        else f"{len(fails)} case(s) failed a bound or errored: " + "; ".join(fails) + "."
-    )
+    if not fails:
+        items.append("Every bound holds; no case errored.")
+    else:
+        more = f" (the first {MAX_NAMED_FAILURES} named)" if len(fails) > MAX_NAMED_FAILURES else ""
+        items.append(f"{len(fails)} case(s) failed a bound or errored{more}:")
+        items += [f"Failed: {f}." for f in fails[:MAX_NAMED_FAILURES]]
     return Section(
         "conclusions",
         "Conclusions",

@@ -544,7 +544,8 @@ def test_conclusions_are_computed_with_their_rules() -> None:
         "CP layer: worst relative-L2 0.02 (output, triton T=64K, bound 0.01); 1 value(s) beyond their bound, "
         "the furthest 0.02 > 0.01 (output, triton T=64K): FAILS" in text
     )
-    assert f"cp-layer #3 {bad.name}: out of bound (output_rel_l2)" in text
+    assert "- 2 case(s) failed a bound or errored:\n" in text
+    assert f"- Failed: cp-layer #3 {bad.name}: out of bound (output_rel_l2).\n" in text
     assert "cp-layer #3 p2p_triton_T32768_B1: error (RuntimeError: NCCL timeout)" in text
 
 
