@@ -17,6 +17,23 @@ from workers.executors.base import check_placement
 DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")
 _FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+LINKABLE_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether `url` points at this machine (localhost, 127.0.0.0/8, ::1, 0.0.0.0): a link a
+    reader elsewhere cannot open."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", "") or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
 
 
 class Settings(BaseSettings):
@@ -57,6 +74,11 @@ class Settings(BaseSettings):
     )
     session_ttl_s: float = Field(12 * 3600.0, gt=0, le=30 * 86400, description="web login session lifetime")
     server: str = Field("http://127.0.0.1:8000", description="base URL the CLI clients talk to")
+    public_url: str | None = Field(
+        None,
+        description="public base URL of the pages, for the links of a paste-ready report "
+        "(unset: the report has no links; a loopback host is refused)",
+    )
 
     @field_validator("executor")
     @classmethod
@@ -67,6 +89,18 @@ class Settings(BaseSettings):
                 "or a 'package.module:factory' path"
             )
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not LINKABLE_URL.match(value):
+            raise ValueError(f"public_url {value!r} is not an http(s) URL; expected e.g. https://gdnval.example.org")
+        if is_loopback_url(value):
+            raise ValueError(f"public_url {value!r} names a loopback host, which a reader of the report "
+                             "cannot open; expected the URL the pages are reached at from elsewhere")
+        return value.rstrip("/")
 
     @field_validator("placement")
     @classmethod

@@ -122,7 +122,7 @@ SERVICE_LAYERS: dict[str, int] = {
     "service.settings": 0, "service.web_session": 0, "service.executor_choice": 0,
     "service.persistence.models": 1, "service.persistence.db": 1,
     "service.persistence": 2,
-    "service.domain": 3,
+    "service.domain": 3, "service.presentation": 3,
     "service.dispatcher": 4,
     "service.api": 5, "service.web": 5,
     "service.app": 6, "service.cli": 6, "service.__main__": 6, "service": 6,
@@ -130,7 +130,7 @@ SERVICE_LAYERS: dict[str, int] = {
 LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "dispatcher", 5: "api/web",
                6: "entry"}
 # What the SQL-free layers (api, web, domain) may take from SQLAlchemy: types to pass along.
-SQL_FREE = ("service.api", "service.web", "service.domain")
+SQL_FREE = ("service.api", "service.web", "service.domain", "service.presentation")
 SQL_TYPES = frozenset({"sqlalchemy.Engine", "sqlalchemy.orm.Session"})
 # Across packages: service -> workers -> gdn -> kernels.
 PACKAGE_RANK = {"kernels": 0, "gdn": 1, "workers": 2, "service": 3}

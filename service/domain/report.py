@@ -23,6 +23,7 @@ from service.domain.compare import Comparison
 from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
 from service.persistence import jobs as job_store
 from service.persistence import summaries as summary_store
+from service.presentation.conventions import memory_tracked
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -147,9 +148,11 @@ def job_report_markdown(
         ("Capability checks", lambda j: tables.check_pivot(j.cases), "_No check metrics._"),
         ("GDN accuracy matrix", lambda j: tables.accuracy_pivot(j.cases), "_No accuracy metrics._"),
         ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)]), ""),
-        ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)]),
+        ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)],
+                                                           tracked=memory_tracked(j.device)),
          "_No single-device timings._"),
-        ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)]), "_No CP timings._"),
+        ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)],
+                                                    tracked=memory_tracked(j.device)), "_No CP timings._"),
         ("Trajectories", lambda j: tables.trajectory_pivot(j.cases), "_No trajectories._"),
     )  # fmt: skip
     for heading, build, empty in sections:

@@ -21,6 +21,7 @@ from typing import Any
 
 from service.domain import views
 from service.domain.numbers import fmt
+from service.presentation import conventions
 
 # Metric-name prefixes that name a backend or CP mode measured inside one case
 # ('triton_fwd_ms'): the rest of the name is the measure, the prefix a row dimension.
@@ -34,11 +35,12 @@ DIMENSIONS: tuple[tuple[str, str], ...] = (
 NOT_DIMENSIONS = frozenset({"undeclared"})
 # Speed and memory columns in the report's order; measures not listed follow, by name.
 TIMING_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd"), ("bwd_est_ms", "bwd (est.)"),
+    ("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd"), ("bwd_est_ms", "bwd estimate"),
     ("peak_bytes", "peak alloc (incr.)"), ("peak_allocated_bytes", "peak alloc"),
     ("peak_allocated", "peak alloc"), ("peak_reserved_bytes", "peak reserved"),
     ("peak_reserved", "peak reserved"),
 )  # fmt: skip
+STORED_ESTIMATES = views.STORED_ESTIMATES  # shown as median(fwd+bwd) − median(fwd) instead
 HEADLINE_TIMES = ("fwd_bwd_ms", "fwd_ms")  # the gain column compares the first one present
 HEADLINE_MEMORY = ("peak_bytes", "peak_allocated_bytes", "peak_allocated")  # and the memory one
 ACCURACY_LABELS = {"output": "output", "o": "o", "input_grad": "input grad", "param_grad": "param grads"}
@@ -241,7 +243,9 @@ def _time_cell(m: Any) -> views.Cell:
     return _bad_only(views.judge(m.median, m))
 
 
-def _memory_cell(m: Any) -> views.Cell:
+def _memory_cell(m: Any, tracked: bool = True) -> views.Cell:
+    if not tracked and conventions.allocator_reading(m.metric, m.unit):
+        return views.Cell(conventions.NOT_TRACKED)
     v = views.worst(m)
     judged = views.judge(v, m, unit="")
     return _bad_only(views.Cell(views.human_bytes(v, m.unit), judged.state, judged.mark, judged.title))
@@ -261,46 +265,55 @@ def _headline(v: Variant) -> tuple[str, float] | None:
     return None
 
 
-def _baseline(v: Variant, by_params: Mapping[str, Variant]) -> tuple[Variant, str] | None:
+def _baseline(v: Variant, by_params: Mapping[str, Variant]) -> tuple[Variant, str, str] | None:
     """The row this one is measured against: the same parameters with the CP mode Ulysses, or
-    else with the job's baseline backend (`views.baseline_pairs`, the report's pairing)."""
+    else with the job's baseline backend (`views.baseline_pairs`, the report's pairing).
+    Returns (that row, the parameter that differs, its baseline value)."""
     for key, base in views.baseline_pairs(v.params):
         value = v.params.get(key)
         if value is None or value == base:
             continue
         other = by_params.get(views.params_key({**v.params, key: base}))
         if other is not None:
-            return other, base
+            return other, key, base
     return None
 
 
 def gain_cell(base_ms: float, this_ms: float) -> views.Cell:
-    """The report's style: '+14.4%' for a gain under 2×, '12.65×' beyond; negative when slower
-    (the sign says it: no word beside it, which would say the same thing twice)."""
-    if not (base_ms > 0 and this_ms > 0) or math.isinf(base_ms) or math.isinf(this_ms):
+    """A CP mode against Ulysses: time saved, (U − P) / U ('17.0%'; negative when slower)."""
+    g = conventions.gain(base_ms, this_ms)
+    if g is None:
         return views.Cell("–")
-    r = base_ms / this_ms
-    text = f"{r:.2f}×" if r >= 2 else f"{r - 1:+.1%}"
+    title = f"(baseline median {fmt(base_ms)} − this median {fmt(this_ms)}) / baseline median"
+    return views.Cell(conventions.percent(g), "ok" if g >= 0 else "bad", "", title)
+
+
+def speedup_cell(base_ms: float, this_ms: float) -> views.Cell:
+    """A backend against the baseline backend: baseline median / this median ('12.65×')."""
+    s = conventions.speedup(base_ms, this_ms)
+    if s is None:
+        return views.Cell("–")
     title = f"baseline median {fmt(base_ms)} / this median {fmt(this_ms)}"
-    return views.Cell(text, "ok" if r >= 1 else "bad", "", title)
+    return views.Cell(conventions.speedup_text(base_ms, this_ms), "ok" if s >= 1 else "bad", "", title)
 
 
-def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
-    """Rows: case variants; columns: fwd / fwd+bwd / backward estimate (stored, else
-    median(fwd+bwd) − median(fwd)) / peak allocated / peak reserved, then the gain of the
-    fwd+bwd median over the baseline row (P2P and AllGather vs Ulysses, any backend vs the job's
-    baseline backend, eager unless the job names another); the column header names the baseline."""
+def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Pivot:
+    """Rows: case variants; columns: fwd / fwd+bwd / backward estimate (median(fwd+bwd) −
+    median(fwd) of the shown medians) / peak allocated / peak reserved, then against the baseline
+    row: the gain (time saved) of a CP mode over Ulysses, the speed-up of a backend over the
+    job's baseline backend (eager unless the job names another); the headers name the baseline.
+    `tracked` False (a CPU) shows allocator readings as "not tracked"."""
     rows = variants(cases)
     by_params = {views.params_key(v.params): v for v in rows}
 
     def cells(v: Variant) -> dict[str, views.Cell]:
         out: dict[str, views.Cell] = {}
         for name, m in v.metrics.items():
-            if _is_timing(m):
-                out[name] = _time_cell(m) if m.kind == "time" else _memory_cell(m)
+            if _is_timing(m) and name not in STORED_ESTIMATES:
+                out[name] = _time_cell(m) if m.kind == "time" else _memory_cell(m, tracked)
         fwd, both = v.metrics.get("fwd_ms"), v.metrics.get("fwd_bwd_ms")
-        if "bwd_est_ms" not in out and fwd is not None and both is not None and fwd.unit == both.unit:
-            est = both.median - fwd.median
+        if fwd is not None and both is not None and fwd.unit == both.unit:
+            est = conventions.bwd_estimate(fwd.median, both.median)
             out["bwd_est_ms"] = views.Cell(fmt(est, views.shown_unit(fwd.unit)), "none", "",
                                            "median(fwd+bwd) − median(fwd)")  # fmt: skip
         if not out:
@@ -308,28 +321,37 @@ def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         head, against = _headline(v), _baseline(v, by_params)
         if against is None:
             return out
-        base = against[0].metrics.get(head[0]) if head is not None else None
+        other, key, base_name = against
+        base = other.metrics.get(head[0]) if head is not None else None
         if head is not None and base is not None and base.median == base.median:
-            g = gain_cell(base.median, head[1])
-            out["gain"] = views.Cell(g.text, g.state, g.mark, f"{g.title} (vs {against[1]})")
-        mem = next((k for k in HEADLINE_MEMORY if k in v.metrics and k in against[0].metrics), None)
-        if mem is not None:
-            mine, theirs = views.worst(v.metrics[mem]), views.worst(against[0].metrics[mem])
+            cell = gain_cell(base.median, head[1]) if key == "mode" else speedup_cell(base.median, head[1])
+            column = "gain" if key == "mode" else "speedup"
+            out[column] = views.Cell(cell.text, cell.state, cell.mark, f"{cell.title} (vs {base_name})")
+        mem = next((k for k in HEADLINE_MEMORY if k in v.metrics and k in other.metrics), None)
+        if mem is not None and tracked:
+            mine, theirs = views.worst(v.metrics[mem]), views.worst(other.metrics[mem])
             if mine > 0 and theirs > 0:
                 out["memory_vs"] = views.memory_versus(mine, theirs, v.metrics[mem].unit)
         return out
 
     p = _pivot(rows, cells, TIMING_COLUMNS, label=_timing_label)
-    bases = " / ".join(sorted({b[1] for v in rows if (b := _baseline(v, by_params)) is not None}))
-    relative = {"gain": f"gain vs {bases}", "memory_vs": f"peak alloc vs {bases}"}
+    pairs = [b for v in rows if (b := _baseline(v, by_params)) is not None]
+    modes = " / ".join(sorted({b[2] for b in pairs if b[1] == "mode"}))
+    backends = " / ".join(sorted({b[2] for b in pairs if b[1] != "mode"}))
+    every = " / ".join(sorted({b[2] for b in pairs}))
+    relative = {"gain": f"gain vs {modes}", "speedup": f"speed-up vs {backends}",
+                "memory_vs": f"peak alloc vs {every}"}
     keys = {k for k, _ in p.columns}
     p.columns = [c for c in p.columns if c[0] not in relative] + [
         (k, label) for k, label in relative.items() if k in keys
     ]
     if "gain" in keys:
-        p.notes.append("gain: the baseline row's median fwd+bwd over this row's (same parameters, the CP "
-                       "mode Ulysses or else the job's baseline backend)")  # fmt: skip
-    p.notes.insert(0, "times: median of the slowest rank per repetition; memory: max over ranks")
+        p.notes.append("gain: time saved, (U − P) / U of the median fwd+bwd (U: the Ulysses row of the "
+                       "same parameters)")
+    if "speedup" in keys:
+        p.notes.append("speed-up: the baseline backend's median fwd+bwd / this row's (same parameters)")
+    p.notes.insert(0, "times: median of the slowest rank per repetition; bwd estimate: median(fwd+bwd) − "
+                      "median(fwd); memory: max over ranks")  # fmt: skip
     return p
 
 
@@ -391,12 +413,12 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 # ------------------------------------------------------------------------ one row per case variant
 
 
-def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Pivot:
     """What `gdnval run` prints: one row per case variant with its key numbers as columns (the
     bounded checks holding, the worst tensor relative-L2, fwd / fwd+bwd / peak and the gain
     from the timing table) and the metrics out of bound. Rows keep the cases' order."""
-    timing = {(r.fingerprint, r.variant): r.cells for r in timing_pivot(cases).rows}
-    keep = ("fwd_ms", "fwd_bwd_ms", *HEADLINE_MEMORY, "gain")
+    timing = {(r.fingerprint, r.variant): r.cells for r in timing_pivot(cases, tracked=tracked).rows}
+    keep = ("fwd_ms", "fwd_bwd_ms", *HEADLINE_MEMORY, "gain", "speedup")
 
     def cells(v: Variant) -> dict[str, views.Cell]:
         out: dict[str, views.Cell] = {}
@@ -418,7 +440,7 @@ def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         return out
 
     order = (("bounds", "bounds held"), ("worst_rel_l2", "worst rel-L2"), *TIMING_COLUMNS,
-             ("gain", "gain"), ("out_of_bound", "out of bound"))  # fmt: skip
+             ("gain", "gain"), ("speedup", "speed-up"), ("out_of_bound", "out of bound"))  # fmt: skip
     p = _pivot(variants(cases), cells, order, label=_timing_label)
     p.columns = [c for c in p.columns if c[0] != "out_of_bound"] + [
         c for c in p.columns if c[0] == "out_of_bound"
@@ -429,7 +451,7 @@ def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 # ----------------------------------------------------------------------- backends side by side
 
 BACKEND_MEASURES: tuple[tuple[str, str], ...] = (
-    ("fwd_bwd", "fwd+bwd"), ("ratio", "× {baseline}"), ("rel_l2", "worst rel-L2"), ("peak", "peak"),
+    ("fwd_bwd", "fwd+bwd"), ("ratio", "speed-up vs {baseline}"), ("rel_l2", "worst rel-L2"), ("peak", "peak"),
 )  # fmt: skip
 
 
@@ -453,8 +475,9 @@ def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, 
     if backend == baseline and "fwd_bwd" in out and out["fwd_bwd"].state != "bad":
         out["ratio"] = views.Cell("1 (baseline)")
     elif (m := ms.get("ratio_to_baseline")) is not None:
-        out["ratio"] = views.Cell(f"{fmt(m.median)}×", "none", "", "median fwd+bwd over the baseline's, "
-                                  "timed in the same case on the same inputs")  # fmt: skip
+        out["ratio"] = views.Cell(conventions.speedup_text(1.0, m.median), "none", "",
+                                  "the baseline's median fwd+bwd / this one's, timed in the same case "
+                                  "on the same inputs")  # fmt: skip
     if (cell := _worst_rel_l2(ms)) is not None:
         out["rel_l2"] = cell
     peak = next((ms[k] for k in HEADLINE_MEMORY if k in ms), None)
@@ -495,7 +518,7 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     columns = [(f"{b}|{k}", f"{b}: {label.format(baseline=baseline or 'baseline')}")
                for b in order for k, label in BACKEND_MEASURES if f"{b}|{k}" in present]  # fmt: skip
     p = Pivot(dims, columns, out)
-    p.notes.append("per backend: median fwd+bwd of the slowest rank, its ratio to the baseline backend "
+    p.notes.append("per backend: median fwd+bwd of the slowest rank, its speed-up over the baseline backend "
                    + (f"'{baseline}' " if baseline else "")
                    + "(timed in the same case), the worst tensor's relative-L2 (worst rank), the peak "
                    "allocated (max over ranks)")  # fmt: skip

@@ -20,6 +20,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from service.domain.numbers import fmt
+from service.presentation import conventions
+from service.presentation.conventions import BYTE_UNITS, human_bytes
 from workers import verdict
 
 # An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.
@@ -34,7 +36,6 @@ ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
 # `baseline_pairs`. The CP mode comes first: a P2P+Triton case is measured against
 # Ulysses+Triton, as in the report.
 BASELINE_PARAMS: tuple[tuple[str, str], ...] = (("mode", "ulysses"), ("backend", "eager"))
-BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 
 class MetricStats(Protocol):
@@ -255,14 +256,21 @@ def _baseline_of(c: CaseStats, m: MetricStats,
 TIME_UNITS = frozenset({"ns", "us", "µs", "ms", "s"})
 
 
-def speedup_text(base_ms: float, this_ms: float) -> Cell:
-    """base/this as '12.65×', with the percent gain for small factors (the report's style)."""
-    if not (base_ms > 0 and this_ms > 0) or math.isinf(base_ms) or math.isinf(this_ms):
+def speedup_text(base_ms: float, this_ms: float, *, cp_mode: bool = False) -> Cell:
+    """Against a CP mode (P2P vs Ulysses) the gain, time saved (U − P) / U ('17.0%'); against a
+    baseline backend the speed-up, base / this ('12.65×'): `service.presentation.conventions`."""
+    s = conventions.speedup(base_ms, this_ms)
+    if s is None:
         return Cell("–")
-    r = base_ms / this_ms
-    text = f"{r:.2f}×" if r >= 2 else f"{r:.3f}× ({(r - 1):+.1%})"
-    return Cell(text, "ok" if r >= 1 else "bad", "faster" if r >= 1 else "slower",
-                f"baseline median {fmt(base_ms)} / this median {fmt(this_ms)}")
+    text = conventions.gain_text(base_ms, this_ms) if cp_mode else conventions.speedup_text(base_ms, this_ms)
+    return Cell(text, "ok" if s >= 1 else "bad", "faster" if s >= 1 else "slower",
+                f"baseline median {fmt(base_ms)}, this median {fmt(this_ms)}")
+
+
+def _against_mode(label: str) -> bool:
+    """Whether a baseline label names the CP mode baseline (Ulysses) rather than a backend."""
+    mode_base = dict(BASELINE_PARAMS)["mode"]
+    return label.startswith(f"vs {mode_base}")
 
 
 @dataclass
@@ -280,43 +288,41 @@ class SpeedRow:
     span: int = 0
 
 
+# Backward estimates some suites store per rank (a difference reduced afterwards, which need not
+# equal the difference of the medians shown): the tables compute theirs from the medians instead.
+STORED_ESTIMATES = frozenset({"bwd_est_ms", "bwd_estimate_ms"})
+BWD_ESTIMATE = "bwd estimate"
+
+
 def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
     """One row per (case, time metric): median / p90 / min over the worst rank per repetition,
-    and the speed-up of the median against the baseline case's same metric."""
+    and the speed-up of the median against the baseline case's same metric (a CP mode's gain
+    over Ulysses); then the backward estimate, median(fwd+bwd) − median(fwd) of the rows above."""
     by_params = {params_key(c.params): c for c in cases}
     rows: list[SpeedRow] = []
     for c in cases:
         base = find_baseline(c, by_params)
         first = len(rows)
         for m in c.metrics.values():
-            if m.kind != "time":
+            if m.kind != "time" or m.metric in STORED_ESTIMATES:
                 continue
             sp, label = Cell("–"), ""
             against = _baseline_of(c, m, base) if m.unit in TIME_UNITS else None
             if against is not None:
-                sp = speedup_text(against[0].median, m.median)
                 label = against[1]
+                sp = speedup_text(against[0].median, m.median, cp_mode=_against_mode(label))
             n = f"{m.count}" + (f" × {m.ranks} ranks" if m.ranks > 1 else "")
             rows.append(SpeedRow(c.name, c.fingerprint, m.metric, m.unit, judge(m.median, m), fmt(m.p90),
                                  fmt(m.min), n, sp, label))
+        fwd, both = c.metrics.get("fwd_ms"), c.metrics.get("fwd_bwd_ms")
+        if fwd is not None and both is not None and fwd.unit == both.unit and fwd.kind == both.kind == "time":
+            est = conventions.bwd_estimate(fwd.median, both.median)
+            cell = Cell(fmt(est, shown_unit(fwd.unit)), title="median(fwd+bwd) − median(fwd)")
+            rows.append(SpeedRow(c.name, c.fingerprint, BWD_ESTIMATE, fwd.unit, cell, "–", "–", "–",
+                                 Cell("–")))  # fmt: skip
         if len(rows) > first:
             rows[first].span = len(rows) - first
     return rows
-
-
-def human_bytes(value: float, unit: str) -> str:
-    """Memory in MiB/GiB when the unit is a byte unit, else as given."""
-    scale = BYTE_UNITS.get(unit.strip().lower())
-    if scale is None or value != value:
-        return fmt(value, unit)
-    b = value * scale
-    if abs(b) >= 1024**3:
-        return f"{b / 1024**3:.2f} GiB"
-    if abs(b) >= 1024**2 or b == 0:
-        return f"{b / 1024**2:.1f} MiB"
-    if abs(b) >= 1024:
-        return f"{b / 1024:.1f} KiB"
-    return f"{b:.0f} B"
 
 
 def memory_versus(value: float, base: float, unit: str) -> Cell:
@@ -345,9 +351,10 @@ class MemoryRow:
     span: int = 0
 
 
-def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
+def memory_rows(cases: Sequence[CaseStats], *, tracked: bool = True) -> list[MemoryRow]:
     """One row per (case, memory metric): the max over ranks, and how many times lower than the
-    baseline case (the report's 'about 3.84× lower')."""
+    baseline case (the report's 'about 3.84× lower'). On a device that keeps no allocator
+    statistics (`tracked` False) the peak readings say "not tracked"."""
     by_params = {params_key(c.params): c for c in cases}
     rows: list[MemoryRow] = []
     for c in cases:
@@ -357,6 +364,10 @@ def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
             if m.kind != "memory":
                 continue
             v = worst(m)
+            if not tracked and conventions.allocator_reading(m.metric, m.unit):
+                untracked = Cell(conventions.NOT_TRACKED)
+                rows.append(MemoryRow(c.name, c.fingerprint, m.metric, untracked, Cell("–")))
+                continue
             cell = judge(v, m, unit="")
             cell = Cell(human_bytes(v, m.unit), cell.state, cell.mark, cell.title)
             versus, label = Cell("–"), ""

@@ -6,7 +6,7 @@ plain and a packed shape, with the one-off backend as the job's `baseline` (not 
 is stored as two jobs of the store. Then:
 - `gdnval report` puts the backends side by side, one row per shape, a column group per backend,
   each cell the stored number (the in-case ratio to the baseline, the worst tensor's rel-L2), and
-  names where each backend's code came from; its speed table's gain column is against the job's
+  names where each backend's code came from; its speed table's speed-up column is against the job's
   baseline backend and says so in its header;
 - the job page labels every table row and case with its backend and lists the backends' sources,
   and its speed-ups are against the job's baseline backend;
@@ -26,7 +26,6 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.domain.numbers import fmt
-from service.domain.report_tables import gain_cell
 from service.persistence import db
 from service.settings import Settings
 from tests.support.run_json import store_run
@@ -87,7 +86,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:2] == ["T", "packed"]
     for b in BACKENDS:  # a column group per backend, in the job's order
-        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × {ONE_OFF}",
+        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: speed-up vs {ONE_OFF}",
                                                                  f"{b}: worst rel-L2"]  # fmt: skip
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
@@ -99,14 +98,14 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
             worst = max((v, m.removesuffix("_rel_l2")) for (c, m), v in med.items()
                         if c == name and m.endswith("_rel_l2"))  # fmt: skip
             assert row[f"{b}: worst rel-L2"] == f"{fmt(worst[0])} ({worst[1]})"
-        assert row[f"{ONE_OFF}: × {ONE_OFF}"] == "1 (baseline)"
-        ratio = med[(by_backend["eager"], "ratio_to_baseline")]
-        assert row[f"eager: × {ONE_OFF}"] == f"{fmt(ratio)}×"  # measured in the case, not across cases
+        assert row[f"{ONE_OFF}: speed-up vs {ONE_OFF}"] == "1 (baseline)"
+        ratio = med[(by_backend["eager"], "ratio_to_baseline")]  # this / the baseline, timed in the case
+        assert row[f"eager: speed-up vs {ONE_OFF}"] == f"{1 / ratio:.2f}×"  # the speed-up: its inverse
 
-    # Speed and memory: the gain of each row over the same shape on the job's baseline backend
+    # Speed and memory: the speed-up of each row over the same shape on the job's baseline backend
     speed = [ln for ln in _section(md, "Speed and memory").splitlines() if ln.startswith("|")]
     header = [c.strip() for c in speed[0].strip("|").split("|")]
-    assert header[-1] == f"gain vs {ONE_OFF}" and not any("eager" in h for h in header), header
+    assert header[-1] == f"speed-up vs {ONE_OFF}" and not any("eager" in h for h in header), header
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in speed[2:]]
     assert len(rows) == 4
     for row in rows:
@@ -118,7 +117,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
             continue
         base = next(n for n, c in cases.items() if c["params"]["backend"] == ONE_OFF
                     and c["params"]["seq_len"] == cases[name]["params"]["seq_len"])  # fmt: skip
-        assert row[header[-1]] == gain_cell(med[(base, "fwd_bwd_ms")], med[(name, "fwd_bwd_ms")]).text
+        assert row[header[-1]] == f"{med[(base, 'fwd_bwd_ms')] / med[(name, 'fwd_bwd_ms')]:.2f}×"
 
 
 def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> None:

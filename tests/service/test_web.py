@@ -358,7 +358,7 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     # fla); the head's Triton is the planted 1.3x slower one: 1.12 / 1.3 = 0.86x
     sp = _row(page, "speed-table", fp8, metric="fwd_bwd_ms")
     expect(sp).to_contain_text(f"vs fla ({T8_FLA})")
-    gain = re.compile(r"^0\.8[5-7]\d× \(-1[2-5]\.\d%\) ?slower$")
+    gain = re.compile(r"^0\.8[5-7]× ?slower$")  # a backend's speed-up: baseline median / this one
     expect(sp.locator("td.num").nth(4)).to_contain_text(gain)
     mem = _row(page, "memory-table", fp8, metric="peak_bytes")
     expect(mem.locator("td.num").nth(0)).to_have_text("400.0 MiB")

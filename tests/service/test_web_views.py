@@ -79,7 +79,7 @@ def test_speed_rows_compute_speedup_against_the_eager_and_ulysses_siblings() -> 
     rows = {r.case: r for r in views.speed_rows([eager, triton, uly, p2p])}
     assert rows["triton"].speedup.text == "12.65×" and rows["triton"].speedup.mark == "faster"
     assert rows["triton"].baseline == "vs eager (eager)" and rows["triton"].n == "20 × 4 ranks"
-    assert rows["p2p"].speedup.text == "1.144× (+14.4%)"
+    assert rows["p2p"].speedup.text == "12.6%"  # a CP mode's gain: time saved, (114.4 − 100) / 114.4
     assert rows["eager"].speedup.text == "–" and rows["uly"].speedup.text == "–"
 
 
@@ -206,8 +206,30 @@ def test_p2p_triton_is_measured_against_ulysses_triton_first() -> None:
         return C(name, {"seq_len": 65536, "mode": mode, "backend": backend},
                  {"layer_ms": M("layer_ms", "time", ms, unit="ms")})
 
-    rows = {r.case: r for r in views.speed_rows([case("uly-tri", "ulysses", "triton", 117.0),
+    rows = {r.case: r for r in views.speed_rows([case("uly-tri", "ulysses", "triton", 160.283),
                                                   case("p2p-eager", "p2p", "eager", 900.0),
-                                                  case("p2p-tri", "p2p", "triton", 100.0)])}
+                                                  case("p2p-tri", "p2p", "triton", 132.973)])}
     assert rows["p2p-tri"].baseline == "vs ulysses (uly-tri)"
-    assert rows["p2p-tri"].speedup.text == "1.170× (+17.0%)"
+    assert rows["p2p-tri"].speedup.text == "17.0%"  # the report's pair: (U − P) / U
+
+
+def test_the_page_shows_the_backward_estimate_of_its_medians_not_a_stored_one() -> None:
+    case = C("p2p", {"mode": "p2p"}, {
+        "fwd_ms": M("fwd_ms", "time", 55.7, unit="ms"),
+        "fwd_bwd_ms": M("fwd_bwd_ms", "time", 72.81, unit="ms"),
+        "bwd_est_ms": M("bwd_est_ms", "time", 23.04, unit="ms"),  # a per-rank difference, reduced afterwards
+    })  # fmt: skip
+    rows = {r.metric: r for r in views.speed_rows([case])}
+    assert list(rows) == ["fwd_ms", "fwd_bwd_ms", views.BWD_ESTIMATE]
+    assert rows[views.BWD_ESTIMATE].median.text == fmt(72.81 - 55.7, "ms") == "17.11 ms"
+
+
+def test_untracked_peak_memory_is_not_zero() -> None:
+    case = C("cpu", {}, {
+        "peak_allocated_bytes": M("peak_allocated_bytes", "memory", 0.0, unit="bytes"),
+        "trace_bytes": M("trace_bytes", "memory", 2048.0, 2048.0, 2048.0, unit="bytes"),
+    })  # fmt: skip
+    rows = {r.metric: r for r in views.memory_rows([case], tracked=False)}
+    assert rows["peak_allocated_bytes"].value.text == "not tracked"
+    assert rows["trace_bytes"].value.text == "2.0 KiB"  # a file's size is a reading on any device
+    assert views.memory_rows([case])[0].value.text == "0.0 MiB"  # tracked: a real zero

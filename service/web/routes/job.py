@@ -22,6 +22,7 @@ from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.artifacts import artifact_url
 from service.persistence.models import FINAL_STATUSES, JobRow
+from service.presentation.conventions import memory_tracked
 from service.web import charts
 from service.web.deps import (
     api_samples_url,
@@ -208,7 +209,8 @@ def job_page(request: Request, job_id: int, session: Session = Depends(get_sessi
         request, "job.html", nav="jobs", job=_job_facts(job, utc_now()), cases=cviews,
         case_counts=_case_counts(cviews), acc_rows=acc, acc_columns=views.ACCURACY_COLUMNS,
         acc_other=any("other" in r.cells for r in acc), speed_rows=views.speed_rows(cases),
-        mem_rows=views.memory_rows(cases), traj_rows=views.value_rows(cases, "trajectory"),
+        mem_rows=views.memory_rows(cases, tracked=memory_tracked(job.device)),
+        traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
         deadline=_deadline(request, job), case_backends=views.case_backends(cases),
