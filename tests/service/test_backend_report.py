@@ -86,8 +86,8 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:2] == ["T", "packed"]
     for b in BACKENDS:  # a column group per backend, in the job's order
-        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: speed-up vs {ONE_OFF}",
-                                                                 f"{b}: worst rel-L2"]  # fmt: skip
+        want = [f"{b}: fwd+bwd", f"{b}: speed-up vs {ONE_OFF}", f"{b}: worst rel-L2"]
+        assert [h for h in header if h.startswith(f"{b}: ")] == want
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
     for row in rows:
