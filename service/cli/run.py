@@ -230,14 +230,18 @@ def case_stats(
 STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", "error": "red"}
 
 
-def _render_cases(console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool) -> int:
+def _render_cases(
+    console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool, device: str = "cuda"
+) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
     as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did
     not pass (a case skipped as not applicable did not fail) or hold a number out of bound.
+    Memory on a `device` without allocator statistics (cpu) reads "not tracked".
     Returns the number of rows printed."""
     from service.domain.report_tables import case_pivot
+    from service.domain.views import memory_tracked
 
-    pivot = case_pivot(stats)
+    pivot = case_pivot(stats, memory_tracked=memory_tracked(device))
     rows_of: dict[str, list[Any]] = defaultdict(list)
     for row in pivot.rows:
         rows_of[row.fingerprint].append(row)
@@ -316,7 +320,7 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
         _render_metrics(console, suite, cases, sink, summary)
     else:
         _render_cases(console, suite, case_stats(cases, sink, summary, device, world_size),
-                      failures=view == "failures")  # fmt: skip
+                      failures=view == "failures", device=device)  # fmt: skip
     for case in cases:
         status, error = sink.cases.get(case.name, ("not run", None))
         if status in ("failed", "error") and error:

@@ -102,6 +102,11 @@ def _is_cp(case: Any) -> bool:
     return any(isinstance(v, str) and v in CP_MODES for v in params.values()) or "cp_mode" in params
 
 
+def _tracked(job: Any) -> bool:
+    """Whether the job's device keeps allocator statistics (its memory cells hold bytes)."""
+    return views.memory_tracked(job.device)
+
+
 def job_report_markdown(
     jobs: Sequence[JobData],
     comparisons: Sequence[Comparison] = (),
@@ -146,10 +151,14 @@ def job_report_markdown(
     sections: tuple[tuple[str, Any, str], ...] = (
         ("Capability checks", lambda j: tables.check_pivot(j.cases), "_No check metrics._"),
         ("GDN accuracy matrix", lambda j: tables.accuracy_pivot(j.cases), "_No accuracy metrics._"),
-        ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)]), ""),
-        ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)]),
+        ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)],
+                                                                 memory_tracked=_tracked(j)), ""),
+        ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)],
+                                                           memory_tracked=_tracked(j)),
          "_No single-device timings._"),
-        ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)]), "_No CP timings._"),
+        ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)],
+                                                    memory_tracked=_tracked(j)),
+         "_No CP timings._"),
         ("Trajectories", lambda j: tables.trajectory_pivot(j.cases), "_No trajectories._"),
     )  # fmt: skip
     for heading, build, empty in sections:

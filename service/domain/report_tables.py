@@ -285,11 +285,24 @@ def gain_cell(base_ms: float, this_ms: float) -> views.Cell:
     return views.Cell(text, "ok" if r >= 1 else "bad", "", title)
 
 
-def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+def _untracked_memory(out: dict[str, views.Cell], metrics: Mapping[str, Any]) -> None:
+    """Memory cells of a device without allocator statistics: "not tracked" in place of every
+    byte cell (older jobs stored 0), and in the peak column where the case has timings but no
+    memory metric."""
+    if not out:
+        return
+    mem = [k for k, m in metrics.items() if m.kind == "memory"]
+    for k in mem or [HEADLINE_MEMORY[1]]:
+        out[k] = views.not_tracked_cell()
+    out.pop("memory_vs", None)
+
+
+def timing_pivot(cases: Sequence[views.CaseStats], *, memory_tracked: bool = True) -> Pivot:
     """Rows: case variants; columns: fwd / fwd+bwd / backward estimate (stored, else
     median(fwd+bwd) − median(fwd)) / peak allocated / peak reserved, then the gain of the
     fwd+bwd median over the baseline row (P2P and AllGather vs Ulysses, any backend vs the job's
-    baseline backend, eager unless the job names another); the column header names the baseline."""
+    baseline backend, eager unless the job names another); the column header names the baseline.
+    `memory_tracked` False (`views.memory_tracked` of the job's device): memory reads "not tracked"."""
     rows = variants(cases)
     by_params = {views.params_key(v.params): v for v in rows}
 
@@ -319,7 +332,13 @@ def timing_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
                 out["memory_vs"] = views.memory_versus(mine, theirs, v.metrics[mem].unit)
         return out
 
-    p = _pivot(rows, cells, TIMING_COLUMNS, label=_timing_label)
+    def cells_of(v: Variant) -> dict[str, views.Cell]:
+        out = cells(v)
+        if not memory_tracked:
+            _untracked_memory(out, v.metrics)
+        return out
+
+    p = _pivot(rows, cells_of, TIMING_COLUMNS, label=_timing_label)
     bases = " / ".join(sorted({b[1] for v in rows if (b := _baseline(v, by_params)) is not None}))
     relative = {"gain": f"gain vs {bases}", "memory_vs": f"peak alloc vs {bases}"}
     keys = {k for k, _ in p.columns}
@@ -391,11 +410,13 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 # ------------------------------------------------------------------------ one row per case variant
 
 
-def case_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+def case_pivot(cases: Sequence[views.CaseStats], *, memory_tracked: bool = True) -> Pivot:
     """What `gdnval run` prints: one row per case variant with its key numbers as columns (the
     bounded checks holding, the worst tensor relative-L2, fwd / fwd+bwd / peak and the gain
-    from the timing table) and the metrics out of bound. Rows keep the cases' order."""
-    timing = {(r.fingerprint, r.variant): r.cells for r in timing_pivot(cases).rows}
+    from the timing table) and the metrics out of bound. Rows keep the cases' order.
+    `memory_tracked` as in `timing_pivot`."""
+    timing = {(r.fingerprint, r.variant): r.cells
+              for r in timing_pivot(cases, memory_tracked=memory_tracked).rows}  # fmt: skip
     keep = ("fwd_ms", "fwd_bwd_ms", *HEADLINE_MEMORY, "gain")
 
     def cells(v: Variant) -> dict[str, views.Cell]:
@@ -443,7 +464,9 @@ def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
     return views.Cell(f"{cell.text} ({tensor})", cell.state, cell.mark, cell.title)
 
 
-def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, views.Cell]:
+def _backend_cells(
+    v: Variant, backend: str, baseline: str | None, memory_tracked: bool = True
+) -> dict[str, views.Cell]:
     """One backend's cells of a side-by-side row, keyed '<backend>|<measure>'."""
     ms, out = v.metrics, {}
     if not ms and v.case.status in ("errored", "failed"):
@@ -458,16 +481,19 @@ def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, 
     if (cell := _worst_rel_l2(ms)) is not None:
         out["rel_l2"] = cell
     peak = next((ms[k] for k in HEADLINE_MEMORY if k in ms), None)
-    if peak is not None:
+    if not memory_tracked and "fwd_bwd" in out:
+        out["peak"] = views.not_tracked_cell()
+    elif peak is not None:
         out["peak"] = _memory_cell(peak)
     return {f"{backend}|{k}": c for k, c in out.items()}
 
 
-def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+def backend_pivot(cases: Sequence[views.CaseStats], *, memory_tracked: bool = True) -> Pivot:
     """The single-device table with backends side by side, as the hand-written report's
     eager-vs-Triton table: one row per shape (the case parameters but the backend), a column
     group per backend (fwd+bwd median, its ratio to the baseline backend, the worst tensor's
-    relative-L2, the peak). Empty unless at least two backends ran."""
+    relative-L2, the peak). Empty unless at least two backends ran. `memory_tracked` as in
+    `timing_pivot`."""
     rows = [v for v in variants(cases) if views.backend_of(v.params) is not None]
     order = list(dict.fromkeys(views.backend_of(v.params) for v in rows))
     if len(order) < 2:
@@ -489,7 +515,7 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         texts = {k: (shape.case.name if k == "case" else _dim_text(k, shape.params.get(k))) for k, _ in dims}
         row = Row(first.case.name, first.case.fingerprint, texts)
         for v in vs:
-            row.cells.update(_backend_cells(v, str(views.backend_of(v.params)), baseline))
+            row.cells.update(_backend_cells(v, str(views.backend_of(v.params)), baseline, memory_tracked))
         out.append(row)
     present = {k for r in out for k in r.cells}
     columns = [(f"{b}|{k}", f"{b}: {label.format(baseline=baseline or 'baseline')}")

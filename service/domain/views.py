@@ -319,6 +319,19 @@ def human_bytes(value: float, unit: str) -> str:
     return f"{b:.0f} B"
 
 
+NOT_TRACKED_TEXT = "not tracked"
+
+
+def memory_tracked(device_kind: str | None) -> bool:
+    """Whether a job's device keeps allocator statistics: a CPU keeps none, so its memory
+    metrics are absent (older jobs stored 0 for them) and read "not tracked", never 0 bytes."""
+    return device_kind != "cpu"
+
+
+def not_tracked_cell() -> Cell:
+    return Cell(NOT_TRACKED_TEXT, "none", "", "this device keeps no allocator statistics")
+
+
 def memory_versus(value: float, base: float, unit: str) -> Cell:
     """'3.84× lower' for a real factor; near parity (within 5%) the difference itself,
     '12.0 MiB higher (+0.2%)', since '1.00× higher' says nothing."""
@@ -345,14 +358,19 @@ class MemoryRow:
     span: int = 0
 
 
-def memory_rows(cases: Sequence[CaseStats]) -> list[MemoryRow]:
+def memory_rows(cases: Sequence[CaseStats], *, tracked: bool = True) -> list[MemoryRow]:
     """One row per (case, memory metric): the max over ranks, and how many times lower than the
-    baseline case (the report's 'about 3.84× lower')."""
+    baseline case (the report's 'about 3.84× lower'). On a device without allocator statistics
+    (`tracked` False, `memory_tracked`) every timed case gets one row reading "not tracked"."""
     by_params = {params_key(c.params): c for c in cases}
     rows: list[MemoryRow] = []
     for c in cases:
         base = find_baseline(c, by_params)
         first = len(rows)
+        if not tracked:
+            if any(m.kind in ("time", "memory") for m in c.metrics.values()):
+                rows.append(MemoryRow(c.name, c.fingerprint, "peak memory", not_tracked_cell(), Cell("–")))
+            continue
         for m in c.metrics.values():
             if m.kind != "memory":
                 continue

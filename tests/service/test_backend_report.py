@@ -88,7 +88,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     assert header[:2] == ["T", "packed"]
     for b in BACKENDS:  # a column group per backend, in the job's order
         assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × {ONE_OFF}",
-                                                                 f"{b}: worst rel-L2"]  # fmt: skip
+                                                                 f"{b}: worst rel-L2", f"{b}: peak"]  # fmt: skip
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
     for row in rows:
@@ -100,6 +100,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
                         if c == name and m.endswith("_rel_l2"))  # fmt: skip
             assert row[f"{b}: worst rel-L2"] == f"{fmt(worst[0])} ({worst[1]})"
         assert row[f"{ONE_OFF}: × {ONE_OFF}"] == "1 (baseline)"
+        assert all(row[f"{b}: peak"] == "not tracked" for b in BACKENDS)  # a CPU job: no bytes, no 0
         ratio = med[(by_backend["eager"], "ratio_to_baseline")]
         assert row[f"eager: × {ONE_OFF}"] == f"{fmt(ratio)}×"  # measured in the case, not across cases
 
@@ -113,6 +114,7 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
         backend = row["backend"].split("]")[0].lstrip("[")
         name = next(n for n, c in cases.items() if c["params"]["backend"] == backend
                     and str(c["params"]["seq_len"]) == row["T"])  # fmt: skip
+        assert row["peak alloc"] == "not tracked"
         if backend == ONE_OFF:
             assert row[header[-1]] == "–"  # the baseline itself
             continue
