@@ -15,9 +15,10 @@ B = 1, stateful, D = 128, bf16: the inputs of the gdn-op suite and of benchmarks
 - ratio suite / do_bench, PASS when within the tolerance.
 A backend that cannot run here (not installed, no GPU) is listed with its reason. Rows already
 in `--out` are kept and a row of the same (T, backend) replaced, so one process per backend (each
-with its own PYTHONPATH, benchmarks/kernel_session.sh's `timing` step) builds one table. On a
-CPU (`--device cpu`, for the tests) a host clock stands in for do_bench. Exit code 1 when a row
-fails or errors.
+with its own PYTHONPATH, benchmarks/kernel_session.sh's `timing` step) builds one table.
+`--compile-only` runs each call once untimed, so that compiles can fill the on-disk caches of
+all backends at once, in parallel, before each is timed alone. On a CPU (`--device cpu`, for the
+tests) a host clock stands in for do_bench. Exit code 1 when a row fails or errors.
 """
 
 from __future__ import annotations
@@ -136,6 +137,29 @@ def check_row(backend: str, T: int, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def compile_only(backend: str, T: int, args: argparse.Namespace) -> str:
+    """One fwd+bwd of the backend's own call and of the suite's at T, nothing timed: fills the
+    on-disk compile caches (Triton's, TileLang's) so that a later timing process starts warm.
+    Returns what happened, for the log."""
+    import torch
+
+    import benchmarks.bench_gdn_peers as peers
+    from gdn import GDNShape, get_backend
+    from gdn import device as devices
+    from workers.suites.gdn_op import timed_calls
+
+    shape = GDNShape(1, T, args.qk_heads, args.v_heads, args.head_dim, args.head_dim)
+    reason = get_backend(backend).unsupported(shape, getattr(torch, args.dtype), torch.device(args.device))
+    if reason is not None:
+        return f"skipped: {reason}"
+    t0 = time.time()
+    x = peers.leaves(peers.make_inputs(T, args.qk_heads, 1000, torch.device(args.device)))
+    peers.fwd_bwd(peers.caller(PEER_NAMES[backend]), x)
+    timed_calls(backend, {**x, "cu": None}, final=True)[1]()
+    devices.synchronize(args.device)
+    return f"compiled in {time.time() - t0:.0f} s"
+
+
 def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`old` rows with those of `new` added, a row of the same (T, backend) replaced."""
     fresh = {(r["T"], r["backend"]) for r in new}
@@ -183,6 +207,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="q/k/v/beta/dO dtype (a CPU has no fast bf16 products)")
     ap.add_argument("--out", required=True, type=Path, help="JSON file; its rows are kept and updated")
+    ap.add_argument("--print", dest="print_only", action="store_true",
+                    help="print the table of the rows in --out and exit (1 when one fails or errors)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="one untimed fwd+bwd per length (fills the compile caches); --out is not written")
     args = ap.parse_args(argv)
     args.backend_list = [b for b in args.backends.split(",") if b]
     args.lens = [int(t) for t in args.seq_lens.split(",") if t]
@@ -195,7 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import benchmarks.bench_gdn_peers as peers
 
+    if args.print_only:
+        doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        rows = doc.get("rows", [])
+        print(table(rows, doc.get("tolerance", args.tolerance)), flush=True)
+        return 1 if not rows or any(verdict(r) in ("FAIL", "ERROR") for r in rows) else 0
     peers.HV, peers.DH = args.v_heads, args.head_dim
+    if args.compile_only:
+        for T in args.lens:
+            for backend in args.backend_list:
+                print(f"T={T} {backend}: {compile_only(backend, T, args)}", flush=True)
+        return 0
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     doc.setdefault("rows", [])
     doc["tolerance"] = args.tolerance
