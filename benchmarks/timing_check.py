@@ -238,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc.setdefault("rows", [])
     doc["tolerance"] = args.tolerance
     doc.setdefault("commands", []).append(" ".join(sys.argv))
+    from gdn import device as devices
+    from workers.provenance import backend_provenance
+
+    doc["device"] = devices.device_info(args.device)
+    for backend in args.backend_list:  # where each backend's code came from, in its own process
+        doc.setdefault("backends", {})[backend] = backend_provenance(backend)
     for T in args.lens:
         for backend in args.backend_list:
             row = check_row(backend, T, args)

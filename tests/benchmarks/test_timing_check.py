@@ -43,6 +43,8 @@ def test_cpu_run_measures_the_suite_and_the_reference_method(
     unknown = next(r for r in doc["rows"] if r["backend"] == "no-such-backend")
     assert "registered backends" in unknown["skipped"]
     assert len(doc["commands"]) == 2
+    assert doc["device"]["device_kind"] == "cpu" and doc["backends"]["eager"]["distribution"] == "gdnval"
+    assert "error" in doc["backends"]["no-such-backend"]
     capsys.readouterr()
     assert main(["--print", "--out", str(out)]) == 0  # what the session prints last: every row
     printed = capsys.readouterr().out.splitlines()
