@@ -87,8 +87,8 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header[:2] == ["T", "packed"]
     for b in BACKENDS:  # a column group per backend, in the job's order
-        assert [h for h in header if h.startswith(f"{b}: ")] == [f"{b}: fwd+bwd", f"{b}: × {ONE_OFF}",
-                                                                 f"{b}: worst rel-L2", f"{b}: peak"]  # fmt: skip
+        group = [f"{b}: fwd+bwd", f"{b}: × {ONE_OFF}", f"{b}: worst rel-L2", f"{b}: peak"]
+        assert [h for h in header if h.startswith(f"{b}: ")] == group
     rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in table[2:]]
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
     for row in rows:
