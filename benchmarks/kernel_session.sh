@@ -18,6 +18,10 @@
 #          sanitize[:T[:STAGES]]   benchmarks/ready_walk_probe.py under compute-sanitizer's memcheck
 #                             (wheel: .whl/san/nvidia_cuda_sanitizer_api-13.0.*.whl): which launch of the
 #                             walks on operands formed ahead goes out of bounds at STAGES (default 1)
+#          timing[:LENS]       the gdn-op suite's fwd+bwd beside do_bench of each backend's own call
+#                             (benchmarks/timing_check.py; LENS default 16384,65536; stateful, 32/32):
+#                             the three backends compile at once (untimed, filling the on-disk caches),
+#                             then each is timed alone, in its own process; $OUT/timing.json, ~400 s cold
 #          suite:NAME:PRESET:LIMIT   any suite on one GPU (benchmarks/run_suite.py), parameter overrides
 #                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
@@ -44,6 +48,14 @@ setup_qla() {
 setup_py() {
     [ -d /tmp/site_py ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target /tmp/site_py .whl/py/*.whl >>"$OUT/summary.txt" 2>&1
+}
+
+timing_check() {  # limit, backend, extra PYTHONPATH, args... (FLA_FLASH_QLA from the caller)
+    local limit=$1 backend=$2 path=$3
+    shift 3
+    PYTHONPATH="$ROOT:/tmp/site_py${path:+:$path}" timeout "$limit" python3 benchmarks/timing_check.py \
+        --backends "$backend" --out "$OUT/timing.json" "$@" 2>&1 | grep -v TileLang >>"$OUT/timing.log"
+    echo "timing $backend${*:+ $*} rc=${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
 }
 
 bench() {  # tag, limit, backend, extra PYTHONPATH, args...
@@ -109,6 +121,19 @@ for step in "$@"; do
                 >"$OUT/sanitize.log" 2>&1
             echo "$step rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
             grep -m 12 -E "Invalid|at 0x|by thread|FAILED|ran$" "$OUT/sanitize.log" ;;
+        timing)
+            setup_py; setup_fla; setup_qla
+            t0=$SECONDS lens=${a:-16384,65536}
+            # FLA from a folder without flash_qla, with its switch off; FlashQLA from its own folder
+            timing_check 200 triton "" --seq-lens "$lens" --compile-only &
+            FLA_FLASH_QLA=0 timing_check 200 fla /tmp/site_fla --seq-lens "$lens" --compile-only &
+            timing_check 200 flashqla /tmp/site_qla --seq-lens "$lens" --compile-only &
+            wait
+            timing_check 50 triton "" --seq-lens "$lens"
+            FLA_FLASH_QLA=0 timing_check 70 fla /tmp/site_fla --seq-lens "$lens"
+            timing_check 70 flashqla /tmp/site_qla --seq-lens "$lens"
+            PYTHONPATH=$ROOT python3 benchmarks/timing_check.py --print --out "$OUT/timing.json" | tee -a "$OUT/summary.txt"
+            echo "$step took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         suite)
             IFS=: read -r _ name preset limit <<<"$step"
             setup_py; setup_fla; setup_qla

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -204,6 +205,66 @@ def eager_core(
     )  # fmt: skip
 
 
+# Signatures of requests that passed every check of `_check_request`, each with its backend.
+# Those checks depend on nothing but the backend, the options and each tensor's type, shape,
+# dtype and device (a capability check is a function of shape, dtype and device), so a repeated
+# call with the same signature skips them: a dictionary look-up instead of tens of microseconds
+# of host time, which a backend that launches about as fast as its kernels run adds to its time.
+# The signature holds the backend's id; the entry holds the backend, so that id is not reused.
+_PASSED: dict[tuple[object, ...], object] = {}
+_PASSED_MAX = 1024
+
+
+def _signature(
+    impl: object, chunk_size: int, extra: dict[str, object], tensors: tuple[object, ...]
+) -> tuple[object, ...] | None:
+    """What the checks read from one request, or None when an argument is not a tensor (the
+    full checks then name it)."""
+    sig: list[object] = [id(impl), chunk_size, *sorted(extra)] if extra else [id(impl), chunk_size]
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+        elif isinstance(t, torch.Tensor):
+            sig += (t.shape, t.dtype, t.device)
+        else:
+            return None
+    return tuple(sig)
+
+
+def _check_request(
+    impl: Any,
+    backend: object,
+    chunk_size: int,
+    extra: dict[str, object],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> None:
+    """Every fail-fast check of `gated_delta_rule`: the inputs, the options the backend takes,
+    and the backend's capability for this shape, dtype and device."""
+    _validate_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    if chunk_size < 1:
+        raise UnsupportedGDNRequest(f"chunk_size must be >= 1, got {chunk_size}")
+    refused = sorted(set(extra) - impl.options)
+    if any(n.startswith("on_") for n in refused):
+        raise UnsupportedGDNRequest(
+            f"on_final_state / on_initial_state_grad need backend='triton' (backend {backend!r} has "
+            "no stage boundary to call them at)"
+        )
+    if refused:
+        raise UnsupportedGDNRequest(
+            f"chunk_size={chunk_size} is not supported by backend {backend!r}, which runs its own "
+            f"chunking; leave chunk_size at {TRITON_CHUNK_SIZE} or use backend='eager'"
+        )
+    reason = impl.unsupported(GDNShape.of(q, v, cu_seqlens), v.dtype, q.device)
+    if reason is not None:
+        raise UnsupportedGDNRequest(reason)
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -236,28 +297,21 @@ def gated_delta_rule(
     from gdn.backends import get_backend
 
     impl = get_backend(backend)
-    _validate_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
-    if chunk_size < 1:
-        raise UnsupportedGDNRequest(f"chunk_size must be >= 1, got {chunk_size}")
     extra: dict[str, object] = {"chunk_size": chunk_size} if chunk_size != TRITON_CHUNK_SIZE else {}
     if on_final_state is not None:
         extra["on_final_state"] = on_final_state
     if on_initial_state_grad is not None:
         extra["on_initial_state_grad"] = on_initial_state_grad
-    refused = sorted(set(extra) - impl.options)
-    if any(n.startswith("on_") for n in refused):
-        raise UnsupportedGDNRequest(
-            f"on_final_state / on_initial_state_grad need backend='triton' (backend {backend!r} has "
-            "no stage boundary to call them at)"
-        )
-    if refused:
-        raise UnsupportedGDNRequest(
-            f"chunk_size={chunk_size} is not supported by backend {backend!r}, which runs its own "
-            f"chunking; leave chunk_size at {TRITON_CHUNK_SIZE} or use backend='eager'"
-        )
-    reason = impl.unsupported(GDNShape.of(q, v, cu_seqlens), v.dtype, q.device)
-    if reason is not None:
-        raise UnsupportedGDNRequest(reason)
+    key = _signature(impl, chunk_size, extra, (q, k, v, g, beta, initial_state, cu_seqlens))
+    if key is not None and _PASSED.get(key) is impl:
+        if cu_seqlens is not None:  # its values can change between calls of one signature
+            check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=q.shape[1])
+    else:
+        _check_request(impl, backend, chunk_size, extra, q, k, v, g, beta, initial_state, cu_seqlens)
+        if key is not None:
+            if len(_PASSED) >= _PASSED_MAX:
+                _PASSED.clear()
+            _PASSED[key] = impl
     return impl.fn(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,

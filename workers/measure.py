@@ -1,8 +1,8 @@
 """Measurement helpers shared by every suite: timing repetitions, memory, tensor errors.
 
 The report's method (docs/benchmarks.md gives it beside each table): warm up (which also
-absorbs Triton compile and autotune), then time each repetition with device events; reset peak
-memory after warm-up.
+absorbs Triton compile and autotune), then time the repetitions back to back with device events
+(`time_repeats`, the method of `triton.testing.do_bench`); reset peak memory after warm-up.
 
 Suites emit raw per-rank samples (rank = this rank, idx = repetition or step). The worst rank of
 each idx (max for lower-is-better metrics, min for higher-is-better) is applied when samples are
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,27 +25,64 @@ from workers.suite import Sample
 from workers.verdict import relative_l2
 
 
+class RepeatTimer(Protocol):
+    """Brackets one repetition: `start()` and `stop()` mark it, `elapsed_ms()` reads it later.
+
+    On an accelerator the marks are device events (gdn.device.DeviceTimer): recording them waits
+    for nothing, and reading waits only for that repetition's end event."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def elapsed_ms(self) -> float: ...
+
+
 def time_repeats(
-    ctx: RankContext, fn: Callable[[], object], *, warmup: int = 5, repeat: int = 20
+    ctx: RankContext,
+    fn: Callable[[], object],
+    *,
+    warmup: int = 5,
+    repeat: int = 20,
+    before: Callable[[], object] | None = None,
+    timer: Callable[[], RepeatTimer] | None = None,
 ) -> list[float]:
     """This rank's milliseconds for each of `repeat` calls of `fn`, after `warmup` untimed calls.
 
-    Ranks are aligned by a barrier before each repetition so that rank-max measures the slowest
-    rank of the same repetition, not accumulated skew.
+    Device time measured back to back, as `triton.testing.do_bench` does: every repetition is
+    bracketed by its own pair of device events and issued without waiting for the one before, and
+    the times are read after the last. The host therefore runs ahead of the device, and a
+    backend's launch time counts only where it exceeds its device time; waiting for the device
+    after every call would add each backend's own launch time to its time, unequally. On a CPU
+    the marks are a host clock around each call, which is the call's time.
+
+    `before` runs ahead of every call, outside the timed region (resetting gradients, say); it
+    must not wait for the device. Ranks are aligned by one barrier before the first repetition
+    on an accelerator (the collectives inside `fn` keep them together from there) and by one
+    before every repetition on a CPU, so rank-max measures the slowest rank of one repetition.
+    `timer` makes the per-repetition timers (default: `DeviceTimer` on this rank's device).
     """
+    make = timer or (lambda: devices.DeviceTimer(ctx.device))
     for _ in range(warmup):
+        if before is not None:
+            before()
         fn()
     devices.synchronize(ctx.device)
-    times: list[float] = []
-    timer = devices.DeviceTimer(ctx.device)
+    host_clock = ctx.device_kind == "cpu"
+    if ctx.distributed and not host_clock:
+        collectives.barrier(ctx.group, "timing repetitions")
+    timers: list[RepeatTimer] = []
     for _ in range(repeat):
-        if ctx.distributed:
+        if before is not None:
+            before()
+        if ctx.distributed and host_clock:
             collectives.barrier(ctx.group, "timing repetition")
-        timer.start()
+        t = make()
+        t.start()
         fn()
-        timer.stop()
-        times.append(timer.elapsed_ms())
-    return times
+        t.stop()
+        timers.append(t)
+    return [t.elapsed_ms() for t in timers]
 
 
 class ReferenceWork:
@@ -67,7 +104,12 @@ class ReferenceWork:
 
 
 def time_against_reference(
-    ctx: RankContext, fn: Callable[[], object], *, warmup: int = 5, repeat: int = 20
+    ctx: RankContext,
+    fn: Callable[[], object],
+    *,
+    warmup: int = 5,
+    repeat: int = 20,
+    before: Callable[[], object] | None = None,
 ) -> tuple[list[float], list[float]]:
     """(milliseconds, reference-relative times) of `repeat` calls of `fn` on a CPU rank.
 
@@ -75,10 +117,13 @@ def time_against_reference(
     tenants of the host), which swamps any change in a wall-clock comparison of two jobs run
     minutes apart. Each call is timed between two runs of `ReferenceWork`, and its time over the
     mean of those two is the relative time: the drift slows both and cancels in the ratio (its
-    minimum effect: `workers.verdict.REFERENCE_RELATIVE_MIN_EFFECT`).
+    minimum effect: `workers.verdict.REFERENCE_RELATIVE_MIN_EFFECT`). `before` runs ahead of
+    every call, untimed, as in `time_repeats`.
     """
     ref = ReferenceWork()
     for _ in range(warmup):
+        if before is not None:
+            before()
         fn()
     ref()
     timer = devices.DeviceTimer(ctx.device)
@@ -92,6 +137,8 @@ def time_against_reference(
     times: list[float] = []
     refs = [timed(ref)]
     for _ in range(repeat):
+        if before is not None:
+            before()
         if ctx.distributed:
             collectives.barrier(ctx.group, "timing repetition")
         times.append(timed(fn))

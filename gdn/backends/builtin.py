@@ -13,6 +13,7 @@ a result labelled `fla` never comes from FlashQLA.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from gdn.backends.base import Backend
-from gdn.ops import GDNShape, UnsupportedGDNRequest, check_triton_gdn, eager_core
+from gdn.ops import GDNShape, UnsupportedGDNRequest, check_triton_gdn, eager_core, triton_interpreter_on
 
 FLA_FLASH_QLA_ENV = "FLA_FLASH_QLA"
 PEER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -38,13 +39,28 @@ def _triton_check(shape: GDNShape, dtype: torch.dtype, device: torch.device) -> 
     return None
 
 
+@functools.lru_cache(maxsize=256)
+def _triton_reason(
+    shape: GDNShape, device: torch.device, dtype: torch.dtype, chunk_size: int, interpreter: bool
+) -> str | None:
+    """`check_triton_gdn`'s refusal, once per request signature (`interpreter`: the Triton
+    interpreter's switch, which the CPU check reads, is part of the signature)."""
+    try:
+        check_triton_gdn(shape, device=device, dtype=dtype, chunk_size=chunk_size)
+    except UnsupportedGDNRequest as exc:
+        return str(exc)
+    return None
+
+
 def _triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     cu_seqlens: torch.Tensor | None, chunk_size: int = 64, on_final_state: Any = None,
     on_initial_state_grad: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    check_triton_gdn(GDNShape.of(q, v), device=q.device, dtype=v.dtype, chunk_size=chunk_size)
+    reason = _triton_reason(GDNShape.of(q, v), q.device, v.dtype, chunk_size, triton_interpreter_on())
+    if reason is not None:
+        raise UnsupportedGDNRequest(reason)
     if cu_seqlens is not None:
         if on_final_state is not None or on_initial_state_grad is not None:
             raise UnsupportedGDNRequest(
@@ -91,21 +107,27 @@ def _fla_check(shape: GDNShape, dtype: torch.dtype, device: torch.device) -> str
     return _peer_check("fla", "fla", "fla", shape, dtype, device) or pure_fla_reason()
 
 
-def _fla(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
-    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
-    cu_seqlens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    reason = pure_fla_reason()  # before the first `import fla` of the process
-    if reason is not None:
-        raise UnsupportedGDNRequest(reason)
+@functools.cache
+def _fla_fn() -> Any:
+    """FLA's `chunk_gated_delta_rule`, imported once (an import statement per call is host time)."""
     import fla.ops.common.chunk_o as fla_chunk_o
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     # FLA 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its issue 640); we set
     # its own flag to time it and record its accuracy beside ours.
     fla_chunk_o.TRITON_ABOVE_3_7_1 = True
-    return chunk_gated_delta_rule(
+    return chunk_gated_delta_rule
+
+
+def _fla(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+    scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    reason = pure_fla_reason()  # before the first `import fla` of the process, and every call
+    if reason is not None:
+        raise UnsupportedGDNRequest(reason)
+    return _fla_fn()(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
@@ -115,14 +137,20 @@ def _flashqla_check(shape: GDNShape, dtype: torch.dtype, device: torch.device) -
     return _peer_check("flashqla", "flash_qla", "flashqla", shape, dtype, device)
 
 
+@functools.cache
+def _flashqla_fn() -> Any:
+    """FlashQLA's `chunk_gated_delta_rule`, imported once."""
+    from flash_qla import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule
+
+
 def _flashqla(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    from flash_qla import chunk_gated_delta_rule
-
-    return chunk_gated_delta_rule(
+    return _flashqla_fn()(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip

@@ -204,7 +204,8 @@ def test_speed_case_reports_every_repetition(results: list[dict[str, Any]]) -> N
         s = r["speed"]
         assert len(s["fwd_ms"]) == len(s["fwd_bwd_ms"]) == len(s["step_ms"]) == 2
         assert all(v > 0 for v in s["fwd_ms"] + s["fwd_bwd_ms"] + s["step_ms"])
-        assert len(s["peak_allocated_bytes"]) == 1 and len(s["peak_reserved_bytes"]) == 1
+        # a CPU keeps no allocator statistics: no memory sample, rather than a 0 read as a measurement
+        assert "peak_allocated_bytes" not in s and "peak_reserved_bytes" not in s
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -217,7 +218,7 @@ def test_stability(results: list[dict[str, Any]], mode: str) -> None:
         assert s["passes_done"] == [20.0]
         assert s["finite"] == [1.0] * 20
         assert all(suite.metric(name).passes(v) for name, vs in s.items() for v in vs)
-        assert s["memory_growth_bytes"][0] <= 1 << 20
+        assert "memory_growth_bytes" not in s and "peak_allocated_bytes" not in s  # not tracked on a CPU
         if mode == "p2p":
             assert s["order_checks"][0] > 0  # the state chain's messages were order-checked
 

@@ -56,3 +56,53 @@ def test_the_full_per_metric_table_stays_behind_a_flag() -> None:
     rows = [ln for ln in text.splitlines() if "fwd_bwd_ms (ms)" in ln]
     assert len(rows) == json.loads(RUN.read_text())["case_counts"]["passed"]
     assert "padding_output_max_abs (abs)" in text
+
+
+def _with_samples(extra: list[Sample], device: str) -> str:
+    """The recorded CPU run, with `extra` samples, rendered as if it ran on `device`."""
+    doc = json.loads(RUN.read_text())
+    suite = get_suite("cp-layer")
+    cases = suite.cases(suite.resolve_params("quick"))
+    sink = CollectingSink()
+    sink.samples([Sample(s["case"], s["metric"], float("nan") if s["value"] is None else s["value"],
+                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]] + extra)  # fmt: skip
+    for c in doc["cases"]:
+        sink.case_result(c["name"], c["status"], c["error"])
+    console = Console(record=True, width=400, color_system=None)
+    _render(console, suite, cases, sink, device, 2, view="cases")
+    return console.export_text()
+
+
+def test_memory_a_cpu_does_not_track_reads_not_tracked() -> None:
+    """A CPU run stores no memory samples; its table says so instead of printing 0 bytes, also
+    for a run that stored 0 (as network and stability did on a CPU)."""
+    text = rendered("cases")
+    assert "MiB" not in text and " B " not in text  # no samples: no memory column at all
+    case = "p2p_eager_T128_B1_float32"
+    zeros = [Sample(case, "peak_allocated_bytes", 0.0, rank=r) for r in (0, 1)]
+    on_cpu = _with_samples(zeros, "cpu")
+    row = next(ln for ln in on_cpu.splitlines() if case in ln)
+    assert "not tracked" in row and "0.0 MiB" not in on_cpu
+    # the device decides: the same stored zero on a GPU is a measured 0 bytes
+    assert "0.0 MiB" in next(ln for ln in _with_samples(zeros, "cuda").splitlines() if case in ln)
+
+
+def test_job_page_memory_rows_read_not_tracked_on_a_cpu() -> None:
+    """Zeros stored by an older CPU job read "not tracked" on the job page; on a GPU they are bytes."""
+    from service.cli.run import case_stats, summarise
+    from service.domain import views
+    from service.presentation.conventions import memory_tracked
+
+    doc = json.loads(RUN.read_text())
+    suite = get_suite("cp-layer")
+    cases = suite.cases(suite.resolve_params("quick"))
+    case = "p2p_eager_T128_B1_float32"
+    sink = CollectingSink()
+    sink.samples([Sample(s["case"], s["metric"], s["value"] or 0.0, rank=s["rank"], idx=s["idx"])
+                  for s in doc["samples"]]
+                 + [Sample(case, "peak_allocated_bytes", 0.0, rank=r) for r in (0, 1)])  # fmt: skip
+    stats = case_stats(cases, sink, summarise(suite, sink.samples_), "cpu", 2)
+    rows = views.memory_rows(stats, tracked=memory_tracked("cpu"))
+    assert rows and all(r.value.text == "not tracked" for r in rows)
+    on_gpu = views.memory_rows(stats, tracked=memory_tracked("cuda"))
+    assert on_gpu and all("not tracked" not in r.value.text for r in on_gpu)

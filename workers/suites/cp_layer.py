@@ -361,9 +361,11 @@ def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any)
     def fwd() -> None:
         layer(x_loc, m_loc, cu)
 
-    def fwd_bwd() -> None:
+    def reset() -> None:
         layer.zero_grad(set_to_none=True)
         x_loc.grad = None
+
+    def fwd_bwd() -> None:
         layer(x_loc, m_loc, cu).backward(dy_loc)
 
     # The first call (shape check, Triton compile) makes a rank wait for its peer's compile: the
@@ -371,6 +373,7 @@ def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any)
     fwd_bwd()
     devices.synchronize(ctx.device)
     cp.stats.reset()
+    reset()
     fwd_bwd()
     devices.synchronize(ctx.device)
     s, r = cp.stats.sent, cp.stats.received
@@ -388,17 +391,22 @@ def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any)
     wait = cp.stats.wait_ms.get("state_fwd", 0.0) + cp.stats.wait_ms.get("state_bwd", 0.0)
     yield Sample(name, "chain_wait_ms", wait, rank=ctx.rank)
     if p["timing"]:
-        yield from _timing(ctx, name, p, fwd, fwd_bwd)
+        yield from _timing(ctx, name, p, fwd, fwd_bwd, reset)
 
 
-def _timing(ctx: RankContext, name: str, p: dict[str, Any], fwd: Any, fwd_bwd: Any) -> Iterator[Sample]:
+def _timing(
+    ctx: RankContext, name: str, p: dict[str, Any], fwd: Any, fwd_bwd: Any, reset: Any
+) -> Iterator[Sample]:
+    """fwd and fwd+bwd repetitions (`reset` drops the gradients between them, untimed) and the
+    full-process peak memory of one fwd+bwd."""
     import torch
 
     from workers.measure import measure_peak_memory, time_repeats, time_samples
 
     with torch.enable_grad():
         t_fwd = time_repeats(ctx, fwd, warmup=p["warmup"], repeat=p["repeat"])
-        t_fb = time_repeats(ctx, fwd_bwd, warmup=p["warmup"], repeat=p["repeat"])
+        t_fb = time_repeats(ctx, fwd_bwd, warmup=p["warmup"], repeat=p["repeat"], before=reset)
+        reset()
         mem = measure_peak_memory(ctx, fwd_bwd, incremental=False)
     yield from time_samples(ctx, name, "fwd_ms", t_fwd)
     yield from time_samples(ctx, name, "fwd_bwd_ms", t_fb)
@@ -430,9 +438,11 @@ def _in_process(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iter
     def fwd() -> None:
         forward()
 
-    def fwd_bwd() -> None:
+    def reset() -> None:
         layer.zero_grad(set_to_none=True)
         x.grad = None
+
+    def fwd_bwd() -> None:
         forward().backward(dy)
 
     if emulated:
@@ -443,7 +453,7 @@ def _in_process(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iter
         yield Sample(name, "hops_state_fwd", stats.forward_hops, rank=ctx.rank)
         yield Sample(name, "hop_counts_ok", 1.0 if stats.forward_hops == hops else 0.0, rank=ctx.rank)
     if p["timing"]:
-        yield from _timing(ctx, name, p, fwd, fwd_bwd)
+        yield from _timing(ctx, name, p, fwd, fwd_bwd, reset)
 
 
 def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]:

@@ -311,8 +311,9 @@ def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     bwd = statistics.median(t_fb) - statistics.median(t_fwd)
     yield Sample(case.name, "bwd_estimate_ms", bwd, rank=ctx.rank)
     mem = measure_peak_memory(ctx, step, incremental=False)
-    yield Sample(case.name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
-    yield Sample(case.name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
+    if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
+        yield Sample(case.name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
+        yield Sample(case.name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
 
 
 def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:

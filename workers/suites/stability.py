@@ -116,16 +116,19 @@ def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
         dt = (time.perf_counter() - t0) * 1e3
         value, gn = trainer.global_loss(loss), trainer.grad_norm()
         del loss
-        peaks.append(devices.memory_stats(ctx.device).peak_allocated)
+        mem = devices.memory_stats(ctx.device)
+        peaks.append(mem.peak_allocated)
         finite = math.isfinite(value) and math.isfinite(gn)
         yield Sample(name, "loss", value, rank=r, idx=i)
         yield Sample(name, "finite", float(finite), rank=r, idx=i)
         yield Sample(name, "pass_ms", dt, rank=r, idx=i)
-        yield Sample(name, "peak_allocated_bytes", float(peaks[-1]), rank=r, idx=i)
+        if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
+            yield Sample(name, "peak_allocated_bytes", float(peaks[-1]), rank=r, idx=i)
         if not finite:
             break  # the finite sample fails the case; further passes would only repeat it
     yield Sample(name, "passes_done", float(len(peaks)), rank=r)
-    yield Sample(name, "memory_growth_bytes", float(peaks[-1] - peaks[min(1, len(peaks) - 1)]), rank=r)
+    if devices.memory_stats(ctx.device).tracked:
+        yield Sample(name, "memory_growth_bytes", float(peaks[-1] - peaks[min(1, len(peaks) - 1)]), rank=r)
     checks = sum(cp.stats.order_checks for cp in cps.values())
     yield Sample(name, "order_checks", float(checks), rank=r)
 
