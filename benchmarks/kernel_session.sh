@@ -21,7 +21,8 @@
 #          timing[:LENS]       the gdn-op suite's fwd+bwd beside do_bench of each backend's own call
 #                             (benchmarks/timing_check.py; LENS default 16384,65536; stateful, 32/32):
 #                             the three backends compile at once (untimed, filling the on-disk caches),
-#                             then each is timed alone, in its own process; $OUT/timing.json, ~400 s cold
+#                             then each is timed alone, in its own process; $OUT/timing.json, ~400 s cold;
+#                             TIMING_BACKENDS (default "triton fla flashqla") names fewer, to run again
 #          suite:NAME:PRESET:LIMIT   any suite on one GPU (benchmarks/run_suite.py), parameter overrides
 #                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
@@ -56,6 +57,18 @@ timing_check() {  # limit, backend, extra PYTHONPATH, args... (FLA_FLASH_QLA fro
     PYTHONPATH="$ROOT:/tmp/site_py${path:+:$path}" timeout "$limit" python3 benchmarks/timing_check.py \
         --backends "$backend" --out "$OUT/timing.json" "$@" 2>&1 | grep -v TileLang >>"$OUT/timing.log"
     echo "timing $backend${*:+ $*} rc=${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+}
+
+# backend, lens, limit, args...: FLA from a folder without flash_qla and with its switch off,
+# FlashQLA from its own folder, ours from the tree
+timing_backend() {
+    local b=$1 lens=$2 limit=$3
+    shift 3
+    case $b in
+        fla) FLA_FLASH_QLA=0 timing_check "$limit" fla /tmp/site_fla --seq-lens "$lens" "$@" ;;
+        flashqla) timing_check "$limit" flashqla /tmp/site_qla --seq-lens "$lens" "$@" ;;
+        *) timing_check "$limit" "$b" "" --seq-lens "$lens" "$@" ;;
+    esac
 }
 
 bench() {  # tag, limit, backend, extra PYTHONPATH, args...
@@ -124,14 +137,14 @@ for step in "$@"; do
         timing)
             setup_py; setup_fla; setup_qla
             t0=$SECONDS lens=${a:-16384,65536}
-            # FLA from a folder without flash_qla, with its switch off; FlashQLA from its own folder
-            timing_check 200 triton "" --seq-lens "$lens" --compile-only &
-            FLA_FLASH_QLA=0 timing_check 200 fla /tmp/site_fla --seq-lens "$lens" --compile-only &
-            timing_check 200 flashqla /tmp/site_qla --seq-lens "$lens" --compile-only &
+            read -ra which <<<"${TIMING_BACKENDS:-triton fla flashqla}"
+            for b in "${which[@]}"; do  # untimed compiles of every backend at once
+                timing_backend "$b" "$lens" 200 --compile-only &
+            done
             wait
-            timing_check 50 triton "" --seq-lens "$lens"
-            FLA_FLASH_QLA=0 timing_check 70 fla /tmp/site_fla --seq-lens "$lens"
-            timing_check 70 flashqla /tmp/site_qla --seq-lens "$lens"
+            for b in "${which[@]}"; do  # then each timed alone
+                timing_backend "$b" "$lens" "$([ "$b" = triton ] && echo 50 || echo 70)"
+            done
             PYTHONPATH=$ROOT python3 benchmarks/timing_check.py --print --out "$OUT/timing.json" | tee -a "$OUT/summary.txt"
             echo "$step took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         suite)
