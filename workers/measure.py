@@ -38,6 +38,9 @@ class RepeatTimer(Protocol):
     def elapsed_ms(self) -> float: ...
 
 
+CACHE_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any accelerator's last-level cache (H200: 60 MiB)
+
+
 def time_repeats(
     ctx: RankContext,
     fn: Callable[[], object],
@@ -50,10 +53,11 @@ def time_repeats(
     """This rank's milliseconds for each of `repeat` calls of `fn`, after `warmup` untimed calls.
 
     Device time measured back to back, as `triton.testing.do_bench` does: every repetition is
-    bracketed by its own pair of device events and issued without waiting for the one before, and
-    the times are read after the last. The host therefore runs ahead of the device, and a
-    backend's launch time counts only where it exceeds its device time; waiting for the device
-    after every call would add each backend's own launch time to its time, unequally. On a CPU
+    bracketed by its own pair of device events and issued without waiting for the one before, with
+    the device's cache overwritten between them, and the times are read after the last. The host
+    therefore runs ahead of the device, and a backend's launch time counts only where it exceeds
+    its device time plus the clear; waiting for the device after every call would add each
+    backend's own launch time to its time, unequally. On a CPU
     the marks are a host clock around each call, which is the call's time.
 
     `before` runs ahead of every call, outside the timed region (resetting gradients, say); it
@@ -72,11 +76,16 @@ def time_repeats(
     if ctx.distributed and not host_clock:
         collectives.barrier(ctx.group, "timing repetitions")
     timers: list[RepeatTimer] = []
+    # As do_bench does: an accelerator's last-level cache is overwritten before every repetition,
+    # so each call starts cold and the host enqueues the next call while the device clears.
+    flush = None if host_clock else torch.empty(CACHE_FLUSH_BYTES, dtype=torch.int8, device=ctx.device)
     for _ in range(repeat):
         if before is not None:
             before()
         if ctx.distributed and host_clock:
             collectives.barrier(ctx.group, "timing repetition")
+        if flush is not None:
+            flush.zero_()
         t = make()
         t.start()
         fn()
