@@ -208,7 +208,6 @@ def group_stats(
     nfin = counts - nonfinite
     # finite values first, ascending, within each group
     sorted_vals = values[np.lexsort((np.where(finite, values, 0.0), bad, gid))]
-
     any_finite = nfin > 0
     if len(values):
         vmin = np.where(any_finite, np.minimum.reduceat(np.where(finite, values, np.inf), first), np.nan)
