@@ -759,7 +759,7 @@ def _metric_result(
 
     # The head against the bound (workers.verdict: non-finite fails every kind; the judged
     # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
-    if not h.finite:
+    if h.nonfinite:
         mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
@@ -774,7 +774,7 @@ def _metric_result(
     if b is None:
         mr.verdict, mr.reason = "added", "metric only in head"
         return mr
-    if not b.finite:
+    if b.nonfinite:
         mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
         return mr
 
@@ -819,7 +819,7 @@ def _deltas(
     is the batched statistics' ratio of medians, so None here), else the worst value; none when
     either side has a non-finite value."""
     b, h = (base.median, head.median) if is_time else (base.worst, head.worst)
-    if not (base.finite and head.finite and math.isfinite(b) and math.isfinite(h)):
+    if base.nonfinite or head.nonfinite or not (math.isfinite(b) and math.isfinite(h)):
         return None, None, None
     delta = h - b
     if b == 0:
