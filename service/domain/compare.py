@@ -362,7 +362,7 @@ class Series:
         return st.records(about, self.samples, self.ranks)
 
 
-def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
+def series_of(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
     """Worst rank per (case, metric, idx) (`workers.stats.worst_rank`), grouped by (case, metric).
 
     Rows the store reduced already (`SampleTable.ranks`), one per (case, metric, idx) in that
@@ -571,8 +571,8 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         return _incomparable(base, head, cfg, why_not)
     device = head.ref.device or base.ref.device or None
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
-    bser = reduce_ranks(base.samples, metrics)
-    hser = reduce_ranks(head.samples, metrics)
+    bser = series_of(base.samples, metrics)
+    hser = series_of(head.samples, metrics)
     # one rule per metric name of either side, worked out before the per-group loops
     rules: dict[str, _Rule] = {
         name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
