@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 
 import numpy as np
 
 from service.domain.compare import CaseInfo, JobRef, JobSide, SampleTable, compare
+from workers.stats import summarise
 from workers.suite import Metric
 
 
@@ -153,13 +153,13 @@ def main() -> None:
         f"layout={args.layout} samples/job={len(base.samples)}/{len(head.samples)} cases={len(cmp.cases)} "
         f"time-series={series} metric-results={sum(len(c.metrics) for c in cmp.cases)}"
     )
-    print(f"compare: median {statistics.median(times) * 1e3:.0f} ms, min {min(times) * 1e3:.0f} ms "
+    print(f"compare: median {summarise(times, 'lower').median * 1e3:.0f} ms, min {min(times) * 1e3:.0f} ms "
           f"over {args.repeat} runs ({platform.processor() or platform.machine()}, "
           f"numpy {np.__version__})")
     print("verdicts:", {k: v for k, v in cmp.metric_counts().items() if v})
     if args.store:
         for kind, st in store_roundtrip(base, head, args.repeat).items():
-            print(f"store load x2 + compare ({kind}): median {statistics.median(st) * 1e3:.0f} ms, "
+            print(f"store load x2 + compare ({kind}): median {summarise(st, 'lower').median * 1e3:.0f} ms, "
                   f"min {min(st) * 1e3:.0f} ms over {args.repeat} runs (SQLite)")
 
 

@@ -7,9 +7,10 @@ a table, write JSON.
         --set 'candidates=["p2p_emulated+flashqla"]'
 
 Builds a one-rank `RankContext`, runs every case of the preset (or those whose name contains an
-`--only` string) and writes all raw samples plus per-case medians. A case that raises is recorded
-with its error and the run goes on; a case the suite calls not applicable is recorded with its
-reason.
+`--only` string) and writes all raw samples plus per-case medians (`workers.stats`, as the service
+computes them: worst rank per idx, statistics of the finite values). A case that raises is
+recorded with its error and the run goes on; a case the suite calls not applicable is recorded
+with its reason.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -28,11 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workers.context import RankContext
 from workers.registry import get_suite
+from workers.stats import summarise_samples
+from workers.suite import Suite
 
 COLUMNS = [
     ("fwd_ms", "fwd"), ("fwd_bwd_ms", "f+b"), ("ratio_to_baseline", "/base"), ("tflops", "TF/s"),
     ("peak_bytes", "GiB"), ("peak_ratio_to_baseline", "mem/base"),
 ]  # fmt: skip
+
+
+def _direction(suite: Suite, metric: str) -> str:
+    """The metric's direction as the suite declares it; lower-is-better for an undeclared one."""
+    try:
+        return suite.metric(metric).direction
+    except KeyError:
+        return "lower"
 
 
 def _parse_set(items: list[str]) -> dict[str, object]:
@@ -93,11 +103,12 @@ def main() -> int:
         except Exception as exc:  # record and go on
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
-        by_metric: dict[str, list[float]] = defaultdict(list)
+        by_metric: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
         for s in samples:
-            by_metric[s.metric].append(s.value)
-        med = {m: statistics.median(v) for m, v in by_metric.items()}
-        worst = {m: max(v) for m, v in by_metric.items() if m.endswith("_rel_l2")}
+            by_metric[s.metric].append((s.rank, s.idx, s.value))
+        st = {m: summarise_samples(rows, _direction(suite, m)) for m, rows in by_metric.items()}
+        med = {m: x.median for m, x in st.items()}
+        worst = {m: x.worst for m, x in st.items() if m.endswith("_rel_l2")}
         result["cases"][case.name] = {  # type: ignore[index]
             "params": dict(case.params), "error": error, "seconds": time.time() - t0,
             "samples": [[s.metric, s.idx, s.value] for s in samples], "median": med, "worst_rel_l2": worst,

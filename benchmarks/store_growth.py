@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from service.persistence import commits, db
 from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.models import CaseRow, JobRow
+from workers.stats import summarise
 from workers.suite import Case, Metric
 
 SUITES = ("growth-a", "growth-b")
@@ -105,7 +105,7 @@ def time_get(client: Any, path: str, repeat: int) -> tuple[float, float]:
         wall.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)
         assert r.status_code == 200, (path, r.status_code)
-    return statistics.median(wall), statistics.median(cpu)
+    return summarise(wall, "lower").median, summarise(cpu, "lower").median
 
 
 def pages(engine: Any) -> dict[str, str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from service.persistence import db
 from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.models import JobRow, SampleRow
+from workers.stats import summarise
 from workers.suite import Case, Metric
 
 SUITE = "web-bench"
@@ -145,7 +145,7 @@ def time_page(client, path: str, repeat: int) -> tuple[float, float, float, int]
         wall.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)
         assert r.status_code == 200
-    return statistics.median(wall), max(wall), statistics.median(cpu), len(r.content)
+    return summarise(wall, "lower").median, max(wall), summarise(cpu, "lower").median, len(r.content)
 
 
 def main() -> None:

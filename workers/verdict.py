@@ -4,14 +4,10 @@ Every reader of samples calls this module: the executors' job monitor (a case's 
 run` (its table and exit code), the store (stored summaries), the compare engine and the gate
 (head against base), the report and the pages. It imports no torch and no database code.
 
-1. **Reduce over ranks.** Samples are raw per rank. Per idx (repetition, step, seed) the worst
-   rank is kept: the largest value for lower-is-better metrics (rank-max of time and memory, the
-   worst accuracy), the smallest for higher-is-better ones. A non-finite value on any rank makes
-   that idx non-finite.
-2. **Statistics** over the idx: n, median, p90, min, max, mean of the finite values, the count
-   of non-finite ones, and `worst` (max or min by direction; NaN when any value is non-finite).
-   A NaN or an infinity is a failed sample: it is counted, it fails the metric, it is never
-   dropped silently.
+1. **Reduce over ranks** and 2. **statistics**: `workers.stats`, the one implementation (per idx
+   the worst rank; then count, median, p90, min, max, mean of the finite values, the count of
+   non-finite ones and `worst`). A NaN or an infinity is a failed sample: it is counted, it
+   fails the metric, it is never dropped silently.
 3. **Bound.** A metric's bound is judged on one statistic per kind (`JUDGED_ON`):
    - time: the **median** (one slow repetition is noise, a slow median is the code);
    - memory, accuracy, check, trajectory: the **worst** value (one bad tensor, step or rank is a
@@ -35,9 +31,11 @@ A relative-L2 error against an all-zero reference is the absolute L2 norm of the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+from workers.stats import MetricStats, summarise_samples
 
 if TYPE_CHECKING:
     from workers.suite import Metric
@@ -75,111 +73,10 @@ ALPHA = 0.01  # significance level of the time comparison (two-sided Mann-Whitne
 ACCURACY_FLOOR = 1e-6  # an accuracy error below this never counts as worsened
 
 
-# ----------------------------------------------------------------------------- rank reduction
-
-
-def worst_of(values: Iterable[float], direction: str) -> float:
-    """The worst of `values` for `direction`; a non-finite value (NaN, ±inf) wins as it is."""
-    vals = list(values)
-    for v in vals:
-        if not math.isfinite(v):
-            return v
-    if not vals:
-        return math.nan
-    return max(vals) if direction == "lower" else min(vals)
-
-
-def reduce_ranks(rows: Iterable[tuple[int, int, float]], direction: str) -> list[float]:
-    """(rank, idx, value) rows -> one value per idx (ordered by idx): the worst rank's."""
-    per_idx: dict[int, list[float]] = {}
-    for _rank, idx, value in rows:
-        per_idx.setdefault(int(idx), []).append(float(value))
-    return [worst_of(per_idx[i], direction) for i in sorted(per_idx)]
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Statistics of one metric after the rank reduction (finite values; `nonfinite` counted)."""
-
-    n: int
-    nonfinite: int
-    median: float
-    p90: float
-    min: float
-    max: float
-    mean: float
-    worst: float  # max (lower-is-better) or min (higher); NaN when any value is non-finite
-
-    @property
-    def finite(self) -> bool:
-        return self.nonfinite == 0
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of sorted values (numpy's default); NaN when empty."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def summarise(values: Iterable[float], direction: str) -> Stats:
-    """Statistics of rank-reduced values; an empty series has n = 0 and NaN statistics."""
-    vals = [float(v) for v in values]
-    finite = sorted(v for v in vals if math.isfinite(v))
-    bad = len(vals) - len(finite)
-    nan = math.nan
-    if not finite:
-        return Stats(len(vals), bad, nan, nan, nan, nan, nan, nan)
-    worst = nan if bad else (finite[-1] if direction == "lower" else finite[0])
-    return Stats(
-        n=len(vals),
-        nonfinite=bad,
-        median=quantile(finite, 0.5),
-        p90=quantile(finite, 0.9),
-        min=finite[0],
-        max=finite[-1],
-        mean=math.fsum(finite) / len(finite),
-        worst=worst,
-    )
-
-
-def summarise_array(values: Any, direction: str) -> Stats:
-    """`summarise` of a numpy array (the store's path: statistics in C, the same definitions)."""
-    import numpy as np
-
-    arr = np.asarray(values, dtype=np.float64)
-    finite = arr[np.isfinite(arr)]
-    bad = int(arr.size - finite.size)
-    nan = math.nan
-    if finite.size == 0:
-        return Stats(int(arr.size), bad, nan, nan, nan, nan, nan, nan)
-    lo, hi = float(finite.min()), float(finite.max())
-    return Stats(
-        n=int(arr.size),
-        nonfinite=bad,
-        median=float(np.median(finite)),
-        p90=float(np.percentile(finite, 90)),
-        min=lo,
-        max=hi,
-        mean=float(finite.mean()),
-        worst=nan if bad else (hi if direction == "lower" else lo),
-    )
-
-
-def summarise_samples(rows: Iterable[tuple[int, int, float]], direction: str) -> Stats:
-    """(rank, idx, value) rows of one metric -> statistics after the worst-rank reduction."""
-    return summarise(reduce_ranks(rows, direction), direction)
-
-
 # ----------------------------------------------------------------------------- bounds
 
 
-def judged_value(kind: str, stats: Stats) -> float:
+def judged_value(kind: str, stats: MetricStats) -> float:
     """The statistic a bound of this kind is judged on (`JUDGED_ON`)."""
     return stats.median if JUDGED_ON.get(kind, "worst") == "median" else stats.worst
 
@@ -202,13 +99,14 @@ class Judgement:
     reason: str
 
 
-def judge(kind: str, direction: str, bound: float | None, stats: Stats, name: str = "") -> Judgement:
+def judge(kind: str, direction: str, bound: float | None, stats: MetricStats, name: str = "") -> Judgement:
     """The bound rule: non-finite samples fail every metric; else the judged statistic vs the bound."""
     label = f"{name} " if name else ""
-    if stats.n == 0:
+    if stats.count == 0:
         return Judgement(None, math.nan, f"{label}has no samples")
     if stats.nonfinite:
-        return Judgement(False, math.nan, f"{label}has {stats.nonfinite} non-finite of {stats.n} value(s)")
+        bad = f"{stats.nonfinite} non-finite of {stats.count} value(s)"
+        return Judgement(False, math.nan, f"{label}has {bad}")
     value = judged_value(kind, stats)
     if bound is None:
         return Judgement(None, value, f"{label}{JUDGED_ON.get(kind, 'worst')} {value:.4g} (no bound)")
@@ -219,7 +117,7 @@ def judge(kind: str, direction: str, bound: float | None, stats: Stats, name: st
     return Judgement(ok, value, f"{label}{stat} {value:.4g} {verb} bound {op} {bound:.4g}")
 
 
-def judge_metric(metric: Metric, stats: Stats) -> Judgement:
+def judge_metric(metric: Metric, stats: MetricStats) -> Judgement:
     return judge(metric.kind, metric.direction, metric.bound, stats, metric.name)
 
 

@@ -89,6 +89,7 @@ class EventOut(BaseModel):
     data: dict[str, Any] | None
 
 
+# built from `workers.stats.MetricStats` (the one record of a metric's statistics), field by field
 class MetricSummaryOut(BaseModel):
     metric: str
     unit: str

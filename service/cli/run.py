@@ -12,13 +12,13 @@ httpx, uvicorn or ray.
                 p90, min, max, passed}],
      samples: [{case, metric, rank, idx, value}],
      logs:    [str]}
-Statistics and bounds are `workers.verdict`'s (worst rank per idx, then median/p90/min/max of
-the finite values with the non-finite ones counted). The table printed is one row per case
-(per backend a case measures side by side) with its key numbers as columns, the report's pivot
-(`service.domain.report_tables.case_pivot`); `--failures` keeps only the cases that need attention,
-`--all-metrics` prints one row per case and metric. The JSON is strict: a non-finite value is
-written as null and its JSON pointer listed under `nonfinite`. `--json -` writes it to stdout
-(the table then goes to stderr).
+Statistics are `workers.stats`'s, bounds `workers.verdict`'s (worst rank per idx, then
+median/p90/min/max of the finite values with the non-finite ones counted). The table printed is
+one row per case (per backend a case measures side by side) with its key numbers as columns, the
+report's pivot (`service.domain.report_tables.case_pivot`); `--failures` keeps only the cases that
+need attention, `--all-metrics` prints one row per case and metric. The JSON is strict: a
+non-finite value is written as null and its JSON pointer listed under `nonfinite`. `--json -`
+writes it to stdout (the table then goes to stderr).
 Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
 1 failed (a case failed or errored), 2 the job could not run (failed, cancelled, cases left
 unrun) or the input was invalid.
@@ -36,7 +36,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from rich.table import Table
 from service.cli import output
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
+from workers.stats import MetricStats, summarise_samples
 from workers.suite import Sample, Suite, UnknownSuiteInput
 
 
@@ -113,39 +114,35 @@ class CollectingSink:
         self.artifacts.append((name, media_type, len(data)))
 
 
-def summarise(suite: Suite, samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    """Per (case, metric): `workers.verdict`'s statistics (worst rank per idx; non-finite values
-    counted, never dropped) and its bound judgement."""
+def metric_stats(suite: Suite, samples: Sequence[Sample]) -> dict[tuple[str, str], MetricStats]:
+    """(case, metric) -> the metric's statistics (`workers.stats`: worst rank per idx; non-finite
+    values counted, never dropped) with its bound judgement (`workers.verdict`)."""
     by_key: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
     for s in samples:
         by_key[(s.case, s.metric)].append((s.rank, s.idx, s.value))
-    rows = []
+    out = {}
     for (case, name), metric_rows in by_key.items():
         try:
             metric = suite.metric(name)
         except KeyError:
             continue
-        stats = verdict.summarise_samples(metric_rows, metric.direction)
-        judged = verdict.judge_metric(metric, stats)
-        rows.append(
-            {
-                "case": case,
-                "metric": name,
-                "unit": metric.unit,
-                "kind": metric.kind,
-                "direction": metric.direction,
-                "bound": metric.bound,
-                "judged_on": verdict.JUDGED_ON.get(metric.kind, "worst"),
-                "count": stats.n,
-                "nonfinite": stats.nonfinite,
-                "median": stats.median,
-                "p90": stats.p90,
-                "min": stats.min,
-                "max": stats.max,
-                "passed": judged.ok is not False,
-            }
-        )
-    return rows
+        st = summarise_samples(metric_rows, metric.direction, metric=name, unit=metric.unit, kind=metric.kind,
+                               bound=metric.bound)  # fmt: skip
+        out[(case, name)] = replace(st, passes=verdict.judge_metric(metric, st).ok)
+    return out
+
+
+def summarise(suite: Suite, samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    """The `summary` rows of the JSON output: `metric_stats` per (case, metric)."""
+    return [
+        {
+            "case": case, "metric": m.metric, "unit": m.unit, "kind": m.kind, "direction": m.direction,
+            "bound": m.bound, "judged_on": verdict.JUDGED_ON.get(m.kind, "worst"), "count": m.count,
+            "nonfinite": m.nonfinite, "median": m.median, "p90": m.p90, "min": m.min, "max": m.max,
+            "passed": m.passes is not False,
+        }
+        for (case, _), m in metric_stats(suite, samples).items()
+    ]
 
 
 def _fmt(value: float | None) -> str:
@@ -171,25 +168,6 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 
 @dataclass
-class _MetricStats:
-    """One summary row as the report's tables read it (`service.domain.views.MetricStats`)."""
-
-    metric: str
-    unit: str
-    kind: str
-    direction: str
-    bound: float | None
-    count: int
-    samples: int
-    ranks: int
-    median: float
-    p90: float
-    min: float
-    max: float
-    nonfinite: int
-
-
-@dataclass
 class _CaseStats:
     name: str
     fingerprint: str
@@ -197,28 +175,17 @@ class _CaseStats:
     status: str | None
     error: str | None
     expected_error: str | None
-    metrics: dict[str, _MetricStats]
-
-
-def _nan(v: float | None) -> float:
-    return math.nan if v is None else float(v)
+    metrics: dict[str, MetricStats]
 
 
 def case_stats(
-    cases: Sequence[Any], sink: CollectingSink, summary: Sequence[dict[str, Any]], device: str,
+    cases: Sequence[Any], sink: CollectingSink, stats: Mapping[tuple[str, str], MetricStats], device: str,
     world_size: int,
 ) -> list[_CaseStats]:  # fmt: skip
-    """The run's cases with their summaries, in the shape the report's pivots take."""
-    ranks: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for smp in sink.samples_:
-        ranks[(smp.case, smp.metric)].add(smp.rank)
-    by_case: dict[str, dict[str, _MetricStats]] = defaultdict(dict)
-    for r in summary:
-        by_case[r["case"]][r["metric"]] = _MetricStats(
-            r["metric"], r["unit"], r["kind"], r["direction"], r["bound"], r["count"], r["count"],
-            len(ranks[(r["case"], r["metric"])]), _nan(r["median"]), _nan(r["p90"]), _nan(r["min"]),
-            _nan(r["max"]), r["nonfinite"],
-        )  # fmt: skip
+    """The run's cases with their statistics, in the shape the report's pivots take."""
+    by_case: dict[str, dict[str, MetricStats]] = defaultdict(dict)
+    for (case, name), m in stats.items():
+        by_case[case][name] = m
     out = []
     for c in cases:
         status, error = sink.cases.get(c.name, ("not run", None))
@@ -313,13 +280,13 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
             world_size: int, *, view: str) -> None:  # fmt: skip
     """The run's results: `view` cases (one row per case), failures (only what needs attention)
     or metrics (one row per case and metric); then the errors of the cases that failed."""
-    summary = summarise(suite, sink.samples_)
     if view == "metrics":
-        _render_metrics(console, suite, cases, sink, summary)
+        _render_metrics(console, suite, cases, sink, summarise(suite, sink.samples_))
     else:
         from service.presentation.conventions import memory_tracked
 
-        _render_cases(console, suite, case_stats(cases, sink, summary, device, world_size),
+        stats = metric_stats(suite, sink.samples_)
+        _render_cases(console, suite, case_stats(cases, sink, stats, device, world_size),
                       failures=view == "failures", tracked=memory_tracked(device))  # fmt: skip
     for case in cases:
         status, error = sink.cases.get(case.name, ("not run", None))

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from workers import verdict
+from workers.stats import MetricStats, group_stats, worst_rank
 from workers.suite import CaseStatus, Metric, MetricKind
 
 Verdict = Literal[
@@ -216,21 +217,6 @@ class JobSide:
 
 
 @dataclass(slots=True)
-class Summary:
-    """Statistics of one side of one metric after the worst-rank reduction."""
-
-    n: int  # values after the rank reduction (repetitions, steps, tensors)
-    ranks: int
-    median: float
-    p90: float
-    min: float
-    max: float
-    worst: float  # max for lower-is-better, min for higher-is-better (NaN if any NaN)
-    finite: bool
-    first_nonfinite_idx: int | None = None
-
-
-@dataclass(slots=True)
 class MetricResult:
     """Verdict and evidence for one metric of one case. `ratio`/`ci_*` are head/base."""
 
@@ -241,8 +227,8 @@ class MetricResult:
     bound: float | None
     verdict: Verdict
     reason: str
-    base: Summary | None = None
-    head: Summary | None = None
+    base: MetricStats | None = None
+    head: MetricStats | None = None
     ratio: float | None = None  # time: ratio of medians; memory/accuracy/trajectory: of worst values
     ci_low: float | None = None
     ci_high: float | None = None
@@ -353,174 +339,90 @@ def to_jsonable(obj: Any) -> Any:
 
 @dataclass
 class Series:
-    """Rank-reduced values of one side: per (case, metric) group, values ordered by idx.
-
-    The per-group statistics are computed for all groups at once (`_group_stats`) and kept as
-    Python lists, so building thousands of results costs no per-group numpy calls.
-    """
+    """Rank-reduced values of one side: per (case, metric) group, values ordered by idx, and the
+    statistics of every group computed at once (`workers.stats.group_stats`)."""
 
     keys: list[tuple[str, str]]  # (fingerprint, metric) per group
     starts: np.ndarray  # group g is values[starts[g]:starts[g+1]]
     idx: np.ndarray
     values: np.ndarray
-    ranks: list[int]  # distinct ranks per group
-    n: list[int] = field(default_factory=list)
-    median: list[float] = field(default_factory=list)
-    p90: list[float] = field(default_factory=list)
-    vmin: list[float] = field(default_factory=list)
-    vmax: list[float] = field(default_factory=list)
-    finite: list[bool] = field(default_factory=list)
-    first_bad: list[int] = field(default_factory=list)  # idx of the first non-finite value, or -1
+    ranks: list[int]  # per group: the most ranks that reported one idx
+    samples: list[int]  # per group: the raw rows (over all ranks)
 
     def get(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         s, e = self.starts[g], self.starts[g + 1]
         return self.idx[s:e], self.values[s:e]
 
-    def summaries(self, lower: list[bool]) -> list[Summary]:
-        """Every group's Summary; `lower[g]`: group g is lower-is-better (its worst value is the max)."""
-        nan = math.nan
-        cols = zip(self.n, self.ranks, self.median, self.p90, self.vmin, self.vmax, self.finite,
-                   self.first_bad, lower, strict=True)  # fmt: skip
-        return [
-            Summary(n, r, m, p, lo, hi, (hi if low else lo) if ok else nan, ok, None if bad < 0 else bad)
-            for n, r, m, p, lo, hi, ok, bad, low in cols
-        ]
+    def summaries(self, metrics: list[Metric]) -> list[MetricStats]:
+        """Every group's statistics; `metrics[g]`: group g's metric definition."""
+        if not self.keys:
+            return []
+        st = group_stats(self.starts, self.values, [m.direction != "higher" for m in metrics], self.idx)
+        about = [(m.name, m.unit, m.kind, m.direction, m.bound) for m in metrics]
+        return st.records(about, self.samples, self.ranks)
 
 
-def reduce_ranks(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
-    """Worst rank per (case, metric, idx): max for lower-is-better metrics, min for higher.
+def series_of(samples: SampleTable, metrics: Mapping[str, Metric]) -> Series:
+    """Worst rank per (case, metric, idx) (`workers.stats.worst_rank`), grouped by (case, metric).
 
-    NaN is the worst value of all (it propagates), so a NaN on any rank survives the reduction.
     Rows the store reduced already (`SampleTable.ranks`), one per (case, metric, idx) in that
     order, are taken as they are: only their grouping is worked out.
     """
     n = len(samples)
     if n == 0:
         empty = np.zeros(0, np.int64)
-        return Series([], np.zeros(1, dtype=np.int64), empty, np.zeros(0), [])
+        return Series([], np.zeros(1, dtype=np.int64), empty, np.zeros(0), [], [])
     n_metrics = max(len(samples.metric_keys), 1)
     metric_col = np.asarray(samples.metric, dtype=np.int64)
     group = np.asarray(samples.case, dtype=np.int64) * n_metrics + metric_col
     idx_col = np.asarray(samples.idx, dtype=np.int64)
-    if samples.ranks is not None and _one_row_per_idx_in_order(group, idx_col):
+    in_order = samples.ranks is not None and _one_row_per_idx_in_order(group, idx_col)
+    if in_order:
         run_group, run_idx = group, idx_col
         values = np.asarray(samples.value, dtype=np.float64)
-        reported: np.ndarray | None = np.asarray(samples.ranks, dtype=np.int64)
-        r_sorted = g_sorted = None
+        reported = np.asarray(samples.ranks, dtype=np.int64)
     else:
-        run_group, run_idx, values, reported, g_sorted, r_sorted = _worst_per_idx(samples, metrics, group,
-                                                                                  idx_col)  # fmt: skip
+        higher = {name for name, m in metrics.items() if m.direction == "higher"}
+        lower_of_metric = np.array([m not in higher for m in samples.metric_keys] or [True])
+        red = worst_rank(group, idx_col, samples.value, lower_of_metric[metric_col])
+        run_group, run_idx, values = red.group, red.idx, red.value
+        reported = None if samples.ranks is None else np.asarray(samples.ranks, dtype=np.int64)
     new_group = np.empty(len(run_group), dtype=bool)  # group starts among the reduced rows
     new_group[0] = True
     new_group[1:] = run_group[1:] != run_group[:-1]
     gstarts = np.flatnonzero(new_group)
     groups = run_group[gstarts]
-    metric_codes = groups % n_metrics
     starts = np.append(gstarts, len(run_group))
-    counts = np.diff(starts)
-    if reported is not None:  # pre-reduced rows: the most ranks any idx of the group had
+    if reported is not None and in_order:  # pre-reduced rows
         ranks_per_group = np.maximum.reduceat(reported, gstarts)
+        rows_per_group = np.add.reduceat(reported, gstarts)
+    elif reported is not None:  # pre-reduced rows out of order: the most ranks any of its rows had
+        ranks_per_group, rows_per_group = _most_ranks(group, reported, groups)
     else:
-        # distinct ranks per group: distinct (group, rank) pairs; within a (group, idx) run ranks
-        # are sorted, so count rank changes over the (group, rank)-sorted order.
-        assert g_sorted is not None and r_sorted is not None
-        gr_order = np.lexsort((r_sorted, g_sorted))
-        gs, rs = g_sorted[gr_order], r_sorted[gr_order]
-        distinct = np.empty(n, dtype=bool)
-        distinct[0] = True
-        distinct[1:] = (gs[1:] != gs[:-1]) | (rs[1:] != rs[:-1])
-        g_first = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-        ranks_per_group = np.add.reduceat(distinct.astype(np.int64), g_first)
+        ranks_per_group, rows_per_group = red.most_ranks, np.add.reduceat(red.ranks, gstarts)
     keys = list(
         zip(
             map(samples.case_keys.__getitem__, (groups // n_metrics).tolist()),
-            map(samples.metric_keys.__getitem__, metric_codes.tolist()),
+            map(samples.metric_keys.__getitem__, (groups % n_metrics).tolist()),
             strict=True,
         )
     )
-    series = Series(keys, starts, run_idx, values, ranks_per_group.tolist())
-    _group_stats(series, counts)
-    return series
+    return Series(keys, starts, run_idx, values, ranks_per_group.tolist(), rows_per_group.tolist())
+
+
+def _most_ranks(group: np.ndarray, reported: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of `groups` (sorted), the largest `reported` of its rows and their sum."""
+    order = np.argsort(group, kind="stable")
+    g, r = group[order], reported[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    at = np.searchsorted(g[first], groups)
+    return np.maximum.reduceat(r, first)[at], np.add.reduceat(r, first)[at]
 
 
 def _one_row_per_idx_in_order(group: np.ndarray, idx: np.ndarray) -> bool:
     """Rows strictly increasing in (group, idx): one row per idx, grouped, as the store sends them."""
     dg = np.diff(group)
     return bool(np.all((dg > 0) | ((dg == 0) & (np.diff(idx) > 0))))
-
-
-def _worst_per_idx(
-    samples: SampleTable, metrics: Mapping[str, Metric], group: np.ndarray, idx_col: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
-    """The rank reduction proper: (group, idx, worst value, ranks reported or None) per reduced
-    row in (group, idx) order, and the group and rank columns of the sorted input."""
-    n = len(samples)
-    # sign +1 for lower-is-better, -1 for higher: max over signed values is the worst rank.
-    sign_of_metric = np.array(
-        [-1.0 if (metrics.get(m) is not None and metrics[m].direction == "higher") else 1.0
-         for m in samples.metric_keys] or [1.0]
-    )
-    metric_col = np.asarray(samples.metric, dtype=np.int64)
-    rank_col = np.asarray(samples.rank, dtype=np.int64)
-    order = np.lexsort((rank_col, idx_col, group))
-    g_sorted = group[order]
-    i_sorted = idx_col[order]
-    signed = np.asarray(samples.value, dtype=np.float64)[order] * sign_of_metric[metric_col[order]]
-    r_sorted = rank_col[order]
-    new_run = np.empty(n, dtype=bool)  # run starts of (group, idx)
-    new_run[0] = True
-    new_run[1:] = (g_sorted[1:] != g_sorted[:-1]) | (i_sorted[1:] != i_sorted[:-1])
-    run_starts = np.flatnonzero(new_run)
-    run_metric = metric_col[order][run_starts]
-    values = np.maximum.reduceat(signed, run_starts) * sign_of_metric[run_metric]
-    reported = None
-    if samples.ranks is not None:
-        reported = np.asarray(samples.ranks, dtype=np.int64)[order][run_starts]
-    return g_sorted[run_starts], i_sorted[run_starts], values, reported, g_sorted, r_sorted
-
-
-def _group_stats(series: Series, counts: np.ndarray) -> None:
-    """n, median, p90, min, max, finiteness and first non-finite idx of every group at once."""
-    starts = series.starts[:-1]
-    values = series.values
-    gid = np.repeat(np.arange(len(counts)), counts)
-    sorted_vals = values[np.lexsort((values, gid))]
-    finite_mask = np.isfinite(values)
-    finite = np.logical_and.reduceat(finite_mask, starts)
-
-    def quantile(q: float) -> np.ndarray:  # numpy's default (linear) method, per group
-        pos = q * (counts - 1)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, counts - 1)
-        a, b = sorted_vals[starts + lo], sorted_vals[starts + hi]
-        with np.errstate(invalid="ignore"):
-            out = a + (pos - lo) * (b - a)
-        return np.where(finite, out, np.nan)
-
-    with np.errstate(invalid="ignore"):
-        vmin = np.fmin.reduceat(values, starts)
-        vmax = np.fmax.reduceat(values, starts)
-    big = np.iinfo(np.int64).max
-    first_bad = np.minimum.reduceat(np.where(finite_mask, big, series.idx), starts)
-    series.n = counts.tolist()
-    series.median = quantile(0.5).tolist()
-    series.p90 = quantile(0.9).tolist()
-    series.vmin = vmin.tolist()
-    series.vmax = vmax.tolist()
-    series.finite = finite.tolist()
-    series.first_bad = np.where(first_bad == big, -1, first_bad).tolist()
-
-
-def summarise(values: np.ndarray, direction: str, ranks: int = 1, idx: np.ndarray | None = None) -> Summary:
-    """Summary of one rank-reduced series (the engine uses the batched `Series.summary`)."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) == 0:
-        nan = math.nan
-        return Summary(0, ranks, nan, nan, nan, nan, nan, True)
-    idx = np.arange(len(values)) if idx is None else np.asarray(idx, dtype=np.int64)
-    series = Series([("", "")], np.array([0, len(values)]), idx, values, [ranks])
-    _group_stats(series, np.array([len(values)]))
-    return series.summaries([direction != "higher"])[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,16 +495,17 @@ class _TimeStats:
     p: np.ndarray  # NaN where not testable
 
 
-def _time_stats_batch(base: np.ndarray, head: np.ndarray, cfg: CompareConfig) -> _TimeStats:
-    """base (G, n1), head (G, n2), all finite and > 0 medians checked by the caller."""
+def _time_stats_batch(
+    base: np.ndarray, head: np.ndarray, medians: np.ndarray, cfg: CompareConfig
+) -> _TimeStats:
+    """base (G, n1), head (G, n2), all finite and > 0 medians checked by the caller; `medians`
+    (G, 2): each pair's base and head median (`workers.stats`)."""
     from scipy.stats import mannwhitneyu
 
     n1, n2 = base.shape[1], head.shape[1]
     bs, hs = np.sort(base, axis=1), np.sort(head, axis=1)
-    base_med = np.median(bs, axis=1)
-    head_med = np.median(hs, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = head_med / base_med
+        ratio = medians[:, 1] / medians[:, 0]
     ci_low, ci_high = _bootstrap_ratio_ci(bs, hs, cfg)
     if verdict.min_two_sided_p(n1, n2) < cfg.alpha:
         p = np.asarray(mannwhitneyu(base, head, axis=1, alternative="two-sided").pvalue, dtype=np.float64)
@@ -668,15 +571,15 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         return _incomparable(base, head, cfg, why_not)
     device = head.ref.device or base.ref.device or None
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
-    bser = reduce_ranks(base.samples, metrics)
-    hser = reduce_ranks(head.samples, metrics)
+    bser = series_of(base.samples, metrics)
+    hser = series_of(head.samples, metrics)
     # one rule per metric name of either side, worked out before the per-group loops
     rules: dict[str, _Rule] = {
         name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
         for name in dict.fromkeys([*base.samples.metric_keys, *head.samples.metric_keys])
     }
-    bsums = bser.summaries([rules[m].lower for _, m in bser.keys])
-    hsums = hser.summaries([rules[m].lower for _, m in hser.keys])
+    bsums = bser.summaries([rules[m].metric for _, m in bser.keys])
+    hsums = hser.summaries([rules[m].metric for _, m in hser.keys])
     bgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(bser.keys)}
     hgroups: dict[tuple[str, str], int] = {k: g for g, k in enumerate(hser.keys)}
     by_case_b: dict[str, list[str]] = {}
@@ -736,7 +639,8 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         hidx = np.array([hg for _, _, hg in items])
         base_vals = bser.values[bser.starts[bidx][:, None] + np.arange(n1)]
         head_vals = hser.values[hser.starts[hidx][:, None] + np.arange(n2)]
-        stats = _time_stats_batch(base_vals, head_vals, cfg)
+        medians = np.array([(mr.base.median, mr.head.median) for mr, _, _ in items])  # type: ignore[union-attr]
+        stats = _time_stats_batch(base_vals, head_vals, medians, cfg)
         rows = zip(stats.ratio.tolist(), stats.ci_low.tolist(), stats.ci_high.tolist(), stats.p.tolist(),
                    strict=True)
         for (mr, _, _), (r, lo, hi, p) in zip(items, rows, strict=True):
@@ -833,10 +737,10 @@ class _Rule:
 def _metric_result(
     rule: _Rule,
     bser: Series,
-    bsums: list[Summary],
+    bsums: list[MetricStats],
     bg: int | None,
     hser: Series,
-    hsums: list[Summary],
+    hsums: list[MetricStats],
     hg: int | None,
     pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
 ) -> MetricResult:
@@ -855,7 +759,7 @@ def _metric_result(
 
     # The head against the bound (workers.verdict: non-finite fails every kind; the judged
     # statistic per kind). Most metrics have no bound: the rule is called only for those that do.
-    if not h.finite:
+    if h.nonfinite:
         mr.bound_ok = False if metric.bound is not None else None
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
@@ -864,14 +768,13 @@ def _metric_result(
         value = h.median if rule.judged_on_median else h.worst
         mr.bound_ok = verdict.bound_holds(value, metric.bound, metric.direction)
         if not mr.bound_ok:
-            stats = verdict.Stats(h.n, 0, h.median, h.p90, h.min, h.max, math.nan, h.worst)
-            judged = verdict.judge(kind, metric.direction, metric.bound, stats)
+            judged = verdict.judge(kind, metric.direction, metric.bound, h)
             mr.verdict, mr.reason = "failed", judged.reason
             return mr
     if b is None:
         mr.verdict, mr.reason = "added", "metric only in head"
         return mr
-    if not b.finite:
+    if b.nonfinite:
         mr.verdict, mr.reason = "improved", "base had non-finite values, head is finite"
         return mr
 
@@ -880,7 +783,7 @@ def _metric_result(
             mr.verdict, mr.reason = "changed", "non-positive median time, ratio undefined (recorded)"
             return mr
         assert bg is not None and hg is not None
-        pending.setdefault((b.n, h.n), []).append((mr, bg, hg))
+        pending.setdefault((b.count, h.count), []).append((mr, bg, hg))
         return mr
     if kind == "memory":
         _memory_verdict(mr, rule)
@@ -909,11 +812,14 @@ def _recorded_verdict(mr: MetricResult, rule: _Rule) -> None:
         mr.verdict, mr.reason = "changed", f"{b:.4g} -> {h:.4g} (recorded, not judged)"
 
 
-def _deltas(base: Summary, head: Summary, is_time: bool) -> tuple[float | None, float | None, float | None]:
+def _deltas(
+    base: MetricStats, head: MetricStats, is_time: bool
+) -> tuple[float | None, float | None, float | None]:
     """(delta, relative delta, ratio) of the compared statistic: the median for time (whose ratio
-    is the batched statistics' ratio of medians, so None here), else the worst value."""
+    is the batched statistics' ratio of medians, so None here), else the worst value; none when
+    either side has a non-finite value."""
     b, h = (base.median, head.median) if is_time else (base.worst, head.worst)
-    if not (math.isfinite(b) and math.isfinite(h)):
+    if base.nonfinite or head.nonfinite or not (math.isfinite(b) and math.isfinite(h)):
         return None, None, None
     delta = h - b
     if b == 0:

@@ -195,13 +195,13 @@ def accuracy_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
             tensor, stat = views.split_accuracy_metric(name)
             if stat == "finite":
                 finite_seen = True
-                if views.worst(m) != 1.0:
+                if m.worst != 1.0:
                     bad_finite.append(tensor)
             elif stat is None:
-                out[name] = _bad_only(views.judge(views.worst(m), m))
+                out[name] = _bad_only(views.judge(m.worst, m))
             elif stat == _shown_stat(tensor, v.metrics):
                 key = tensor if stat == "rel_l2" else f"{tensor}_{stat}"
-                out[key] = _bad_only(views.judge(views.worst(m), m))
+                out[key] = _bad_only(views.judge(m.worst, m))
         if finite_seen:
             out["finite"] = (views.Cell("NO: " + ", ".join(bad_finite), "bad", "✗") if bad_finite
                              else views.Cell("yes", "ok"))  # fmt: skip
@@ -246,7 +246,7 @@ def _time_cell(m: Any) -> views.Cell:
 def _memory_cell(m: Any, tracked: bool = True) -> views.Cell:
     if not tracked and conventions.allocator_reading(m.metric, m.unit):
         return views.Cell(conventions.NOT_TRACKED)
-    v = views.worst(m)
+    v = m.worst
     judged = views.judge(v, m, unit="")
     return _bad_only(views.Cell(views.human_bytes(v, m.unit), judged.state, judged.mark, judged.title))
 
@@ -329,7 +329,7 @@ def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> P
             out[column] = views.Cell(cell.text, cell.state, cell.mark, f"{cell.title} (vs {base_name})")
         mem = next((k for k in HEADLINE_MEMORY if k in v.metrics and k in other.metrics), None)
         if mem is not None and tracked:
-            mine, theirs = views.worst(v.metrics[mem]), views.worst(other.metrics[mem])
+            mine, theirs = v.metrics[mem].worst, other.metrics[mem].worst
             if mine > 0 and theirs > 0:
                 out["memory_vs"] = views.memory_versus(mine, theirs, v.metrics[mem].unit)
         return out
@@ -376,8 +376,8 @@ def check_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
                   if m.kind == "check" and not _in_accuracy(n, m, v.metrics)]  # fmt: skip
         if not checks:
             return {}
-        judged = [(m.metric, views.judge(views.worst(m), m)) for _, m in checks if m.bound is not None]
-        recorded = [f"{m.metric} = {fmt(views.worst(m))}" for _, m in checks if m.bound is None]
+        judged = [(m.metric, views.judge(m.worst, m)) for _, m in checks if m.bound is not None]
+        recorded = [f"{m.metric} = {fmt(m.worst)}" for _, m in checks if m.bound is None]
         bad = [f"{n} = {c.text}" for n, c in judged if c.state == "bad"]
         totals["checks"] += len(judged)
         totals["failing"] += len(bad)
@@ -402,7 +402,7 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     against its bound (NaN/Inf fails)."""
 
     def cells(v: Variant) -> dict[str, views.Cell]:
-        return {n: _bad_only(views.judge(views.worst(m), m))
+        return {n: _bad_only(views.judge(m.worst, m))
                 for n, m in v.metrics.items() if m.kind == "trajectory"}  # fmt: skip
 
     p = _pivot(variants(cases), cells, label=lambda k: k.replace("_", " "))
@@ -422,12 +422,12 @@ def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Piv
 
     def cells(v: Variant) -> dict[str, views.Cell]:
         out: dict[str, views.Cell] = {}
-        judged = [(m.metric, views.judge(views.worst(m), m)) for n, m in v.metrics.items()
+        judged = [(m.metric, views.judge(m.worst, m)) for n, m in v.metrics.items()
                   if m.bound is not None and m.kind in ("check", "accuracy", "trajectory")]  # fmt: skip
         if judged:
             held = sum(c.state != "bad" for _, c in judged)
             out["bounds"] = views.Cell(f"{held}/{len(judged)}", "ok" if held == len(judged) else "bad")
-        rel = [(views.worst(m), t, m) for n, m in v.metrics.items()
+        rel = [(m.worst, t, m) for n, m in v.metrics.items()
                if m.kind == "accuracy" and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]  # fmt: skip
         if rel:
             value, (tensor, _), m = max(rel, key=lambda x: -math.inf if x[0] != x[0] else x[0])
@@ -456,7 +456,7 @@ BACKEND_MEASURES: tuple[tuple[str, str], ...] = (
 
 
 def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
-    rel = [(views.worst(m), views.split_accuracy_metric(n)[0], m) for n, m in metrics.items()
+    rel = [(m.worst, views.split_accuracy_metric(n)[0], m) for n, m in metrics.items()
            if m.kind == "accuracy" and views.split_accuracy_metric(n)[1] == "rel_l2"]  # fmt: skip
     if not rel:
         return None

@@ -23,6 +23,7 @@ from service.domain.numbers import fmt
 from service.presentation import conventions
 from service.presentation.conventions import BYTE_UNITS, human_bytes
 from workers import verdict
+from workers.stats import MetricStats
 
 # An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.
 ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -36,23 +37,6 @@ ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
 # `baseline_pairs`. The CP mode comes first: a P2P+Triton case is measured against
 # Ulysses+Triton, as in the report.
 BASELINE_PARAMS: tuple[tuple[str, str], ...] = (("mode", "ulysses"), ("backend", "eager"))
-
-
-class MetricStats(Protocol):
-    """What a page needs of one metric of one case (the store's MetricSummary fits)."""
-
-    metric: str
-    unit: str
-    kind: str
-    direction: str
-    bound: float | None
-    count: int
-    samples: int
-    ranks: int
-    median: float
-    p90: float
-    min: float
-    max: float
 
 
 class CaseStats(Protocol):
@@ -77,14 +61,6 @@ class Cell:
     title: str = ""
 
 
-def worst(m: MetricStats) -> float:
-    """The worst value after the rank reduction: max for lower-is-better, min for higher; NaN
-    when any value was non-finite (`workers.verdict`)."""
-    if getattr(m, "nonfinite", 0):
-        return math.nan
-    return m.max if m.direction == "lower" else m.min
-
-
 QUIET_UNITS = frozenset({"", "ratio", "abs", "bool", "count", "unit"})
 
 
@@ -99,7 +75,7 @@ def judge(value: float, m: MetricStats, unit: str | None = None) -> Cell:
     text = fmt(value, unit)
     if value != value or math.isinf(value):
         return Cell(text, "bad", "✗ not finite", "not a finite number")
-    bad = getattr(m, "nonfinite", 0)
+    bad = m.nonfinite
     if bad:
         return Cell(text, "bad", f"✗ {bad} not finite", f"{bad} of {m.count} values not finite")
     if m.bound is None:
@@ -189,13 +165,13 @@ def accuracy_rows(cases: Sequence[CaseStats]) -> list[AccuracyRow]:
                 continue
             tensor, col = split_accuracy_metric(m.metric)
             if col is None:
-                tensors.setdefault(m.metric, {})["other"] = judge(worst(m), m)
+                tensors.setdefault(m.metric, {})["other"] = judge(m.worst, m)
                 continue
             if col == "finite":
-                ok = worst(m) == 1.0
+                ok = m.worst == 1.0
                 cell = Cell("yes" if ok else "NO", "ok" if ok else "bad", "✓" if ok else "✗ non-finite")
             else:
-                cell = judge(worst(m), m)
+                cell = judge(m.worst, m)
             tensors.setdefault(tensor or "value", {})[col] = cell
         first = len(rows)
         for tensor, cells in tensors.items():
@@ -363,7 +339,7 @@ def memory_rows(cases: Sequence[CaseStats], *, tracked: bool = True) -> list[Mem
         for m in c.metrics.values():
             if m.kind != "memory":
                 continue
-            v = worst(m)
+            v = m.worst
             if not tracked and conventions.allocator_reading(m.metric, m.unit):
                 untracked = Cell(conventions.NOT_TRACKED)
                 rows.append(MemoryRow(c.name, c.fingerprint, m.metric, untracked, Cell("–")))
@@ -373,7 +349,7 @@ def memory_rows(cases: Sequence[CaseStats], *, tracked: bool = True) -> list[Mem
             versus, label = Cell("–"), ""
             against = _baseline_of(c, m, base) if m.unit.lower() in BYTE_UNITS else None
             if against is not None:
-                bv = worst(against[0])
+                bv = against[0].worst
                 if v > 0 and bv > 0:
                     versus = memory_versus(v, bv, m.unit)
                     label = against[1]
@@ -401,7 +377,7 @@ def value_rows(cases: Sequence[CaseStats], kind: str) -> list[ValueRow]:
         first = len(rows)
         for m in c.metrics.values():
             if m.kind == kind and not in_accuracy_table(m, c.metrics):
-                rows.append(ValueRow(c.name, c.fingerprint, m.metric, judge(worst(m), m), m.count))
+                rows.append(ValueRow(c.name, c.fingerprint, m.metric, judge(m.worst, m), m.count))
         if len(rows) > first:
             rows[first].span = len(rows) - first
     return rows
@@ -437,9 +413,9 @@ def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
         cells = []
         for m in c.metrics.values():
             if in_accuracy_table(m, c.metrics) and split_accuracy_metric(m.metric)[1] == "finite":
-                cell = Cell("", "ok" if worst(m) == 1.0 else "bad")
+                cell = Cell("", "ok" if m.worst == 1.0 else "bad")
             else:  # the statistic the kind is judged on (workers.verdict.JUDGED_ON)
-                cell = judge(m.median if verdict.JUDGED_ON.get(m.kind) == "median" else worst(m), m)
+                cell = judge(verdict.judged_value(m.kind, m), m)
             cells.append(cell)
             if cell.state == "bad":
                 bad.append(m.metric)

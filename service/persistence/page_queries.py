@@ -28,6 +28,9 @@ from service.persistence.models import (
     SampleRow,
     SummaryRow,
 )
+from service.persistence.samples import worst_of_group
+from service.persistence.summaries import stored_stats
+from workers.stats import MetricStats, worst_rank
 
 
 def job_case_counts(session: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
@@ -101,7 +104,7 @@ def timing_groups(
     (case, metric) range of the covering index; the stride filter runs inside that scan.
 
     Returns per (case, metric) the lanes (rank -> values in idx order) and the worst rank per
-    kept idx (max for lower-is-better, min for higher; NaN on any rank wins)."""
+    kept idx (`workers.stats.worst_rank`)."""
     if not metrics:
         return []
     s = SampleRow
@@ -125,19 +128,12 @@ def timing_groups(
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         name, direction = metrics[int(metric[a])]
         gi, gr, gv = idx[a:b], rank[a:b], value[a:b]
-        # worst rank per idx: runs of equal idx (rows are idx-major)
-        run = np.r_[0, np.flatnonzero(np.diff(gi)) + 1]
-        signed = gv if direction != "higher" else -gv
-        nan_in_run = np.add.reduceat(np.isnan(gv).astype(np.int64), run) > 0
-        with np.errstate(invalid="ignore"):
-            w = np.fmax.reduceat(signed, run)
-        w = w if direction != "higher" else -w
-        w[nan_in_run] = np.nan
+        worst = worst_rank(np.zeros(b - a, np.int64), gi, gv, np.full(b - a, direction != "higher"))
         order = np.argsort(gr, kind="stable")  # rank-major, idx order kept inside a rank
         rs, vs = gr[order], gv[order]
         rcut = np.r_[0, np.flatnonzero(np.diff(rs)) + 1, len(rs)]
         lanes = {int(rs[c0]): vs[c0:c1] for c0, c1 in itertools.pairwise(rcut.tolist())}
-        out.append(Group(int(case[a]), name, lanes, gi[run], w))
+        out.append(Group(int(case[a]), name, lanes, worst.idx, worst.value))
     return out
 
 
@@ -156,15 +152,15 @@ def step_groups(
         return []
     s = SampleRow
     b = (s.idx // _per_metric(bins)) if any(v > 1 for v in bins.values()) else s.idx
+    higher = [mid for mid, (_, direction) in metrics.items() if direction == "higher"]
     q = (
-        select(s.case_id, s.metric_id, func.min(s.idx), func.max(s.value), func.min(s.value),
-               func.count(s.id) - func.count(s.value))
+        select(s.case_id, s.metric_id, func.min(s.idx), worst_of_group(higher))
         .where(s.job_id == job_id, s.attempt == attempt, s.case_id.in_(list(case_ids)),
                s.metric_id.in_(list(metrics)))
         .group_by(s.case_id, s.metric_id, b)
         .order_by(s.case_id, s.metric_id, b)
     )  # fmt: skip
-    arr = fetch_array(session, q, 6)
+    arr = fetch_array(session, q, 4)
     if arr.size == 0:
         return []
     case, metric = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
@@ -172,10 +168,8 @@ def step_groups(
     cut = np.flatnonzero(np.diff(key)) + 1
     out: list[Group] = []
     for a, e in zip(np.r_[0, cut].tolist(), np.r_[cut, len(key)].tolist(), strict=True):
-        name, direction = metrics[int(metric[a])]
-        w = arr[a:e, 4].copy() if direction == "higher" else arr[a:e, 3].copy()
-        w[arr[a:e, 5] > 0] = np.nan
-        out.append(Group(int(case[a]), name, {}, arr[a:e, 2].astype(np.int64), w))
+        name, _ = metrics[int(metric[a])]
+        out.append(Group(int(case[a]), name, {}, arr[a:e, 2].astype(np.int64), arr[a:e, 3].copy()))
     return out
 
 
@@ -292,14 +286,10 @@ class SeriesJob:
 
 @dataclass
 class SeriesStat:
-    """One job's statistics of one case and metric (worst rank applied), as stored at its end."""
+    """One job of a series with its statistics of the case and metric (worst rank applied)."""
 
     job: SeriesJob | JobRow
-    count: int
-    median: float
-    min: float
-    p90: float
-    max: float
+    stats: MetricStats
 
 
 def series_summaries(session: Session, case_id: int, metric_id: int, *, last: int = 200) -> list[SeriesStat]:
@@ -310,7 +300,8 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
     page shows are read (a whole `Job` row, with its JSON columns, cost more than the query)."""
     r = SummaryRow
     q = (
-        select(JobRow.id, CommitRow.sha, JobRow.finished_at, r.count, r.median, r.min, r.p90, r.max)
+        select(JobRow.id, CommitRow.sha, JobRow.finished_at, r.count, r.median, r.min, r.p90, r.max,
+               r.mean, r.nonfinite, r.direction)
         .select_from(r)
         .join(JobRow, JobRow.id == r.job_id)
         .outerjoin(CommitRow, CommitRow.id == JobRow.commit_id)
@@ -319,8 +310,6 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
         .order_by(r.job_id.desc())
         .limit(last)
     )
-    nan = float("nan")
-    out = [SeriesStat(SeriesJob(jid, sha, end), n, nan if med is None else med, nan if lo is None else lo,
-                      nan if p90 is None else p90, nan if hi is None else hi)
-           for jid, sha, end, n, med, lo, p90, hi in session.execute(q)]  # fmt: skip
+    out = [SeriesStat(SeriesJob(jid, sha, end), stored_stats(n, med, p90, lo, hi, mean, bad, way or "lower"))
+           for jid, sha, end, n, med, lo, p90, hi, mean, bad, way in session.execute(q)]  # fmt: skip
     return out[::-1]

@@ -4,6 +4,7 @@ worst rank per idx computed in SQL (max over ranks for lower-is-better metrics, 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -127,8 +128,7 @@ def worst_rank_arrays(
     """(case_id, metric_id) -> the job's latest-attempt (or `attempt`'s) values after the
     worst-rank reduction, of every case or only of `case_id` / `case_ids`.
 
-    One SQL pass over the job's covering index reduces ranks per idx (max for lower-is-better,
-    min for higher-is-better metrics; NULL, i.e. NaN, on any rank makes the idx NaN) and, on
+    One SQL pass over the job's covering index reduces ranks per idx (`worst_rank_per_idx`) and, on
     SQLite/PostgreSQL, string-aggregates each (case, metric) group so only one row per group
     crosses into Python, parsed by numpy in C (SQLite renders REALs with 15 significant digits).
     Values come unordered: statistics only, not pairing by idx.
@@ -196,24 +196,44 @@ def worst_rank_arrays(
 
 
 def worst_rank_per_idx(where: Sequence[Any], higher: Sequence[int]) -> Any:
-    """The rank reduction of `workers.verdict` in SQL, one row per (case, metric, idx) over the
-    covering job index: case_id, metric_id, idx, n (rows: the ranks reporting) and w (the worst
-    rank's value: max, or min for the `higher` metric ids; NULL, i.e. NaN, when any rank's is)."""
+    """The rank reduction of `workers.stats.worst_rank` in SQL, one row per (case, metric, idx)
+    over the covering job index: case_id, metric_id, idx, n (rows: the ranks reporting) and w
+    (`worst_of_group`)."""
     s = SampleRow
     n = func.count()  # count(*) reads no column: 48 vs 71 ms for count(id) over 100k SQLite rows
-    worst = func.max(s.value)
-    if higher:
-        worst = sa_case((s.metric_id.in_(list(higher)), func.min(s.value)), else_=func.max(s.value))
     return (
         select(
             s.case_id.label("case_id"),
             s.metric_id.label("metric_id"),
             s.idx.label("idx"),
             n.label("n"),
-            sa_case((func.count(s.value) < n, None), else_=worst).label("w"),
+            worst_of_group(higher).label("w"),
         )
         .where(*where)
         .group_by(s.case_id, s.metric_id, s.idx)
+    )
+
+
+def worst_of_group(higher: Sequence[int]) -> Any:
+    """SQL for the worst value of a group of sample rows, as `workers.stats.worst_rank` takes it:
+    max, or min for the `higher` metric ids; a non-finite value wins: NULL (NaN) for a NaN or for
+    +inf beside -inf, else the infinity."""
+    s = SampleRow
+    hi, lo = func.max(s.value), func.min(s.value)
+    worst = hi
+    if higher:
+        worst = sa_case((s.metric_id.in_(list(higher)), lo), else_=hi)
+    # beyond the largest finite double: an infinity, or on PostgreSQL a NaN (its largest float8;
+    # SQLite stores a NaN as NULL); no non-finite literal, so that the SQL renders with literal binds
+    big = sys.float_info.max
+    pos, neg = hi > big, lo < -big
+    return sa_case(
+        (func.count(s.value) < func.count(), None),
+        (pos & ~(-hi < 0), None),  # NaN: -NaN is not below zero, -inf is
+        (pos & neg, None),
+        (pos, hi),
+        (neg, lo),
+        else_=worst,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
@@ -24,46 +24,12 @@ from service.persistence.models import (
 from service.persistence.reduced_cases import drop_earlier_reduced, drop_reduced, store_reduced_cases
 from service.persistence.samples import worst_rank_arrays
 from workers import verdict
+from workers.stats import MetricStats, summarise, worst_value
 
 
-@dataclass
-class MetricSummary:
-    """Statistics of one metric of one case in one job, after the worst-rank reduction
-    (`workers.verdict`: statistics of the finite values, non-finite ones counted)."""
-
-    metric: str
-    unit: str
-    kind: str
-    direction: str
-    bound: float | None  # the bound it was judged with (copied onto the stored row)
-    count: int  # number of idx values (after the rank reduction)
-    samples: int  # raw rows (all ranks)
-    ranks: int
-    median: float
-    p90: float
-    min: float
-    max: float
-    mean: float
-    passes: bool | None  # workers.verdict.judge (None when the metric has no bound and is finite)
-    nonfinite: int = 0
-
-    @property
-    def stats(self) -> verdict.Stats:
-        worst = math.nan if self.nonfinite else (self.max if self.direction == "lower" else self.min)
-        return verdict.Stats(self.count, self.nonfinite, self.median, self.p90, self.min, self.max,
-                             self.mean, worst)  # fmt: skip
-
-
-def _summary(
-    name: str, unit: str, kind: str, direction: str, bound: float | None, stats: verdict.Stats,
-    samples: int, ranks: int,
-) -> MetricSummary:
-    judged = verdict.judge(kind, direction, bound, stats)
-    return MetricSummary(
-        metric=name, unit=unit, kind=kind, direction=direction, bound=bound, count=stats.n,
-        samples=samples, ranks=ranks, median=stats.median, p90=stats.p90, min=stats.min,
-        max=stats.max, mean=stats.mean, passes=judged.ok, nonfinite=stats.nonfinite,
-    )  # fmt: skip
+def _judged(stats: MetricStats) -> MetricStats:
+    """The record with its bound's judgement (`workers.verdict.judge`) filled in."""
+    return replace(stats, passes=verdict.judge(stats.kind, stats.direction, stats.bound, stats).ok)
 
 
 @dataclass
@@ -75,16 +41,28 @@ class CaseSummary:
     status: str | None  # None: no result reported (yet)
     error: str | None
     expected_error: str | None
-    metrics: dict[str, MetricSummary] = field(default_factory=dict)
+    metrics: dict[str, MetricStats] = field(default_factory=dict)
 
 
 def _nan(v: float | None) -> float:
     return math.nan if v is None else v
 
 
+def stored_stats(
+    count: int, median: float | None, p90: float | None, lo: float | None, hi: float | None,
+    mean: float | None, nonfinite: int | None, direction: str, **about: Any,
+) -> MetricStats:  # fmt: skip
+    """A stored summary row's statistics (NULL: NaN) as the record; `about`: its other fields."""
+    bad = nonfinite or 0
+    lo_, hi_ = _nan(lo), _nan(hi)
+    return MetricStats(direction=direction, count=count, median=_nan(median), p90=_nan(p90), min=lo_,
+                       max=hi_, mean=_nan(mean), nonfinite=bad, worst=worst_value(direction, lo_, hi_, bad),
+                       **about)  # fmt: skip
+
+
 def compute_summary(
     session: Session, job_id: int, *, case_ids: Sequence[int] | None = None, attempt: int | None = None
-) -> dict[tuple[int, int], MetricSummary]:
+) -> dict[tuple[int, int], MetricStats]:
     """Summaries computed from the raw samples of the job's latest attempt (or `attempt`), of
     every case or only of `case_ids`: for cases still running, and to store when a case ends."""
     arrays = worst_rank_arrays(session, job_id, case_ids=case_ids, attempt=attempt)
@@ -92,18 +70,18 @@ def compute_summary(
         return {}
     metric_ids = {m for _, m in arrays}
     metrics = {m.id: m for m in session.scalars(select(MetricRow).where(MetricRow.id.in_(metric_ids)))}
-    out: dict[tuple[int, int], MetricSummary] = {}
+    out: dict[tuple[int, int], MetricStats] = {}
     for key, wr in arrays.items():
         m = metrics[key[1]]
-        stats = verdict.summarise_array(wr.values, m.direction)
-        out[key] = _summary(m.name, m.unit, m.kind, m.direction, m.bound, stats, wr.samples, wr.ranks)
+        out[key] = _judged(summarise(wr.values, m.direction, metric=m.name, unit=m.unit, kind=m.kind,
+                                     bound=m.bound, samples=wr.samples, ranks=wr.ranks))
     return out
 
 
 def store_summary(
     session: Session,
     job_id: int,
-    summary: dict[tuple[int, int], MetricSummary] | None = None,
+    summary: dict[tuple[int, int], MetricStats] | None = None,
     *,
     case_ids: Sequence[int] | None = None,
     attempt: int | None = None,
@@ -137,7 +115,7 @@ def store_summary(
 
 
 def _add_rows(
-    session: Session, job_id: int, attempt: int, summary: dict[tuple[int, int], MetricSummary]
+    session: Session, job_id: int, attempt: int, summary: dict[tuple[int, int], MetricStats]
 ) -> None:
     session.add_all(
         SummaryRow(
@@ -201,7 +179,7 @@ def sampled_case_ids(session: Session, job_id: int, attempt: int) -> list[int]:
     return [c for c in session.scalars(select(cte.c.cid)) if c is not None]
 
 
-def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[int, int], MetricSummary]:
+def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[int, int], MetricStats]:
     """The summary rows stored for one run of a job (cases that ended, or the whole finished job)."""
     rows = session.execute(
         select(SummaryRow, MetricRow)
@@ -214,19 +192,16 @@ def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[in
         # re-judges an old job); rows written before that was stored take the metric's
         kind, direction = r.kind or m.kind, r.direction or m.direction
         bound = r.bound if r.kind is not None else m.bound
-        lo, hi = _nan(r.min), _nan(r.max)
-        worst = math.nan if r.nonfinite else (hi if direction == "lower" else lo)
-        stats = verdict.Stats(
-            r.count, r.nonfinite or 0, _nan(r.median), _nan(r.p90), lo, hi, _nan(r.mean), worst
-        )
-        out[(r.case_id, r.metric_id)] = _summary(m.name, m.unit, kind, direction, bound, stats, r.samples,
-                                                 r.ranks)  # fmt: skip
+        out[(r.case_id, r.metric_id)] = _judged(stored_stats(
+            r.count, r.median, r.p90, r.min, r.max, r.mean, r.nonfinite, direction, metric=m.name,
+            unit=m.unit, kind=kind, bound=bound, samples=r.samples, ranks=r.ranks,
+        ))  # fmt: skip
     return out
 
 
 def pending_summary(
     session: Session, job_id: int, attempt: int, stored: Iterable[tuple[int, int]] = ()
-) -> dict[tuple[int, int], MetricSummary]:
+) -> dict[tuple[int, int], MetricStats]:
     """Live summaries of the cases that have samples in `attempt` but no stored rows (`stored`:
     the keys already stored): the cases still running, or every case of a job ingested without
     the dispatcher."""
@@ -264,7 +239,7 @@ def record_verdict(engine: Engine, job_id: int, *, ran: bool) -> verdict.JobVerd
     return judged
 
 
-def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricSummary]:
+def summarize_job(session: Session, job_id: int) -> dict[tuple[int, int], MetricStats]:
     """(case_id, metric_id) -> summary for every case and metric with samples in the job's latest
     attempt: the rows stored when each case ended (or at the job's end), and a live computation
     only for cases without them (usually the one case a running job is in)."""

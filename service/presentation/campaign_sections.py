@@ -102,7 +102,7 @@ def _err(value: float | None) -> str:
 
 
 def _worst(m: Any) -> float | None:
-    return None if m is None else views.worst(m)
+    return None if m is None else m.worst
 
 
 def _median(m: Any) -> float | None:
@@ -163,7 +163,7 @@ def _memory(m: Any, tracked: bool) -> str:
     """A peak reading (max over ranks); "not tracked" on a device without allocator statistics."""
     if m is None:
         return "–" if tracked else cv.NOT_TRACKED
-    return cv.memory_text(views.worst(m), m.unit, tracked=tracked)
+    return cv.memory_text(m.worst, m.unit, tracked=tracked)
 
 
 # ------------------------------------------------------------------------------------ sections
@@ -212,8 +212,8 @@ def capability(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     for j in _suite_jobs(jobs, "capability"):
         for c, view in zip(j.data.cases, views.case_views(j.data.cases), strict=True):
             bounded = [m for m in c.metrics.values() if m.bound is not None]
-            held = sum(views.judge(views.worst(m), m).state != "bad" for m in bounded)
-            failing = [m.metric for m in bounded if views.judge(views.worst(m), m).state == "bad"]
+            held = sum(views.judge(m.worst, m).state != "bad" for m in bounded)
+            failing = [m.metric for m in bounded if views.judge(m.worst, m).state == "bad"]
             outcome = (
                 view.status
                 if not c.expected_error
@@ -253,7 +253,7 @@ def gdn_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             cells.append(_err(_worst(m)) + _mark(m, _worst(m)))
         finite = [m for n, m in v.metrics.items() if n.endswith("_finite")]
         cells.append(
-            "yes" if finite and all(views.worst(m) == 1.0 for m in finite) else ("NO ✗" if finite else "–")
+            "yes" if finite and all(m.worst == 1.0 for m in finite) else ("NO ✗" if finite else "–")
         )
         rows.append(cells)
     seeds = max(
@@ -296,8 +296,8 @@ def gdn_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
         ratio = "–"
         if base is not None and base is not v and peak is not None and tracked:
             bpeak = base.metrics.get("peak_bytes")
-            if bpeak is not None and views.worst(peak) > 0 and views.worst(bpeak) > 0:
-                ratio = views.memory_versus(views.worst(peak), views.worst(bpeak), peak.unit).text
+            if bpeak is not None and peak.worst > 0 and bpeak.worst > 0:
+                ratio = views.memory_versus(peak.worst, bpeak.worst, peak.unit).text
         cells = [link(_length(v.params.get("seq_len")), links.case(j.data.job_id, v.case.fingerprint))]
         cells += [str(v.params.get(k, "–")) for k in dims]
         cells += _timing_cells(v.metrics.get("fwd_ms"), both)
@@ -364,7 +364,7 @@ def cp_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
                                  "all parameters' gradients together.", Table(header, rows)]  # fmt: skip
     pads = [(j, v) for j, v in _rows_of(jobs, "cp-layer") if _padded(v)]
     if pads:
-        at = {id(v): views.worst(v.metrics["padding_output_max_abs"]) for _, v in pads}
+        at = {id(v): v.metrics["padding_output_max_abs"].worst for _, v in pads}
         bad = [f"{_cp_label(j, v)} {v.params.get('mode')} {_padding(v)} ({fmt(at[id(v)])})"
                for j, v in pads if at[id(v)] != 0.0]  # fmt: skip
         blocks.append(
@@ -689,7 +689,7 @@ def determinism(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
 
         def same(name: str, ms: Mapping[str, Any] = ms) -> str:
             m = ms.get(name)
-            return "–" if m is None else ("yes" if views.worst(m) == 1.0 else "NO ✗")
+            return "–" if m is None else ("yes" if m.worst == 1.0 else "NO ✗")
 
         diff = ms.get("det_max_param_diff")
         rows.append(
@@ -729,9 +729,9 @@ def stability(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
         growth = ms.get("memory_growth_bytes")
         rows.append([f"CP{j.data.world_size}", link(str(v.params.get("mode", v.case.name)),
                      links.case(j.data.job_id, v.case.fingerprint)),
-                     "–" if passes is None else f"{views.worst(passes):.0f}",
-                     "–" if finite is None else ("yes" if views.worst(finite) == 1.0 else "NO ✗"),
-                     "–" if order is None else f"{views.worst(order):.0f}", _ms(_median(ms.get("pass_ms"))),
+                     "–" if passes is None else f"{passes.worst:.0f}",
+                     "–" if finite is None else ("yes" if finite.worst == 1.0 else "NO ✗"),
+                     "–" if order is None else f"{order.worst:.0f}", _ms(_median(ms.get("pass_ms"))),
                      _memory(growth, tracked) + _mark(growth, _worst(growth) if tracked else None),
                      "error: " + (v.case.error or "").strip().splitlines()[-1][:120] if v.case.error else
                      (v.case.status or "–")])  # fmt: skip
@@ -758,7 +758,7 @@ def traces(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             names = sorted(a for a in j.artifacts if stem in a)
             mode = (c.params or {}).get("mode", c.name)
             events = c.metrics.get("trace_events")
-            size = f", {views.worst(events):.0f} events" if events is not None else ""
+            size = f", {events.worst:.0f} events" if events is not None else ""
             if names:
                 lines.append(
                     f"- CP{j.data.world_size} {mode}: "
@@ -808,7 +808,7 @@ def _worst_rel(
             if m is not None:
                 out.append(
                     {
-                        "value": views.worst(m),
+                        "value": m.worst,
                         "tensor": label,
                         "T": v.params.get("seq_len"),
                         "v": v,
@@ -874,9 +874,9 @@ def _p2p_vs_ulysses(jobs: Sequence[CampaignJob]) -> str | None:
             continue
         for t, label in CP_TENSORS:
             a, b = v.metrics.get(f"{t}_rel_l2"), u.metrics.get(f"{t}_rel_l2")
-            if a is None or b is None or views.worst(a) != views.worst(a):
+            if a is None or b is None or a.worst != a.worst:
                 continue
-            wa, wb = views.worst(a), views.worst(b)
+            wa, wb = a.worst, b.worst
             ratio = 1.0 if max(wa, wb) < ROUNDING_FLOOR else (wa / wb if wb > 0 else math.inf)
             ratios.setdefault(label, []).append(ratio)
     if not ratios:
@@ -976,7 +976,7 @@ def conclusions(
         items.append(line)
     pads = [v for _, v in _rows_of(jobs, "cp-layer") if _padded(v)]
     if pads:
-        zero = sum(views.worst(v.metrics["padding_output_max_abs"]) == 0.0 for v in pads)
+        zero = sum(v.metrics["padding_output_max_abs"].worst == 0.0 for v in pads)
         items.append(f"Padding output exactly 0 in {zero} of {len(pads)} padding case(s).")
     layer_rows = [(j, v) for j, v in _rows_of(jobs, "cp-layer") if "fwd_bwd_ms" in v.metrics]
     dtypes = len({v.params.get("dtype") for _, v in layer_rows}) > 1
@@ -1017,7 +1017,7 @@ def conclusions(
             prefix = _traj_prefix(v.metrics)
             m = v.metrics.get(f"{prefix}_{what}_max_rel") or v.metrics.get(f"{prefix}_{what}_rel_err")
             if m is not None:
-                found.append((views.worst(m), m, v))
+                found.append((m.worst, m, v))
         if found:
             worst_v, m, v = max(found, key=lambda x: math.inf if x[0] != x[0] else x[0])
             holds = (

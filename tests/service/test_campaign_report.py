@@ -3,7 +3,7 @@ real suites produced, stored through the dispatcher's sink (its numbers against 
 statistics).
 
 Planted jobs carry values per repetition, summarised by the store's own statistics
-(`workers.verdict.summarise`), so the medians the report prints are the ones a real job would
+(`workers.stats.summarise`), so the medians the report prints are the ones a real job would
 store: the CP4 P2P/Ulysses pair at 64K is the hand-written report's, U = 160.283 ms and
 P = 132.973 ms, whose gain is 17.0 %.
 """
@@ -11,6 +11,7 @@ P = 132.973 ms, whose gain is 17.0 %.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from service.presentation.campaign_report import campaign_report_markdown, publi
 from service.presentation.campaign_sections import CampaignJob, Links, build_sections
 from tests.support.run_json import store_run
 from workers import verdict
+from workers.stats import summarise
 
 BASE = "https://gdnval.example.org"
 MIB = 1024**2
@@ -39,8 +41,9 @@ def metric(
     direction: str = "lower",
 ) -> Any:
     """A stored metric summary of these per-idx values (already reduced over ranks)."""
-    stats = verdict.summarise(values, direction)
-    return summary_store._summary(name, unit, kind, direction, bound, stats, len(values), 1)
+    stats = summarise(values, direction, metric=name, unit=unit, kind=kind, bound=bound,
+                      samples=len(values), ranks=1)
+    return replace(stats, passes=verdict.judge(kind, direction, bound, stats).ok)
 
 
 def case(
@@ -490,7 +493,7 @@ def test_the_backward_estimate_is_the_difference_of_the_shown_medians() -> None:
 def test_p90_and_min_are_the_stored_statistics() -> None:
     _, rows = table(sections(markdown(campaign()))["CP layer speed and memory"])
     p2p = next(r for r in rows if (r["CP"], r["T"], r["mode"]) == ("CP4", "64K", "p2p"))
-    stats = verdict.summarise([131.973, 132.973, 135.973], "lower")
+    stats = summarise([131.973, 132.973, 135.973], "lower")
     assert (p2p["fwd+bwd p90"], p2p["fwd+bwd min"]) == (f"{stats.p90:.3f}", f"{stats.min:.3f}")
 
 

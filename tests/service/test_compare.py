@@ -15,7 +15,7 @@ from service.domain.compare import (
     JobSide,
     SampleTable,
     compare,
-    reduce_ranks,
+    series_of,
     unit_bytes,
 )
 from workers import verdict as verdict_rule
@@ -114,7 +114,7 @@ def test_worst_rank_is_taken_per_idx_before_statistics() -> None:
     recs = [("c", "fwd_ms", 0, i, 1.0 + i * 0.01) for i in range(5)]
     recs += [("c", "fwd_ms", 1, i, 2.0 + i * 0.01) for i in range(5)]
     recs += [("c", "tok_per_s", r, 0, 100.0 - 10 * r) for r in range(3)]
-    series = reduce_ranks(SampleTable.from_records(recs), METRICS)
+    series = series_of(SampleTable.from_records(recs), METRICS)
     got = {key: series.get(g)[1].tolist() for g, key in enumerate(series.keys)}
     assert got[("c", "fwd_ms")] == pytest.approx([2.0, 2.01, 2.02, 2.03, 2.04])
     assert got[("c", "tok_per_s")] == [80.0]  # higher is better: the worst rank is the minimum

@@ -260,4 +260,4 @@ def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(e
     assert ids[2] < ids[3]  # each round's base job is queued before its head job
     assert decided.exit_code == EXIT_FAIL and sleep_metric(decided).verdict == "regressed"
     m = sleep_metric(decided)
-    assert m.head is not None and m.head.n == 10 * (decided.rounds + 1)  # every round pooled
+    assert m.head is not None and m.head.count == 10 * (decided.rounds + 1)  # every round pooled

@@ -117,10 +117,10 @@ def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> 
 
 
 def _metric(name: str, kind: str, median: float, unit: str = "ms", bound: float | None = None) -> Any:
-    from service.persistence.summaries import MetricSummary
+    from workers.stats import MetricStats
 
-    return MetricSummary(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
-                         None)  # fmt: skip
+    return MetricStats(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
+                       None)  # fmt: skip
 
 
 def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:

@@ -89,7 +89,7 @@ def test_memory_a_cpu_does_not_track_reads_not_tracked() -> None:
 
 def test_job_page_memory_rows_read_not_tracked_on_a_cpu() -> None:
     """Zeros stored by an older CPU job read "not tracked" on the job page; on a GPU they are bytes."""
-    from service.cli.run import case_stats, summarise
+    from service.cli.run import case_stats, metric_stats
     from service.domain import views
     from service.presentation.conventions import memory_tracked
 
@@ -101,7 +101,7 @@ def test_job_page_memory_rows_read_not_tracked_on_a_cpu() -> None:
     sink.samples([Sample(s["case"], s["metric"], s["value"] or 0.0, rank=s["rank"], idx=s["idx"])
                   for s in doc["samples"]]
                  + [Sample(case, "peak_allocated_bytes", 0.0, rank=r) for r in (0, 1)])  # fmt: skip
-    stats = case_stats(cases, sink, summarise(suite, sink.samples_), "cpu", 2)
+    stats = case_stats(cases, sink, metric_stats(suite, sink.samples_), "cpu", 2)
     rows = views.memory_rows(stats, tracked=memory_tracked("cpu"))
     assert rows and all(r.value.text == "not tracked" for r in rows)
     on_gpu = views.memory_rows(stats, tracked=memory_tracked("cuda"))

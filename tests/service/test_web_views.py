@@ -11,29 +11,22 @@ import numpy as np
 from service.domain import views
 from service.domain.numbers import fmt
 from service.web import charts
+from workers.stats import MetricStats, worst_value
 
 
-@dataclass
-class M:
-    metric: str
-    kind: str
-    median: float
-    min: float = 0.0
-    max: float = 0.0
-    p90: float = 0.0
-    unit: str = ""
-    direction: str = "lower"
-    bound: float | None = None
-    count: int = 1
-    samples: int = 1
-    ranks: int = 1
+def M(metric: str, kind: str, median: float, min: float = 0.0, max: float = 0.0, p90: float = 0.0,
+      unit: str = "", direction: str = "lower", bound: float | None = None, count: int = 1,
+      ranks: int = 1) -> MetricStats:
+    """The store's record of one metric, built as the store builds it (worst from min and max)."""
+    return MetricStats(metric, unit, kind, direction, bound, count, count * ranks, ranks, median, p90, min,
+                       max, median, worst=worst_value(direction, min, max, 0))
 
 
 @dataclass
 class C:
     name: str
     params: dict[str, Any]
-    metrics: dict[str, M] = field(default_factory=dict)
+    metrics: dict[str, MetricStats] = field(default_factory=dict)
     fingerprint: str = ""
     status: str | None = "passed"
     error: str | None = None
@@ -43,7 +36,7 @@ class C:
         self.fingerprint = self.fingerprint or f"fp-{self.name}"
 
 
-def _acc(name: str, value: float, bound: float | None = None, direction: str = "lower") -> M:
+def _acc(name: str, value: float, bound: float | None = None, direction: str = "lower") -> MetricStats:
     return M(name, "accuracy", value, value, value, value, direction=direction, bound=bound)
 
 

@@ -23,6 +23,7 @@ from service.web.deps import (
     when,
 )
 from workers import verdict
+from workers.stats import summarise
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
 
@@ -47,12 +48,12 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     stats = page_queries.series_summaries(session, case.id, mdef.id) if mdef else []
     if not stats:  # jobs stored without summaries (not run by the service): reduce the raw samples
         raw = sample_store.fingerprint_series(session, fingerprint, metric)
-        stats = [_raw_stat(job, worst.values) for job, worst in raw]
+        stats = [_raw_stat(job, worst.values, mdef.direction if mdef else "lower") for job, worst in raw]
     points: list[charts.SeriesPoint] = []
     rows: list[dict[str, Any]] = []
     prev: float | None = None
-    for st in stats:
-        job = st.job
+    for row in stats:
+        job, st = row.job, row.stats
         ok = st.count > 0 and st.median == st.median
         med, lo, p90, hi = (st.median, st.min, st.p90, st.max) if ok else (None, None, None, None)
         label = (job.commit_sha or f"#{job.id}")[:8]
@@ -77,15 +78,8 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
     return page(request, "history.html", nav="history", series=series, missing=None, suites=suites)
 
 
-def _raw_stat(job: JobRow, values: Any) -> page_queries.SeriesStat:
-    import numpy as np
-
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0 or np.isnan(v).any():
-        nan = float("nan")
-        return page_queries.SeriesStat(job, int(v.size), nan, nan, nan, nan)
-    return page_queries.SeriesStat(job, int(v.size), float(np.median(v)), float(v.min()),
-                              float(np.percentile(v, 90)), float(v.max()))
+def _raw_stat(job: JobRow, values: Any, direction: str) -> page_queries.SeriesStat:
+    return page_queries.SeriesStat(job, summarise(values, direction))
 
 
 @router.get("/history/{suite}", response_class=HTMLResponse)
