@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import docs, problems
+from service.api.input_rule import InputRule
 from service.api.problems import MEDIA_TYPE, problem_body
 from service.api.routes import ROUTERS as API_ROUTERS
 from service.dispatcher import Dispatcher
@@ -163,7 +164,8 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     for router in API_ROUTERS:
         app.include_router(router)
     app.include_router(web_router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(InputRule)  # one input rule for every route, pages included
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: caps what InputRule reads
     return app
 
 
