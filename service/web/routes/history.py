@@ -8,8 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
-from service.api.input_rule import DbIntQuery
+from service.api.deps import DbIntQuery, get_session
 from service.domain import views
 from service.domain.numbers import fmt
 from service.persistence import cases as case_store

@@ -12,8 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
-from service.api.input_rule import DbId, DbIdQuery
+from service.api.deps import DbId, DbIdQuery, get_session
 from service.domain import views
 from service.domain.report import build_report
 from service.persistence import artifacts as artifact_store
