@@ -25,6 +25,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -129,9 +130,10 @@ def install(app: FastAPI) -> None:
         return problem(status, f"a value of the request is outside what the store holds: {_first_line(exc)}")
 
     @app.exception_handler(OperationalError)
-    async def _store_busy(request: Request, exc: OperationalError) -> Response:
+    @app.exception_handler(PoolTimeout)
+    async def _store_busy(request: Request, exc: Exception) -> Response:
         log.error("store error on %s: %s", request.url.path, exc)
-        return problem(503, "the results store is busy or unreachable; retry")
+        return problem(503, "the results store is busy or unreachable; retry", headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
