@@ -173,7 +173,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     for router in API_ROUTERS:
         app.include_router(router)
     app.include_router(web_router)
-    app.add_middleware(InputRule)  # one input rule for every route, pages included
+    app.add_middleware(InputRule, settings=settings)  # one input rule for every route, pages included
     app.add_middleware(ReadLimit, limit=settings.read_concurrency, wait_s=settings.read_wait_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: caps what InputRule reads
     return app

@@ -8,9 +8,11 @@
   int4, which every id and count column is).
 
 The API answers 422 (problem details); pages answer 404 for a bad path and 400 for a bad query
-or body. `InputRule` is an ASGI middleware on the whole app, so a route added later gets the
-rule without asking; `store_input_error` turns a store's own refusal of a value that slipped
-past (an out-of-range integer) into the same answers instead of a 500.
+or body. A request without the credentials the service asks for is left to the guarded route's
+401 first (nothing about it is judged before). `InputRule` is an ASGI middleware on the whole
+app, so a route added later gets the rule without asking; the problem handlers
+(`service.api.problems`) turn a store's own refusal of a value that slipped past (an
+out-of-range integer) into the same answers instead of a 500.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastapi import Path, Query
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.problems import MEDIA_TYPE, problem_body
+from service.web_session import COOKIE, READ_METHODS
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 INT8_MAX = 2**63 - 1  # BIGINT ids (samples)
@@ -87,7 +90,7 @@ def loads(text: str | bytes, where: str = "the JSON body") -> Any:
     except RecursionError as exc:
         raise BadInput(f"{where} is nested deeper than {MAX_DEPTH} levels") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{where} is not valid JSON: {exc}") from exc
+        raise BadInput(f"JSON decode error in {where}: {exc}") from exc
     _walk(value, where)
     return value
 
@@ -102,11 +105,23 @@ def _is_api(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def _auth_first(scope: Scope, settings: Any) -> bool:
+    """A request that carries no credentials where the service asks for them: its 401 comes
+    before anything about the request is judged (the guarded routes answer it, then nothing of
+    the input reaches a store)."""
+    if settings is None or settings.token() is None:
+        return False
+    headers = dict(scope.get("headers") or [])
+    if b"authorization" in headers or COOKIE.encode() in headers.get(b"cookie", b""):
+        return False
+    return scope.get("method") not in READ_METHODS or bool(settings.protect_reads)
+
+
 class InputRule:
     """Refuse unstorable path, query and body input for every route (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, settings: Any = None) -> None:
+        self.app, self.settings = app, settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,10 +129,16 @@ class InputRule:
             return
         path: str = scope.get("path", "")
         api = _is_api(path)
+        if api and _auth_first(scope, self.settings):
+            await self.app(scope, receive, send)
+            return
         try:
             check_text(path, "the path")
         except BadInput as exc:
             await _reject(send, 422 if api else 404, str(exc))
+            return
+        if _auth_first(scope, self.settings):
+            await self.app(scope, receive, send)
             return
         try:
             query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
@@ -163,8 +184,3 @@ async def _reject(send: Send, status: int, detail: str) -> None:
         "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
     })  # fmt: skip
     await send({"type": "http.response.body", "body": body})
-
-
-def store_input_status(path: str) -> int:
-    """The answer to a value the store itself refused: 422 on the API, 404 on a page."""
-    return 422 if _is_api(path) else 404

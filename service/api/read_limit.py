@@ -31,6 +31,9 @@ class ReadLimit:
         self.app, self.limit, self.wait_s = app, limit, wait_s
         self._slots: asyncio.Semaphore | None = None  # made in the server's event loop
         self._waiting = 0
+        self._busy_body = problem_body(
+            503, f"the service is answering {limit} reads already; retry in {RETRY_AFTER_S} s"
+        )  # made once: a flood of refusals costs the event loop as little as possible
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope.get("method") not in READ_METHODS
@@ -41,13 +44,13 @@ class ReadLimit:
             self._slots = asyncio.Semaphore(self.limit)
         slots = self._slots
         if slots.locked() and self._waiting >= self.limit * QUEUE_FACTOR:
-            await _busy(send, self.limit)
+            await _busy(send, self._busy_body)
             return
         self._waiting += 1
         try:
             await asyncio.wait_for(slots.acquire(), timeout=self.wait_s)
         except TimeoutError:
-            await _busy(send, self.limit)
+            await _busy(send, self._busy_body)
             return
         finally:
             self._waiting -= 1
@@ -57,8 +60,7 @@ class ReadLimit:
             slots.release()
 
 
-async def _busy(send: Send, limit: int) -> None:
-    body = problem_body(503, f"the service is answering {limit} requests already; retry in {RETRY_AFTER_S} s")
+async def _busy(send: Send, body: bytes) -> None:
     await send({
         "type": "http.response.start", "status": 503,
         "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode()),

@@ -182,3 +182,20 @@ def test_a_commit_the_repository_lacks_is_refused_at_submit(
     monkeypatch.delenv("GDNVAL_REPO", raising=False)
     no_repo = LocalExecutor()
     assert validate_request({"suite": "capability", "commit": "deadbeef"}, no_repo).commit == "deadbeef"
+
+
+def test_without_credentials_the_401_comes_first(tmp_path: Path) -> None:
+    """Nothing about a request is judged before its missing credentials are; a page's address
+    is still checked (it names a file or nothing)."""
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'p.db'}", api_token=TOKEN, protect_reads=True,
+                        dispatch=False, executor="tests.support.api_support:make_fake_executor",
+                        artifacts_dir=tmp_path / "a")  # fmt: skip
+    with TestClient(create_app(settings), raise_server_exceptions=False) as http:
+        assert http.get("/api/v1/jobs?suite=%00").status_code == 401
+        assert http.get(f"/api/v1/jobs/{HUGE}").status_code == 401
+        nan = raw('"params": {"samples": NaN}')
+        bare = {"content-type": "application/json"}
+        assert http.post("/api/v1/jobs", content=nan, headers=bare).status_code == 401
+        assert http.get("/static/%00").status_code == 404
+        assert http.get("/api/v1/jobs?suite=%00", headers=AUTH).status_code == 422
+        assert http.post("/api/v1/jobs", content=nan, headers=JSON).status_code == 422
