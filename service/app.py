@@ -17,7 +17,9 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import docs, problems
+from service.api.input_rule import InputRule
 from service.api.problems import MEDIA_TYPE, problem_body
+from service.api.read_limit import ReadLimit
 from service.api.routes import ROUTERS as API_ROUTERS
 from service.dispatcher import Dispatcher
 from service.domain import submission
@@ -120,7 +122,13 @@ def _demo_jobs(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastAPI:
     """The service application for `settings` (default: from the environment)."""
     settings = settings or Settings()
-    engine = db.make_engine(settings.db_url)
+    engine = db.make_engine(settings.db_url, **db.request_pool(settings.db_url, settings.read_concurrency))
+    # the dispatcher's own connections: its claims, heartbeats and the executors' sinks never wait
+    # behind requests; a probe's own, so /readyz never waits behind them either
+    job_engine = engine if db.is_memory(settings.db_url) else db.make_engine(settings.db_url)
+    probe_engine = engine if db.is_memory(settings.db_url) else db.make_engine(
+        settings.db_url, pool_size=1, max_overflow=0, pool_timeout=1
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -132,7 +140,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
             app.state.executor = None
             app.state.executor_error = f"{settings.executor}: {exc}"
         if settings.dispatch and app.state.executor is not None:
-            app.state.dispatcher = Dispatcher(settings, engine, app.state.executor)
+            app.state.dispatcher = Dispatcher(settings, job_engine, app.state.executor)
             app.state.dispatcher.start()
         if demo:
             _demo_jobs(app)
@@ -142,7 +150,8 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
             if app.state.dispatcher is not None:
                 app.state.dispatcher.stop()
             close_executors()
-            engine.dispose()
+            for eng in {engine, job_engine, probe_engine}:
+                eng.dispose()
 
     app = FastAPI(
         title="gdnval",
@@ -154,6 +163,7 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     )
     app.state.settings = settings
     app.state.engine = engine
+    app.state.probe_engine = probe_engine
     app.state.executor = None
     app.state.executor_error = None
     app.state.dispatcher = None
@@ -163,7 +173,9 @@ def create_app(settings: Settings | None = None, *, demo: bool = False) -> FastA
     for router in API_ROUTERS:
         app.include_router(router)
     app.include_router(web_router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(InputRule, settings=settings)  # one input rule for every route, pages included
+    app.add_middleware(ReadLimit, limit=settings.read_concurrency, wait_s=settings.read_wait_s)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: caps what InputRule reads
     return app
 
 

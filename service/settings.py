@@ -63,6 +63,10 @@ class Settings(BaseSettings):
         description="max concurrently running jobs per device kind (JSON in the environment)",
     )
     max_body_bytes: int = Field(1 << 20, ge=1, description="largest accepted request body")
+    read_concurrency: int = Field(
+        4, ge=1, le=256, description="reads (GET/HEAD) served at once; more wait up to read_wait_s, then 503"
+    )
+    read_wait_s: float = Field(1.0, gt=0, le=30, description="longest wait for a turn before a 503")
     artifacts_dir: Path = Field(Path("gdnval-artifacts"), description="where job artifacts are written")
     dispatch: bool = Field(True, description="run a dispatcher in the service process")
     poll_interval_s: float = Field(0.5, gt=0, description="how often the dispatcher looks for work")

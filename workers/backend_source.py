@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.job_env import job_environment
 from workers.provenance import BACKEND_COMMIT_FILE
 from workers.snapshot import SnapshotCache, SnapshotError, default_cache_dir
 
@@ -73,7 +74,8 @@ def _pip_install(target: Path, what: str, python: str, *, build_isolation: bool)
     if not build_isolation:
         cmd.insert(4, "--no-build-isolation")  # a source tree builds with this environment's setuptools
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
+                             env=job_environment(install=True))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendSourceError(f"pip install of {what} failed: {exc}") from exc
     if out.returncode != 0:
@@ -90,7 +92,8 @@ def _local_repo(repo: str, mirrors: Path) -> Path:
     cmd = fetch if (mirror / "HEAD").exists() else ["git", "clone", "--quiet", "--bare", repo, str(mirror)]
     mirrors.mkdir(parents=True, exist_ok=True)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
+                             env=job_environment(install=True))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {exc}") from exc
     if out.returncode != 0:

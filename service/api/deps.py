@@ -16,12 +16,13 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Query, Request
 from sqlalchemy.orm import Session
 
+from service.api.input_rule import MAX_ID, BadInput, DbId, DbIdQuery, DbIntQuery, loads
 from service.persistence import jobs
 from service.persistence.models import JobRow
 from service.settings import Settings
 from service.web_session import READ_METHODS, has_session
 
-MAX_ID = 2**31 - 1  # ids are INTEGER columns: PostgreSQL's int4 ends here
+__all__ = ["BadInput", "DbId", "DbIdQuery", "DbIntQuery", "loads"]  # the pages' share of the input rule
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 JobQuery = Annotated[int, Query(ge=1, le=MAX_ID, description="job id")]
 LABEL_PATTERN = r"^[^=]+=[\s\S]*$"
@@ -83,10 +84,11 @@ def job_or_404(session: Session, job_id: int) -> JobRow:
     return job
 
 
-def cursor_value(value: str | None, name: str = "cursor") -> int | None:
+def cursor_value(value: str | None, name: str = "cursor", maximum: int = MAX_ID) -> int | None:
+    """The id a cursor names; ids past `maximum` (the id column's range) were never handed out."""
     if value is None or value == "":
         return None
-    if not value.isdigit() or len(value) > 18:
+    if not value.isdigit() or len(value) > 18 or int(value) > maximum:
         raise HTTPException(422, f"{name} must be a value returned as 'next' by this endpoint, got {value!r}")
     return int(value)
 

@@ -24,7 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -66,6 +67,10 @@ def problem(status: int, detail: str, errors: list[dict[str, Any]] | None = None
             headers: dict[str, str] | None = None) -> Response:  # fmt: skip
     return Response(problem_body(status, detail, errors), status_code=status, media_type=MEDIA_TYPE,
                     headers=headers)  # fmt: skip
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -113,12 +118,22 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = _field_errors(exc)
+        if request.method == "GET" and not request.url.path.startswith("/api/"):
+            return problem(404, _summary(errors), errors)  # a page address that names nothing
         return problem(422, _summary(errors), errors)
 
+    @app.exception_handler(DataError)
+    @app.exception_handler(OverflowError)
+    async def _unstorable(request: Request, exc: Exception) -> Response:
+        """A value the store refused (an integer past its column's range): the request's fault."""
+        status = 422 if request.url.path.startswith("/api/") else 404
+        return problem(status, f"a value of the request is outside what the store holds: {_first_line(exc)}")
+
     @app.exception_handler(OperationalError)
-    async def _store_busy(request: Request, exc: OperationalError) -> Response:
+    @app.exception_handler(PoolTimeout)
+    async def _store_busy(request: Request, exc: Exception) -> Response:
         log.error("store error on %s: %s", request.url.path, exc)
-        return problem(503, "the results store is busy or unreachable; retry")
+        return problem(503, "the results store is busy or unreachable; retry", headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:

@@ -16,6 +16,7 @@ from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendS
 from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 from workers.registry import get_suite
+from workers.snapshot import SnapshotError
 from workers.suite import UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
@@ -95,6 +96,15 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
             BackendSource.parse(source)
         except BackendSourceError as exc:
             raise InvalidJob(f"label {BACKEND_SOURCE_LABEL!r}: {exc}") from exc
+    snapshots = getattr(executor, "snapshots", None)  # the executor's repository, when it has one
+    if req.commit is not None and snapshots is not None:
+        try:
+            snapshots.resolve(req.commit)
+        except SnapshotError as exc:
+            raise InvalidJob(
+                f"commit {req.commit!r} is not a commit of the service's repository; expected a sha, "
+                f"branch or tag it holds ({exc})"
+            ) from exc
     if executor is not None:
         try:
             most = executor.most_ranks(req.device, placement)

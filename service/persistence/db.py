@@ -60,6 +60,21 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return engine
 
 
+def is_memory(url: str) -> bool:
+    """An in-process SQLite database: one database per engine, so one engine must serve all."""
+    u = make_url(url)
+    return is_sqlite(url) and (not u.database or u.database == ":memory:")
+
+
+def request_pool(url: str, reads: int) -> dict[str, Any]:
+    """Pool options of the engine that requests use: room for `reads` concurrent reads (a
+    streamed one holds two connections) and as many writes again, and a bounded wait so a
+    shortage is answered (503), not queued for long."""
+    if is_memory(url):
+        return {}
+    return {"pool_size": 2 * reads, "max_overflow": 2 * reads + 8, "pool_timeout": 10}
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 from tests.support.api_support import TOKEN, make_server
+from tests.support.stores import STORES, store_url
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = "application/problem+json"
@@ -131,11 +132,19 @@ def _failures(stdout: str) -> set[tuple[str, str]]:
     return found
 
 
-@pytest.mark.slow  # about a minute: a server subprocess and 45 s of schemathesis
-def test_schemathesis_finds_no_contract_failure(tmp_path: Path) -> None:
-    """`st run --checks all` against a real server (uvicorn subprocess, SQLite file; no dispatcher,
-    so accepted jobs stay queued), bounded to 10 examples per operation and 45 s."""
-    server = make_server(tmp_path, executor=FAKE_EXECUTOR, GDNVAL_DISPATCH="false")
+@pytest.mark.slow  # about a minute per store: a server subprocess and 45 s of schemathesis
+@pytest.mark.parametrize("store", STORES)
+def test_schemathesis_finds_no_contract_failure(store: str, request: pytest.FixtureRequest,
+                                                tmp_path: Path) -> None:  # fmt: skip
+    """`st run --checks all` against a real server (uvicorn subprocess, a SQLite file or a
+    PostgreSQL database; no dispatcher, so accepted jobs stay queued), bounded to 10 examples per
+    operation and 45 s."""
+    with store_url(request, store, tmp_path / "gdnval.db") as url:
+        _schemathesis(tmp_path, url)
+
+
+def _schemathesis(tmp_path: Path, url: str) -> None:
+    server = make_server(tmp_path, executor=FAKE_EXECUTOR, GDNVAL_DISPATCH="false", GDNVAL_DB_URL=url)
     server.start()
     try:
         config = str(ROOT / "tests" / "service" / "schemathesis.toml")

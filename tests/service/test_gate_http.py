@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.api_support import free_port
 from tests.support.gate_suite import NOISE_ENV, SUITE_MODULE, make_repo, serve_in_thread
+from workers.job_env import EXTRA_ENV
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,8 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     # D times like B, but its first run is slow once (noise): --confirm re-runs it and passes
     flag = server.tmp / "noise-once"
     flag.write_text("slow once")
-    server.mp.setenv(NOISE_ENV, str(flag))  # the server's rank processes inherit it
+    server.mp.setenv(NOISE_ENV, str(flag))
+    server.mp.setenv(EXTRA_ENV, NOISE_ENV)  # named for the ranks: they get an allow-listed environment
     noisy_json = server.tmp / "noisy.json"
     noisy = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
                 "--server", url, "--poll", "0.2", "--confirm", "--json", str(noisy_json))  # fmt: skip

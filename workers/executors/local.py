@@ -22,6 +22,7 @@ from workers.deadline import collective_timeout_s
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit, end_ranks
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
+from workers.job_env import job_environment
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
@@ -45,7 +46,7 @@ def _accelerator_count(kind: str, python: str = sys.executable) -> int:
     try:
         out = subprocess.run(
             [python, "-c", code], capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": path},
+            env={**job_environment(), "PYTHONPATH": path},
         )  # fmt: skip
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
@@ -175,8 +176,9 @@ class LocalExecutor(Executor):
         extra_paths: list[Path] | None = None,
     ) -> dict[str, str]:
         """The rank's environment; `devices[rank]` is its accelerator's index on this machine;
-        `extra_paths` (an installed backend source) follow the source root on the path."""
-        env = dict(os.environ)
+        `extra_paths` (an installed backend source) follow the source root on the path. Built from
+        the allow-list of `workers.job_env`: job code never sees the service's secrets."""
+        env = job_environment()
         env.update(
             rank_environment(spec.device, deterministic=spec.deterministic, world_size=spec.world_size)
         )

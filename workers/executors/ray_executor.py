@@ -48,6 +48,7 @@ from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec, check_placement
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
+from workers.job_env import SECRETS, job_environment
 from workers.provenance import source_commit
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 
@@ -57,10 +58,37 @@ CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
 
+def actor_rank_env(
+    device: str, payload: Mapping[str, Any], env: Mapping[str, str], visible: Mapping[str, str],
+    paths: list[str], base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A Ray rank's environment: the allow-listed part of the actor's (`base`, default its own,
+    which Ray copies from the service that started the cluster: secrets included), the rank
+    variables, the rendezvous `env`, the assigned devices and `paths` ahead of PYTHONPATH."""
+    from workers.runtime import rank_environment
+
+    base = os.environ if base is None else base
+    child = job_environment(base)
+    child.update(
+        rank_environment(
+            device,
+            deterministic=bool(payload.get("deterministic")),
+            world_size=int(payload.get("world_size", 1)),
+            base_env=child,
+        )
+    )
+    child.update(env)
+    child.update(visible)
+    child["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [base.get("PYTHONPATH")])])
+    return child
+
+
 class RankActor:
     """Lives on the node of one bundle; runs one rank process and hands back what it wrote."""
 
     def __init__(self, device: str) -> None:
+        for name in SECRETS:  # a cluster started by the service copied its environment to us
+            os.environ.pop(name, None)
         self.device = device
         self.proc: RankProcess | None = None
         self._reported = False
@@ -104,7 +132,6 @@ class RankActor:
         """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd, with
         `backend_dir` the installed backend source shipped beside it goes on its path."""
         from workers.provenance import SOURCE_ROOT
-        from workers.runtime import rank_environment
         from workers.snapshot import COMPLETE_MARKER
 
         if sha:
@@ -115,16 +142,6 @@ class RankActor:
                 )
         else:
             root = SOURCE_ROOT
-        child = dict(os.environ)
-        child.update(
-            rank_environment(
-                self.device,
-                deterministic=bool(payload.get("deterministic")),
-                world_size=int(payload.get("world_size", 1)),
-            )
-        )
-        child.update(env)
-        child.update(self.visible_devices())
         paths = [str(root)]
         if backend_dir:
             site = Path.cwd() / backend_dir
@@ -133,7 +150,7 @@ class RankActor:
                     f"the runtime environment holds no backend folder {backend_dir} (cwd {Path.cwd()})"
                 )
             paths.append(str(site))
-        child["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+        child = actor_rank_env(self.device, payload, env, self.visible_devices(), paths)
         self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable)
         return self.proc.pid
 

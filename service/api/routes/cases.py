@@ -21,6 +21,7 @@ from service.api.deps import (
     job_or_404,
     require_read,
 )
+from service.api.input_rule import INT8_MAX
 from service.api.schemas import (
     CaseOut,
     MetricSummaryOut,
@@ -81,7 +82,7 @@ def job_samples(
     if format == "json":
         rows, nxt = sample_store.list_samples(
             session, job_id, case=case, metric=metric, rank=rank, attempt=attempt,
-            after_id=cursor_value(cursor) or 0, limit=limit,
+            after_id=cursor_value(cursor, maximum=INT8_MAX) or 0, limit=limit,
         )  # fmt: skip
         return Page[SampleOut](
             items=[SampleOut.model_validate(r, from_attributes=True) for r in rows],

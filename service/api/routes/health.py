@@ -1,8 +1,12 @@
 """`/healthz` (liveness) and `/readyz` (store at the migrated head, dispatcher running): outside
-`/api/v1` and never behind a token."""
+`/api/v1`, never behind a token, and never behind the requests' limit or their connections:
+`/healthz` runs on the event loop, `/readyz` asks the store through a connection of its own at
+most once per `STORE_CHECK_TTL_S` (a flood of probes costs one query a second)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -13,10 +17,12 @@ from service.api.schemas import (
 from service.persistence import db
 
 router = APIRouter()
+STORE_CHECK_TTL_S = 1.0
+_store_check_lock = threading.Lock()
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """The process answers (liveness)."""
     return Health(status="ok")
 
@@ -25,12 +31,7 @@ def healthz() -> Health:
 def readyz(request: Request, response: Response) -> Health:
     """The store answers at the migrated head and the dispatcher (if enabled) is running."""
     state = request.app.state
-    checks: dict[str, Any] = {}
-    try:
-        current, head = db.current_revision(state.engine), db.head_revision()
-        checks["database"] = "ok" if current == head else f"schema at {current}, expected {head}"
-    except Exception as exc:
-        checks["database"] = f"unreachable: {type(exc).__name__}"
+    checks: dict[str, Any] = {"database": _store_check(state)}
     dispatcher = getattr(state, "dispatcher", None)
     if state.settings.dispatch:
         checks["dispatcher"] = "ok" if dispatcher is not None and dispatcher.alive() else "not running"
@@ -38,3 +39,20 @@ def readyz(request: Request, response: Response) -> Health:
     ready = all(v == "ok" for v in checks.values())
     response.status_code = 200 if ready else 503
     return Health(status="ready" if ready else "not ready", checks=checks)
+
+
+def _store_check(state: Any) -> str:
+    """The store's answer, reused for `STORE_CHECK_TTL_S`."""
+    with _store_check_lock:
+        cached = getattr(state, "store_check", None)
+        if cached is not None and time.monotonic() - cached[0] < STORE_CHECK_TTL_S:
+            return str(cached[1])
+        try:
+            if getattr(state, "head_revision", None) is None:
+                state.head_revision = db.head_revision()
+            current, head = db.current_revision(state.probe_engine), state.head_revision
+            result = "ok" if current == head else f"schema at {current}, expected {head}"
+        except Exception as exc:
+            result = f"unreachable: {type(exc).__name__}"
+        state.store_check = (time.monotonic(), result)
+        return result

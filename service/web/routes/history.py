@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
+from service.api.deps import DbIntQuery, get_session
 from service.domain import views
 from service.domain.numbers import fmt
 from service.persistence import cases as case_store
@@ -84,7 +84,7 @@ def _raw_stat(job: JobRow, values: Any, direction: str) -> page_queries.SeriesSt
 
 @router.get("/history/{suite}", response_class=HTMLResponse)
 def history_suite(request: Request, suite: str, kind: str = "time", device: str | None = None,
-                  world_size: int | None = None, last: int = 20,
+                  world_size: DbIntQuery | None = None, last: int = 20,
                   session: Session = Depends(get_session)) -> HTMLResponse:
     kinds = ("time", "memory", "accuracy", "trajectory", "check")
     kind = kind if kind in kinds else "time"

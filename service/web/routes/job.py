@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
+from service.api.deps import DbId, DbIdQuery, get_session
 from service.domain import views
 from service.domain.report import build_report
 from service.persistence import artifacts as artifact_store
@@ -166,7 +166,7 @@ def _plottable(cases: list[summary_store.CaseSummary]) -> set[str]:
 
 @router.get("/jobs/{job_id}/plots", response_class=HTMLResponse)
 def job_plots(
-    request: Request, job_id: int, case: str, session: Session = Depends(get_session)
+    request: Request, job_id: DbId, case: str, session: Session = Depends(get_session)
 ) -> HTMLResponse:
     """One case's plots as an HTML fragment: the job page fetches it when the case comes near
     the screen, so a 100k-sample page is not ~700 KiB of inline SVG before anyone looks."""
@@ -188,7 +188,7 @@ def _case_counts(cases: list[views.CaseView]) -> list[tuple[str, str, int]]:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
+def job_page(request: Request, job_id: DbId, session: Session = Depends(get_session)) -> HTMLResponse:
     job = job_store.get_job(session, job_id)
     if job is None:
         return error_page(request, 404, "No such job", f"There is no job #{job_id}.")
@@ -235,7 +235,7 @@ def _deadline(request: Request, job: JobRow) -> str:
 
 
 @router.get("/jobs/{job_id}/report.md")
-def job_report(request: Request, job_id: int, session: Session = Depends(get_session)) -> Response:
+def job_report(request: Request, job_id: DbId, session: Session = Depends(get_session)) -> Response:
     """The job's Markdown test report (the same text `gdnval report` prints)."""
     if job_store.get_job(session, job_id) is None:
         raise HTTPException(404, f"no job #{job_id}")
@@ -246,7 +246,7 @@ def job_report(request: Request, job_id: int, session: Session = Depends(get_ses
 
 @router.get("/compare/report.md")
 def compare_report(
-    request: Request, base: int, head: int, session: Session = Depends(get_session)
+    request: Request, base: DbIdQuery, head: DbIdQuery, session: Session = Depends(get_session)
 ) -> Response:
     """The Markdown report of `head` compared with `base` (job ids)."""
     for job_id in (base, head):
@@ -261,7 +261,7 @@ def compare_report(
 
 
 @router.get("/jobs/{job_id}/progress")
-def job_progress(job_id: int, session: Session = Depends(get_session)) -> JSONResponse:
+def job_progress(job_id: DbId, session: Session = Depends(get_session)) -> JSONResponse:
     """What the job page's script polls while the job is queued or running."""
     job = job_store.get_job(session, job_id)
     if job is None:

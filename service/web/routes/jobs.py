@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import json
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -12,6 +11,7 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
+from service.api import deps
 from service.api.deps import get_session
 from service.domain import submission, views
 from service.persistence import jobs as job_store
@@ -72,7 +72,7 @@ def _jobs_context(session: Session, status: str | None, suite: str | None, commi
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, status: str | None = None, suite: str | None = None,
-              commit: str | None = None, before: int | None = None,
+              commit: str | None = None, before: deps.DbIdQuery | None = None,
               session: Session = Depends(get_session)) -> HTMLResponse:
     ctx = _jobs_context(session, status, suite, commit, before)
     known = sorted(set(suite_names()) | set(page_queries.suites_with_results(session)))
@@ -83,7 +83,7 @@ def jobs_page(request: Request, status: str | None = None, suite: str | None = N
 
 @router.get("/jobs/rows", response_class=HTMLResponse)
 def jobs_rows(request: Request, status: str | None = None, suite: str | None = None,
-              commit: str | None = None, before: int | None = None,
+              commit: str | None = None, before: deps.DbIdQuery | None = None,
               session: Session = Depends(get_session)) -> HTMLResponse:
     """The job list's rows alone: the page's script swaps them in while jobs are live."""
     ctx = _jobs_context(session, status, suite, commit, before)
@@ -125,9 +125,10 @@ def submit_job(
         body = {
             "suite": suite, "preset": preset, "commit": commit.strip() or None, "device": device,
             "world_size": world_size, "priority": priority,
-            "params": json.loads(params or "{}"), "labels": json.loads(labels or "{}"),
+            "params": deps.loads(params or "{}", "params"),
+            "labels": deps.loads(labels or "{}", "labels"),
         }  # fmt: skip
-    except json.JSONDecodeError as exc:
+    except deps.BadInput as exc:
         return again(422, f"Parameters and labels must be JSON objects: {exc}")
     from pydantic import ValidationError
 
