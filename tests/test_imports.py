@@ -122,7 +122,7 @@ SERVICE_LAYERS: dict[str, int] = {
     "service.settings": 0, "service.web_session": 0, "service.executor_choice": 0,
     "service.persistence.models": 1, "service.persistence.db": 1,
     "service.persistence": 2,
-    "service.domain": 3,
+    "service.domain": 3, "service.presentation": 3,
     "service.dispatcher": 4,
     "service.api": 5, "service.web": 5,
     "service.app": 6, "service.cli": 6, "service.__main__": 6, "service": 6,
