@@ -69,13 +69,18 @@ def submit(
 
 
 def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
-    """Poll the campaign; one progress bar per job, and one for the campaign."""
+    """Poll the campaign until every job ended: on a terminal one progress bar per job and one for
+    the campaign; elsewhere (a log, CI) one line whenever a job's status changes."""
+    import sys
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.monotonic()
     columns = (TextColumn("{task.description:<16} {task.fields[status]:<10}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, transient=False) as bar:
+    live = sys.stdout.isatty()
+    seen: dict[str, str] = {}
+    with Progress(*columns, transient=False, disable=not live) as bar:
         c = fail_on_error(http.get(f"/api/v1/campaigns/{campaign_id}"))
         whole = bar.add_task(f"campaign {campaign_id}", total=c["total"], status=c["status"])
         tasks = {j["key"]: bar.add_task(j["key"], total=None, status=j["job"]["status"]) for j in c["jobs"]}
@@ -84,6 +89,10 @@ def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
                 job, p = j["job"], j["job"]["progress"]
                 status = (job["verdict"] or job["status"]) if job["status"] in FINAL else job["status"]
                 bar.update(tasks[j["key"]], completed=p["done"], total=p["total"] or None, status=status)
+                if not live and seen.get(j["key"]) != status:
+                    seen[j["key"]] = status
+                    click.echo(f"[{time.monotonic() - start:6.0f} s] {c['done']}/{c['total']} jobs ended; "
+                               f"{j['key']} (job {job['id']}): {status}")  # fmt: skip
             bar.update(whole, completed=c["done"], status=c["status"])
             if c["done"] == c["total"]:
                 return c

@@ -155,3 +155,26 @@ def test_pages_show_campaigns_and_their_jobs(client: TestClient) -> None:
     assert f'href="/api/v1/campaigns/{c["id"]}/report.md"' in detail.text
     assert client.get("/campaigns/4242").status_code == 404
     assert client.get("/campaigns/99999999999").status_code == 404
+
+
+@pytest.mark.stores("sqlite")
+def test_a_campaign_outlives_the_service_that_queued_it(db_url: str) -> None:
+    """Everything is in the store: a new app on the same store shows the same campaign and jobs."""
+    settings = Settings(db_url=db_url, dispatch=False, executor="local")
+    with TestClient(create_app(settings)) as first:
+        made = first.post("/api/v1/campaigns", json=BODY).json()
+        before = first.get(f"/api/v1/campaigns/{made['id']}").json()
+    with TestClient(create_app(settings)) as second:
+        after = second.get(f"/api/v1/campaigns/{made['id']}").json()
+    assert after == before and after["total"] == 12
+
+
+def test_cli_refuses_bad_world_sizes_and_an_unreachable_service() -> None:
+    from click.testing import CliRunner
+
+    from service.cli import main
+
+    bad = CliRunner().invoke(main, ["campaign", "submit", "--plan", "pr-report-cpu", "--world-sizes", "4,x"])
+    assert bad.exit_code == 2 and "comma-separated integers like 4,8, got '4,x'" in bad.output
+    down = CliRunner().invoke(main, ["campaign", "show", "1", "--server", "http://127.0.0.1:9"])
+    assert down.exit_code == 2 and "cannot reach the service at http://127.0.0.1:9" in down.output
