@@ -111,7 +111,7 @@ def _print(c: dict[str, Any], base: str) -> None:
     for j in c.get("jobs", []):
         job = j["job"]
         p = job["progress"]
-        counts = ", ".join(f"{n} {s}" for s, n in sorted((job.get("case_counts") or {}).items()))
+        counts = ", ".join(f"{n} {s}" for s, n in sorted((job.get("case_counts") or {}).items()) if n)
         cases = f"{p['done']}/{p['total']} cases" + (f" ({counts})" if counts else "")
         click.echo(f"  {j['key']:<16} job {job['id']:<5} {job['status']:<10} {job['verdict'] or '-':<8} "
                    f"{cases}  {base}/jobs/{job['id']}")  # fmt: skip
