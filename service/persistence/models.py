@@ -300,3 +300,38 @@ class BaselineRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     commit: Mapped[CommitRow | None] = relationship(lazy="joined")
+
+
+class CampaignRow(Base):
+    """The jobs one report needs, queued together from a plan (workers.plans); its status and
+    verdict are derived from its jobs, never stored."""
+
+    __tablename__ = "campaign"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_name: Mapped[str] = mapped_column(String(60), index=True)
+    plan_version: Mapped[int] = mapped_column(Integer)
+    plan: Mapped[dict[str, Any]] = mapped_column()  # the plan document as submitted
+    device: Mapped[str] = mapped_column(String(10))
+    world_sizes: Mapped[list[int]] = mapped_column(JSON)
+    commit_id: Mapped[int | None] = mapped_column(ForeignKey("commit.id", ondelete="SET NULL"))
+    backends: Mapped[list[str]] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    commit: Mapped[CommitRow | None] = relationship(lazy="joined")
+
+    @property
+    def commit_sha(self) -> str | None:
+        return self.commit.sha if self.commit else None
+
+
+class CampaignJobRow(Base):
+    """A job of a campaign under its plan key (entry name, and @world size for per-size entries)."""
+
+    __tablename__ = "campaign_job"
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(100))
+
+    __table_args__ = (UniqueConstraint("campaign_id", "key"), Index("ix_campaign_job_job_id", "job_id"))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
@@ -97,27 +98,31 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
                                 "different parameters; use a new key"
                             )
                         return job, False
-                commit = ensure_commit(s, req.commit)
-                job = JobRow(
-                    suite=req.suite,
-                    preset=req.preset,
-                    params=dict(req.params),
-                    commit=commit,
-                    device=req.device,
-                    world_size=req.world_size,
-                    priority=req.priority,
-                    labels=dict(req.labels),
-                    idempotency_key=req.idempotency_key,
-                    cases=list(req.cases) if req.cases else None,
-                    status="queued",
-                )
-                s.add(job)
-                s.flush()
-                add_event(s, job.id, "status", "queued")
-                return job, True
+                return insert_job(s, req), True
         except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
             continue
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
+
+
+def insert_job(s: Session, req: JobRequest) -> JobRow:
+    """Add a queued job inside the caller's write transaction (`submit`, a campaign's jobs)."""
+    job = JobRow(
+        suite=req.suite,
+        preset=req.preset,
+        params=dict(req.params),
+        commit=ensure_commit(s, req.commit),
+        device=req.device,
+        world_size=req.world_size,
+        priority=req.priority,
+        labels=dict(req.labels),
+        idempotency_key=req.idempotency_key,
+        cases=list(req.cases) if req.cases else None,
+        status="queued",
+    )
+    s.add(job)
+    s.flush()
+    add_event(s, job.id, "status", "queued")
+    return job
 
 
 def job_backend_source(job: JobRow) -> str | None:

@@ -1,0 +1,1 @@
+"""How stored results are presented to a reader: Markdown reports."""

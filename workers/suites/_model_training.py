@@ -4,13 +4,34 @@ of its own, so no suite imports another suite."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from workers.context import RankContext
-from workers.suite import Case
+from workers.suite import Case, Positive, SuiteParams
 
 CP_MODES = ("none", "ulysses", "p2p", "all_gather")
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
+# Fields of the named model (gdn.model.ModelConfig) a job may change: a tiny model with 8 GDN heads
+# lets Ulysses split them over 4 or 8 CPU ranks.
+ModelOverrideKey = Literal[
+    "linear_num_qk_heads", "linear_num_v_heads", "linear_head_dim", "num_layers", "hidden_size",
+    "intermediate_size", "num_attention_heads", "num_kv_heads", "attn_head_dim",
+]
+MODEL_OVERRIDES_FIELD: Any = Field(
+    default_factory=dict, description="fields of the named model to change, e.g. its GDN head counts"
+)
+ModelOverrides = dict[ModelOverrideKey, Positive]
+
+
+def case_base(params: SuiteParams, exclude: set[str]) -> dict[str, Any]:
+    """A case's parameters from the job's: `exclude` dropped, and `model_overrides` only when it
+    changes the model, so the cases of a job that sets none keep the fingerprints they had."""
+    base = params.model_dump(exclude=exclude)
+    if not base.get("model_overrides"):
+        base.pop("model_overrides", None)
+    return base
 
 
 def check_modes_and_dtype(
@@ -63,6 +84,7 @@ def trajectory_config(ctx: RankContext, params: dict[str, Any], **overrides: Any
         reference_checkpoint=params.get("reference_checkpoint", "off"), backend=params["backend"],
         candidate_chunk_size=params.get("candidate_chunk_size", 64),
         cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
+        model_overrides=dict(params.get("model_overrides") or {}),
     )  # fmt: skip
     fields.update(overrides)
     return TrajectoryConfig(**fields)
@@ -83,7 +105,7 @@ def ulysses_misfit_of_model(case: Case, world_size: int) -> str | None:
     if case.params.get("mode") != "ulysses" or world_size == 1:
         return None
     from gdn.cp.config import ulysses_misfit
-    from gdn.model import MODEL_CONFIGS
+    from gdn.model import model_config
 
-    cfg = MODEL_CONFIGS[case.params["model"]]
+    cfg = model_config(case.params["model"], **(case.params.get("model_overrides") or {}))
     return ulysses_misfit(cfg.linear_num_qk_heads, cfg.linear_num_v_heads, world_size)

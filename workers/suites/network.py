@@ -58,7 +58,10 @@ from workers.suite import (
 )
 from workers.suites._model_training import (
     CP_MODES,
+    MODEL_OVERRIDES_FIELD,
     PRECISION,
+    ModelOverrides,
+    case_base,
     case_trainer,
     check_modes_and_dtype,
     token_file_for,
@@ -73,6 +76,7 @@ BOUNDS = {"fp32": (1e-5, 1e-4), "bf16": (4e-4, 4e-3)}
 
 class NetworkParams(SuiteParams):
     model: str = "tiny"  # a name in gdn.model.MODEL_CONFIGS
+    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
     seq_len: Positive = 128  # global sequence length (split over the CP ranks)
     batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (128, 77)  # tail padding per batch row; None = none
@@ -215,7 +219,7 @@ class NetworkSuite(Suite):
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, NetworkParams)
         _check(params)
-        base = params.model_dump(exclude={"modes", "checkpoints", "determinism_modes", "reference_file"})
+        base = case_base(params, {"modes", "checkpoints", "determinism_modes", "reference_file"})
         out: list[Case] = []
         for mode in params.modes:
             for ckpt in params.checkpoints:

@@ -13,11 +13,19 @@ from typing import Any, ClassVar
 
 from workers.context import RankContext
 from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
-from workers.suites._model_training import CP_MODES, case_trainer, check_modes_and_dtype
+from workers.suites._model_training import (
+    CP_MODES,
+    MODEL_OVERRIDES_FIELD,
+    ModelOverrides,
+    case_base,
+    case_trainer,
+    check_modes_and_dtype,
+)
 
 
 class ProfileParams(SuiteParams):
     model: str = "tiny"
+    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
     seq_len: Positive = 128
     batch_size: Positive = 1
     valid_lengths: tuple[int, ...] | None = None
@@ -59,7 +67,7 @@ class ProfileSuite(Suite):
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, ProfileParams)
         check_modes_and_dtype(params.modes, CP_MODES, params.dtype)
-        base = params.model_dump(exclude={"modes"})
+        base = case_base(params, {"modes"})
         return [Case(self.name, f"trace/{m}", {**base, "mode": m}) for m in params.modes]
 
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:

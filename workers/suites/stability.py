@@ -17,6 +17,9 @@ from workers.context import RankContext
 from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
 from workers.suites._model_training import (
     CP_MODES,
+    MODEL_OVERRIDES_FIELD,
+    ModelOverrides,
+    case_base,
     case_trainer,
     check_modes_and_dtype,
     ulysses_misfit_of_model,
@@ -27,6 +30,7 @@ MIB = 1 << 20
 
 class StabilityParams(SuiteParams):
     model: str = "tiny"
+    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
     seq_len: Positive = 64
     batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (64, 45)  # the padding boundary inside rank 1's shard
@@ -88,7 +92,7 @@ class StabilitySuite(Suite):
         check_modes_and_dtype(params.modes, CP_MODES[1:], params.dtype, what="distributed CP mode")
         if params.passes < 2:
             raise ValueError(f"passes must be >= 2 (growth is measured from pass 2), got {params.passes}")
-        base = params.model_dump(exclude={"modes"})
+        base = case_base(params, {"modes"})
         return [Case(self.name, f"passes/{m}", {**base, "mode": m}) for m in params.modes]
 
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.routes import artifacts, baselines, cases, compare, gate, health, jobs, report, suites
+from service.api.routes import (
+    artifacts,
+    baselines,
+    campaigns,
+    cases,
+    compare,
+    gate,
+    health,
+    jobs,
+    report,
+    suites,
+)
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
-    m.router for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, report)
+    m.router for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, report, campaigns)
 )

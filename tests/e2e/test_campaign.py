@@ -1,0 +1,106 @@
+"""The CPU plan as a campaign through a real server (`gdnval serve`, local executor, gloo ranks) at
+world sizes 4 and 8, driven by the commands docs/campaigns.md documents, run as written: every
+job passes, Ulysses runs and passes at CP4 and CP8, and the API, the report and the pages show it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.api_support import ROOT, TOKEN, Server, make_server
+
+pytestmark = pytest.mark.slow  # a real server and twelve jobs on up to eight CPU ranks
+
+DOC = ROOT / "docs" / "campaigns.md"
+# the model-level suites whose Ulysses cases the tiny 8-head model makes run at CP4 and CP8
+ULYSSES_SUITES = ("cp-layer", "network", "stability", "profile")
+
+
+def documented_commands() -> list[str]:
+    """The `gdnval campaign ...` lines of the doc's code blocks, in order."""
+    blocks = re.findall(r"^```\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+    return [line for b in blocks for line in b.splitlines() if line.startswith("gdnval campaign ")]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("campaign")
+    srv = make_server(workdir, executor="local", GDNVAL_POLL_INTERVAL_S="0.2")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def gdnval(command: str, server: Server, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`command` as the doc writes it, through this interpreter's `gdnval` entry point."""
+    argv = shlex.split(command)
+    assert argv[0] == "gdnval"
+    env = {**os.environ, "GDNVAL_SERVER": server.base, "GDNVAL_API_TOKEN": TOKEN,
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "service.cli", *argv[1:]], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.timeout(2400)  # twelve jobs one after another; minutes on a shared 2-core machine
+def test_cpu_plan_campaign_at_cp4_and_cp8(server: Server, tmp_path: Path) -> None:
+    submit, show, report = documented_commands()
+    assert "--plan pr-report-cpu" in submit and "--world-sizes 4,8" in submit and "--wait" in submit
+
+    start = time.monotonic()
+    done = gdnval(submit, server, tmp_path, timeout=2200)
+    minutes = (time.monotonic() - start) / 60
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:] + server.log_text()
+    assert re.search(r"^campaign 1 (queued|running): 12 jobs", done.stdout, flags=re.M), done.stdout
+    assert re.search(r"12/12 jobs ended; profile@8 \(job \d+\): passed", done.stdout), done.stdout
+    print(f"CPU campaign at world sizes 4 and 8: {minutes:.1f} min")
+
+    with httpx.Client(base_url=server.base, timeout=30) as http:
+        c = http.get("/api/v1/campaigns/1").json()
+        assert (c["status"], c["verdict"], c["done"], c["total"]) == ("succeeded", "passed", 12, 12)
+        assert c["plan"] == "pr-report-cpu" and c["world_sizes"] == [4, 8]
+        jobs = {j["key"]: j["job"] for j in c["jobs"]}
+        assert all((j["status"], j["verdict"]) == ("succeeded", "passed") for j in jobs.values())
+        at4, at8 = ({k.split("@")[0] for k in jobs if k.endswith(f"@{n}")} for n in (4, 8))
+        assert at4 == at8 == {"cp-layer", "network-4l", "network-8l", "stability", "profile"}
+        for key, job in jobs.items():
+            if job["suite"] not in ULYSSES_SUITES:
+                continue
+            cases = http.get(f"/api/v1/jobs/{job['id']}/cases").json()["items"]
+            ulysses = [x for x in cases if "ulysses" in x["name"]]
+            assert ulysses, f"{key}: no Ulysses case"
+            statuses = {x["name"]: x["status"] for x in ulysses}
+            assert set(statuses.values()) == {"passed"}, (key, statuses)
+            assert job["world_size"] in (4, 8)
+
+        md = http.get("/api/v1/campaigns/1/report.md")
+        assert md.status_code == 200 and md.headers["content-type"].startswith("text/markdown")
+        assert md.text.startswith("#") and "network" in md.text and "cp-layer" in md.text
+
+        listing = http.get("/campaigns")
+        assert listing.status_code == 200 and 'href="/campaigns/1"' in listing.text
+        page = http.get("/campaigns/1")
+        assert page.status_code == 200
+        assert all(f'href="/jobs/{j["id"]}"' in page.text for j in jobs.values())
+        assert page.text.count("v-unchanged") >= 13  # the campaign's verdict and each job's: passed
+
+    shown = gdnval(show, server, tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "verdict passed (12/12 jobs ended)" in shown.stdout
+    assert re.search(r"network-4l@8\s+job \d+\s+succeeded\s+passed", shown.stdout), shown.stdout
+
+    written = gdnval(report, server, tmp_path, timeout=120)
+    assert written.returncode == 0, written.stdout + written.stderr
+    out = tmp_path / "report.md"
+    assert out.read_text() == md.text and written.stdout.startswith("wrote report.md")
