@@ -57,14 +57,14 @@ def device_refusal(backends: Sequence[str], device: Any) -> str | None:
     """Why a job on `device` (a torch device or its name) cannot start: the first backend it
     names whose capability check refuses the device itself, with that check's reason; None on
     devices without a backend list, and when every backend can run there."""
+    kind = str(device).partition(":")[0]
+    if kind not in DEVICE_BACKENDS:
+        return None
     import torch
 
     from gdn.backends import get_backend
     from gdn.ops import GDNShape
 
-    kind = str(device).partition(":")[0]
-    if kind not in DEVICE_BACKENDS:
-        return None
     for name in backends:
         why = get_backend(name).check(GDNShape(*PROBE_SHAPE), torch.bfloat16, torch.device(device))
         if why is not None:
