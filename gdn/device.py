@@ -341,4 +341,29 @@ def device_info(device: torch.device | str) -> dict[str, str | int | None]:
         info["device_name"] = _npu_module().get_device_name(device)  # type: ignore[union-attr]
     else:
         info["device_name"] = os.uname().machine
+    if kind == "npu":
+        info.update(npu_versions())
     return info
+
+
+def _distribution_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def npu_versions() -> dict[str, str | None]:
+    """The Ascend software an NPU job ran on (None where absent): CANN as torch_npu reads it
+    from the toolkit (`get_cann_version`, CANN 8.1.RC1 and later), torch_npu, and
+    triton-ascend, which installs as `triton` and is told apart only by its distribution."""
+    cann = None
+    if _npu_module() is not None:
+        try:
+            cann = importlib.import_module("torch_npu.npu.utils").get_cann_version(module="CANN") or None
+        except (ImportError, AttributeError, RuntimeError):
+            cann = None
+    return {"cann": cann, "torch_npu": _distribution_version("torch_npu"),
+            "triton_ascend": _distribution_version("triton-ascend")}  # fmt: skip

@@ -9,6 +9,7 @@ imports `kernels` on first use only, so `import gdn` on a CPU machine never load
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Callable
@@ -47,6 +48,18 @@ class GDNShape:
     def of(cls, q: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> GDNShape:
         n = None if cu_seqlens is None else cu_seqlens.numel() - 1
         return cls(q.shape[0], q.shape[1], q.shape[2], v.shape[2], q.shape[3], v.shape[3], n)
+
+
+TRITON_ASCEND = "triton-ascend"  # Triton's Ascend build: it installs as the `triton` package
+
+
+def triton_ascend_version() -> str | None:
+    """The installed triton-ascend's version, or None; read from the package metadata, so
+    nothing is imported (the `triton` module alone does not say which build it is)."""
+    try:
+        return importlib.metadata.version(TRITON_ASCEND)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def triton_interpreter_on() -> bool:
@@ -91,19 +104,27 @@ def check_triton_gdn(
         from gdn import device as devices
 
         device = "cuda" if devices.is_available("cuda") else "cpu"
-    device = torch.device(device)
-    # The device first: on an NPU the real reason is the device, whether Triton is installed or not.
-    if device.type not in ("cpu", "cuda"):
+    # torch knows the kind "npu" only once torch_npu is imported: read it from the string
+    kind = device.type if isinstance(device, torch.device) else str(device).partition(":")[0]
+    # The device first: on an NPU the real reason is triton-ascend, whether a Triton is installed or not.
+    if kind == "npu":
+        if triton_ascend_version() is None:
+            raise UnsupportedGDNRequest(
+                f"the Triton backend on npu needs {TRITON_ASCEND} (Triton's Ascend build, installed "
+                f"by docker/Dockerfile.npu), which is not installed here; install it, or name "
+                f"backend='eager' to run the reference only"
+            )
+    elif kind not in ("cpu", "cuda"):
         raise UnsupportedGDNRequest(
-            f"the Triton backend needs CUDA (or CPU under TRITON_INTERPRET=1), not {device.type!r} "
-            f"tensors; on {device.type} use backend='eager', or a registered Ascend backend"
+            f"the Triton backend needs CUDA, an Ascend NPU with {TRITON_ASCEND}, or CPU under "
+            f"TRITON_INTERPRET=1, not {kind!r} tensors; on {kind} use backend='eager'"
         )
     if importlib.util.find_spec("triton") is None:
         raise UnsupportedGDNRequest(
             "backend='triton' requested but Triton is not installed (pip install 'gdnval[triton]'); "
             "use backend='eager'"
         )
-    if device.type == "cpu" and not triton_interpreter_on():
+    if kind == "cpu" and not triton_interpreter_on():
         raise UnsupportedGDNRequest(
             "backend='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1); "
             "move the tensors to a CUDA device or use backend='eager'"

@@ -1,10 +1,9 @@
 """A preset on a device that cannot run the backend it names: one rule for every suite.
 
-Our Triton kernels run on CUDA (and on CPU under the interpreter), not on an Ascend NPU, where
-Triton is not even installed. So on device `npu` a preset's backends are replaced by the
-backends that declare `npu` (`DEVICE_BACKENDS`: the eager core today; an Ascend backend, e.g.
-FLA's triton_ascend or ours ported to triton-ascend, adds itself to that entry when it is
-registered). The rule reads the parameters every suite names its backends by:
+On device `npu` a preset's backends are replaced by the backends that declare `npu`
+(`DEVICE_BACKENDS`): our Triton kernels through triton-ascend, and the eager core, the reference.
+FLA and FlashQLA need CUDA, so a preset naming them runs Triton there instead. The rule reads the
+parameters every suite names its backends by:
 
 - `backend`, `baseline`, `<side>_backend` (a string): replaced by the device's first backend;
 - `backends` (a sequence): filtered to the device's backends (the first one when none is left);
@@ -12,7 +11,10 @@ registered). The rule reads the parameters every suite names its backends by:
 
 It applies to the preset's values (its own and the schema defaults), never to a parameter the
 caller sets: an explicit `backend=triton` on npu stays, and fails with the device's reason.
-Imports no torch (the service reads presets on a head node).
+Triton is never swapped for eager: whether the NPU host can run it (triton-ascend installed) is
+answered on the rank, before any case, by the backend's own capability check (`device_refusal`);
+a job that cannot run it fails there, naming triton-ascend. Imports no torch at import time (the
+service reads presets on a head node).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Backends that run on a device, by device kind; a kind missing here runs every backend.
-DEVICE_BACKENDS: dict[str, tuple[str, ...]] = {"npu": ("eager",)}
+DEVICE_BACKENDS: dict[str, tuple[str, ...]] = {"npu": ("triton", "eager")}
+# A problem every declared backend supports: the device question is asked with it.
+PROBE_SHAPE = (1, 64, 1, 1, 128, 128)
 
 
 def _dedupe(items: list[Any]) -> tuple[Any, ...]:
@@ -47,3 +51,22 @@ def adapt_preset(values: Mapping[str, Any], device: str | None) -> dict[str, Any
                 mapped.append(cand if not sep or backend in allowed else f"{mode}+{allowed[0]}")
             out[key] = _dedupe(mapped)
     return out
+
+
+def device_refusal(backends: Sequence[str], device: Any) -> str | None:
+    """Why a job on `device` (a torch device or its name) cannot start: the first backend it
+    names whose capability check refuses the device itself, with that check's reason; None on
+    devices without a backend list, and when every backend can run there."""
+    kind = str(device).partition(":")[0]
+    if kind not in DEVICE_BACKENDS:
+        return None
+    import torch
+
+    from gdn.backends import get_backend
+    from gdn.ops import GDNShape
+
+    for name in backends:
+        why = get_backend(name).check(GDNShape(*PROBE_SHAPE), torch.bfloat16, torch.device(device))
+        if why is not None:
+            return f"backend {name!r} cannot run on {kind}: {why}"
+    return None

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.context import RankContext
+from workers.device_presets import device_refusal
 from workers.provenance import backend_provenance
 from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
 
@@ -408,6 +409,9 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     if visible and os.environ.get(visible):  # the executor gave this rank exactly its device(s)
         index = 0
     device = devices.get_device(kind, index)
+    refusal = device_refusal(suite.backends(params), device)  # never eager in a backend's place
+    if refusal is not None:
+        raise UnknownSuiteInput(refusal)
     seed = int(payload.get("seed", 0))
     devices.manual_seed_all(seed)
 

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -244,25 +243,54 @@ def test_npu_trace_needs_torch_npu_profiler():
 # ------------------------------------------------------------------------------ Triton on npu, presets
 
 
-def test_triton_on_npu_fails_with_the_device_reason_even_without_triton():
-    code = """
-    import importlib.util, json, sys, torch
-    torch.utils.rename_privateuse1_backend("npu")  # what torch_npu does: the device kind exists
-    real = importlib.util.find_spec
-    importlib.util.find_spec = lambda name, *a: None if name == "triton" else real(name, *a)
-    from gdn import UnsupportedGDNRequest, check_triton_gdn
+NPU_CAPABILITY = """
+import importlib.util, json, sys, torch
+torch.utils.rename_privateuse1_backend("npu")  # what torch_npu does: the device kind exists
+from gdn import UnsupportedGDNRequest, check_triton_gdn
+from gdn.device import device_info
+from workers.device_presets import device_refusal
+from workers.registry import get_suite
+
+def answer():
     try:
         check_triton_gdn((1, 8192, 16, 32, 128, 128), device="npu")
-        print(json.dumps(None))
+        check = None
     except UnsupportedGDNRequest as exc:
-        print(json.dumps(str(exc)))
-    """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        check = str(exc)
+    suite = get_suite("network")
+    params = suite.resolve_params("gate", device="npu")
+    return {"check": check, "backend": params.backend,
+            "refusal": device_refusal(suite.backends(params), torch.device("npu")),
+            "info": device_info("npu")}
+
+out = {"without": answer()}
+sys.path.insert(0, sys.argv[1])  # a site directory holding triton-ascend's metadata
+out["with"] = answer()
+print(json.dumps(out))
+"""
+
+
+def test_npu_keeps_triton_and_fails_fast_without_triton_ascend(tmp_path):
+    """The capability check's input is the installed distribution: a site directory with
+    triton-ascend's metadata (what pip writes) answers yes, its absence answers no."""
+    dist = tmp_path / "site" / "triton_ascend-3.2.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: triton-ascend\nVersion: 3.2.0\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", NPU_CAPABILITY, str(tmp_path / "site")], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    msg = json.loads(out.stdout.strip().splitlines()[-1])
-    assert msg is not None and "the Triton backend needs CUDA" in msg
-    assert "on npu use backend='eager', or a registered Ascend backend" in msg and "not installed" not in msg
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    without, with_ = got["without"], got["with"]
+    assert without["backend"] == with_["backend"] == "triton"  # the preset is never swapped for eager
+    assert "needs triton-ascend" in without["check"] and "backend='eager'" in without["check"]
+    assert without["refusal"].startswith("backend 'triton' cannot run on npu:")
+    assert "triton-ascend" in without["refusal"]
+    assert with_["check"] is None and with_["refusal"] is None
+    # every NPU job's environment names the Ascend software (None: not installed on this machine)
+    assert {k: without["info"][k] for k in ("cann", "torch_npu", "triton_ascend")} == {
+        "cann": None, "torch_npu": None, "triton_ascend": None}  # fmt: skip
+    assert with_["info"]["triton_ascend"] == "3.2.0"
 
 
 def _backends_named(params: dict) -> set[str]:
@@ -273,33 +301,29 @@ def _backends_named(params: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("preset", ["quick", "gate-cpu", "gate", "full"])
-def test_every_suite_has_npu_cases_without_triton(preset):
+def test_every_suite_keeps_triton_on_npu(preset):
     from workers.registry import SUITE_MODULES
 
     built_in = sorted(n for n, module in SUITE_MODULES.items() if module.startswith("workers.suites."))
     for name in built_in:  # test suites registered by other test modules are not the project's
         suite = get_suite(name)
         assert "npu" in suite.devices, name
-        params = suite.resolve_params(preset, device="npu")
-        assert _backends_named(params.model_dump()) <= {"eager"}, (name, preset)
-        cases = suite.cases(params)
-        assert cases, (name, preset)
-        for case in cases:  # capability's failfast cases ask for Triton on purpose: expected errors
-            if case.expected_error is None:
-                assert _backends_named(dict(case.params)) <= {"eager"}, (name, case.name)
-    # elsewhere the presets are what they say
-    assert get_suite("network").resolve_params("gate", device="cuda").backend == "triton"
+        as_written = _backends_named(suite.resolve_params(preset).model_dump())
+        on_npu = _backends_named(suite.resolve_params(preset, device="npu").model_dump())
+        assert on_npu <= {"triton", "eager"}, (name, preset, on_npu)
+        assert on_npu & {"triton"} == as_written & {"triton"}, (name, preset)  # never swapped for eager
+        assert suite.cases(suite.resolve_params(preset, device="npu")), (name, preset)
+    assert get_suite("network").resolve_params("gate", device="npu").backend == "triton"
     assert get_suite("network").resolve_params("gate").backend == "triton"
 
 
-def test_the_rule_keeps_an_explicit_backend_and_maps_candidates():
-    net = get_suite("network").resolve_params("gate", {"backend": "triton"}, device="npu")
-    assert net.backend == "triton"  # asked for: it then fails with the device reason
-    assert adapt_preset({"candidates": ("ulysses+triton", "ulysses+eager", "p2p+triton")}, "npu") == {
-        "candidates": ("ulysses+eager", "p2p+eager")
+def test_the_rule_maps_cuda_only_backends_to_triton():
+    assert adapt_preset({"candidates": ("ulysses+fla", "ulysses+eager", "p2p+triton")}, "npu") == {
+        "candidates": ("ulysses+triton", "ulysses+eager", "p2p+triton")
     }
-    assert adapt_preset({"backends": ("triton", "fla")}, "npu") == {"backends": ("eager",)}
-    assert adapt_preset({"backend": "triton"}, "cuda") == {"backend": "triton"}
+    assert adapt_preset({"backends": ("triton", "fla")}, "npu") == {"backends": ("triton",)}
+    assert adapt_preset({"backends": ("flashqla",)}, "npu") == {"backends": ("triton",)}
+    assert adapt_preset({"backend": "fla"}, "cuda") == {"backend": "fla"}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -2,8 +2,8 @@
 
 Cases:
 - `triton_available_T{T}_hqk{H}`: `is_triton_gdn_available` on the production shapes. Required
-  (bound 1) on CUDA; recorded without a bound on CPU/NPU, where Triton does not run the kernels.
-  The report took official results only after this returned True.
+  (bound 1) on CUDA and on NPU (triton-ascend); recorded without a bound on CPU, where Triton does
+  not compile the kernels. The report took official results only after this returned True.
 - `failfast_*`: each unsupported request raises `UnsupportedGDNRequest` at once, for the right
   reason (a wrong reason is an error, not a pass): `backend="auto"`, head_dim != 128 with Triton,
   chunk_size != 64 with Triton, and CP `all_gather` with Triton.
@@ -99,9 +99,9 @@ class CapabilitySuite(Suite):
     }
     metrics = (
         Metric("triton_available", "bool", "check", "higher", bound=1.0,
-               description="is_triton_gdn_available on CUDA: must be True"),
+               description="is_triton_gdn_available on CUDA and NPU: must be True"),
         Metric("triton_available_recorded", "bool", "check", "higher",
-               description="is_triton_gdn_available where Triton is not expected (CPU, NPU)"),
+               description="is_triton_gdn_available where Triton is not expected (CPU)"),
         Metric("modules_loaded_by_import_gdn", "count", "check", "lower", bound=0.0,
                description="triton/kernels modules in sys.modules after `import gdn`"),
         Metric("eager_no_triton_max_abs", "abs", "accuracy", "lower", bound=1e-4,
@@ -193,7 +193,7 @@ class CapabilitySuite(Suite):
 
         shape = GDNShape(*case.params["shape"])
         ok = is_triton_gdn_available(shape, device=ctx.device)
-        metric = "triton_available" if ctx.device_kind == "cuda" else "triton_available_recorded"
+        metric = "triton_available" if ctx.device_kind in ("cuda", "npu") else "triton_available_recorded"
         yield Sample(case.name, metric, 1.0 if ok else 0.0, rank=ctx.rank)
 
     def _failfast(self, ctx: RankContext, case: Case) -> None:
