@@ -8,11 +8,11 @@ B = 1, Hv = 32, D = 128, bf16 inputs, stateful (fp32 h0 and final state, random 
 inputs of the gdn-op suite. Per shape: forward and forward+backward medians
 (`triton.testing.do_bench`), the incremental peak of allocated memory over one forward+backward,
 and, per accuracy seed, the relative L2 error of o, ht and every gradient against the fp32 eager
-chunked backend (tf32 off). `--variant` runs ours again under TUNING overrides (one JSON dict
-each). `--profile T` records torch.profiler GPU time per kernel over 5 forward+backward steps at
-T (Hqk = Hv). `--packed L1,L2,...` adds a packed batch of those sequence lengths (`cu_seqlens`,
-one h0 and final state per sequence, the gdn-op suite's packed cases). Without a GPU nothing
-runs. FLA is timed with
+chunked backend (tf32 off). `--variant` runs ours again under config overrides (one JSON dict
+of `kernels.gdn.KernelConfig` fields each). `--profile T` records torch.profiler GPU time per
+kernel over 5 forward+backward steps at T (Hqk = Hv). `--packed L1,L2,...` adds a packed batch
+of those sequence lengths (`cu_seqlens`, one h0 and final state per sequence, the gdn-op suite's
+packed cases). Without a GPU nothing runs. FLA is timed with
 FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise dispatches to FlashQLA when that is importable) and with its
 Triton >= 3.7.1 flag set (it refuses its gated backward on Hopper before that).
 """
@@ -20,6 +20,7 @@ Triton >= 3.7.1 flag set (it refuses its gated backward on Hopper before that).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -225,8 +226,8 @@ def main() -> int:
     ap.add_argument("--qk-heads", default="32,16")
     ap.add_argument("--v-heads", type=int, default=HV)
     ap.add_argument("--accuracy-seeds", default="0")
-    ap.add_argument("--set", default="", help="TUNING overrides (JSON) of ours' default settings")
-    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON of TUNING overrides (ours)")
+    ap.add_argument("--set", default="", help="KernelConfig overrides (JSON) of ours' default settings")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON of config overrides (ours)")
     ap.add_argument("--variant-seq-lens", default=None, help="lengths for the variants (default --seq-lens)")
     ap.add_argument("--profile", type=int, default=0, help="T of a per-kernel profile (0: none)")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
@@ -264,18 +265,18 @@ def main() -> int:
         name, _, raw = item.partition("=")
         variants.append((name, json.loads(raw)))
     call = caller(args.backend)
-    saved = None
-    if args.backend == "ours":
-        import kernels.gdn as K
+    base = json.loads(args.set or "{}")
 
-        K.TUNING.update(json.loads(args.set or "{}"))
-        saved = dict(K.TUNING)
+    def settings(over: dict[str, Any]) -> Any:
+        """ours under the config fields of --set and then the variant's; the peers as they are."""
+        if args.backend != "ours":
+            return contextlib.nullcontext()
+        from kernels.gdn import config_overrides
+
+        return config_overrides(**(base | over))
+
     print(json.dumps(versions), flush=True)
     for vname, over in variants:
-        if saved is not None:
-            K.TUNING.clear()
-            K.TUNING.update(saved)
-            K.TUNING.update(over)
         vlens = lens if vname == "default" or not args.variant_seq_lens else [
             int(t) for t in args.variant_seq_lens.split(",")]
         shapes = [(T, None) for T in vlens] + [(sum(ls), ls) for ls in packs]
@@ -283,7 +284,8 @@ def main() -> int:
             for hqk in heads:
                 t0 = time.time()
                 try:
-                    r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls)
+                    with settings(over):
+                        r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls)
                 except Exception as exc:  # one failing shape is recorded and the run goes on
                     r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 r["variant"] = vname
@@ -298,11 +300,9 @@ def main() -> int:
                       f"differ={r.get('differ_between_runs', '-')} "
                       f"{r.get('error', '')}",
                       flush=True)  # fmt: skip
-    if saved is not None:
-        K.TUNING.clear()
-        K.TUNING.update(saved)
     if args.profile:
-        rows = profile(call, args.profile, dev)
+        with settings({}):
+            rows = profile(call, args.profile, dev)
         result["profile"] = {"T": args.profile, "kernels": rows}
         Path(args.out).write_text(json.dumps(result, indent=1))
         total = sum(r[1] for r in rows)

@@ -3,21 +3,26 @@
 # its own process (benchmarks/bench_gdn_peers.py), plus the GPU kernel tests. Logs and JSON go to
 # $OUT (or ./device-out); a short table is printed last.
 #   bash benchmarks/kernel_session.sh step ...
-#   steps: gputest            tests/kernels/test_kernels_gpu.py (needs the pydantic wheels in .whl/py)
+#   steps: gputest[:EXPR]     tests/kernels/test_kernels_gpu.py, only the tests pytest's -k EXPR selects if
+#                             given (needs the pydantic wheels in .whl/py)
 #          ours[:LENS[:HEADS]] ours at the default settings (LENS e.g. 8192,65536; HEADS 32,16)
-#          sweep:LENS:NAME=JSON;NAME=JSON...   ours under TUNING overrides, 32/32, one seed
+#          sweep:LENS:NAME=JSON;NAME=JSON...   ours under config overrides (KernelConfig fields) beside
+#                             the defaults, Hqk = SWEEP_HEADS (default 32), one seed
+#          stride[:LENS]      the states at a stride in one call of <= 540 s: the GPU tests of the
+#                             paths it touches (small shapes, strides, reproducibility; <= 130 s), then
+#                             ours at the defaults and with state_stride 8, S and Vn for the backward
+#                             recomputed there or kept from the forward (<= 200 s), FlashQLA and
+#                             FLA (<= 90 s each, no accuracy runs), at LENS (default 16384,32768,65536),
+#                             Hqk 32 and 16; each part is cut at its limit with what it has written
 #          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz)
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
-#                             (comma-separated TUNING keys; "-" for none), HEADS = Hqk,Hv
+#                             (comma-separated config fields; "-" for none), HEADS = Hqk,Hv
 #          gdnop:LIMIT[:ONLY,...]   the gdn-op suite's full preset (benchmarks/run_suite.py) with
 #                             BACKENDS (default triton, fla, flashqla) in one process, FLA the baseline,
 #                             only the cases whose name contains one of ONLY; cut at LIMIT seconds
 #                             (each case is written as it ends). Cold: ~2-3 min of FLA autotuning and
 #                             FlashQLA compiles per head layout
-#          sanitize[:T[:STAGES]]   benchmarks/ready_walk_probe.py under compute-sanitizer's memcheck
-#                             (wheel: .whl/san/nvidia_cuda_sanitizer_api-13.0.*.whl): which launch of the
-#                             walks on operands formed ahead goes out of bounds at STAGES (default 1)
 #          timing[:LENS]       the gdn-op suite's fwd+bwd beside do_bench of each backend's own call
 #                             (benchmarks/timing_check.py; LENS default 16384,65536; stateful, 32/32):
 #                             the three backends compile at once (untimed, filling the on-disk caches),
@@ -27,7 +32,7 @@
 #                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
 # Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), SET (JSON of
-# TUNING overrides for ours' default settings in the ours/sweep/prof/stages steps).
+# KernelConfig overrides for ours' default settings in the ours/sweep/prof/stages steps).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
 # otherwise run FlashQLA); FlashQLA compiles its TileLang kernels on first use (~2 min cold).
 set -u
@@ -71,6 +76,16 @@ timing_backend() {
     esac
 }
 
+gputest() {  # limit, pytest -k expression (empty: every test)
+    local t0=$SECONDS sel=()
+    setup_py
+    [ -n "$2" ] && sel=(-k "$2")
+    PYTHONPATH="$ROOT:/tmp/site_py" timeout "$1" python3 -m pytest -q -p no:cacheprovider -m gpu "${sel[@]}" \
+        tests/kernels/test_kernels_gpu.py >>"$OUT/gputest.log" 2>&1
+    echo "gputest${2:+:$2} rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+    tail -n 5 "$OUT/gputest.log"
+}
+
 bench() {  # tag, limit, backend, extra PYTHONPATH, args...
     local tag=$1 limit=$2 backend=$3 path=$4
     shift 4
@@ -87,18 +102,22 @@ for step in "$@"; do
     IFS=: read -r kind a b <<<"$step"
     case $kind in
         gputest)
-            setup_py
-            t0=$SECONDS
-            PYTHONPATH="$ROOT:/tmp/site_py" timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu \
-                tests/kernels/test_kernels_gpu.py >"$OUT/gputest.log" 2>&1
-            echo "gputest rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-            tail -n 5 "$OUT/gputest.log" ;;
+            gputest 330 "$a" ;;
         ours) bench ours 400 ours "" --repro --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         sweep)
             args=()
             IFS=';' read -ra vs <<<"$b"
             for v in "${vs[@]}"; do args+=(--variant "$v"); done
-            bench sweep 400 ours "" --seq-lens "$a" --qk-heads 32 --repro "${args[@]}" ;;
+            bench sweep 400 ours "" --seq-lens "$a" --qk-heads "${SWEEP_HEADS:-32}" --repro "${args[@]}" ;;
+        stride)
+            lens=${a:-16384,32768,65536}
+            gputest 130 'stride or selectable or reproducible or small'
+            bench stride 200 ours "" --seq-lens "$lens" --qk-heads 32,16 --repro --rep 100 \
+                --variant 'stride8={"state_stride":8}' --variant 'stride8keep={"state_stride":8,"stride_recompute":false}'
+            setup_qla
+            SEEDS="" bench qla 90 flashqla /tmp/site_qla --seq-lens "$lens" --qk-heads 32,16 --rep 100
+            setup_fla
+            SEEDS="" FLA_FLASH_QLA=0 bench fla 90 fla /tmp/site_fla --seq-lens "$lens" --qk-heads 32,16 --rep 100 ;;
         fla) setup_fla; FLA_FLASH_QLA=0 bench fla 300 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         qla) setup_qla; bench qla 420 flashqla /tmp/site_qla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         prof)
@@ -125,15 +144,6 @@ for step in "$@"; do
                 --set "backends=${BACKENDS:-[\"triton\",\"fla\",\"flashqla\"]}" "${only[@]}" 2>&1 \
                 | grep -v TileLang | tee "$OUT/gdnop_$n.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
-        sanitize)
-            [ -d /tmp/site_san ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-                --target /tmp/site_san .whl/san/*.whl >>"$OUT/summary.txt" 2>&1
-            t0=$SECONDS
-            PYTHONPATH=$ROOT timeout 300 /tmp/site_san/nvidia/cu13/bin/compute-sanitizer --tool memcheck \
-                --print-limit 20 python3 benchmarks/ready_walk_probe.py --seq-len "${a:-4096}" --stages "${b:-1}" \
-                >"$OUT/sanitize.log" 2>&1
-            echo "$step rc=$? took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-            grep -m 12 -E "Invalid|at 0x|by thread|FAILED|ran$" "$OUT/sanitize.log" ;;
         timing)
             setup_py; setup_fla; setup_qla
             t0=$SECONDS lens=${a:-16384,65536}

@@ -5,13 +5,15 @@
 Prints the median ms of every stage (`triton.testing.do_bench`), the whole fwd and fwd+bwd of
 ours and, with --fla, of flash-linear-attention 0.6.0 on the same inputs. --sweep retimes each
 stage under the alternatives in SWEEP (or only the --knobs named) and prints the best setting per
-stage. The state passes run with the segment count of TUNING["seq_segments"] (0: chosen from the
-shape); state_fwd / state_bwd alone are timed as the wiring calls them.
+stage. --set applies `kernels.gdn.KernelConfig` field overrides to everything; the sweep overrides
+one field more at a time. The state passes run with the segment count of `seq_segments` (0: chosen
+from the shape); state_fwd / state_bwd alone are timed as the wiring calls them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -21,20 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # state_bv is shared by both sequential passes, so it is judged on state_fwd + state_bwd.
 SWEEP: list[tuple[str, str, list[int]]] = [
     ("state_both", "seq_segments", [1, 2, 4, 8]),
-    ("state_both", "walk_operands", [0, 1]),
     ("state_both", "state_bv", [16, 32, 64]),
     ("state_both", "state_warps", [2, 4, 8]),
     ("state_both", "state_stages", [1, 2, 3]),
-    ("state_both", "ready_stages", [2, 3]),  # 1 stage is refused on a GPU (state.walk_stages)
-    ("fused_fwd", "fused_bv", [32, 64]),
-    ("fused_fwd", "fused_warps", [4, 8]),
-    ("fused_fwd", "fused_stages", [2, 3, 4]),
+    ("groups_o", "stride_bv", [32, 64]),
+    ("groups_o", "stride_warps", [4, 8]),
+    ("groups_o", "stride_stages", [1, 2, 3]),
     ("intra", "intra_warps", [4, 8]),
     ("output", "output_warps", [4, 8]),
     ("bwd_dqk", "dqk_bv", [32, 64]),
     ("bwd_dqk", "dqk_warps", [4, 8]),
-    ("bwd_dqk_wy", "dqkwy_bv", [32, 64]),
-    ("bwd_dqk_wy", "dqkwy_warps", [4, 8]),
     ("bwd_wy", "wy_warps", [4, 8]),
     ("bwd_wy", "wy_bd", [32, 64]),
 ]
@@ -46,9 +44,9 @@ def main() -> None:
     ap.add_argument("--v-heads", type=int, default=32)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--fla", action="store_true")
-    ap.add_argument("--knobs", default="", help="sweep only these TUNING keys (comma-separated)")
-    ap.add_argument("--write-tuning", default=None, help="write the best TUNING found as JSON here")
-    ap.add_argument("--set", default="", help="TUNING overrides (JSON) applied before anything runs")
+    ap.add_argument("--knobs", default="", help="sweep only these config fields (comma-separated)")
+    ap.add_argument("--write-tuning", default=None, help="write the best overrides found as JSON here")
+    ap.add_argument("--set", default="", help="config overrides (JSON) applied to everything")
     args = ap.parse_args()
 
     import torch
@@ -56,12 +54,10 @@ def main() -> None:
     from triton.testing import do_bench
 
     import kernels.gdn as K
-    from kernels.gdn.walk_operands import walk_operands
+    from kernels.gdn.strided import state_groups
 
-    if args.set:
-        import json
-
-        K.TUNING.update(json.loads(args.set))
+    best: dict[str, object] = json.loads(args.set) if args.set else {}
+    K.config_overrides(**best).__enter__()  # for the whole run; the sweep nests its own inside
     torch.manual_seed(0)
     B, T, Hq, Hv, D = 1, args.seq_len, args.qk_heads, args.v_heads, 128
     dev, bf = "cuda", torch.bfloat16
@@ -81,6 +77,9 @@ def main() -> None:
         k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=True, keep_maps=True
     )
     ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps)
+    stride = 8  # the states at a stride: the walk keeping group states, the re-walks from them
+    sb, *_ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=False, store_final=True,
+                             stride=stride)  # fmt: skip
     fresh: dict[str, object] = {}
 
     def state_both() -> None:
@@ -91,8 +90,9 @@ def main() -> None:
 
     def wy() -> None:
         """bwd_wy with a dWk of the current dtype setting (dw_low)."""
-        if fresh.get("dw_low") != K.TUNING["dw_low"]:
-            fresh["dw_low"] = K.TUNING["dw_low"]
+        dw_low = K.kernel_config(bf).dw_low
+        if fresh.get("dw_low") != dw_low:
+            fresh["dw_low"] = dw_low
             fresh["args"] = K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
         _, dkp_, dw_, dgam_ = fresh["args"]
         K.bwd_wy(k, v, beta, g.dtype, gamma, tm, dw_, dvn, dkp_, dgam_)
@@ -103,19 +103,18 @@ def main() -> None:
         "state_fwd": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
                                              store_final=True),
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
-        # the fused walk + output as a training forward runs it (S, Vn stored) and forward-only
-        "fused_fwd": lambda: K.fused_forward(q, k, w, u, gamma, Hv, scale, bf, h0, store_states=True,
-                                             store_vn=True, store_final=True),
-        "fused_fwd_only": lambda: K.fused_forward(q, k, w, u, gamma, Hv, scale, bf, h0, store_states=False,
-                                                  store_vn=False, store_final=True),
+        "state_fwd_stride8": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True,
+                                                     store_vn=False, store_final=True, stride=stride),
+        "groups_o": lambda: state_groups(q, k, w, u, gamma, sb, Hv, scale, stride=stride, out_dtype=bf,
+                                         store_states=False),
+        "groups_o_s_vn": lambda: state_groups(q, k, w, u, gamma, sb, Hv, scale, stride=stride, out_dtype=bf,
+                                              store_states=True),
+        "groups_s_vn": lambda: state_groups(None, k, w, u, gamma, sb, Hv, scale, stride=stride,
+                                            out_dtype=None, store_states=True),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
-        # Kd and Qg formed ahead of the reverse walk; the state stages include it when
-        # TUNING["walk_operands"] is set (the forward forms Kd alone: about half of this)
-        "walk_operands": lambda: walk_operands(k, gamma, Hv, q=q, scale=scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
         "bwd_wy": wy,
-        "bwd_dqk_wy": lambda: K.bwd_dqk_wy(q, k, v, beta, g.dtype, gamma, tm, s, ds, vn, dvn, do, scale),
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }  # fmt: skip
 
@@ -162,21 +161,20 @@ def main() -> None:
             if only and knob not in only:
                 continue
             res = []
-            keep = K.TUNING[knob]
             for val in values:
-                K.TUNING[knob] = val
                 try:
-                    res.append((bench(stages[stage]), val))
+                    with K.config_overrides(**(best | {knob: val})):
+                        res.append((bench(stages[stage]), val))
                 except Exception as exc:  # e.g. out of shared memory
                     print(f"  {stage} {knob}={val}: {type(exc).__name__}: {str(exc)[:120]}")
-            K.TUNING[knob] = min(res)[1] if res else keep
+            if res:
+                best[knob] = min(res)[1]
             print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res)
-                  + f"  -> {K.TUNING[knob]}", flush=True)  # fmt: skip
-        print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {K.TUNING}")
+                  + f"  -> {best.get(knob, getattr(K.kernel_config(bf), knob))}", flush=True)  # fmt: skip
+        with K.config_overrides(**best):
+            print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {best}")
         if args.write_tuning:
-            import json
-
-            Path(args.write_tuning).write_text(json.dumps(K.TUNING))
+            Path(args.write_tuning).write_text(json.dumps(best))
 
 
 if __name__ == "__main__":

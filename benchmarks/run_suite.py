@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--out", default="gdn_op.json")
     ap.add_argument("--set", action="append", default=[], help="parameter override key=value")
     ap.add_argument("--only", action="append", default=[], help="run cases whose name contains this")
-    ap.add_argument("--tuning", default=None, help="JSON of kernels.gdn.TUNING overrides")
+    ap.add_argument("--tuning", default=None, help="JSON file of kernels.gdn.KernelConfig overrides")
     args = ap.parse_args()
 
 
@@ -73,7 +73,7 @@ def main() -> int:
         import kernels.gdn as kernels_gdn
 
         tuning = json.loads(Path(args.tuning).read_text())
-        kernels_gdn.TUNING.update(tuning)
+        kernels_gdn.config_overrides(**tuning).__enter__()  # for every call of this run
 
     from gdn import device as devices
 

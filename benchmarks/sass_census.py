@@ -11,9 +11,9 @@ between versions), e.g. with that wheel unpacked on PYTHONPATH ahead of the inst
 
     python benchmarks/sass_census.py _state_fwd_kernel --where VARLEN=0,HAS_H0=1,STORE_S=1
     python benchmarks/sass_census.py _state_bwd_kernel --where VARLEN=0,HAS_DHT=1,STORE=1 \
-        --set '{"walk_operands": 1}'
+        --set '{"state_bv": 16}'
 
-`--where` picks the launch by its constexprs (0/1 for booleans), `--set` applies TUNING
+`--where` picks the launch by its constexprs (0/1 for booleans), `--set` applies KernelConfig
 overrides before the wiring runs, `--out DIR` keeps the ttgir, ptx and sass.
 """
 
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("kernel", help="e.g. _state_fwd_kernel")
     ap.add_argument("--where", default="", help="constexpr filter, e.g. VARLEN=0,STORE_S=1")
-    ap.add_argument("--set", default="{}", help="JSON of TUNING overrides")
+    ap.add_argument("--set", default="{}", help="JSON of KernelConfig field overrides")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="", help="folder for the ttgir, ptx and sass")
     args = ap.parse_args()
@@ -71,7 +71,8 @@ def main() -> None:
     import kernels.gdn as K
     from tests.kernels import test_kernels_compile as tc
 
-    K.TUNING.update(json.loads(args.set))
+    overrides = K.config_overrides(**json.loads(args.set))
+    overrides.__enter__()  # for the whole run: the launches are recorded as the loop below asks
     want = {k: bool(int(v)) if v in "01" else (int(v) if v.isdigit() else v)
             for k, v in (kv.split("=") for kv in args.where.split(",") if kv)}  # fmt: skip
     target = tc._target()

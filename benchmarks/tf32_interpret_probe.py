@@ -5,7 +5,7 @@ probe makes it round both fp32 operands of a `"tf32"` dot to tf32 (10 mantissa b
 even, as the tensor cores read them), leaves `"tf32x3"` and `"ieee"` exact, runs our kernels under
 `TRITON_INTERPRET=1` with fp16 inputs (the interpreter cannot do bf16 dots) against the fp64
 eager backend, and prints each tensor's relative L2 for several precision settings: all tf32,
-all tf32x3, and tf32x3 in one dot group only (`TUNING["f32_dot_<group>"]`).
+all tf32x3, and tf32x3 in one dot group only (the config field `f32_dot_<group>`).
 
     TRITON_INTERPRET=1 python benchmarks/tf32_interpret_probe.py [--seq-len 512] [--heads 2]
 
@@ -88,14 +88,10 @@ def main() -> None:
     for g in GROUPS:
         settings[f"tf32, {g} tf32x3"] = {"f32_dot": "tf32", f"f32_dot_{g}": "tf32x3"}
         settings[f"tf32x3, {g} tf32"] = {"f32_dot": "tf32x3", f"f32_dot_{g}": "tf32"}
-    saved = dict(kg.TUNING)
     for label, tuning in settings.items():
-        kg.TUNING.update({f"f32_dot_{g}": "" for g in GROUPS})
-        kg.TUNING.update(tuning)
-        e = _errors(args.seq_len, args.heads, args.seed)
+        with kg.config_overrides(**({f"f32_dot_{g}": "" for g in GROUPS} | tuning)):
+            e = _errors(args.seq_len, args.heads, args.seed)
         print(f"{label:24s} " + " ".join(f"{n}={v:.2e}" for n, v in e.items()), flush=True)
-    kg.TUNING.clear()
-    kg.TUNING.update(saved)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,17 @@
 Layout [B, T, H, D] with D = 128 (dk = dv), chunk 64; q/k have Hqk heads and serve Hv = r·Hqk
 value heads natively (value head h reads q/k head h // r, never a materialised repeat).
 
-  config     TUNING, TUNING_FP32, chunk and head sizes, the per-group dot precision
+  config     KernelConfig (immutable launch settings per dtype), chunk and head sizes, dot precision
   common     device helpers shared by the stages
   gate       γ = chunk-local cumulative log gates
   intra      T = (I + A)⁻¹, Wk = T·(β e^γ K), U = T·(β V)
   segments   per-segment affine maps of the state and the scan across segments
-  walk_operands  Kd, Qg formed chunk-parallel ahead of the walks (TUNING["walk_operands"])
   state      forward / reverse state passes (sequence-parallel over segments when it pays)
   output     O from per-chunk states and Vn
-  fused_fwd  the state walk and the output in one kernel per segment (TUNING["fused_fwd"])
+  strided    states at a stride: chunk-group re-walks forming O, or S and Vn for the backward
   dvn_local  the intra-chunk part of dVn
   dqk        dq, the state part of dk, dWk and γ partials
   wy_bwd     dk, dv, dβ, dg through the WY representation
-  dqk_wy     dqk and wy_bwd in one kernel, dWk and the dk partial in registers (TUNING["fused_dqk_wy"])
   function   the autograd Function (wiring only) and `gated_delta_rule_triton`
   summary    the CP state summary (`state_summary`)
   varlen     packed sequences (`cu_seqlens`): chunk-aligned packing, one launch chain for all
@@ -24,12 +22,10 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
 The algebra and the measurements behind the settings are in docs/kernels.md.
 """
 
-from kernels.gdn.config import BT, TUNING, TUNING_FP32, D
+from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config
 from kernels.gdn.dqk import bwd_dqk
-from kernels.gdn.dqk_wy import bwd_dqk_wy
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.function import GatedDeltaRuleFunction, gated_delta_rule_triton
-from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
 from kernels.gdn.output import output
@@ -41,19 +37,18 @@ from kernels.gdn.wy_bwd import bwd_wy
 
 __all__ = [
     "BT",
-    "TUNING",
-    "TUNING_FP32",
     "D",
     "GatedDeltaRuleFunction",
+    "KernelConfig",
     "bwd_dqk",
-    "bwd_dqk_wy",
     "bwd_wy",
+    "config_overrides",
     "dvn_local",
-    "fused_forward",
     "gate_cumsum",
     "gated_delta_rule_triton",
     "gated_delta_rule_triton_varlen",
     "intra_solve",
+    "kernel_config",
     "output",
     "segment_forward_summary",
     "segment_scan",

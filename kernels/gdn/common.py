@@ -84,12 +84,6 @@ def load_rows(ptr, t, m, row_stride, D: tl.constexpr):
 
 
 @triton.jit
-def store_rows(ptr, x, t, m, row_stride, D: tl.constexpr):
-    d = tl.arange(0, D)
-    tl.store(ptr + t[:, None] * row_stride + d[None, :], x.to(ptr.dtype.element_ty), mask=m[:, None])
-
-
-@triton.jit
 def transpose_via(base, x, i, m, row_stride):
     """xᵀ of a [BT, BT] fp32 tile by a round trip through global memory this program owns and
     has not read yet: rows at `base + r * row_stride` (fp32 units, row_stride >= BT), row r

@@ -1,10 +1,20 @@
-"""Shared constants and launch settings of the GDN kernels (one place for every stage).
+"""Shared constants and the launch settings of the GDN kernels (one place for every stage).
 
-TUNING holds the launch settings measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py
-sweeps them. TUNING_FP32 replaces a few for fp32 inputs, whose tiles are twice the bytes.
+`KernelConfig` is immutable: `gated_delta_rule_triton` resolves one per call from the input dtype
+(`kernel_config`) and passes it down to every launch; the backward reuses the forward's.
+`config_overrides(**fields)` changes fields for the calls made inside it (benchmark sweeps, tests):
+the forward reads it once, so a backward run later (or on autograd's device thread) sees the
+same config as its forward.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -12,104 +22,110 @@ import triton
 BT = 64  # chunk size
 D = 128  # head dim (dk = dv)
 
-# Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py sweeps them.
-TUNING: dict[str, int | str] = {
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py
+    sweeps them."""
+
     # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee" | "low": both
     # operands rounded to the input dtype), per group: intra Wk/U products (wu), and in the WY
     # backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da) and the Tᵀ/dA applications that give
     # dk, dv (wy_dx); "" = f32_dot. H200, 16K/64K: the three WY groups "low" cut fwd+bwd from
     # 5.58/21.87 to 4.13/16.05 ms with the worst error 3.27e-3/3.65e-3 -> 3.34e-3/3.66e-3; wu "low"
     # raised o's error 3.08e-3 -> 3.48e-3 for no time (docs/kernels.md, "Precision").
-    "f32_dot": "tf32x3",
-    "f32_dot_wu": "tf32",
-    "f32_dot_wy_dt": "low",
-    "f32_dot_wy_da": "low",
-    "f32_dot_wy_dx": "low",
-    "state_bv": 32,  # value columns per program of the sequential passes (D/BV programs per head)
-    "state_warps": 4,
-    "state_stages": 3,  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
-    "intra_warps": 4,
-    "intra_split": 0,
-    "wu_warps": 4,
-    "output_warps": 4,
-    "dvl_warps": 4,
-    "dqk_warps": 8,
-    "dqk_bv": 64,
-    "dqk_bk": 128,
-    "wy_warps": 4,
-    "wy_bd": 64,
+    f32_dot: str = "tf32x3"
+    f32_dot_wu: str = "tf32"
+    f32_dot_wy_dt: str = "low"
+    f32_dot_wy_da: str = "low"
+    f32_dot_wy_dx: str = "low"
+    state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
+    state_warps: int = 4
+    state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
+    intra_warps: int = 4
+    output_warps: int = 4
+    out_bv: int = 64
+    dvl_warps: int = 4
+    dqk_warps: int = 8
+    dqk_bv: int = 64
+    dqk_bk: int = 128
+    wy_warps: int = 4
+    wy_bd: int = 64
     # 1: no software pipelining in bwd_wy. With bf16 products there (f32_dot_wy_* = "low") and
     # Triton's default 3 stages, dbeta and dg differed between identical runs on the H200
     # (Triton 3.6; dk, from the same kernel, did not): K·Kᵀ, their only term not in dk, reads one
     # loaded K tile as both operands of a pipelined product.
-    "wy_stages": 1,
-    "out_bv": 64,
-    # 1: the backward runs bwd_dqk and bwd_wy as one kernel per chunk and head (dqk_wy), so dWk,
-    # the fp32 dk partial and the dγ partials never reach memory; 0: the two stages. Off: slower on
-    # the H200 (32K stage 4.01 vs 1.34 + 1.31 ms, it spills; fwd+bwd +19-20% at 16K/64K) for 8%
-    # less peak memory (docs/kernels.md, "Fused stages").
-    "fused_dqk_wy": 0,
-    "dqkwy_bv": 64,  # value columns per step of its S/dS loop
-    "dqkwy_warps": 8,
-    "dqkwy_stages": 1,  # as bwd_wy (wy_stages): K·Kᵀ from one loaded tile, unpipelined
-    # 1: the forward runs the state walk and the output in one kernel per segment (fused_fwd), so
-    # the output never reads per-chunk S and Vn back and a forward without a backward never stores
-    # them; 0: the separate state pass and output stage. Off: slower on the H200 (32K stage 1.79
-    # vs 0.87 + 0.52 ms: the output's products lengthen each step of the sequential walk; fwd+bwd
-    # +5-6% at 16K/64K).
-    "fused_fwd": 0,
-    "fused_bv": 32,  # value columns per program of the fused walk (D/BV programs per head)
-    "fused_warps": 4,
-    "fused_stages": 3,
-    # 1: the state walks load Kd = K ⊙ e^{γ_last − γ} and Qg = scale·Q ⊙ e^γ formed chunk-parallel
-    # beforehand (walk_operands) instead of forming them in every sequential step; bit-identical.
-    # Off until measured on the H200 (predicted from the sm_90 code of the walk: the steps lose
-    # their elementwise pass and register transpose, the op gains one launch per pass and
-    # 2 (forward) / 4 (backward) x [B·Hv, T, D] of traffic).
-    "walk_operands": 0,
-    "ready_stages": 3,  # software-pipelining stages of the walks on operands formed ahead
-    "recompute": 0,  # 1: backward recomputes Wk, T, per-chunk S and Vn instead of saving them
-    "dw_low": 1,  # 1: bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
+    wy_stages: int = 1
+    dw_low: bool = True  # bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
+    # States at a stride (`strided`): the forward walk stores S only at every state_stride-th
+    # chunk boundary and chunk-group programs re-walk their chunks from it to form O (and, when a
+    # backward follows, the per-chunk S and Vn it reads). 0: the walk stores every chunk's S and
+    # Vn and the output stage reads them.
+    state_stride: int = 0
+    # With a stride and a backward to follow: True, the forward keeps only the group states (and
+    # U) and the backward re-walks the groups for S and Vn (less memory held between the passes);
+    # False, the forward's group programs write every chunk's S and Vn for the backward as they
+    # form O (the old layout's memory, no second re-walk).
+    stride_recompute: bool = True
+    stride_bv: int = 32  # value columns per program of the chunk-group re-walk
+    stride_warps: int = 4
+    stride_stages: int = 2
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
-    "seq_segments": 0,
-    "seq_programs_per_sm": 2,  # the automatic choice: about this many state programs per SM
-    "seq_min_chunks": 8,  # and at least this many chunks per segment
-}
+    seq_segments: int = 0
+    seq_programs_per_sm: int = 2  # the automatic choice: about this many state programs per SM
+    seq_min_chunks: int = 8  # and at least this many chunks per segment
 
+    def replace(self, **fields: Any) -> KernelConfig:
+        """A copy with `fields` changed; an unknown name is refused with the known ones."""
+        known = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(fields) - known)
+        if bad:
+            raise ValueError(f"unknown KernelConfig field(s) {bad}; expected some of {sorted(known)}")
+        return dataclasses.replace(self, **fields)
+
+
+DEFAULT = KernelConfig()
 # fp32 inputs double the bytes of every loaded tile, and the bf16 settings of bwd_dqk then ask for
 # more shared memory than Hopper's 232448 B per block (Triton 3.9 for sm_90: 376832 B; the H200
-# run with Triton 3.6 raised OutOfResources at 409600 B). These entries replace TUNING's for fp32
-# inputs only; tests/kernels/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
-TUNING_FP32: dict[str, int | str] = {
-    "state_stages": 2,  # 3 stages of fp32 tiles would pass the limit in the reverse pass
-    "ready_stages": 1,  # the reverse walk on Kd and Qg formed ahead: 245760 B at 2 stages
-    "fused_stages": 1,  # the fused walk loads Wk, U, Q and K per chunk: 104 KiB a stage in fp32
-    "dqk_bk": 64,
-    "dqk_bv": 32,
-    "dqk_warps": 4,
-    "dqkwy_bv": 32,
-}
+# run with Triton 3.6 raised OutOfResources at 409600 B); 3 stages of fp32 tiles would pass the
+# limit in the reverse walk. tests/kernels/test_kernels_compile.py compiles every launch for sm_90
+# and checks the limit.
+DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
+
+_OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 
 
-def tuned(key: str, dtype: torch.dtype) -> int | str:
-    """TUNING[key], or TUNING_FP32[key] for fp32 inputs where it has one."""
-    if dtype == torch.float32 and key in TUNING_FP32:
-        return TUNING_FP32[key]
-    return TUNING[key]
+def kernel_config(dtype: torch.dtype) -> KernelConfig:
+    """The config of a call on `dtype` inputs: that dtype's defaults with the fields of the
+    enclosing `config_overrides` applied."""
+    base = DEFAULT_FP32 if dtype == torch.float32 else DEFAULT
+    over = dict(_OVERRIDES.get())
+    return base.replace(**over) if over else base
 
 
-def dot_precision(dtype: torch.dtype, group: str) -> str:
+@contextmanager
+def config_overrides(**fields: Any) -> Iterator[None]:
+    """Calls made inside use these fields on top of their dtype's defaults (nested: inner wins)."""
+    DEFAULT.replace(**fields)  # refuse unknown names here, not at the first launch
+    token = _OVERRIDES.set((*_OVERRIDES.get(), *fields.items()))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
-    half-precision inputs TUNING["f32_dot_<group>"], else TUNING["f32_dot"] ("tf32" | "tf32x3" |
-    "ieee" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products)."""
+    half-precision inputs cfg.f32_dot_<group>, else cfg.f32_dot ("tf32" | "tf32x3" | "ieee" |
+    "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products)."""
     if dtype == torch.float32:
         return "ieee"
-    prec = str(TUNING[f"f32_dot_{group}"] or TUNING["f32_dot"])
+    prec = str(getattr(cfg, f"f32_dot_{group}") or cfg.f32_dot)
     if prec == "low":
         return "bf16" if dtype == torch.bfloat16 else "fp16"
     if prec not in ("tf32", "tf32x3", "ieee"):
-        raise ValueError(f"TUNING f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee or low")
+        raise ValueError(f"f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee or low")
     return prec
 
 

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import chunk_span, load_gamma, transpose_via
-from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
@@ -84,11 +84,12 @@ def _bwd_dqk_kernel(
 def bwd_dqk(
     q: torch.Tensor, k: torch.Tensor, num_v_heads: int, gamma: torch.Tensor, s: torch.Tensor,
     ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
-    spans: torch.Tensor | None = None,
+    spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
     (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]; `spans` as in
     `intra_solve`."""
+    cfg = cfg or kernel_config(q.dtype)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
     R = Hv // Hqk
@@ -96,16 +97,18 @@ def bwd_dqk(
     heads = Hqk if R == 1 else Hv
     dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
-    low_dw = bool(TUNING["dw_low"]) and q.dtype != torch.float32
+    low_dw = cfg.dw_low and q.dtype != torch.float32
     dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
-    BK = tuned("dqk_bk", q.dtype)
+    BK = cfg.dqk_bk
     if BK < BT:
         raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
                          f"so it needs at least {BT} columns per program")
     dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
-        q, k, vn, do, dvn, s, ds, gamma, dq, dkp, dw, dgam, spans if spans is not None else dq, scale,
-        T, NT, Hqk, Hv, R, heads, VARLEN=spans is not None, BT=BT, D=D, BK=BK, BV=tuned("dqk_bv", q.dtype),
-        num_warps=tuned("dqk_warps", q.dtype),
+        q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
+        dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
+        spans_ptr=spans if spans is not None else dq, scale=scale,
+        T=T, NT=NT, HQK=Hqk, HV=Hv, R=R, DQ_HEADS=heads, VARLEN=spans is not None, BT=BT, D=D, BK=BK,
+        BV=cfg.dqk_bv, num_warps=cfg.dqk_warps,
     )  # fmt: skip
     return dq, dkp, dw, dgam

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import chunk_span, load_gamma, load_rows
-from kernels.gdn.config import BT, TUNING, D, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
@@ -41,15 +41,18 @@ def _dvn_local_kernel(
 
 def dvn_local(
     q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor, scale: float,
-    spans: torch.Tensor | None = None,
+    spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> torch.Tensor:
     """The intra-chunk part of dVn, [B·Hv, T, D] in q's dtype; `spans` as in `intra_solve`."""
+    cfg = cfg or kernel_config(q.dtype)
     B, T, Hqk, _ = q.shape
     Hv = do.shape[2]
     dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
     nt = num_chunks(T, spans)
     _dvn_local_kernel[(nt, B * Hv)](
-        q, k, do, gamma, dvl, spans if spans is not None else dvl, scale, T, Hqk, Hv, Hv // Hqk,
-        VARLEN=spans is not None, BT=BT, D=D, num_warps=TUNING["dvl_warps"],
-    )
+        q_ptr=q, k_ptr=k, do_ptr=do, gamma_ptr=gamma, dvl_ptr=dvl,
+        spans_ptr=spans if spans is not None else dvl,
+        scale=scale, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, VARLEN=spans is not None, BT=BT, D=D,
+        num_warps=cfg.dvl_warps,
+    )  # fmt: skip
     return dvl

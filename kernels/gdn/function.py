@@ -7,14 +7,13 @@ from collections.abc import Callable
 import torch
 
 from kernels.gdn.chunks import ChunkTable, table_parts
-from kernels.gdn.config import TUNING, D
+from kernels.gdn.config import D, KernelConfig, kernel_config
 from kernels.gdn.dqk import bwd_dqk
-from kernels.gdn.dqk_wy import bwd_dqk_wy
-from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
 from kernels.gdn.output import output
 from kernels.gdn.state import state_backward, state_forward
+from kernels.gdn.strided import state_groups
 from kernels.gdn.wy_bwd import bwd_wy
 
 StateCallback = Callable[[torch.Tensor], None]
@@ -31,35 +30,45 @@ def _saved_tensors_hook_active() -> bool:
 def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
-    on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
+    cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
-    backward. `table`: the chunk table of packed sequences (`varlen`): every stage reads and
-    writes the packed rows chunk by chunk through it, and the state passes restart at every
-    sequence.
+    backward; with the states at a stride (cfg.state_stride = k > 0) and cfg.stride_recompute
+    (Wk, T, the fp32 state entering every group of k chunks, U, segment maps or None) instead,
+    from which the backward recomputes S and Vn chunk-parallel. `table`: the chunk table of packed
+    sequences (`varlen`): every stage reads and writes the packed rows chunk by chunk through it,
+    and the state passes restart at every sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
-    stage is launched (a CP chain can send it on while the output is computed); with
-    TUNING["fused_fwd"] the state and the output come from one kernel, and it runs after that."""
+    stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
     spans, seq_chunks = table_parts(table)
-    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans)
-    if TUNING["fused_fwd"]:
-        o, s, vn, ht, maps = fused_forward(
-            q, k, w, u, gamma, Hv, scale, v.dtype, initial_state, store_states=keep, store_vn=keep,
+    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans, cfg=cfg)
+    stride = cfg.state_stride
+    if stride:
+        groups = table.groups(stride) if table is not None else None
+        sb, _, ht, maps = state_forward(
+            k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=False,
             store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans,
+            stride=stride, groups=groups, cfg=cfg,
         )
-        del u
         if on_final_state is not None and ht is not None:
             on_final_state(ht)
-        return o, ht, ((w, tm, s, vn, maps) if keep else ())
+        store = keep and not cfg.stride_recompute
+        o, s, vn = state_groups(
+            q, k, w, u, gamma, sb, Hv, scale, stride=stride, out_dtype=v.dtype, store_states=store,
+            spans=spans, groups=groups[0] if groups is not None else None, cfg=cfg,
+        )
+        if not keep:
+            return o, ht, ()
+        return o, ht, ((w, tm, s, vn, maps) if store else (w, tm, sb, u, maps))
     s, vn, ht, maps = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
-        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans,
+        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
     )
     del u
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
-    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, spans)
+    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, spans, cfg=cfg)
     return o, ht, ((w, tm, s, vn, maps) if keep else ())
 
 
@@ -71,10 +80,10 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
     64K fwd+bwd on an H200). They are held on ctx rather than by save_for_backward so that the
     backward can drop each one as soon as its last stage has run (Wk and the segment maps after
     the reverse pass, S, dS and Vn after bwd_dqk), which lowers the backward's peak. A second
-    backward through the same graph (retain_graph) finds them gone and recomputes them.
-    TUNING["recompute"] = 1 keeps only the inputs and γ and always recomputes; so does a
-    forward under a saved-tensors hook (an activation checkpoint drops the saved tensors and
-    re-runs the forward, but would never see what ctx holds)."""
+    backward through the same graph (retain_graph) finds them gone and recomputes them. So does a
+    forward under a saved-tensors hook, which keeps only the inputs and γ (an activation
+    checkpoint drops the saved tensors and re-runs the forward, but would never see what ctx
+    holds). The forward's config is kept on ctx, so the backward launches with the same settings."""
 
     @staticmethod
     def forward(
@@ -82,12 +91,13 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
-        table: ChunkTable | None = None,
+        table: ChunkTable | None = None, cfg: KernelConfig | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        cfg = cfg or kernel_config(q.dtype)
         gamma = gate_cumsum(g, table_parts(table)[0])
-        keep = not TUNING["recompute"] and not _saved_tensors_hook_active()
+        keep = not _saved_tensors_hook_active()
         o, ht, kept = _forward(
-            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, on_final_state,
+            q, k, v, gamma, beta, scale, initial_state, output_final_state, keep, cfg, on_final_state,
             table,
         )
         ctx.save_for_backward(q, k, v, beta, gamma, initial_state)
@@ -96,6 +106,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         ctx.g_dtype = g.dtype
         ctx.on_initial_state_grad = on_initial_state_grad
         ctx.table = table
+        ctx.cfg = cfg
         return o, ht
 
     @staticmethod
@@ -109,40 +120,42 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         do = torch.zeros_like(v) if do is None else do.contiguous().to(v.dtype)
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
-        table = ctx.table
+        table, cfg = ctx.table, ctx.cfg
         spans, seq_chunks = table_parts(table)
+        # S and Vn recomputed from the group states the forward kept (with U) instead of them
+        regroup = bool(kept) and cfg.state_stride > 0 and cfg.stride_recompute
         if kept:
-            w, tm, s, vn, maps = kept
+            w, tm, s, vn, maps = kept  # strided: s holds the group states, vn U
             del kept
         else:
-            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans)
+            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans, cfg=cfg)
             s, vn, _, maps = state_forward(
                 k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
-                keep_maps=True, seq_chunks=seq_chunks, spans=spans,
+                keep_maps=True, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
             )
             del u
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
-            seq_chunks=seq_chunks, spans=spans,
+            seq_chunks=seq_chunks, spans=spans, cfg=cfg,
         )
-        del w, maps
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
-        if TUNING["fused_dqk_wy"]:
-            dq, dk, dv, dbeta, dg = bwd_dqk_wy(q, k, v, beta, ctx.g_dtype, gamma, tm, s, ds, vn, dvn, do,
-                                               ctx.scale, spans)  # fmt: skip
-            del s, ds, vn, tm, dvn
-        else:
-            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans)
-            del s, ds, vn
-            dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans)
-            del tm, dw, dvn, dkp, dgam
+        if regroup:
+            stride = cfg.state_stride
+            groups = table.groups(stride)[0] if table is not None else None
+            _, s, vn = state_groups(None, k, w, vn, gamma, s, Hv, ctx.scale, stride=stride, out_dtype=None,
+                                    store_states=True, spans=spans, groups=groups, cfg=cfg)  # fmt: skip
+        del w, maps
+        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
+        del s, ds, vn
+        dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans, cfg=cfg)
+        del tm, dw, dvn, dkp, dgam
         if R > 1:
             dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
             dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0.dtype)
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None
 
 
 def gated_delta_rule_triton(
@@ -157,6 +170,7 @@ def gated_delta_rule_triton(
     output_final_state: bool = False,
     on_final_state: StateCallback | None = None,
     on_initial_state_grad: StateCallback | None = None,
+    config: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule, [B, T, H, 128] layout, grouped heads native; returns (o, final_state | None).
 
@@ -164,11 +178,12 @@ def gated_delta_rule_triton(
     The callbacks receive the final state (fp32) as soon as the forward's state pass has it, and
     the initial state's gradient (fp32) as soon as the backward's reverse state pass has it: the
     points a context-parallel state chain waits on, ahead of the stages that follow them.
+    `config`: the launch settings (default: `config.kernel_config` of q's dtype).
     """
     check_heads(q, v)
     return run_chunked(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad,
+        on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad, config=config,
     )  # fmt: skip
 
 
@@ -184,24 +199,24 @@ def run_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
-    table: ChunkTable | None = None,
+    table: ChunkTable | None = None, config: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The stages on checked inputs, through the autograd Function when a backward can follow.
     `table`: the chunk table of packed sequences (`varlen`), one state each."""
+    cfg = config or kernel_config(q.dtype)
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     inputs = (q, k, v, g, beta, h0)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
-        # No backward can follow: nothing is kept for one (with fused_fwd, no per-chunk S or Vn
-        # is ever stored).
+        # No backward can follow: nothing is kept for one.
         o, ht, _ = _forward(
             q.contiguous(), k.contiguous(), v.contiguous(),
             gate_cumsum(g.contiguous(), table_parts(table)[0]), beta.contiguous(),
-            scale, h0, output_final_state, keep=False, on_final_state=on_final_state, table=table,
+            scale, h0, output_final_state, keep=False, cfg=cfg, on_final_state=on_final_state, table=table,
         )  # fmt: skip
         return o, ht
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        scale, h0, output_final_state, on_final_state, on_initial_state_grad, table,
+        scale, h0, output_final_state, on_final_state, on_initial_state_grad, table, cfg,
     )  # fmt: skip
     return o, ht

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import a_block, chunk_span, inv_unit_lower16, load_gamma, load_rows, mm, store_rows
-from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks
+from kernels.gdn.common import a_block, chunk_span, inv_unit_lower16, load_rows, mm
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def _store_row_blocks(base, r0, r1, r2, r3, t0, t1, t2, t3, m0, m1, m2, m3, d, D
 def _intra_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    STORE_U: tl.constexpr, STORE_T: tl.constexpr, STORE_WU: tl.constexpr, PREC: tl.constexpr,
+    STORE_U: tl.constexpr, STORE_T: tl.constexpr, PREC: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0)
@@ -129,55 +129,27 @@ def _intra_kernel(
         tl.store(tm_base + t3[:, None] * BT + 32 + s[None, :], t32, mask=m3[:, None])
         tl.store(tm_base + t3[:, None] * BT + 48 + s[None, :], x3, mask=m3[:, None])
 
-    if STORE_WU:
-        # Wk_I = Σ_J T_IJ·(β e^γ K)_J, in fp32 operands.
-        w_base = w_ptr + bh * T * D
-        xk0 = k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]
-        xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
-        xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
-        xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
-        w0, w1, w2, w3 = _lower_block_product(
-            x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xk0, xk1, xk2, xk3, PREC
-        )
-        _store_row_blocks(w_base, w0, w1, w2, w3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
+    # Wk_I = Σ_J T_IJ·(β e^γ K)_J, in fp32 operands.
+    w_base = w_ptr + bh * T * D
+    xk0 = k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]
+    xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
+    xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
+    xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
+    w0, w1, w2, w3 = _lower_block_product(
+        x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xk0, xk1, xk2, xk3, PREC
+    )
+    _store_row_blocks(w_base, w0, w1, w2, w3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
 
-        if STORE_U:
-            u_base = u_ptr + bh * T * D
-            xv0 = load_rows(v_base, t0, m0, HV * D, D).to(tl.float32) * b0[:, None]
-            xv1 = load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
-            xv2 = load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
-            xv3 = load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
-            u0, u1, u2, u3 = _lower_block_product(
-                x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xv0, xv1, xv2, xv3, PREC
-            )
-            _store_row_blocks(u_base, u0, u1, u2, u3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
-
-
-@triton.jit
-def _wu_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr, spans_ptr,
-    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
-    PREC: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
-    """Wk = T·(β e^γ K) and U = T·(β V) as two 64-wide products from the stored T."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // HV, bh % HV
-    hk = h // R
-    i = tl.arange(0, BT)
-    r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
-    t = r0 + i
-    m = t < r1
-    beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
-    gam, _, _ = load_gamma(gamma_ptr, bh, r0, r1, T, BT)
-    tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
-    kc = load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D).to(tl.float32)
-    w = mm(tm, kc * (beta * tl.exp(gam))[:, None], PREC)
-    store_rows(w_ptr + bh * T * D, w, t, m, D, D)
     if STORE_U:
-        vc = load_rows(v_ptr + b * T * HV * D + h * D, t, m, HV * D, D).to(tl.float32)
-        u = mm(tm, vc * beta[:, None], PREC)
-        store_rows(u_ptr + bh * T * D, u, t, m, D, D)
+        u_base = u_ptr + bh * T * D
+        xv0 = load_rows(v_base, t0, m0, HV * D, D).to(tl.float32) * b0[:, None]
+        xv1 = load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
+        xv2 = load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
+        xv3 = load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
+        u0, u1, u2, u3 = _lower_block_product(
+            x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xv0, xv1, xv2, xv3, PREC
+        )
+        _store_row_blocks(u_base, u0, u1, u2, u3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
 
 
 def intra_solve(
@@ -189,31 +161,21 @@ def intra_solve(
     *,
     store_t: bool = False,
     spans: torch.Tensor | None = None,
+    cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked.
-    `spans`: the chunk table of packed sequences (`chunks.ChunkTable`); rows stay packed.
-
-    TUNING["intra_split"] = 1 writes T first and forms Wk, U in a second kernel with 64-wide
-    products; 0 forms them from the 16×16 blocks in registers (no T round trip)."""
+    `spans`: the chunk table of packed sequences (`chunks.ChunkTable`); rows stay packed."""
+    cfg = cfg or kernel_config(k.dtype)
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
-    split = bool(TUNING["intra_split"])
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
-    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if (store_t or split) else None
-    grid = (num_chunks(T, spans), B * Hv)
-    table = dict(spans_ptr=spans if spans is not None else w, VARLEN=spans is not None)
-    prec = dot_precision(k.dtype, "wu")
-    _intra_kernel[grid](
-        k, v if v is not None else k, beta, gamma, w, u if u is not None else w, tm if tm is not None else w,
-        T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, **table,
-        STORE_U=v is not None, STORE_T=tm is not None, STORE_WU=not split, PREC=prec, BT=BT, D=D,
-        num_warps=TUNING["intra_warps"],
+    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if store_t else None
+    _intra_kernel[(num_chunks(T, spans), B * Hv)](
+        k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, w_ptr=w,
+        u_ptr=u if u is not None else w, tm_ptr=tm if tm is not None else w,
+        spans_ptr=spans if spans is not None else w, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
+        STORE_U=v is not None, STORE_T=tm is not None, PREC=dot_precision(cfg, k.dtype, "wu"),
+        VARLEN=spans is not None, BT=BT, D=D, num_warps=cfg.intra_warps,
     )  # fmt: skip
-    if split:
-        _wu_kernel[grid](
-            k, v if v is not None else k, beta, gamma, tm, w, u if u is not None else w,
-            T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, **table, STORE_U=v is not None, PREC=prec, BT=BT, D=D,
-            num_warps=TUNING["wu_warps"],
-        )  # fmt: skip
-    return w, u, tm if store_t else None
+    return w, u, tm

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import chunk_span, load_gamma, load_rows
-from kernels.gdn.config import BT, TUNING, D, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
@@ -44,15 +44,18 @@ def _output_kernel(
 def output(
     q: torch.Tensor, k: torch.Tensor, vn: torch.Tensor, s: torch.Tensor, gamma: torch.Tensor,
     num_v_heads: int, scale: float, out_dtype: torch.dtype, spans: torch.Tensor | None = None,
+    *, cfg: KernelConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """o [B, T, Hv, D] in out_dtype from per-chunk states and Vn; `spans` as in `intra_solve`."""
+    cfg = cfg or kernel_config(q.dtype)
     B, T, Hqk, _ = q.shape
-    Hv, BV = num_v_heads, TUNING["out_bv"]
+    Hv, BV = num_v_heads, cfg.out_bv
     o = torch.empty(B, T, Hv, D, device=q.device, dtype=out_dtype)
     nt = num_chunks(T, spans)
     _output_kernel[(nt, D // BV, B * Hv)](
-        q, k, vn, s, gamma, o, spans if spans is not None else o, scale, T, nt, Hqk, Hv, Hv // Hqk,
-        VARLEN=spans is not None, BT=BT, D=D, BV=BV,
-        num_warps=TUNING["output_warps"],
+        q_ptr=q, k_ptr=k, vn_ptr=vn, s_ptr=s, gamma_ptr=gamma, o_ptr=o,
+        spans_ptr=spans if spans is not None else o,
+        scale=scale, T=T, NT=nt, HQK=Hqk, HV=Hv, R=Hv // Hqk, VARLEN=spans is not None, BT=BT, D=D, BV=BV,
+        num_warps=cfg.output_warps,
     )  # fmt: skip
     return o

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import load_gamma, load_rows
-from kernels.gdn.config import BT, TUNING, D, num_chunks, tuned
+from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
@@ -89,27 +89,26 @@ def _segment_scan_kernel(
                 X = tl.dot(mj, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
 
 
-def state_segments(batch_heads: int, T: int, device: torch.device) -> int:
+def state_segments(batch_heads: int, T: int, device: torch.device, cfg: KernelConfig) -> int:
     """How many segments the state passes split the sequence into (1 = one sequential walk).
 
-    TUNING["seq_segments"] > 0 forces it (tests); 0 chooses from the shape: none while one walk
+    cfg.seq_segments > 0 forces it (tests); 0 chooses from the shape: none while one walk
     already has at least half as many programs (B·Hv·D/BV) as the device has multiprocessors,
-    else enough segments for about TUNING["seq_programs_per_sm"] programs per multiprocessor,
-    each segment at least TUNING["seq_min_chunks"] chunks. CPU tensors (the interpreter) count as one
+    else enough segments for about cfg.seq_programs_per_sm programs per multiprocessor, each
+    segment at least cfg.seq_min_chunks chunks. CPU tensors (the interpreter) count as one
     multiprocessor, so the automatic choice there is 1."""
     nt = num_chunks(T)
-    forced = int(TUNING["seq_segments"])
-    if forced > 0:
-        return _even_segments(nt, forced)
+    if cfg.seq_segments > 0:
+        return _even_segments(nt, cfg.seq_segments)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    programs = batch_heads * (D // int(TUNING["state_bv"]))
+    programs = batch_heads * (D // cfg.state_bv)
     if 2 * programs > sms:
         # H200: with 128 programs (B·Hv = 32) every split measured slower (16K: 5.11 ms fwd+bwd
         # unsplit, 5.44 with 2 segments, 5.77 with 16); with 32 programs 8 segments cut both
         # passes at 64K from 5.04 to 1.94 ms (docs/kernels.md).
         return 1
-    want = int(TUNING["seq_programs_per_sm"]) * sms // programs
-    return _even_segments(nt, min(want, nt // int(TUNING["seq_min_chunks"])))
+    want = cfg.seq_programs_per_sm * sms // programs
+    return _even_segments(nt, min(want, nt // cfg.seq_min_chunks))
 
 
 def _even_segments(nt: int, want: int) -> int:
@@ -121,35 +120,38 @@ def _even_segments(nt: int, want: int) -> int:
 
 def segment_forward_summary(
     k: torch.Tensor, w: torch.Tensor, u: torch.Tensor | None, gamma: torch.Tensor, num_v_heads: int,
-    nseg: int, *, with_last: bool,
+    nseg: int, *, with_last: bool, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None: V = 0),
     and of the last segment too when `with_last` (the backward's scan needs M of segments
     1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
+    cfg = cfg or kernel_config(k.dtype)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, num_chunks(T)
-    cps = triton.cdiv(NT, nseg)
     mm = torch.empty(B * Hv, nseg, D, D, device=k.device, dtype=torch.float32)
     ee = torch.empty_like(mm)
-    BV = TUNING["state_bv"]
+    BV = cfg.state_bv
     if nseg > 1:
         _segment_fwd_summary_kernel[(D // BV, B * Hv, nseg if with_last else nseg - 1)](
-            k, w, u if u is not None else w, gamma, mm, ee, T, NT, cps, nseg, Hqk, Hv, Hv // Hqk,
-            HAS_U=u is not None, BT=BT, D=D, BV=BV,
-            num_warps=TUNING["state_warps"], num_stages=tuned("state_stages", k.dtype),
+            k_ptr=k, w_ptr=w, u_ptr=u if u is not None else w, gamma_ptr=gamma, m_ptr=mm, e_ptr=ee,
+            T=T, NT=NT, CPS=triton.cdiv(NT, nseg), NSEG=nseg, HQK=Hqk, HV=Hv, R=Hv // Hqk,
+            HAS_U=u is not None, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps, num_stages=cfg.state_stages,
         )  # fmt: skip
     return mm, ee
 
 
 def segment_scan(
-    mm: torch.Tensor, ee: torch.Tensor, x0: torch.Tensor | None, *, reverse: bool
+    mm: torch.Tensor, ee: torch.Tensor, x0: torch.Tensor | None, *, reverse: bool,
+    cfg: KernelConfig | None = None,
 ) -> torch.Tensor:
-    """States entering (forward) or state gradients leaving (reverse) every segment."""
+    """States entering (forward) or state gradients leaving (reverse) every segment (`cfg`: the
+    launch settings of the walks it serves; default: fp32 inputs')."""
+    cfg = cfg or kernel_config(torch.float32)
     BH, nseg = mm.shape[:2]
     xs = torch.empty_like(mm)
-    BV = TUNING["state_bv"]
+    BV = cfg.state_bv
     _segment_scan_kernel[(D // BV, BH)](
-        mm, ee, x0 if x0 is not None else mm, xs, nseg,
-        HAS_X0=x0 is not None, REVERSE=reverse, D=D, BV=BV, num_warps=TUNING["state_warps"],
+        m_ptr=mm, e_ptr=ee, x0_ptr=x0 if x0 is not None else mm, xs_ptr=xs, NSEG=nseg,
+        HAS_X0=x0 is not None, REVERSE=reverse, D=D, BV=BV, num_warps=cfg.state_warps,
     )  # fmt: skip
     return xs

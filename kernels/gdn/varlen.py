@@ -4,7 +4,7 @@ sequences: one state per sequence, none crossing a boundary.
 The packed rows are read and written in place. The chunk table (`chunks.ChunkTable`) gives every
 chunk its own first and end row, each sequence's chunks starting at its first row, so no chunk
 straddles a boundary and no padded copy of any tensor exists: every chunk-parallel stage (gate,
-intra, output, dvn_local, dqk, wy_bwd and the fused variants) takes chunk c's rows from the table
+intra, output, dvn_local, dqk and wy_bwd) takes chunk c's rows from the table
 instead of c·BT and masks at the chunk's end instead of T; per-chunk intermediates are indexed by
 chunk, row-shaped ones stay in the packed rows. The state passes walk each sequence's chunk range
 (`seq_chunks`) from its own h0 (and in the backward from its own dht, to its own dh0), all
@@ -18,6 +18,7 @@ from itertools import pairwise
 import torch
 
 from kernels.gdn.chunks import ChunkTable
+from kernels.gdn.config import KernelConfig
 from kernels.gdn.function import check_heads, run_chunked
 
 
@@ -42,6 +43,7 @@ def gated_delta_rule_triton_varlen(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    config: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over N packed sequences: inputs [1, T, H, 128] with sequence i at rows
     cu_seqlens[i]:cu_seqlens[i+1]; initial_state and the final state [N, Hv, 128, 128] fp32.
@@ -55,7 +57,7 @@ def gated_delta_rule_triton_varlen(
         raise ValueError(f"initial_state must be [N={n}, Hv={hv}, 128, 128] for {n} sequences, "
                          f"got {tuple(initial_state.shape)}")  # fmt: skip
     check_heads(q, v)
-    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, config=config)
     if cu[-1] == 0:  # nothing to run: every final state is its initial state
         ht = None
         if output_final_state:

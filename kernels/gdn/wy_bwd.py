@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import chunk_span, load_gamma, mm, transpose_via
-from kernels.gdn.config import BT, TUNING, D, dot_precision, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
 @triton.jit
@@ -94,10 +94,11 @@ def _bwd_wy_kernel(
 def bwd_wy(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype, gamma: torch.Tensor,
     tm: torch.Tensor, dw: torch.Tensor, dvn: torch.Tensor, dkp: torch.Tensor, dgam: torch.Tensor,
-    spans: torch.Tensor | None = None,
+    spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation;
     `spans` as in `intra_solve`."""
+    cfg = cfg or kernel_config(k.dtype)
     B, T, Hqk, _ = k.shape
     Hv, NT = v.shape[2], num_chunks(T, spans)
     R = Hv // Hqk
@@ -107,10 +108,12 @@ def bwd_wy(
     dbeta = torch.empty_like(beta)
     dg = torch.empty(B, T, Hv, device=k.device, dtype=g_dtype)
     _bwd_wy_kernel[(NT, B * Hv)](
-        k, v, beta, gamma, tm, dw, dvn, dkp, dgam, dk, dv, dbeta, dg, spans if spans is not None else dg,
-        T, Hqk, Hv, R, heads, dk.stride(1) * dk.element_size() // 4, VARLEN=spans is not None,
-        PREC_DT=dot_precision(k.dtype, "wy_dt"), PREC_DA=dot_precision(k.dtype, "wy_da"),
-        PREC_DX=dot_precision(k.dtype, "wy_dx"), BT=BT, D=D, BD=TUNING["wy_bd"],
-        NK=dgam.shape[0], num_warps=TUNING["wy_warps"], num_stages=TUNING["wy_stages"],
+        k_ptr=k, v_ptr=v, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, dw_ptr=dw, du_ptr=dvn, dkp_ptr=dkp,
+        dgam_ptr=dgam, dk_ptr=dk, dv_ptr=dv, dbeta_ptr=dbeta, dg_ptr=dg,
+        spans_ptr=spans if spans is not None else dg,
+        T=T, HQK=Hqk, HV=Hv, R=R, DK_HEADS=heads, DK_ROW_F32=dk.stride(1) * dk.element_size() // 4,
+        PREC_DT=dot_precision(cfg, k.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, k.dtype, "wy_da"),
+        PREC_DX=dot_precision(cfg, k.dtype, "wy_dx"), VARLEN=spans is not None, BT=BT, D=D, BD=cfg.wy_bd,
+        NK=dgam.shape[0], num_warps=cfg.wy_warps, num_stages=cfg.wy_stages,
     )  # fmt: skip
     return dk, dv, dbeta, dg

@@ -2,10 +2,10 @@
 
 No GPU is needed: the kernels of every stage module of `kernels.gdn` are swapped for recorders, the
 real wiring (forward + backward of `gated_delta_rule_triton` and of packed sequences, the CP state
-summary, both intra variants) runs
-on CPU tensors of each input dtype, and each recorded launch is specialised and compiled the way
-`JITFunction.run` would do it on a device (same binder, constexprs, alignment attributes,
-num_warps/num_stages) but for `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
+summary, the split state passes, the states at a stride) runs on CPU tensors of each input dtype,
+and each recorded launch is specialised and compiled the way `JITFunction.run` would do it on a
+device (same binder, constexprs, alignment attributes, num_warps/num_stages) but for
+`GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
 `metadata.shared` is the dynamic shared memory the launch asks for, the number that raised
 `OutOfResources` on the H200 for fp32 inputs (bwd_dqk); it is final once the MLIR passes of the
 LLVM IR stage have allocated shared memory, where the test stops each compile (before LLVM -O3).
@@ -93,11 +93,11 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
 
 
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
-    """Run the real wiring: grouped heads with and without states, the CP summary, and the intra
-    split + recompute variants at T = 65 (the failing H200 case). `full` (the `--full` report) adds
-    Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment specialisation); measured with
-    Triton 3.9 they change no kernel's shared memory, and compiling them all cold takes ~10 min
-    on two cores."""
+    """Run the real wiring: grouped heads with and without states and the CP summary at T = 65 (the
+    failing H200 case), the split state passes, packed sequences and the states at a stride at T =
+    130. `full` (the `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's
+    alignment specialisation); measured with Triton 3.9 they change no kernel's shared memory, and
+    compiling them all cold takes ~10 min on two cores."""
     for T in (65, 8192) if full else (65,):
         for hq, hv in ((1, 2), (1, 1)) if full else ((1, 2),):
             q, k, v, g, beta, h0 = _inputs(dtype, T, hq, hv)
@@ -107,36 +107,30 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
             o.float().sum().backward()
             mod.state_summary(k, v, g, beta, initial_state=h0, zero_values=True)
             mod.state_summary(k, v, g, beta)
-    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here), on walk
-    # operands formed ahead (the same launches without them are compiled above and below)
-    mod.TUNING.update(seq_segments=2, walk_operands=1)
+    # the sequence-parallel state passes (chosen on a GPU from the shape; forced here)
     q, k, v, g, beta, h0 = _inputs(dtype, 130, 1, 2)
-    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    (o.float().sum() + s.sum()).backward()
-    # the fused forward (split and not, with a backward and forward-only) and the fused dqk + WY
-    mod.TUNING.update(fused_fwd=1, fused_dqk_wy=1, walk_operands=0)
-    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    (o.float().sum() + s.sum()).backward()
-    mod.TUNING.update(seq_segments=0)
-    with torch.no_grad():
-        mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    with mod.config_overrides(seq_segments=2):
+        o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        (o.float().sum() + s.sum()).backward()
     # packed sequences (every stage through the chunk table, one walk per sequence in the state
-    # passes), fused forward and not (the latter on walk operands formed ahead)
+    # passes), and a forward without autograd
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
-    for fused in (1, 0):
-        mod.TUNING.update(fused_fwd=fused, fused_dqk_wy=fused, walk_operands=1 - fused)
+    o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
+                                              output_final_state=True)  # fmt: skip
+    (o.float().sum() + s.sum()).backward()
+    with torch.no_grad():
+        mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
+    # the states at a stride: the walk keeping group states, the re-walk forming o (forward) and
+    # S, Vn (backward), dense and packed
+    with mod.config_overrides(state_stride=2):
+        o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        (o.float().sum() + s.sum()).backward()
         o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
                                                   output_final_state=True)  # fmt: skip
         (o.float().sum() + s.sum()).backward()
-    # the non-default variants that stay selectable (the caller restores TUNING)
-    mod.TUNING.update(intra_split=1, recompute=1, seq_segments=0, fused_fwd=0, fused_dqk_wy=0,
-                      walk_operands=0)
-    q, k, v, g, beta, h0 = _inputs(dtype, 65, 1, 2)
-    o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    (o.float().sum() + s.sum()).backward()
-    o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 1, 65]),
-                                              initial_state=h0s, output_final_state=True)  # fmt: skip
-    (o.float().sum() + s.sum()).backward()
+    with mod.config_overrides(state_stride=2, stride_recompute=False):  # o, S and Vn in one re-walk
+        o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        (o.float().sum() + s.sum()).backward()
 
 
 def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
@@ -151,7 +145,6 @@ def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
     patched = [(mod, n) for mod in mods for n, f in vars(mod).items()
                if isinstance(f, JITFunction) and n.endswith("_kernel")]  # fmt: skip
     assert len(patched) >= 11, f"compilable kernels found: {patched} (is TRITON_INTERPRET set?)"
-    saved = dict(gdn_kernels.TUNING)
     try:
         for mod, n in patched:
             setattr(mod, n, _Recorder(getattr(mod, n), sink))
@@ -159,8 +152,6 @@ def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
     finally:
         for mod, n in patched:
             setattr(mod, n, getattr(mod, n).fn)
-        gdn_kernels.TUNING.clear()
-        gdn_kernels.TUNING.update(saved)
     return sink
 
 
@@ -302,7 +293,7 @@ def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
 
 # Kernels whose cold sm_90 compile takes several times the others' (the largest bodies):
 # the shared queue hands them out first, so the two workers end within a short compile of each other.
-SLOW_COMPILES = ("_bwd_wy_kernel", "_bwd_dqk_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
+SLOW_COMPILES = ("_bwd_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
 
 
 def work_list(dtypes: tuple[torch.dtype, ...], backend) -> list[tuple[int, torch.dtype, tuple]]:
@@ -390,26 +381,35 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     rows = [Compiled(**r) for r in compiled[str(dtype).split(".")[-1]]]
     print("\n" + "\n".join(_row(c) for c in rows))
     kernels = {c.kernel for c in rows}
-    expected = {"_gate_cumsum_kernel", "_intra_kernel", "_wu_kernel", "_state_fwd_kernel", "_output_kernel",
+    expected = {"_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
-                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_fused_fwd_kernel",
-                "_bwd_dqk_wy_kernel", "_walk_operands_kernel"}  # fmt: skip
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
     assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
-    ready = {c.kernel for c in rows if c.constexprs.get("PRE")}  # both walks on operands formed ahead
-    assert ready == {"_state_fwd_kernel", "_state_bwd_kernel"}, sorted(ready)
-    assert all(c.shared > 0 for c in rows if c.kernel not in ("_gate_cumsum_kernel", "_walk_operands_kernel"))
+    strided = {c.kernel for c in rows if c.constexprs.get("STRIDE")}
+    assert strided == {"_state_fwd_kernel", "_state_group_kernel"}, sorted(strided)
+    assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
 
 
-def test_fp32_overrides_leave_half_precision_settings_alone() -> None:
-    for key, value in gdn_config.TUNING.items():
-        assert gdn_config.tuned(key, torch.bfloat16) == value
-        assert gdn_config.tuned(key, torch.float16) == value
-    for key, value in gdn_config.TUNING_FP32.items():
-        assert key in gdn_config.TUNING and gdn_config.tuned(key, torch.float32) == value
+def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:
+    """fp16 launches with bf16's settings (so compiling one of them answers for both), fp32 with
+    smaller bwd_dqk tiles and fewer pipeline stages; overrides apply on top of either."""
+    from dataclasses import fields
+
+    half = gdn_config.kernel_config(torch.bfloat16)
+    assert gdn_config.kernel_config(torch.float16) == half == gdn_config.DEFAULT
+    fp32 = gdn_config.kernel_config(torch.float32)
+    differ = {f.name for f in fields(half) if getattr(half, f.name) != getattr(fp32, f.name)}
+    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages"}
+    with gdn_config.config_overrides(state_bv=16):
+        assert gdn_config.kernel_config(torch.float32) == fp32.replace(state_bv=16)
+        assert gdn_config.kernel_config(torch.bfloat16).state_bv == 16
+    assert gdn_config.kernel_config(torch.bfloat16) == half
+    with pytest.raises(ValueError, match=r"unknown KernelConfig field\(s\) \['fused_fwd'\]"):
+        gdn_config.config_overrides(fused_fwd=1).__enter__()
 
 
 if __name__ == "__main__":

@@ -54,6 +54,18 @@ def test_bf16_small_against_fp64_oracle(T: int, heads: tuple[int, int], mode: st
     assert not bad, f"rel-L2 over 3e-2: {bad}"
 
 
+@pytest.mark.parametrize("T", [65, 200])
+def test_states_at_a_stride_small_against_fp64_oracle(T: int) -> None:
+    """The states kept at a stride of 2 and re-walked per group (a short last group at T = 200:
+    4 chunks, at T = 65: 2), bf16, grouped heads, stateful: the small shapes' sanity bound."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(state_stride=2):
+        errs = _errors(_case(T, 2, 4, "stateful", 0), 0)
+    bad = {k: v for k, v in errs.items() if v > 3e-2}
+    assert not bad, f"rel-L2 over 3e-2: {bad}"
+
+
 @pytest.mark.parametrize(
     "T,heads,mode",
     [(8192, (32, 32), "stateful"), (32768, (32, 32), "stateful"), (16384, (16, 32), "stateless"),
@@ -119,30 +131,25 @@ def test_triton_available_on_production_shapes() -> None:
 
 @pytest.mark.parametrize(
     "tuning,heads",
-    [({"fused_fwd": 1}, (16, 32)), ({"fused_dqk_wy": 1}, (16, 32)),
-     ({"fused_fwd": 1, "fused_dqk_wy": 1}, (32, 32)), ({"fused_fwd": 1, "fused_dqk_wy": 1}, (16, 32)),
-     ({"walk_operands": 1}, (16, 32)), ({"walk_operands": 1, "seq_segments": 4}, (32, 32))],
-    ids=lambda v: "-".join(k for k in v) if isinstance(v, dict) else f"{v[0]}x{v[1]}",
+    [({"seq_segments": 4}, (32, 32)), ({"state_stride": 8}, (32, 32)), ({"state_stride": 4}, (16, 32)),
+     ({"state_stride": 8, "seq_segments": 4}, (32, 32)),
+     ({"state_stride": 8, "stride_recompute": False}, (32, 32))],
+    ids=lambda v: "-".join(f"{k}{n}" for k, n in v.items()) if isinstance(v, dict) else f"{v[0]}x{v[1]}",
 )  # fmt: skip
-def test_fused_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
-    """The selectable paths (TUNING: the fused forward, the fused dqk + WY backward, the walks on
-    operands formed ahead, split or not) at 8K stateful: every tensor within the bar against the
-    fp32 eager backend, and bit-identical over two runs."""
-    from kernels.gdn import TUNING
+def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
+    """The paths selectable by config fields (the split state passes, the states at a stride) at
+    8K stateful: every tensor within the bar against the fp32 eager backend, and bit-identical
+    over two runs."""
+    from kernels.gdn import config_overrides
     from workers.context import RankContext
     from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs
 
-    saved = dict(TUNING)
-    TUNING.update(tuning)
-    try:
+    with config_overrides(**tuning):
         p = _case(8192, heads[0], heads[1], "stateful", 0)
         errs = _errors(p, 0)
         ctx = RankContext(rank=0, world_size=1, device=torch.device("cuda"), device_kind="cuda")
         x = _make_inputs(ctx, p, 0)
         first, second = (_fwd_bwd("triton", _leaves(x), True) for _ in range(2))
-    finally:
-        TUNING.clear()
-        TUNING.update(saved)
     bad = {k: v for k, v in errs.items() if v > BAR}
     assert not bad, f"rel-L2 over {BAR}: {bad} (all: {errs})"
     differ = sorted(n for n, t in first.items() if t is not None and not torch.equal(t, second[n]))

@@ -43,6 +43,31 @@ def _ids(case: tuple) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
+    _check_against_oracle(case)
+
+
+@pytest.mark.parametrize(
+    "case,over",
+    [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
+     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False})],
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
+)  # fmt: skip
+def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
+    """The states kept at a stride (groups of 2 chunks and a short one, or of 1) and re-walked per
+    group, S and Vn for the backward recomputed there or written by the forward's re-walk: within
+    the oracle's bound, and a second run gives the same bits (o, final state, every gradient)."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(**over):
+        first = _check_against_oracle(case)
+        second = _check_against_oracle(case)
+    for name, t in first.items():
+        assert torch.equal(t, second[name]), f"{name} differs between two runs"
+
+
+def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:
+    """o, the final state and every gradient of the triton backend against the fp64 oracle;
+    returns them."""
     T, (hq, hv), dtype, has_h0, final = case
     base = make_inputs(1, T, hq, hv, 128, dtype=torch.float64, stateful=has_h0, seed=T + hv)
     ref = make_inputs(1, T, hq, hv, 128, dtype=torch.float64, stateful=has_h0, seed=T + hv).requires_grad_()
@@ -91,6 +116,8 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
             continue
         err = rel_l2(got, ref_t.grad)
         assert err <= tol, f"d{name}: {err:.2e} > {tol:.0e}"
+    grads = {f"d{n}": t.grad for n, t in mine.items() if t is not None}
+    return {"o": o, **({"s": s} if final else {}), **grads}
 
 
 def test_state_summary_composes_to_final_state() -> None:
@@ -130,12 +157,17 @@ def test_output_only_backward_and_scale() -> None:
         assert rel_l2(got.grad, want.grad) <= 2e-5
 
 
-def test_second_backward_recomputes_released_intermediates() -> None:
+@pytest.mark.parametrize("stride", [0, 1])
+def test_second_backward_recomputes_released_intermediates(stride: int) -> None:
     """The first backward frees the forward's kept intermediates; a second one (retain_graph)
-    recomputes them and must give the same gradients."""
+    recomputes them and must give the same gradients (also when the first recomputed S and Vn
+    from states kept at a stride)."""
+    from kernels.gdn import config_overrides
+
     x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=True, seed=3)
     ins = [t.clone().requires_grad_() for t in x.tensors()]
-    o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+    with config_overrides(state_stride=stride):
+        o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
     loss = o.square().sum() + s.sum()
     first = torch.autograd.grad(loss, ins, retain_graph=True)
     second = torch.autograd.grad(loss, ins)
@@ -144,17 +176,22 @@ def test_second_backward_recomputes_released_intermediates() -> None:
         assert rel_l2(b, a) <= 1e-6
 
 
-def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient() -> None:
+@pytest.mark.parametrize("stride", [0, 2])
+def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stride: int) -> None:
     """The P2P chain's early hand-off points: each callback runs once and sees exactly what the
-    call returns (the final state; the initial state's gradient)."""
+    call returns (the final state; the initial state's gradient), also with the states at a
+    stride."""
+    from kernels.gdn import config_overrides
+
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=11)
     inputs = [t.clone().requires_grad_() for t in x.tensors()]
     seen: list[tuple[str, torch.Tensor]] = []
-    o, s = gated_delta_rule(
-        *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
-        on_final_state=lambda t: seen.append(("final", t.detach().clone())),
-        on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
-    )  # fmt: skip
+    with config_overrides(state_stride=stride):
+        o, s = gated_delta_rule(
+            *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
+            on_final_state=lambda t: seen.append(("final", t.detach().clone())),
+            on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
+        )  # fmt: skip
     assert [name for name, _ in seen] == ["final"] and torch.equal(seen[0][1], s)
     gen = torch.Generator().manual_seed(3)
     d_o, d_s = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)

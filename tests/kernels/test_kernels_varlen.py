@@ -2,8 +2,8 @@
 (CPU interpreter): against the per-sequence fp64 oracle with lengths 1, 63, 64, 65 and an empty
 one, so boundaries fall inside chunks, on them and between two, every sequence with its own
 initial and final state and every gradient, h0's included; against the dense kernels run on each
-sequence alone (the same numbers, bit for bit); with the selectable fused and recompute paths in
-fp16."""
+sequence alone (the same numbers, bit for bit); in fp16 at the default settings and with the
+states at a stride."""
 
 from __future__ import annotations
 
@@ -153,34 +153,27 @@ def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> Non
 
 
 @pytest.mark.slow
-def test_packed_fp16_with_the_fused_and_recompute_paths() -> None:
-    """fp16 (WY products in fp16 through "low") with the fused forward, the fused dqk + WY, the
-    split intra solve and recomputation in the backward (the packed state walks of both forward
-    kernels): within fp16's rounding of the oracle (a chunk-misaligned sequence, then a lone
-    token, between an empty first and an empty last one), and bit for bit the same forward
-    without autograd.
-    The default path's packed walks are the fp32 test's."""
-    from kernels.gdn import TUNING
+@pytest.mark.parametrize("over", [{}, {"state_stride": 2}], ids=["default", "stride2"])
+def test_packed_fp16(over: dict) -> None:
+    """fp16 (WY products in fp16 through "low"): within fp16's rounding of the oracle (a
+    chunk-misaligned sequence, then a lone token, between an empty first and an empty last one),
+    empty sequences' states passed through, and bit for bit the same forward without autograd."""
+    from kernels.gdn import config_overrides
 
     p = _problem([0, 65, 1, 0], seed=5)
     o_ref, ht_ref, g_ref = _oracle(p)
-    saved = dict(TUNING)
-    try:
-        TUNING.update(fused_fwd=1, fused_dqk_wy=1, recompute=1, intra_split=1)
+    with config_overrides(**over):
         o, ht, grads = _run(p, _packed(p), torch.float16)
-        errs = {"o": rel_l2(o, o_ref), "ht": rel_l2(ht, ht_ref)}
-        errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
-        bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
-        assert not bad, f"over 3e-3: {bad} (all: {errs})"
-        for empty in (0, 3):  # their states pass through unchanged
-            assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
-        with torch.no_grad():  # nothing kept for a backward (the fused walk stores no S, Vn): same numbers
+        with torch.no_grad():  # nothing kept for a backward: same numbers
             o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
                                       for n, t in p["leaves"].items()})  # fmt: skip
-        assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
-    finally:
-        TUNING.clear()
-        TUNING.update(saved)
+    errs = {"o": rel_l2(o, o_ref), "ht": rel_l2(ht, ht_ref)}
+    errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
+    bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
+    assert not bad, f"over 3e-3: {bad} (all: {errs})"
+    for empty in (0, 3):  # their states pass through unchanged
+        assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
+    assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
 
 
 def test_chunk_table() -> None:
