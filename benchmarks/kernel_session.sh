@@ -31,7 +31,8 @@
 #          suite:NAME:PRESET:LIMIT   any suite on one GPU (benchmarks/run_suite.py), parameter overrides
 #                             from PARAMS (';'-separated key=value), e.g. the cp-layer emulation over
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
-# Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), SET (JSON of
+# Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), GPUTEST_LIMIT (s,
+# default 330), SET (JSON of
 # KernelConfig overrides for ours' default settings in the ours/sweep/prof/stages steps).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
 # otherwise run FlashQLA); FlashQLA compiles its TileLang kernels on first use (~2 min cold).
@@ -102,7 +103,7 @@ for step in "$@"; do
     IFS=: read -r kind a b <<<"$step"
     case $kind in
         gputest)
-            gputest 330 "$a" ;;
+            gputest "${GPUTEST_LIMIT:-330}" "$a" ;;
         ours) bench ours 400 ours "" --repro --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         sweep)
             args=()
