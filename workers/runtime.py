@@ -447,7 +447,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     try:
         for i, case in enumerate(cases):
             channel.send("case_start", case=case.name, index=i)
-            misfit = suite.not_applicable(case, world_size)
+            misfit = suite.why_not_here(case, world_size)
             if misfit is not None:  # the same answer on every rank: nothing runs, nothing desyncs
                 why = f"not applicable at world size {world_size}: {misfit}"
                 outcome = CaseOutcome("skipped", why, raised=False)

@@ -237,7 +237,7 @@ def _suites_for(req: GateRequest) -> list[str]:
     for n in suite_names():
         suite = get_suite(n)
         preset = req.preset or suite.gate_presets.get(req.device, "gate")
-        if req.device in suite.devices and req.world_size >= suite.min_world_size and preset in suite.presets:
+        if submission.runs_here(suite, preset, req.device, req.world_size):
             names.append(n)
     if not names:
         raise GateInputError(
