@@ -356,7 +356,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
     import torch
 
     from gdn import device as devices
-    from workers.provenance import installed_version, source_commit, source_modified
+    from workers.provenance import installed_version, source_commit, source_content_hash, source_modified
 
     info: dict[str, Any] = dict(devices.device_info(device))
     visible = devices.visible_devices_env(kind)
@@ -365,6 +365,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
             "gdnval": installed_version(),
             "commit": commit or source_commit(),
             "source_modified": False if commit else source_modified(),  # a snapshot is exact
+            "code_hash": source_content_hash(),  # the runtime code's bytes (workers.provenance)
             "python": platform.python_version(),
             "platform": platform.platform(),
             "host": socket.gethostname(),
