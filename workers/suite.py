@@ -249,6 +249,16 @@ class Suite(ABC):
                 out[case.name] = why
         return out
 
+    def nothing_runs(self, cases: Sequence[Case], world_size: int) -> str | None:
+        """Why none of `cases` can run at `world_size` (each case's `misfit`), or None when one
+        can: a job of only such cases would only skip, so it is refused (submit, run, the gate)."""
+        misfits = self.misfits(cases, world_size)
+        if not cases or len(misfits) < len(cases):
+            return None
+        reasons = "; ".join(f"{name}: {why}" for name, why in list(misfits.items())[:3])
+        more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
+        return f"none of its {len(cases)} case(s) can run at world size {world_size}: {reasons}{more}"
+
     @abstractmethod
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
         """Run one case on one rank (every rank runs it) and yield its samples."""

@@ -18,6 +18,7 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.db": "db",
     "service.cli.gate": "gate",
     "service.cli.report": "report",
+    "service.cli.backends": "backends",
 }
 
 

@@ -108,6 +108,13 @@ class GateRequest(BaseModel):
                              f"got base={self.base!r}")  # fmt: skip
         return self
 
+    @model_validator(mode="after")
+    def _not_itself(self) -> GateRequest:
+        if self.base is not None and self.base == self.head and self.reuse:
+            raise ValueError(f"base is head ({self.head!r}): the gate would compare that commit's job with "
+                             "itself; set reuse false (--fresh) to measure it anew, or name another base")
+        return self
+
     @field_validator("suites")
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:

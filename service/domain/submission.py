@@ -16,7 +16,7 @@ from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendS
 from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 from workers.registry import get_suite
-from workers.suite import Case, Suite, UnknownSuiteInput, select_cases
+from workers.suite import Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -85,7 +85,7 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
         raise InvalidJob(
             f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
         )
-    nowhere = no_case_runs(suite, cases, req.world_size)
+    nowhere = suite.nothing_runs(cases, req.world_size)
     if nowhere is not None:
         raise InvalidJob(f"suite {suite.name!r} preset {req.preset!r} on {req.device!r}: {nowhere}")
     placement = req.labels.get(PLACEMENT_LABEL) or None
@@ -126,23 +126,12 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
     )
 
 
-def no_case_runs(suite: Suite, cases: list[Case], world_size: int) -> str | None:
-    """Why none of `cases` can run at `world_size` (each case's reason, `Suite.misfit`), or None
-    when one can: a job of only such cases would only skip."""
-    misfits = suite.misfits(cases, world_size)
-    if len(misfits) < len(cases) or not cases:
-        return None
-    reasons = "; ".join(f"{name}: {why}" for name, why in list(misfits.items())[:3])
-    more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
-    return f"none of its {len(cases)} case(s) can run at world size {world_size}: {reasons}{more}"
-
-
 def runs_here(suite: Suite, preset: str, device: str, world_size: int) -> bool:
     """A suite's preset has a case that runs on `device` at `world_size` (the gate's default suites)."""
     if device not in suite.devices or world_size < suite.min_world_size or preset not in suite.presets:
         return False
     cases = suite.cases(suite.resolve_params(preset, device=device))
-    return no_case_runs(suite, cases, world_size) is None
+    return suite.nothing_runs(cases, world_size) is None
 
 
 def submit_checked(
