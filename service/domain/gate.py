@@ -23,7 +23,8 @@ with time regressions are measured again by a fresh base job and then a fresh he
 regression counts only when that pair regresses too.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
-cpu). The default suites: every registered suite that runs on the device at the world size.
+cpu). The default suites: every registered suite whose preset has a case that runs on the device
+at the world size (`submission.runs_here`). A base equal to the head needs `reuse` false.
 """
 
 from __future__ import annotations
