@@ -69,9 +69,10 @@ def content_hash(paths: list[Path]) -> str | None:
 
 
 @cache
-def source_content_hash(root: Path = SOURCE_ROOT) -> str | None:
-    """The content hash of this tree's runtime code (`CODE_PACKAGES`)."""
-    return content_hash([root / pkg for pkg in CODE_PACKAGES if (root / pkg).is_dir()])
+def source_content_hash(root: Path = SOURCE_ROOT, extra: tuple[Path, ...] = ()) -> str | None:
+    """The content hash of this tree's runtime code (`CODE_PACKAGES`) and of `extra` files (a
+    suite module outside them, such as a test's)."""
+    return content_hash([*(root / pkg for pkg in CODE_PACKAGES if (root / pkg).is_dir()), *extra])
 
 
 def module_content_hash(module: str) -> str | None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import dataclasses
+import inspect
 import json
 import mimetypes
 import os
@@ -61,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.context import RankContext
-from workers.provenance import backend_provenance
+from workers.provenance import backend_provenance, source_content_hash
 from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
     import torch
 
     from gdn import device as devices
-    from workers.provenance import installed_version, source_commit, source_content_hash, source_modified
+    from workers.provenance import installed_version, source_commit, source_modified
 
     info: dict[str, Any] = dict(devices.device_info(device))
     visible = devices.visible_devices_env(kind)
@@ -365,7 +366,6 @@ def rank_info(device: Any, kind: str, commit: str | None) -> dict[str, Any]:
             "gdnval": installed_version(),
             "commit": commit or source_commit(),
             "source_modified": False if commit else source_modified(),  # a snapshot is exact
-            "code_hash": source_content_hash(),  # the runtime code's bytes (workers.provenance)
             "python": platform.python_version(),
             "platform": platform.platform(),
             "host": socket.gethostname(),
@@ -427,6 +427,8 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
         ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)  # the case-end exchange, CPU only
 
     info = rank_info(device, kind, payload.get("commit"))
+    # the bytes of the code under test: the runtime packages and the suite's own module
+    info["code_hash"] = source_content_hash(extra=(Path(inspect.getfile(type(suite))).resolve(),))
     info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
     # this code's metric definitions judge this job (and are what its summaries are stored with)
     metrics = [m.to_dict() for m in suite.metrics]
