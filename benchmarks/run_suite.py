@@ -93,7 +93,7 @@ def main() -> int:
     for case in cases:
         t0 = time.time()
         samples, error = [], None
-        reason = suite.not_applicable(case, 1)
+        reason = suite.why_not_here(case, 1)
         if reason is not None:
             result["cases"][case.name] = {"params": dict(case.params), "not_applicable": reason}  # type: ignore[index]
             print(f"[  n/a ] {case.name}: {reason}", flush=True)

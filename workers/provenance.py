@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +45,60 @@ def source_modified(root: Path = SOURCE_ROOT) -> bool | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+# The packages of this tree whose code a job runs (the system under test and its harness)
+CODE_PACKAGES = ("gdn", "kernels", "workers")
+
+
+def content_hash(paths: list[Path]) -> str | None:
+    """sha256 over every file under `paths` (a file or a package folder), by relative path and
+    bytes, bytecode caches left out: equal exactly when the code is byte-identical. None when no
+    file is found."""
+    digest = hashlib.sha256()
+    found = False
+    for top in paths:
+        files = [top] if top.is_file() else sorted(
+            f for f in top.rglob("*") if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
+        )  # fmt: skip
+        for f in files:
+            rel = f.name if f == top else f"{top.name}/{f.relative_to(top).as_posix()}"
+            digest.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+            found = True
+    return digest.hexdigest() if found else None
+
+
+@cache
+def source_content_hash(root: Path = SOURCE_ROOT, extra: tuple[Path, ...] = ()) -> str | None:
+    """The content hash of this tree's runtime code (`CODE_PACKAGES`) and of `extra` files (a
+    suite module outside them, such as a test's)."""
+    return content_hash([*(root / pkg for pkg in CODE_PACKAGES if (root / pkg).is_dir()), *extra])
+
+
+def module_content_hash(module: str) -> str | None:
+    """The content hash of an importable top-level module's files (its package folder), or None."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return content_hash([Path(p) for p in spec.submodule_search_locations])
+    return content_hash([Path(spec.origin)]) if spec.origin and Path(spec.origin).is_file() else None
+
+
+def code_identity(info: Mapping[str, Any] | None) -> str | None:
+    """One hash of a job's code under test from its recorded info: this tree's runtime code and the
+    content of every backend it ran. None when any part is unknown (never equal by accident)."""
+    info = info or {}
+    parts = [info.get("code_hash")]
+    parts += [b.get("content_hash") for b in info.get("backends") or []]
+    if not parts or any(not isinstance(p, str) or not p for p in parts):
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 BACKEND_COMMIT_FILE = "GDNVAL_BACKEND_COMMIT"  # written beside a backend installed from a commit
@@ -89,12 +146,15 @@ def backend_provenance(name: str) -> dict[str, str | None]:
     top = (backend.module or getattr(backend.fn, "__module__", "") or "").split(".")[0]
     if top in ("gdn", "kernels"):
         return {"backend": name, "distribution": "gdnval", "version": installed_version(),
-                "commit": source_commit()}  # fmt: skip
+                "commit": source_commit(), "content_hash": source_content_hash()}  # fmt: skip
+    content = module_content_hash(top) if top else None
     dist = backend.distribution or _distribution_of(top)
     if dist is None:
-        return {"backend": name, "distribution": None, "version": None, "commit": None, "module": top}
+        return {"backend": name, "distribution": None, "version": None, "commit": None, "module": top,
+                "content_hash": content}  # fmt: skip
     try:
         ver = version(dist)
     except PackageNotFoundError:
         ver = None
-    return {"backend": name, "distribution": dist, "version": ver, "commit": _dist_commit(dist)}
+    return {"backend": name, "distribution": dist, "version": ver, "commit": _dist_commit(dist),
+            "content_hash": content}  # fmt: skip

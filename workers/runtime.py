@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import dataclasses
+import inspect
 import json
 import mimetypes
 import os
@@ -62,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers.context import RankContext
 from workers.device_presets import device_refusal
-from workers.provenance import backend_provenance
+from workers.provenance import backend_provenance, source_content_hash
 from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
@@ -430,6 +431,8 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
         ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)  # the case-end exchange, CPU only
 
     info = rank_info(device, kind, payload.get("commit"))
+    # the bytes of the code under test: the runtime packages and the suite's own module
+    info["code_hash"] = source_content_hash(extra=(Path(inspect.getfile(type(suite))).resolve(),))
     info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
     # this code's metric definitions judge this job (and are what its summaries are stored with)
     metrics = [m.to_dict() for m in suite.metrics]
@@ -451,7 +454,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     try:
         for i, case in enumerate(cases):
             channel.send("case_start", case=case.name, index=i)
-            misfit = suite.not_applicable(case, world_size)
+            misfit = suite.why_not_here(case, world_size)
             if misfit is not None:  # the same answer on every rank: nothing runs, nothing desyncs
                 why = f"not applicable at world size {world_size}: {misfit}"
                 outcome = CaseOutcome("skipped", why, raised=False)

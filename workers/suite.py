@@ -98,6 +98,25 @@ class Sample:
     idx: int = 0
 
 
+# CP modes that shard a sequence over the job's ranks (`mode` of a case of cp-layer, network,
+# stability, profile); `none` and `p2p_emulated` run in one process at any world size.
+DISTRIBUTED_CP_MODES: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
+
+
+def cp_misfit(params: Mapping[str, Any], world_size: int) -> str | None:
+    """Why a case whose `mode` shards its `seq_len` over the ranks cannot run at `world_size`
+    (the reasons gdn.cp raises, found from the parameters alone), or None."""
+    mode = params.get("mode")
+    if mode not in DISTRIBUTED_CP_MODES:
+        return None
+    if world_size < 2:
+        return f"CP mode {mode!r} needs a job with world size >= 2 (got {world_size})"
+    seq_len = params.get("seq_len")
+    if isinstance(seq_len, int) and seq_len % world_size:
+        return f"sequence length {seq_len} is not divisible by the CP size {world_size}"
+    return None
+
+
 def select_cases(cases: list[Case], only: list[str] | None) -> list[Case]:
     """The job's cases, or only those named (the gate's re-measurements); an unknown name is an error."""
     if not only:
@@ -206,10 +225,39 @@ class Suite(ABC):
     def cases(self, params: SuiteParams) -> list[Case]:
         """Expand the parameter matrix into cases (metadata only, no torch)."""
 
+    def misfit(self, case: Case, world_size: int) -> str | None:
+        """Why `case` cannot run at `world_size`, found from its parameters alone (no torch: the
+        service asks it when a job is submitted, the ranks before each case), or None."""
+        return None
+
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         """Why `case` cannot apply at `world_size` (it is recorded as skipped with the reason,
-        never run and never an error), or None. Called on the ranks, so it may import torch."""
+        never run and never an error), or None. Called on the ranks, so it may import torch;
+        the parameter-only reasons are `misfit`'s."""
         return None
+
+    def why_not_here(self, case: Case, world_size: int) -> str | None:
+        """The ranks' whole rule: `misfit`, then `not_applicable`."""
+        return self.misfit(case, world_size) or self.not_applicable(case, world_size)
+
+    def misfits(self, cases: Sequence[Case], world_size: int) -> dict[str, str]:
+        """case name -> why it cannot run at `world_size`, for the cases that cannot (`misfit`)."""
+        out = {}
+        for case in cases:
+            why = self.misfit(case, world_size)
+            if why is not None:
+                out[case.name] = why
+        return out
+
+    def nothing_runs(self, cases: Sequence[Case], world_size: int) -> str | None:
+        """Why none of `cases` can run at `world_size` (each case's `misfit`), or None when one
+        can: a job of only such cases would only skip, so it is refused (submit, run, the gate)."""
+        misfits = self.misfits(cases, world_size)
+        if not cases or len(misfits) < len(cases):
+            return None
+        reasons = "; ".join(f"{name}: {why}" for name, why in list(misfits.items())[:3])
+        more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
+        return f"none of its {len(cases)} case(s) can run at world size {world_size}: {reasons}{more}"
 
     @abstractmethod
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:

@@ -21,8 +21,12 @@ run` (its table and exit code), the store (stored summaries), the compare engine
    effect is a ratio both ways: worse beyond `1 + effect`, better below `1 / (1 + effect)`.
    Wall-clock time on a shared CPU drifts by tens of percent from second to second (the machine's
    other tenants; docs/benchmarks.md, the CPU gate), so on `cpu` a time without a minimum effect of
-   its own counts only beyond `CPU_TIME_MIN_EFFECT` (a doubling); a time that declares one (the
-   reference-relative timings of `workers.measure.time_against_reference`) has measured its noise.
+   its own (raw wall clock) is recorded and shown, never judged: neither its bound nor its change
+   (a move beyond `CPU_TIME_MIN_EFFECT`, a doubling, is shown as changed); a time that declares one
+   (the reference-relative timings of `workers.measure.time_against_reference`) has measured its
+   noise and is judged. On any device, a time of a job pair whose code under test is byte-identical
+   (`workers.provenance.code_identity`) is shown, never judged: only the machine can have moved it
+   (`time_not_judged`).
 
 A relative-L2 error against an all-zero reference is the absolute L2 norm of the difference
 (`relative_l2`): 0 when both are zero, the size of the error otherwise, never infinity.
@@ -62,7 +66,7 @@ MIN_EFFECT: dict[str, float] = {
     "trajectory": 1.0,
     "check": 0.0,
 }
-CPU_TIME_MIN_EFFECT = 1.0  # undeclared wall-clock times on cpu: only a doubling (or halving) counts
+CPU_TIME_MIN_EFFECT = 1.0  # undeclared wall-clock times on cpu: a doubling (or halving) is shown
 # A reference-relative time (`workers.measure.time_against_reference`) moved by up to ~15 % between
 # processes where the wall clock moved by 36-95 %, and by up to 40 % (wall clock 77 %) with the
 # machine at load 8-10, where the gate's fresh confirmation pair keeps it from a false alarm
@@ -137,6 +141,17 @@ def min_effect(kind: str, declared: float | None, device: str | None = None) -> 
     if kind == "time" and device == "cpu":
         return CPU_TIME_MIN_EFFECT
     return MIN_EFFECT.get(kind, 0.05)
+
+
+def time_not_judged(declared: float | None, device: str | None, same_code: bool = False) -> str | None:
+    """Why a time metric is shown but not judged (neither its bound nor its change), or None when
+    it is: the code under test is byte-identical in base and head, or it is raw wall clock on a
+    cpu (no minimum effect of its own; the reference-relative times are judged there instead)."""
+    if same_code:
+        return "code under test byte-identical in base and head: a time change is the machine's"
+    if device == "cpu" and declared is None:
+        return "raw wall clock on a cpu: judged only through the reference-relative times"
+    return None
 
 
 def time_moved(ratio: float, effect: float, direction: str) -> Change:

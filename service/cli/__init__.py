@@ -19,6 +19,7 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.gate": "gate",
     "service.cli.report": "report",
     "service.cli.campaign": "campaign",
+    "service.cli.backends": "backends",
 }
 
 

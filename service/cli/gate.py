@@ -16,18 +16,40 @@ from typing import Any
 
 import click
 
-from service.cli.client import server_option, token_option
+from service.cli.client import fail, server_option, token_option
 
 EXIT_INFRA = 2
 
 
-def _resolve(repo: str, ref: str) -> str:
-    """The full sha of `ref` in `repo`, or `ref` unchanged (the service may know it)."""
+def _check_repo(repo: str) -> None:
+    """`repo` must be a git repository this process can read: refs are resolved there (one line
+    and exit 2 otherwise, before the service is contacted)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", repo, "rev-parse", "--git-dir"], capture_output=True, text=True,
+                             timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        fail(f"cannot read the git repository {repo!r}: {exc}")
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["not a git repository"])[-1]
+        fail(f"cannot read the git repository {repo!r}: {why}")
+
+
+def _resolve(repo: str, ref: str, what: str) -> str:
+    """The full sha of commit `ref` in `repo` ('job:N' stays as it is); a ref that breaks the
+    ref rule or names no commit there is refused."""
     from service.domain.baselines import git_rev_parse, parse_job_ref
 
     if parse_job_ref(ref) is not None:
         return ref
-    return git_rev_parse(repo, ref) or ref
+    try:
+        sha = git_rev_parse(repo, ref)
+    except ValueError as exc:  # workers.refs: blank, option-like, malformed
+        fail(f"--{what}: {exc}")
+    if sha is None:
+        fail(f"--{what} {ref!r} is not a commit of the repository {repo!r}")
+    return sha
 
 
 @click.command()
@@ -80,12 +102,16 @@ def gate(
     repo = backend_repo or repo
     if base and baseline:
         raise click.UsageError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
-    head_sha = _resolve(repo, head)
-    base_ref = _resolve(repo, base) if base else None
+    _check_repo(repo)
+    head_sha = _resolve(repo, head, "head")
+    base_ref = _resolve(repo, base, "base") if base else None
     if not base and not baseline:
         from service.domain.baselines import git_rev_parse
 
         base_ref = git_rev_parse(repo, f"{head_sha}^")  # None: the service tries the parent it recorded
+    if base_ref == head_sha and not fresh:
+        fail(f"--base is --head ({head_sha[:12]}): a commit against its own job compares that job "
+                      "with itself; add --fresh to measure it anew, or name another base")  # fmt: skip
     body: dict[str, Any] = {
         "head": head_sha, "base": base_ref, "baseline": baseline, "suites": list(suites), "preset": preset,
         "device": device, "world_size": world_size, "params": params, "confirm": confirm,

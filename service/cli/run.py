@@ -295,6 +295,22 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
             console.print("\n".join(error.splitlines()[-12:]), highlight=False, markup=False)
 
 
+def _resolve_backends(names: Sequence[str], backend_source: str | None) -> None:
+    """Every backend the job runs resolves here (after installing `backend_source`, as the
+    executor will); else one line naming it and exit 2, before any rank starts."""
+    if not names:
+        return
+    from service.cli.backends import origin, use_backend_source
+    from service.cli.client import fail
+
+    if backend_source:
+        use_backend_source(backend_source)
+    for name in names:
+        _, error = origin(name)
+        if error is not None:
+            fail(error)
+
+
 @click.command("run")
 @click.argument("suite_name", metavar="SUITE")
 @click.option("--preset", default="quick", show_default=True, help="quick | gate | full")
@@ -313,9 +329,12 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
               help="print only the cases that did not pass or hold a number out of bound")
 @click.option("--all-metrics", "view", flag_value="metrics",
               help="print one row per case and metric (median, p90, min, n, bound) instead of per case")
+@click.option("--backend-source", default=None, metavar="SRC",
+              help="install a backend under test from elsewhere for this run (git+<repo>@<commit> or a pip "
+                   "requirement; the job label backend_source of submit and gate)")
 @click.option("--dry-run", is_flag=True,
-              help="check the suite, preset, --param overrides, device and world size, print the cases "
-                   "and exit 0 without starting any rank")
+              help="check the suite, preset, --param overrides, device and world size, resolve the backends "
+                   "(installing --backend-source), print the cases and exit 0 without starting any rank")
 def run(
     suite_name: str,
     preset: str,
@@ -328,6 +347,7 @@ def run(
     repo: str | None,
     commit: str | None,
     view: str | None,
+    backend_source: str | None,
     dry_run: bool,
 ) -> None:
     """Run SUITE on this machine through the local executor and print its results."""
@@ -348,16 +368,30 @@ def run(
         cases = suite.cases(params)
     except ValueError as exc:  # a case matrix the suite refuses (bad mode, candidate, ...)
         raise click.UsageError(str(exc)) from exc
+    nowhere = suite.nothing_runs(cases, world_size)
+    if nowhere is not None:
+        raise click.UsageError(f"suite {suite_name!r} preset {preset!r}: {nowhere}")
+    if backend_source:
+        from workers.backend_source import BackendSource, BackendSourceError
+
+        try:
+            BackendSource.parse(backend_source)
+        except BackendSourceError as exc:
+            raise click.UsageError(str(exc)) from exc
+    if not commit:  # the installed code runs: its backends must resolve here (a snapshot's resolve there)
+        _resolve_backends(suite.backends(params), backend_source)
     if dry_run:
         click.echo(f"{suite_name} --preset {preset} --device {device} --world-size {world_size}: "
                    f"{len(cases)} case(s)")  # fmt: skip
         for case in cases:
-            click.echo(f"  {case.name}")
+            why = suite.misfit(case, world_size)
+            click.echo(f"  {case.name}" + (f" (skipped: {why})" if why else ""))
         raise SystemExit(0)
     console = Console(stderr=True)
     spec = JobSpec(
         job_id=0, suite=suite_name, preset=preset, params=overrides, device=device,
         world_size=world_size, commit=commit, deadline_s=deadline, deterministic=deterministic,
+        backend_source=backend_source,
     )  # fmt: skip
     executor = LocalExecutor(repo=repo)
     cancel = threading.Event()

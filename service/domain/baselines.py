@@ -23,6 +23,7 @@ from service.persistence.models import (
     JobRow,
     MetricRow,
 )
+from workers.provenance import code_identity
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
 from workers.suite import Metric
 
@@ -42,6 +43,7 @@ def job_ref(job: JobRow) -> JobRef:
         status=job.status,
         device_name=(job.info or {}).get("device_name"),
         suite_version=(job.info or {}).get("suite_version"),
+        code=code_identity(job.info),
     )
 
 

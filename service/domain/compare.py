@@ -16,6 +16,9 @@ the minimum effects); this module applies them to whole jobs at once:
   *inconclusive* when it is larger but not significant (the gate then measures again); *improved*
   symmetric. A time metric with one value per case (`Metric.repeated` False: derived ratios) and
   a check are judged by their bound only; a move beyond the minimum effect is *changed* (recorded).
+  A time `workers.verdict.time_not_judged` exempts (raw wall clock on a cpu; any time of two jobs
+  whose code under test is byte-identical, `JobRef.code`) is shown with its statistics, its move
+  beyond the minimum effect *changed*, never failing, re-measured or confirmed.
 - memory: the worst value per side; regressed when it grows by more than the minimum effect (1 %)
   and more than 1 MiB (improved symmetric).
 - accuracy: *failed* when the head's worst value breaks the bound (a non-finite value always
@@ -154,6 +157,7 @@ class JobRef:
     status: str | None = None
     device_name: str | None = None  # the hardware the job ran on (rank 0's device name)
     suite_version: int | None = None  # the suite's definition version the job ran with
+    code: str | None = None  # the code under test's content identity (workers.provenance.code_identity)
 
 
 @dataclass
@@ -527,6 +531,10 @@ def _time_verdict(
     pct = f"{ratio - 1.0:+.1%}"
     ptxt = f"p={p:.2g}" if testable else "too few samples for significance"
     ci_txt = f"CI [{lo:.3f}, {hi:.3f}]"
+    if rule.not_judged is not None:  # shown with its evidence, never a verdict that fails or waits
+        if moved == "same":
+            return "unchanged", f"median {pct} within ±{eff:.0%} ({ptxt}; not judged: {rule.not_judged})"
+        return "changed", f"median {pct} ({ptxt}, {ci_txt}; recorded, not judged: {rule.not_judged})"
     if significant and moved in ("worse", "better"):
         why = f"median {pct} ({ptxt}, {ci_txt}; min effect {eff:.0%})"
         return ("regressed" if moved == "worse" else "improved"), why
@@ -570,12 +578,13 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
     if why_not is not None:
         return _incomparable(base, head, cfg, why_not)
     device = head.ref.device or base.ref.device or None
+    same_code = base.ref.code is not None and base.ref.code == head.ref.code
     metrics: dict[str, Metric] = {**base.metrics, **head.metrics}
     bser = series_of(base.samples, metrics)
     hser = series_of(head.samples, metrics)
     # one rule per metric name of either side, worked out before the per-group loops
     rules: dict[str, _Rule] = {
-        name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device)
+        name: _Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device, same_code)
         for name in dict.fromkeys([*base.samples.metric_keys, *head.samples.metric_keys])
     }
     bsums = bser.summaries([rules[m].metric for _, m in bser.keys])
@@ -718,9 +727,10 @@ class _Rule:
     min_effect: float  # workers.verdict.min_effect for this metric on this device
     floor: float  # accuracy and trajectory: no 'worsened' at or below this absolute value
     memory_abs_bytes: float  # memory: no regression below this growth
+    not_judged: str | None = None  # time: why it is shown but not judged (workers.verdict.time_not_judged)
 
     @classmethod
-    def of(cls, metric: Metric, cfg: CompareConfig, device: str | None) -> _Rule:
+    def of(cls, metric: Metric, cfg: CompareConfig, device: str | None, same_code: bool = False) -> _Rule:
         floor = cfg.accuracy_floor
         if metric.bound is not None:
             floor = max(floor, cfg.accuracy_floor_bound_frac * abs(metric.bound))
@@ -731,6 +741,7 @@ class _Rule:
             verdict.min_effect(metric.kind, metric.min_effect, device),
             floor,
             cfg.memory_abs_bytes,
+            verdict.time_not_judged(metric.min_effect, device, same_code) if metric.kind == "time" else None,
         )
 
 
@@ -764,7 +775,7 @@ def _metric_result(
         mr.verdict = "failed"
         mr.reason = f"non-finite value at idx {h.first_nonfinite_idx}"
         return mr
-    if metric.bound is not None:
+    if metric.bound is not None and rule.not_judged is None:
         value = h.median if rule.judged_on_median else h.worst
         mr.bound_ok = verdict.bound_holds(value, metric.bound, metric.direction)
         if not mr.bound_ok:

@@ -23,7 +23,8 @@ with time regressions are measured again by a fresh base job and then a fresh he
 regression counts only when that pair regresses too.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
-cpu). The default suites: every registered suite that runs on the device at the world size.
+cpu). The default suites: every registered suite whose preset has a case that runs on the device
+at the world size (`submission.runs_here`). A base equal to the head needs `reuse` false.
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ class GateRequest(BaseModel):
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
                              f"got base={self.base!r}")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _not_itself(self) -> GateRequest:
+        if self.base is not None and self.base == self.head and self.reuse:
+            raise ValueError(f"base is head ({self.head!r}): the gate would compare that commit's job with "
+                             "itself; set reuse false (--fresh) to measure it anew, or name another base")
         return self
 
     @field_validator("suites")
@@ -237,7 +245,7 @@ def _suites_for(req: GateRequest) -> list[str]:
     for n in suite_names():
         suite = get_suite(n)
         preset = req.preset or suite.gate_presets.get(req.device, "gate")
-        if req.device in suite.devices and req.world_size >= suite.min_world_size and preset in suite.presets:
+        if submission.runs_here(suite, preset, req.device, req.world_size):
             names.append(n)
     if not names:
         raise GateInputError(

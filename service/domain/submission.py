@@ -17,7 +17,7 @@ from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 from workers.registry import get_suite
 from workers.snapshot import SnapshotError
-from workers.suite import UnknownSuiteInput, select_cases
+from workers.suite import Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -72,18 +72,23 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
     try:
         suite = get_suite(req.suite)
         params = suite.resolve_params(req.preset, req.params, device=req.device)
-        if req.cases:
-            select_cases(suite.cases(params), list(req.cases))
     except UnknownSuiteInput as exc:
         raise InvalidJob(str(exc)) from exc
     except Exception as exc:
         raise SuiteUnavailable(f"suite {req.suite!r} cannot be loaded: {type(exc).__name__}: {exc}") from exc
+    try:  # the case matrix of these parameters must expand (a bad candidate, packing, mode)
+        cases = select_cases(suite.cases(params), list(req.cases or ()))
+    except ValueError as exc:
+        raise InvalidJob(f"suite {suite.name!r}: {exc}") from exc
     if req.device not in suite.devices:
         raise InvalidJob(f"suite {suite.name!r} runs on {list(suite.devices)}, not on device {req.device!r}")
     if req.world_size < suite.min_world_size:
         raise InvalidJob(
             f"suite {suite.name!r} needs world_size >= {suite.min_world_size}, got {req.world_size}"
         )
+    nowhere = suite.nothing_runs(cases, req.world_size)
+    if nowhere is not None:
+        raise InvalidJob(f"suite {suite.name!r} preset {req.preset!r} on {req.device!r}: {nowhere}")
     placement = req.labels.get(PLACEMENT_LABEL) or None
     if placement is not None:
         try:
@@ -129,6 +134,14 @@ def validate_request(body: Any, executor: Executor | None) -> JobRequest:
         idempotency_key=req.idempotency_key,
         cases=tuple(req.cases) if req.cases else None,
     )
+
+
+def runs_here(suite: Suite, preset: str, device: str, world_size: int) -> bool:
+    """A suite's preset has a case that runs on `device` at `world_size` (the gate's default suites)."""
+    if device not in suite.devices or world_size < suite.min_world_size or preset not in suite.presets:
+        return False
+    cases = suite.cases(suite.resolve_params(preset, device=device))
+    return suite.nothing_runs(cases, world_size) is None
 
 
 def submit_checked(

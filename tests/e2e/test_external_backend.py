@@ -211,3 +211,38 @@ def test_a_job_request_names_its_backend_source_in_a_label() -> None:
     assert validate_request(body, None).labels["backend_source"].endswith("@v1")
     with pytest.raises(InvalidJob, match=r"label 'backend_source': backend source 'git\+x'"):
         validate_request({**body, "labels": {"backend_source": "git+x"}}, None)
+
+
+def test_run_and_backends_take_the_source_and_resolve_it_before_any_rank(
+    ext_repo, tmp_path: Path, monkeypatch
+) -> None:
+    """`gdnval run --backend-source` installs the source as a job's label would and runs it;
+    without it the backend does not resolve and the run stops at once (one line, exit 2);
+    `gdnval backends --backend-source` lists it as an entry point with its commit and capability."""
+    import os
+    import sys
+
+    repo, right, _ = ext_repo
+    monkeypatch.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp_path / "snapshots"))
+    source = f"git+{repo}@{right}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+                              env=dict(os.environ), timeout=600)  # fmt: skip
+
+    run = ("run", "gdn-op", "--param", 'backends=["eager","extgdn"]', "--param", "timing=false")
+    missing = cli(*run, "--dry-run")
+    assert missing.returncode == 2 and "backend='extgdn' is not supported" in missing.stderr, missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    out = tmp_path / "run.json"
+    done = cli(*run, "--backend-source", source, "--json", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "passed" and any(c["name"].endswith("_extgdn") for c in doc["cases"])
+    prov = {b["backend"]: b for b in doc["info"]["backends"]}
+    assert (prov["extgdn"]["distribution"], prov["extgdn"]["commit"]) == ("ext-gdn", right)
+
+    listed = cli("backends", "--backend-source", source, "--seq-len", "65", "--dtype", "float32")
+    assert listed.returncode == 0, listed.stderr
+    row = next(line.split("\t") for line in listed.stdout.splitlines() if line.startswith("extgdn\t"))
+    assert row[1] == f"entry point: ext-gdn 0.2.0 @ {right[:12]}" and row[2] == "ok", row

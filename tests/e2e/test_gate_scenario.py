@@ -148,3 +148,43 @@ def test_gate_scenario_comment_slowdown_perturbation_and_false_alarms(server: Si
         last_head = head
     assert codes == [0] * 10 and len(seen) == 11
     print("gate scenario wall times (s):", {k: round(v, 1) for k, v in walls.items()})
+
+
+def default_gate(server: SimpleNamespace, head: str) -> SimpleNamespace:
+    """README's default CPU gate, `gdnval gate --head H --base H~1 --device cpu` (every suite that
+    runs on one CPU rank, each with its gate-cpu preset), over HTTP in this process."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+
+    out = server.tmp / f"default-gate-{time.monotonic_ns()}.json"
+    t0 = time.monotonic()
+    result = CliRunner().invoke(main, [
+        "gate", "--head", head, "--base", f"{head}~1", "--device", "cpu",
+        "--repo", str(server.repo), "--server", server.url, "--poll", "0.3", "--json", str(out),
+    ], catch_exceptions=False)  # fmt: skip
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return SimpleNamespace(code=result.exit_code, stdout=result.stdout, data=data, wall=time.monotonic() - t0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # two gates of every suite's gate-cpu jobs (docs/benchmarks.md, the CPU gate)
+def test_default_cpu_gate_passes_a_comment_and_fails_a_doubled_forward(server: SimpleNamespace) -> None:
+    shas = server.shas
+    comment = default_gate(server, shas["B"])
+    assert comment.code == 0, comment.stdout
+    suites = {cmp["suite"] for cmp in comment.data["comparisons"]}
+    assert suites == {"capability", "cp-layer", "gdn-op", "network", "profile"}, suites
+    assert all(cmp["head"]["preset"] == "gate-cpu" for cmp in comment.data["comparisons"])
+    verdicts = {c["verdict"] for cmp in comment.data["comparisons"] for c in cmp["cases"]}
+    assert not verdicts & {"errored", "failed", "regressed", "worsened"}, verdicts
+
+    slow = default_gate(server, shas["C"])
+    assert slow.code == 1, slow.stdout
+    regressed = {(cmp["suite"], m["metric"]) for cmp in slow.data["comparisons"] for c in cmp["cases"]
+                 for m in c["metrics"] if m["verdict"] == "regressed"}  # fmt: skip
+    assert ("gdn-op", "fwd_rel") in regressed, slow.stdout
+    # raw wall clock on a cpu is shown, never judged
+    assert not {metric for _, metric in regressed} - {"fwd_rel", "fwd_bwd_rel"}, regressed
+    print("default CPU gate wall times (s):", {"comment-only": round(comment.wall, 1),
+                                                "2x forward": round(slow.wall, 1)})  # fmt: skip

@@ -96,6 +96,8 @@ def test_entry_point_backend_is_found_checked_and_traced(
         gated_delta_rule(big.q, big.k, big.v, big.g, big.beta, backend="tiny")
     prov = backend_provenance("tiny")
     assert (prov["distribution"], prov["version"]) == ("tiny-gdn", "0.3.1")
+    tiny_bytes = prov["content_hash"]
+    assert tiny_bytes is not None and tiny_bytes == backend_provenance("tiny")["content_hash"]
     assert backend_provenance("eager")["distribution"] == "gdnval"
     assert "not supported" in (backend_provenance("missing")["error"] or "")
     sys.modules.pop("tiny_gdn", None)

@@ -272,8 +272,10 @@ def test_a_job_gets_its_backend_source_on_every_ranks_node(cluster, tmp_path: Pa
     shipped = next(i["snapshot"] for i in sink.infos if "snapshot" in i)
     assert shipped["backend_dir"] == f"backend-git-{sha}" and "commit" not in shipped  # no snapshot of ours
     provenance = next(i["backends"] for i in sink.infos if "backends" in i)
+    content = [b.pop("content_hash") for b in provenance]  # the installed package's bytes
     assert provenance == [{"backend": "extray", "distribution": "ext-ray-gdn", "version": "0.3.0",
                            "commit": sha}]  # fmt: skip
+    assert all(isinstance(c, str) and len(c) == 64 for c in content), content
     assert _leftovers() == ([], [])
 
     outcome, _, _ = _run(ex, suite="capability", params=params, backend_source=f"git+{repo}@{'0' * 40}")

@@ -48,6 +48,7 @@ from workers.suite import (
     Sample,
     Suite,
     SuiteParams,
+    cp_misfit,
 )
 from workers.suites.gdn_op import PACKED_16K
 
@@ -189,6 +190,9 @@ class CPLayerSuite(Suite):
         "full": {},
     }  # fmt: skip
     metrics = _metrics()
+
+    def misfit(self, case: Case, world_size: int) -> str | None:
+        return cp_misfit(case.params, world_size)
 
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         p = case.params

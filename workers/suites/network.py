@@ -55,6 +55,7 @@ from workers.suite import (
     Sample,
     Suite,
     SuiteParams,
+    cp_misfit,
 )
 from workers.suites._model_training import (
     CP_MODES,
@@ -204,6 +205,9 @@ class NetworkSuite(Suite):
         },
     }  # fmt: skip
     metrics = _metrics()
+
+    def misfit(self, case: Case, world_size: int) -> str | None:
+        return cp_misfit(case.params, world_size)
 
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         return ulysses_misfit_of_model(case, world_size)

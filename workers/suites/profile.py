@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+    cp_misfit,
+)
 from workers.suites._model_training import (
     CP_MODES,
     MODEL_OVERRIDES_FIELD,
@@ -47,7 +57,8 @@ class ProfileSuite(Suite):
     params_model = ProfileParams
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
-        "gate-cpu": {},  # one CPU-sized trace per mode, as quick
+        # one CPU-sized trace per mode: the no-CP network on one rank, the CP modes from 2 ranks
+        "gate-cpu": {"modes": ("none", "ulysses", "p2p", "all_gather")},
         "gate": {"model": "qwen35-4l", "seq_len": 16384, "dtype": "bfloat16", "backend": "triton",
                  "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "dtype": "bfloat16", "backend": "triton",
@@ -59,6 +70,9 @@ class ProfileSuite(Suite):
         Metric("trace_events", "count", "check", "higher", description="events in this rank's trace"),
         Metric("trace_bytes", "bytes", "memory", description="size of this rank's trace file"),
     )  # fmt: skip
+
+    def misfit(self, case: Case, world_size: int) -> str | None:
+        return cp_misfit(case.params, world_size)
 
     def backends(self, params: SuiteParams) -> tuple[str, ...]:
         assert isinstance(params, ProfileParams)

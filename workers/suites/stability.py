@@ -14,7 +14,17 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from workers.context import RankContext
-from workers.suite import CPU_GATE_PRESETS, Case, DType, Metric, Positive, Sample, Suite, SuiteParams
+from workers.suite import (
+    CPU_GATE_PRESETS,
+    Case,
+    DType,
+    Metric,
+    Positive,
+    Sample,
+    Suite,
+    SuiteParams,
+    cp_misfit,
+)
 from workers.suites._model_training import (
     CP_MODES,
     MODEL_OVERRIDES_FIELD,
@@ -75,6 +85,9 @@ class StabilitySuite(Suite):
         Metric("passes_done", "count", "check", "higher",
                description="consecutive passes completed (the case's `passes` when it passes)"),
     )  # fmt: skip
+
+    def misfit(self, case: Case, world_size: int) -> str | None:
+        return cp_misfit(case.params, world_size)
 
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         return ulysses_misfit_of_model(case, world_size)
