@@ -81,10 +81,10 @@ def test_gpu_plan_carries_the_reports_lengths_and_peers() -> None:
     assert jobs["network-4l@4"].params["steps"] == 200 and jobs["network-8l@4"].params["steps"] == 100
     assert jobs["gdn-op"].params["backends"] == ["eager", "triton", "fla", "flashqla"]
     assert jobs["cp-layer@8"].params["padding_cases"] == [[2, 8192, 7777]]
-    # on an NPU the plan's Triton backends become the device's (as a preset's do)
+    # on an NPU the plan keeps Triton (through triton-ascend) as a preset does; AllGather stays eager
     npu = {j.key: j for j in load_plan("pr-report").expand("npu")}
-    assert npu["gdn-op"].params["backends"] == ["eager"]
-    assert all(c.endswith("+eager") for c in npu["cp-layer@4"].params["candidates"])
+    assert npu["gdn-op"].params["backends"] == ["eager", "triton"]
+    assert npu["cp-layer@4"].params["candidates"] == ["ulysses+triton", "p2p+triton", "all_gather+eager"]
 
 
 def test_plan_refusals_name_the_choices() -> None:
