@@ -67,6 +67,28 @@ class BackendSource:
         return f"git+{self.repo}@{self.commit}" if self.repo else str(self.requirement)
 
 
+ENTRY_POINT_GROUP = "gdnval.backends"
+
+
+def entry_point_names(repo: str | Path, commit: str) -> list[str]:
+    """The `gdnval.backends` entry points the package at `commit` of the local repository `repo`
+    declares in its pyproject.toml (empty when it declares none or has no pyproject.toml)."""
+    import tomllib
+
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:pyproject.toml"],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendSourceError(f"cannot read pyproject.toml of {repo} at {commit}: {exc}") from exc
+    if out.returncode != 0:
+        return []
+    try:
+        project = tomllib.loads(out.stdout).get("project", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise BackendSourceError(f"pyproject.toml of {repo} at {commit} is not valid TOML: {exc}") from exc
+    return sorted(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
+
+
 def _pip_install(target: Path, what: str, python: str, *, build_isolation: bool) -> None:
     cmd = [python, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
            "--target", str(target), what]  # fmt: skip

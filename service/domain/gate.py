@@ -23,7 +23,9 @@ with time regressions are measured again by a fresh base job and then a fresh he
 regression counts only when that pair regresses too.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
-cpu). The default suites: every registered suite that runs on the device at the world size.
+cpu). The default suites: every registered suite that runs on the device at the world size;
+with `backend` (a gate of that backend's own repository), the suites that call it with the
+parameters that make them do so (service.domain.backend_gate), a suite that would not being refused.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from service.domain import submission
+from service.domain.backend_gate import BACKEND_SUITES, NeverCallsBackend, check_calls_backend, suite_params
 from service.domain.baselines import NotFound, compare_jobs, compare_pooled, parse_job_ref, resolve_base
 from service.domain.compare import (
     SEVERITY,
@@ -98,7 +101,12 @@ class GateRequest(BaseModel):
         None, min_length=1, max_length=1000,
         description="head and base are commits of this backend repository (a git path or URL the "
         "service host reads), installed per commit as the jobs' backend source; our code runs as "
-        "the service has it. Needs an explicit base commit",
+        "the service has it. Needs an explicit base commit and `backend`",
+    )  # fmt: skip
+    backend: str | None = Field(
+        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:+-]+$",
+        description="the backend under test (an entry point name): the default suites become those "
+        "that call it (gdn-op and capability beside eager, both timed; cp-layer under its CP layouts)",
     )  # fmt: skip
 
     @model_validator(mode="after")
@@ -106,6 +114,9 @@ class GateRequest(BaseModel):
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
                              f"got base={self.base!r}")  # fmt: skip
+        if self.backend_repo and not self.backend:
+            raise ValueError(f"backend_repo {self.backend_repo!r} needs backend: the name of the entry point "
+                             "(group gdnval.backends) its jobs must call")  # fmt: skip
         return self
 
     @field_validator("suites")
@@ -228,13 +239,18 @@ def preset_for(req: GateRequest, suite: str) -> str:
     return req.preset or get_suite(suite).gate_presets.get(req.device, "gate")
 
 
+def params_for(req: GateRequest, suite: str) -> dict[str, Any]:
+    """The parameter overrides of a suite's jobs: the gated backend's, then the request's."""
+    return suite_params(suite, req.backend, req.world_size, req.params)
+
+
 def _suites_for(req: GateRequest) -> list[str]:
-    """The suites to gate: the request's, or every registered one that runs on the device at the
-    world size (with a preset for it)."""
+    """The suites to gate: the request's, or every registered one (with a backend: every one that
+    calls it) that runs on the device at the world size (with a preset for it)."""
     if req.suites:
         return list(req.suites)
     names = []
-    for n in suite_names():
+    for n in BACKEND_SUITES if req.backend else suite_names():
         suite = get_suite(n)
         preset = req.preset or suite.gate_presets.get(req.device, "gate")
         if req.device in suite.devices and req.world_size >= suite.min_world_size and preset in suite.presets:
@@ -259,7 +275,7 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
         except UnknownSuiteInput as exc:
             raise GateInputError(str(exc)) from exc
         for commit in commits:
-            body = {"suite": suite, "preset": preset_for(req, suite), "params": dict(req.params),
+            body = {"suite": suite, "preset": preset_for(req, suite), "params": params_for(req, suite),
                     "commit": commit, "device": req.device, "world_size": req.world_size}  # fmt: skip
             try:
                 submission.validate_request(body, executor)
@@ -267,6 +283,12 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
                 raise GateInputError(f"suite {suite!r}: {exc}") from exc
             except ValueError as exc:  # pydantic: a ref that breaks the commit rule
                 raise GateInputError(f"suite {suite!r}: {_first_error(exc)}") from exc
+        if req.backend:
+            try:
+                preset = preset_for(req, suite)
+                check_calls_backend(suite, preset, params_for(req, suite), req.backend, req.device)
+            except NeverCallsBackend as exc:
+                raise GateInputError(str(exc)) from exc
     return suites
 
 
@@ -553,7 +575,7 @@ def _ensure_job(
             for statuses in (("succeeded",), ("running", "queued")):
                 found = find_commit_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
-                    params=dict(req.params), statuses=statuses,
+                    params=params_for(req, suite), statuses=statuses,
                 )  # fmt: skip
                 if found is not None:
                     return _job_view(found, role, True)
@@ -567,7 +589,7 @@ def _ensure_job(
     job_id = submit(
         suite=suite,
         preset=preset,
-        params=dict(req.params),
+        params=params_for(req, suite),
         commit=None if req.backend_repo else commit,
         device=req.device,
         world_size=req.world_size,
