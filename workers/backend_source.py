@@ -63,6 +63,13 @@ class BackendSource:
             ) from exc
         return cls(requirement=text)
 
+    @property
+    def full_commit(self) -> str | None:
+        """The commit when this is a git source named by a full sha (a branch or tag is only known
+        once installed), else None."""
+        c = (self.commit or "").lower()
+        return c if self.repo and len(c) in (40, 64) and all(ch in "0123456789abcdef" for ch in c) else None
+
     def __str__(self) -> str:
         return f"git+{self.repo}@{self.commit}" if self.repo else str(self.requirement)
 

@@ -49,10 +49,12 @@ from service.domain.compare import (
     to_jsonable,
 )
 from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
+from service.persistence import gates as gate_store
 from service.persistence import queue
+from service.persistence.gates import GateJobLink
 from service.persistence.jobs import find_commit_job, job_by_idempotency_key
 from service.persistence.models import JobRow
-from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.refs import check_commit
 from workers.registry import get_suite, suite_names
 from workers.snapshot import REPO_ENV
@@ -189,6 +191,7 @@ class GateState:
     rounds: int = 0  # re-measurement rounds run
     undecided: list[str] = field(default_factory=list)  # suite/case names left undecided
     markdown: str | None = None
+    gate_id: int | None = None  # the stored gate (its page is /gates/ID)
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable verdict (strict JSON: non-finite numbers become strings)."""
@@ -208,6 +211,7 @@ class GateState:
             "undecided": list(self.undecided),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "markdown": self.markdown,
+            "gate_id": self.gate_id,
         }
 
 
@@ -225,7 +229,7 @@ def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
         suite=job.suite,
         job_id=job.id,
         status=job.status,
-        commit=job.commit_sha,
+        commit=job.code_commit,
         progress_done=job.progress_done or 0,
         progress_total=job.progress_total or 0,
         message=job.progress_message or "",
@@ -334,7 +338,50 @@ def _service_repo() -> str | None:
 
 
 def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
-    """One step of the gate: find or submit every job, and decide once all are final."""
+    """One step of the gate: find or submit every job, decide once all are final, and record
+    where it stands (the gate's row: request, jobs, rounds, confirmations, verdict, findings)."""
+    state = _step(engine, req, submit)
+    state.gate_id = record_gate(engine, req, state)
+    if state.markdown is not None:
+        state.markdown = gate_markdown(state)
+    return state
+
+
+def findings(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """Every case that did not stay unchanged (or improve) and why, per metric: what a gate's
+    page lists as the reason of its verdict."""
+    out: list[dict[str, Any]] = []
+    for cmp in comparisons:
+        for c in cmp.cases:
+            if c.verdict in ("unchanged", "improved"):
+                continue
+            where = {"suite": cmp.suite, "case": c.name, "fingerprint": c.fingerprint,
+                     "case_verdict": c.verdict, "head_job": cmp.head.job_id,
+                     "base_job": cmp.base.job_id}  # fmt: skip
+            metrics = [m for m in c.metrics if m.verdict not in ("unchanged", "improved")]
+            for m in metrics:
+                out.append({**where, "metric": m.metric, "kind": m.kind, "verdict": m.verdict,
+                            "reason": m.reason})  # fmt: skip
+            if not metrics:
+                out.append({**where, "metric": None, "kind": None, "verdict": c.verdict, "reason": c.reason})
+    return out
+
+
+def record_gate(engine: Any, req: GateRequest, state: GateState) -> int:
+    """Store the gate's state under its run id (created at its first step); returns the gate's id."""
+    fields = {
+        "head": state.head, "base": state.base, "base_source": state.base_source[:500],
+        "backend": req.backend, "backend_repo": req.backend_repo, "device": req.device,
+        "world_size": req.world_size,
+        "phase": state.phase, "verdict": state.verdict, "exit_code": state.exit_code, "reason": state.reason,
+        "rounds": state.rounds, "undecided": list(state.undecided), "findings": findings(state.comparisons),
+        "confirmations": [{**to_jsonable(c), "confirmed": c.confirmed} for c in state.confirmations],
+    }  # fmt: skip
+    links = [GateJobLink(j.job_id, j.role, j.suite, j.reused) for j in state.jobs]
+    return gate_store.save_gate(engine, req.key(), req.model_dump(mode="json"), fields, links)
+
+
+def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
     from sqlalchemy.orm import Session
 
     submit = submit or default_submit(engine)
@@ -549,6 +596,17 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
         return _job_view(job, role, True) if job is not None else None
 
 
+def _same_backend_repo(job: JobRow, repo: str | None) -> bool:
+    """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
+    source = queue.job_backend_source(job)
+    if repo is None or source is None:
+        return repo is None and source is None
+    try:
+        return BackendSource.parse(source).repo == repo
+    except BackendSourceError:
+        return False
+
+
 def _ensure_job(
     engine: Any,
     req: GateRequest,
@@ -571,13 +629,13 @@ def _ensure_job(
         own = job_by_idempotency_key(s, key)
         if own is not None:
             return _job_view(own, role, False)
-        if role in ("head", "base") and req.reuse and not req.backend_repo:
+        if role in ("head", "base") and req.reuse:
             for statuses in (("succeeded",), ("running", "queued")):
                 found = find_commit_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
-                    params=params_for(req, suite), statuses=statuses,
+                    params=params_for(req, suite), statuses=statuses, backend=bool(req.backend_repo),
                 )  # fmt: skip
-                if found is not None:
+                if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
         if like is not None:
             template = s.get(JobRow, like.job_id)
@@ -679,6 +737,8 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
         f"- {md_escape(state.reason)}",
         "",
     ]
+    if state.gate_id is not None:
+        lines[2:2] = [f"- gate: {link(f'#{state.gate_id}', f'{base_url}/gates/{state.gate_id}')}"]
     if state.jobs:
         lines += ["### Jobs", ""]
         lines.append(table(

@@ -29,7 +29,7 @@ from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
 from service.persistence.jobs import add_event
 from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
-from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
                         return job, False
                 commit = ensure_commit(s, req.commit)
                 job = JobRow(
+                    backend_commit=label_backend_commit(req.labels),
                     suite=req.suite,
                     preset=req.preset,
                     params=dict(req.params),
@@ -118,6 +119,17 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
         except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
             continue
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
+
+
+def label_backend_commit(labels: Mapping[str, Any] | None) -> str | None:
+    """The backend commit a job's `backend_source` label names by its full sha, else None."""
+    text = (labels or {}).get(BACKEND_SOURCE_LABEL)
+    if not text:
+        return None
+    try:
+        return BackendSource.parse(str(text)).full_commit
+    except BackendSourceError:
+        return None
 
 
 def job_backend_source(job: JobRow) -> str | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.web.routes import compare, history, job, jobs, login, static, suites
+from service.web.routes import compare, gates, history, job, jobs, login, static, suites
 
 router = APIRouter(include_in_schema=False)
-for _module in (static, login, jobs, job, compare, history, suites):
+for _module in (static, login, jobs, job, compare, history, gates, suites):
     router.include_router(_module.router)
