@@ -118,3 +118,15 @@ def test_a_backend_jobs_commit_is_the_backends_shown_and_found(store) -> None:
         found = client.get("/api/v1/jobs", params={"commit": BACKEND_SHA[:9]}).json()["items"]
         assert [(j["id"], j["code_commit"], j["commit"]) for j in found] == [(job.id, BACKEND_SHA, None)]
         assert "backend commit" in client.get(f"/jobs/{job.id}").text
+
+
+def test_gate_pages_and_api_are_read_protected_like_the_others(tmp_path: Path) -> None:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'web.db'}", api_token="s3cret", protect_reads=True,
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")  # fmt: skip
+    with TestClient(create_app(settings), follow_redirects=False) as client:
+        for path in ("/gates", "/gates/1"):
+            assert client.get(path).status_code == 303, path  # to the login page
+        assert client.get("/api/v1/gates").status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.get("/api/v1/gates", headers=auth).json() == {"items": [], "next": None}
+        assert client.get("/api/v1/gates/1", headers=auth).status_code == 404
