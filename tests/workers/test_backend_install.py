@@ -133,7 +133,7 @@ def test_dependencies_that_conflict_or_cannot_be_had_are_refused_by_name(tmp_pat
     assert not list((tmp_path / "cache").glob("git-*"))  # nothing half-installed is left to be used
 
 
-def test_installers_uv_where_present_and_pip_when_told_give_the_same_install(tmp_path: Path, monkeypatch) -> None:
+def test_installers_uv_where_present_and_pip_when_told_agree(tmp_path: Path, monkeypatch) -> None:
     """One-file package (no dependencies), a fresh cache each time: the install's wall time with
     each installer (docs/benchmarks.md quotes this test's output)."""
     assert find_uv(sys.executable) is not None, "uv (the dev extra) is not installed next to python"
