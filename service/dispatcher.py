@@ -43,6 +43,15 @@ log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
 
 
+def _installed_backend_commit(info: Mapping[str, Any]) -> str | None:
+    """The commit a job's backend from another repository was installed at, from the ranks'
+    provenance (`workers.provenance`): the first backend not of our own distribution with one."""
+    for b in info.get("backends") or ():
+        if isinstance(b, Mapping) and b.get("distribution") not in (None, "gdnval") and b.get("commit"):
+            return str(b["commit"])[:255]
+    return None
+
+
 class StoreSink:
     """The `workers.executors.base.JobSink` of one job run: thread-safe, writes through at once."""
 
@@ -161,6 +170,8 @@ class StoreSink:
                 own = [Metric.from_dict(d) for d in defs]
                 self.metric_ids.update(sample_store.ensure_metrics(s, self.suite, own))
             job.info = {**(job.info or {}), **{str(k): v for k, v in info.items()}}
+            if job.backend_commit is None and queue.job_backend_source(job):
+                job.backend_commit = _installed_backend_commit(info)  # a branch or tag, now resolved
             job_store.add_event(s, self.job_id, "info", "", dict(info))
 
     def log(self, line: str) -> None:

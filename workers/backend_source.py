@@ -5,12 +5,13 @@ A job names it as one string (the job label `backend_source`):
 - `git+<repository>@<commit>`: any path or URL git can read, and a commit (sha, branch, tag);
 - anything else: a pip requirement (`fla-core==0.6.0`).
 
-Each source is installed once, without its dependencies (they are the job's environment's
-business), into a folder of its own under the cache, named by what it contains: the full commit
-sha (the snapshot machinery of workers.snapshot extracts the tree) or a hash of the requirement.
+Each source is installed once (built in isolation, with uv where present, its declared
+dependencies met by the job's environment or installed beside it: workers.backend_install) into
+a folder of its own under the cache, named by what it contains: the full commit sha (the
+snapshot machinery of workers.snapshot extracts the tree) or a hash of the requirement.
 The ranks put that folder first on their path, so its `gdnval.backends` entry points are found.
 An install is built in a temporary folder and renamed into place, so a half-built one is never
-used; a source that cannot be fetched or built fails with pip's or git's own message.
+used; a source that cannot be fetched or built fails with the installer's or git's own message.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.backend_install import InstallError, install_package
 from workers.job_env import job_environment
 from workers.provenance import BACKEND_COMMIT_FILE
 from workers.snapshot import SnapshotCache, SnapshotError, default_cache_dir
@@ -64,23 +66,44 @@ class BackendSource:
             ) from exc
         return cls(requirement=text)
 
+    @property
+    def full_commit(self) -> str | None:
+        """The commit when this is a git source named by a full sha (a branch or tag is only known
+        once installed), else None."""
+        c = (self.commit or "").lower()
+        return c if self.repo and len(c) in (40, 64) and all(ch in "0123456789abcdef" for ch in c) else None
+
     def __str__(self) -> str:
         return f"git+{self.repo}@{self.commit}" if self.repo else str(self.requirement)
 
 
-def _pip_install(target: Path, what: str, python: str, *, build_isolation: bool) -> None:
-    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
-           "--target", str(target), what]  # fmt: skip
-    if not build_isolation:
-        cmd.insert(4, "--no-build-isolation")  # a source tree builds with this environment's setuptools
+ENTRY_POINT_GROUP = "gdnval.backends"
+
+
+def entry_point_names(repo: str | Path, commit: str) -> list[str]:
+    """The `gdnval.backends` entry points the package at `commit` of the local repository `repo`
+    declares in its pyproject.toml (empty when it declares none or has no pyproject.toml)."""
+    import tomllib
+
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
-                             env=job_environment(install=True))
+        out = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:pyproject.toml"],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BackendSourceError(f"pip install of {what} failed: {exc}") from exc
+        raise BackendSourceError(f"cannot read pyproject.toml of {repo} at {commit}: {exc}") from exc
     if out.returncode != 0:
-        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-12:])
-        raise BackendSourceError(f"pip install of {what} failed (exit {out.returncode}):\n{tail}")
+        return []
+    try:
+        project = tomllib.loads(out.stdout).get("project", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise BackendSourceError(f"pyproject.toml of {repo} at {commit} is not valid TOML: {exc}") from exc
+    return sorted(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
+
+
+def _install(target: Path, what: str, python: str) -> None:
+    try:
+        install_package(target, what, python)
+    except InstallError as exc:
+        raise BackendSourceError(str(exc)) from exc
 
 
 def _local_repo(repo: str, mirrors: Path) -> Path:
@@ -128,10 +151,10 @@ def install_backend_source(
         if commit is not None:
             build = tmp / "src"  # a copy: the build writes into the tree, the snapshot stays as extracted
             shutil.copytree(tree, build)
-            _pip_install(site, str(build), python, build_isolation=False)
+            _install(site, str(build), python)
             (site / BACKEND_COMMIT_FILE).write_text(commit + "\n")
         else:
-            _pip_install(site, str(source.requirement), python, build_isolation=True)
+            _install(site, str(source.requirement), python)
         (site / _MARKER).write_text(f"{source}\n")
         try:
             site.rename(target)

@@ -35,7 +35,7 @@ INSTALL_NAMES = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "SSH_AUTH_SOCK",
 })  # fmt: skip
-INSTALL_PREFIXES = ("PIP_", "GIT_")
+INSTALL_PREFIXES = ("PIP_", "GIT_", "UV_")
 
 
 def _extra_names(source: Mapping[str, str]) -> set[str]:

@@ -44,7 +44,11 @@ class JobOut(BaseModel):
     suite: str
     preset: str
     params: dict[str, Any]
-    commit: str | None
+    commit: str | None = Field(description="the commit of our code the job runs; null = the installed code")
+    code_commit: str | None = Field(
+        None, description="the commit of the code under test: a backend's from another repository "
+        "(label backend_source) when the job runs one, else `commit`; what pages show and lookups find",
+    )  # fmt: skip
     device: Device
     world_size: int
     priority: int
@@ -64,7 +68,8 @@ class JobOut(BaseModel):
         return cls(
             id=job.id, status=job.status, verdict=job.verdict, case_counts=job.case_counts,
             cases=job.cases, suite=job.suite, preset=job.preset, params=job.params or {},
-            commit=job.commit_sha, device=job.device, world_size=job.world_size, priority=job.priority,
+            commit=job.commit_sha, code_commit=job.code_commit, device=job.device,
+            world_size=job.world_size, priority=job.priority,
             labels=job.labels or {}, idempotency_key=job.idempotency_key,
             progress=Progress(done=job.progress_done, total=job.progress_total,
                               message=job.progress_message or ""),

@@ -80,6 +80,9 @@ def _resolve(repo: str, ref: str, what: str) -> str:
 @click.option("--backend-repo", default=None,
               help="gate a backend's commits: --head/--base are commits of this repository (resolved "
                    "there), installed per job as its backend source")
+@click.option("--backend", "backend", default=None,
+              help="with --backend-repo: the entry point (group gdnval.backends) under test; default: "
+                   "the package's only one")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the machine-readable verdict here")  # fmt: skip
 @click.option(
@@ -92,7 +95,7 @@ def gate(
     head: str, base: str | None, baseline: str | None, suites: tuple[str, ...], preset: str | None,
     param_items: tuple[str, ...], max_rounds: int, device: str, world_size: int, confirm: bool | None,
     fresh: bool,
-    repo: str, backend_repo: str | None,
+    repo: str, backend_repo: str | None, backend: str | None,
     json_path: Path | None, timeout: float, poll: float, server: str, token: str | None,
 ) -> None:  # fmt: skip
     """Run or reuse jobs for HEAD and its base, compare them, print the Markdown report."""
@@ -119,6 +122,9 @@ def gate(
     }  # fmt: skip
     if backend_repo:
         body["backend_repo"] = backend_repo
+        body["backend"] = backend or _only_backend(backend_repo, head_sha)
+    elif backend:
+        raise click.UsageError(f"--backend {backend!r} names the backend of --backend-repo; give that too")
     state = _run(server, token, body, timeout, poll)
     if state.get("markdown"):
         click.echo(state["markdown"])
@@ -127,6 +133,24 @@ def gate(
     if json_path is not None:
         json_path.write_text(json.dumps(state, indent=1, allow_nan=False))
     raise SystemExit(int(state.get("exit_code") if state.get("exit_code") is not None else EXIT_INFRA))
+
+
+def _only_backend(repo: str, commit: str) -> str:
+    """The one `gdnval.backends` entry point the package at `commit` declares; exit 2 otherwise."""
+    from workers.backend_source import ENTRY_POINT_GROUP, BackendSourceError, entry_point_names
+
+    try:
+        names = entry_point_names(repo, commit)
+    except BackendSourceError as exc:
+        click.echo(f"gate: could not run: {exc}", err=True)
+        raise SystemExit(EXIT_INFRA) from exc
+    if len(names) == 1:
+        return names[0]
+    why = (f"declares the entry points {names}; name one with --backend" if names else
+           f"declares no entry point of the group {ENTRY_POINT_GROUP!r} in its pyproject.toml; name the "
+           "backend with --backend")  # fmt: skip
+    click.echo(f"gate: could not run: the package of {repo} at {commit[:12]} {why}", err=True)
+    raise SystemExit(EXIT_INFRA)
 
 
 def _infra(reason: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def jobs(
         table.add_row(
             str(j["id"]), j["status"], j.get("verdict") or "-", j["suite"], j["preset"],
             f"{j['device']}x{j['world_size']}",
-            _short(j["commit"]), f"{p['done']}/{p['total']}" if p["total"] else "-",
+            _short(j.get("code_commit") or j["commit"]), f"{p['done']}/{p['total']}" if p["total"] else "-",
             j["created_at"][:19].replace("T", " "),
         )  # fmt: skip
     console().print(table)

@@ -37,7 +37,7 @@ def job_ref(job: JobRow) -> JobRef:
         job_id=job.id,
         suite=job.suite,
         preset=job.preset,
-        commit=job.commit_sha,
+        commit=job.code_commit,
         device=job.device,
         world_size=job.world_size,
         status=job.status,

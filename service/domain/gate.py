@@ -24,7 +24,10 @@ regression counts only when that pair regresses too.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
 cpu). The default suites: every registered suite whose preset has a case that runs on the device
-at the world size (`submission.runs_here`). A base equal to the head needs `reuse` false.
+at the world size (`submission.runs_here`); with `backend` (a gate of that backend's own
+repository), the suites that call it with the parameters that make them do so
+(service.domain.backend_gate), a suite that would not being refused. A base equal to the head
+needs `reuse` false.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from service.domain import submission
+from service.domain.backend_gate import BACKEND_SUITES, NeverCallsBackend, check_calls_backend, suite_params
 from service.domain.baselines import NotFound, compare_jobs, compare_pooled, parse_job_ref, resolve_base
 from service.domain.compare import (
     SEVERITY,
@@ -47,10 +51,12 @@ from service.domain.compare import (
     to_jsonable,
 )
 from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
+from service.persistence import gates as gate_store
 from service.persistence import queue
+from service.persistence.gates import GateJobLink
 from service.persistence.jobs import find_commit_job, job_by_idempotency_key
 from service.persistence.models import JobRow
-from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.refs import check_commit
 from workers.registry import get_suite, suite_names
 from workers.snapshot import REPO_ENV
@@ -99,7 +105,12 @@ class GateRequest(BaseModel):
         None, min_length=1, max_length=1000,
         description="head and base are commits of this backend repository (a git path or URL the "
         "service host reads), installed per commit as the jobs' backend source; our code runs as "
-        "the service has it. Needs an explicit base commit",
+        "the service has it. Needs an explicit base commit and `backend`",
+    )  # fmt: skip
+    backend: str | None = Field(
+        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:+-]+$",
+        description="the backend under test (an entry point name): the default suites become those "
+        "that call it (gdn-op and capability beside eager, both timed; cp-layer under its CP layouts)",
     )  # fmt: skip
 
     @model_validator(mode="after")
@@ -107,6 +118,9 @@ class GateRequest(BaseModel):
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
                              f"got base={self.base!r}")  # fmt: skip
+        if self.backend_repo and not self.backend:
+            raise ValueError(f"backend_repo {self.backend_repo!r} needs backend: the name of the entry point "
+                             "(group gdnval.backends) its jobs must call")  # fmt: skip
         return self
 
     @model_validator(mode="after")
@@ -186,6 +200,7 @@ class GateState:
     rounds: int = 0  # re-measurement rounds run
     undecided: list[str] = field(default_factory=list)  # suite/case names left undecided
     markdown: str | None = None
+    gate_id: int | None = None  # the stored gate (its page is /gates/ID)
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable verdict (strict JSON: non-finite numbers become strings)."""
@@ -205,6 +220,7 @@ class GateState:
             "undecided": list(self.undecided),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "markdown": self.markdown,
+            "gate_id": self.gate_id,
         }
 
 
@@ -222,7 +238,7 @@ def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
         suite=job.suite,
         job_id=job.id,
         status=job.status,
-        commit=job.commit_sha,
+        commit=job.code_commit,
         progress_done=job.progress_done or 0,
         progress_total=job.progress_total or 0,
         message=job.progress_message or "",
@@ -236,13 +252,18 @@ def preset_for(req: GateRequest, suite: str) -> str:
     return req.preset or get_suite(suite).gate_presets.get(req.device, "gate")
 
 
+def params_for(req: GateRequest, suite: str) -> dict[str, Any]:
+    """The parameter overrides of a suite's jobs: the gated backend's, then the request's."""
+    return suite_params(suite, req.backend, req.world_size, req.params)
+
+
 def _suites_for(req: GateRequest) -> list[str]:
-    """The suites to gate: the request's, or every registered one that runs on the device at the
-    world size (with a preset for it)."""
+    """The suites to gate: the request's, or every registered one (with a backend: every one that
+    calls it) that runs on the device at the world size (with a preset for it)."""
     if req.suites:
         return list(req.suites)
     names = []
-    for n in suite_names():
+    for n in BACKEND_SUITES if req.backend else suite_names():
         suite = get_suite(n)
         preset = req.preset or suite.gate_presets.get(req.device, "gate")
         if submission.runs_here(suite, preset, req.device, req.world_size):
@@ -267,7 +288,7 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
         except UnknownSuiteInput as exc:
             raise GateInputError(str(exc)) from exc
         for commit in commits:
-            body = {"suite": suite, "preset": preset_for(req, suite), "params": dict(req.params),
+            body = {"suite": suite, "preset": preset_for(req, suite), "params": params_for(req, suite),
                     "commit": commit, "device": req.device, "world_size": req.world_size}  # fmt: skip
             try:
                 submission.validate_request(body, executor)
@@ -275,6 +296,12 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
                 raise GateInputError(f"suite {suite!r}: {exc}") from exc
             except ValueError as exc:  # pydantic: a ref that breaks the commit rule
                 raise GateInputError(f"suite {suite!r}: {_first_error(exc)}") from exc
+        if req.backend:
+            try:
+                preset = preset_for(req, suite)
+                check_calls_backend(suite, preset, params_for(req, suite), req.backend, req.device)
+            except NeverCallsBackend as exc:
+                raise GateInputError(str(exc)) from exc
     return suites
 
 
@@ -320,7 +347,50 @@ def _service_repo() -> str | None:
 
 
 def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
-    """One step of the gate: find or submit every job, and decide once all are final."""
+    """One step of the gate: find or submit every job, decide once all are final, and record
+    where it stands (the gate's row: request, jobs, rounds, confirmations, verdict, findings)."""
+    state = _step(engine, req, submit)
+    state.gate_id = record_gate(engine, req, state)
+    if state.markdown is not None:
+        state.markdown = gate_markdown(state)
+    return state
+
+
+def findings(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """Every case that did not stay unchanged (or improve) and why, per metric: what a gate's
+    page lists as the reason of its verdict."""
+    out: list[dict[str, Any]] = []
+    for cmp in comparisons:
+        for c in cmp.cases:
+            if c.verdict in ("unchanged", "improved"):
+                continue
+            where = {"suite": cmp.suite, "case": c.name, "fingerprint": c.fingerprint,
+                     "case_verdict": c.verdict, "head_job": cmp.head.job_id,
+                     "base_job": cmp.base.job_id}  # fmt: skip
+            metrics = [m for m in c.metrics if m.verdict not in ("unchanged", "improved")]
+            for m in metrics:
+                out.append({**where, "metric": m.metric, "kind": m.kind, "verdict": m.verdict,
+                            "reason": m.reason})  # fmt: skip
+            if not metrics:
+                out.append({**where, "metric": None, "kind": None, "verdict": c.verdict, "reason": c.reason})
+    return out
+
+
+def record_gate(engine: Any, req: GateRequest, state: GateState) -> int:
+    """Store the gate's state under its run id (created at its first step); returns the gate's id."""
+    fields = {
+        "head": state.head, "base": state.base, "base_source": state.base_source[:500],
+        "backend": req.backend, "backend_repo": req.backend_repo, "device": req.device,
+        "world_size": req.world_size,
+        "phase": state.phase, "verdict": state.verdict, "exit_code": state.exit_code, "reason": state.reason,
+        "rounds": state.rounds, "undecided": list(state.undecided), "findings": findings(state.comparisons),
+        "confirmations": [{**to_jsonable(c), "confirmed": c.confirmed} for c in state.confirmations],
+    }  # fmt: skip
+    links = [GateJobLink(j.job_id, j.role, j.suite, j.reused) for j in state.jobs]
+    return gate_store.save_gate(engine, req.key(), req.model_dump(mode="json"), fields, links)
+
+
+def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> GateState:
     from sqlalchemy.orm import Session
 
     submit = submit or default_submit(engine)
@@ -535,6 +605,17 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
         return _job_view(job, role, True) if job is not None else None
 
 
+def _same_backend_repo(job: JobRow, repo: str | None) -> bool:
+    """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
+    source = queue.job_backend_source(job)
+    if repo is None or source is None:
+        return repo is None and source is None
+    try:
+        return BackendSource.parse(source).repo == repo
+    except BackendSourceError:
+        return False
+
+
 def _ensure_job(
     engine: Any,
     req: GateRequest,
@@ -557,13 +638,13 @@ def _ensure_job(
         own = job_by_idempotency_key(s, key)
         if own is not None:
             return _job_view(own, role, False)
-        if role in ("head", "base") and req.reuse and not req.backend_repo:
+        if role in ("head", "base") and req.reuse:
             for statuses in (("succeeded",), ("running", "queued")):
                 found = find_commit_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
-                    params=dict(req.params), statuses=statuses,
+                    params=params_for(req, suite), statuses=statuses, backend=bool(req.backend_repo),
                 )  # fmt: skip
-                if found is not None:
+                if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
         if like is not None:
             template = s.get(JobRow, like.job_id)
@@ -575,7 +656,7 @@ def _ensure_job(
     job_id = submit(
         suite=suite,
         preset=preset,
-        params=dict(req.params),
+        params=params_for(req, suite),
         commit=None if req.backend_repo else commit,
         device=req.device,
         world_size=req.world_size,
@@ -665,6 +746,8 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
         f"- {md_escape(state.reason)}",
         "",
     ]
+    if state.gate_id is not None:
+        lines[2:2] = [f"- gate: {link(f'#{state.gate_id}', f'{base_url}/gates/{state.gate_id}')}"]
     if state.jobs:
         lines += ["### Jobs", ""]
         lines.append(table(

@@ -57,7 +57,7 @@ def load_job_data(session: Session, job_id: int) -> JobData:
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     return JobData(
-        job.id, job.suite, job.preset, job.status, job.commit_sha, job.device, job.world_size, job.error,
+        job.id, job.suite, job.preset, job.status, job.code_commit, job.device, job.world_size, job.error,
         dict(job.info or {}), summary_store.case_summaries(session, job_id), job.started_at, job.finished_at,
         job.verdict,
     )  # fmt: skip

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
-from service.persistence.commits import commit_ids
+from service.persistence.commits import FULL_SHA, commit_ids
 from service.persistence.models import (
     JobEventRow,
     JobRow,
@@ -21,6 +21,18 @@ def add_event(
     ev = JobEventRow(job_id=job_id, kind=kind, message=message, data=dict(data) if data else None)
     session.add(ev)
     return ev
+
+
+def at_commit(sha: str, *, min_prefix: int = 1, backend: bool | None = None) -> ColumnElement[bool]:
+    """Jobs whose code under test is at `sha` (the rule of `commit_ids`: a full sha whole, shorter
+    than `min_prefix` whole, else a prefix): our commit, or a backend's from another repository.
+    `backend`: True only the backend's, False only ours, None either."""
+    if FULL_SHA.fullmatch(sha) or len(sha) < min_prefix:
+        theirs = JobRow.backend_commit == sha
+    else:
+        theirs = JobRow.backend_commit.startswith(sha, autoescape=True)
+    ours = JobRow.commit_id.in_(commit_ids(sha, min_prefix=min_prefix))
+    return theirs if backend else ours if backend is False else or_(ours, theirs)
 
 
 def get_job(session: Session, job_id: int) -> JobRow | None:
@@ -47,7 +59,7 @@ def list_jobs(
     if device:
         q = q.where(JobRow.device == device)
     if commit:
-        q = q.where(JobRow.commit_id.in_(commit_ids(commit)))
+        q = q.where(at_commit(commit))
     if before_id is not None:
         q = q.where(JobRow.id < before_id)
     if label is not None:
@@ -93,16 +105,17 @@ def find_commit_job(
     world_size: int | None = None,
     params: Mapping[str, Any] | None = None,
     statuses: tuple[str, ...] = ("succeeded",),
+    backend: bool | None = None,
 ) -> JobRow | None:
     """The job of commit `sha` for `suite`: the one rule the API, the gate and the pages share.
 
     The newest job at `sha` (a full sha, a prefix of at least 7 characters, or the ref as
     submitted) in one of `statuses`, with the given preset, device, world size and overrides (a
     filter left None matches any); a re-measurement of some cases (the gate's) is never the
-    commit's job."""
+    commit's job. `backend`: as `at_commit` (a backend's commit, ours, or either)."""
     q = (
         select(JobRow)
-        .where(JobRow.commit_id.in_(commit_ids(sha, min_prefix=7)), JobRow.suite == suite,
+        .where(at_commit(sha, min_prefix=7, backend=backend), JobRow.suite == suite,
                JobRow.status.in_(statuses))
         .order_by(JobRow.id.desc())
     )

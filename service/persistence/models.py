@@ -90,6 +90,8 @@ class JobRow(Base):
     preset: Mapped[str] = mapped_column(String(50))
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     commit_id: Mapped[int | None] = mapped_column(ForeignKey("commit.id", ondelete="SET NULL"), index=True)
+    # the commit of a backend from another repository (label `backend_source`): the code under test
+    backend_commit: Mapped[str | None] = mapped_column(String(255), index=True)
     device: Mapped[str] = mapped_column(String(10))
     world_size: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(20), default="queued")
@@ -124,7 +126,14 @@ class JobRow(Base):
 
     @property
     def commit_sha(self) -> str | None:
+        """The commit of our code the job ran (None: the service's installed code)."""
         return self.commit.sha if self.commit else None
+
+    @property
+    def code_commit(self) -> str | None:
+        """The commit of the code under test, the one every page, list and lookup shows: the
+        backend's when the job runs one from another repository, else ours."""
+        return self.backend_commit or self.commit_sha
 
 
 class JobEventRow(Base):
@@ -335,3 +344,45 @@ class CampaignJobRow(Base):
     key: Mapped[str] = mapped_column(String(100))
 
     __table_args__ = (UniqueConstraint("campaign_id", "key"), Index("ix_campaign_job_job_id", "job_id"))
+
+
+class GateRow(Base):
+    """One gate run (`service.domain.gate`): its request, where its state machine stands, and
+    its verdict with the reason per metric. Updated at every step; the jobs are `GateJobRow`s."""
+
+    __tablename__ = "gate"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    request: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    head: Mapped[str] = mapped_column(String(255), index=True)
+    base: Mapped[str | None] = mapped_column(String(255))
+    base_source: Mapped[str] = mapped_column(String(500), default="")
+    backend: Mapped[str | None] = mapped_column(String(200))
+    backend_repo: Mapped[str | None] = mapped_column(String(1000))
+    device: Mapped[str] = mapped_column(String(10))
+    world_size: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(10))  # waiting | done
+    verdict: Mapped[str | None] = mapped_column(String(10))  # pass | fail | error
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    confirmations: Mapped[list[Any]] = mapped_column(JSON, default=list)  # confirmation pairs
+    findings: Mapped[list[Any]] = mapped_column(JSON, default=list)  # each changed metric and why
+    undecided: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class GateJobRow(Base):
+    """A job a gate ran or reused, in its role (head, base, a round's or a confirmation's)."""
+
+    __tablename__ = "gate_job"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gate_id: Mapped[int] = mapped_column(ForeignKey("gate.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(20))
+    suite: Mapped[str] = mapped_column(String(100))
+    reused: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (UniqueConstraint("gate_id", "job_id", "role"),)

@@ -280,7 +280,7 @@ class SeriesJob:
     """What the history page shows of a job: its id, commit and end."""
 
     id: int
-    commit_sha: str | None
+    code_commit: str | None  # as JobRow.code_commit
     finished_at: datetime | None
 
 
@@ -300,8 +300,8 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
     page shows are read (a whole `Job` row, with its JSON columns, cost more than the query)."""
     r = SummaryRow
     q = (
-        select(JobRow.id, CommitRow.sha, JobRow.finished_at, r.count, r.median, r.min, r.p90, r.max,
-               r.mean, r.nonfinite, r.direction)
+        select(JobRow.id, func.coalesce(JobRow.backend_commit, CommitRow.sha), JobRow.finished_at,
+               r.count, r.median, r.min, r.p90, r.max, r.mean, r.nonfinite, r.direction)
         .select_from(r)
         .join(JobRow, JobRow.id == r.job_id)
         .outerjoin(CommitRow, CommitRow.id == JobRow.commit_id)

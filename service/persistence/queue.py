@@ -30,7 +30,7 @@ from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
 from service.persistence.jobs import add_event
 from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
-from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
 def insert_job(s: Session, req: JobRequest) -> JobRow:
     """Add a queued job inside the caller's write transaction (`submit`, a campaign's jobs)."""
     job = JobRow(
+        backend_commit=label_backend_commit(req.labels),
         suite=req.suite,
         preset=req.preset,
         params=dict(req.params),
@@ -123,6 +124,17 @@ def insert_job(s: Session, req: JobRequest) -> JobRow:
     s.flush()
     add_event(s, job.id, "status", "queued")
     return job
+
+
+def label_backend_commit(labels: Mapping[str, Any] | None) -> str | None:
+    """The backend commit a job's `backend_source` label names by its full sha, else None."""
+    text = (labels or {}).get(BACKEND_SOURCE_LABEL)
+    if not text:
+        return None
+    try:
+        return BackendSource.parse(str(text)).full_commit
+    except BackendSourceError:
+        return None
 
 
 def job_backend_source(job: JobRow) -> str | None:

@@ -60,7 +60,7 @@ class FakeRunner:
     def run(self, job_id: int) -> None:
         with Session(self.engine) as s, s.begin():
             job = s.get(JobRow, job_id)
-            sha = job.commit_sha
+            sha = job.code_commit
             n = self.runs[sha] = self.runs.get(sha, 0) + 1
             if sha in BROKEN:
                 job.status, job.error = "failed", "rank 0 died: killed by SIGKILL (out of memory?)"

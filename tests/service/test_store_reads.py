@@ -89,7 +89,7 @@ def test_history_reads_name_the_metrics_with_samples_and_the_newest_succeeded_jo
         # the last three succeeded jobs, oldest first; the failed job is not in the series
         assert [st.job.id for st in series] == ids[2:] and failed not in [st.job.id for st in series]
         assert [st.stats.median for st in series] == [3.0, 4.0, 5.0]  # medians of value + 0, 1, 2
-        assert series[-1].job.commit_sha == f"{4:040x}" and series[-1].stats.count == 3
+        assert series[-1].job.code_commit == f"{4:040x}" and series[-1].stats.count == 3
 
 
 def test_page_reads_walk_an_index_not_every_job(engine) -> None:

@@ -1,15 +1,23 @@
 """`POST /api/v1/gate`: one step of the gate (`service.domain.gate.evaluate_gate`): finds or
 submits the jobs and answers the state; call again with the same body (same `run_id`) until
-`phase` is `done`. Writes jobs, so it needs the bearer token when one is configured."""
+`phase` is `done`. Writes jobs, so it needs the bearer token when one is configured.
+`GET /api/v1/gates` and `/api/v1/gates/{id}`: the stored gates, each with its request, jobs,
+rounds, confirmation pairs, verdict and the reason per changed metric."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
 
-from service.api.deps import require_read, require_write
+from service.api.deps import Cursor, SessionDep, cursor_value, require_read, require_write
+from service.api.schemas import Page
 from service.domain.gate import GateInputError, GateRequest, default_submit, evaluate_gate, gate_markdown
+from service.persistence import gates as gate_store
+from service.persistence.models import GateRow
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 
@@ -40,3 +48,72 @@ def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
     if result.markdown is not None:
         result.markdown = gate_markdown(result, _base_url(request))
     return result.to_dict()
+
+
+class GateJobOut(BaseModel):
+    job_id: int
+    role: str = Field(description="head, base, round-base/round-head (re-measurements), confirm-base/confirm")
+    suite: str
+    reused: bool = Field(description="an existing job of the commit, not submitted by this gate")
+    status: str
+    verdict: str | None
+    code_commit: str | None = Field(description="the commit of the code under test (a backend's or ours)")
+
+
+class GateOut(BaseModel):
+    id: int
+    run_id: str
+    head: str
+    base: str | None
+    base_source: str
+    backend: str | None
+    backend_repo: str | None
+    device: str
+    world_size: int
+    phase: str = Field(description="waiting (jobs pending) or done")
+    verdict: str | None = Field(description="pass, fail or error (could not decide or run); null: waiting")
+    exit_code: int | None
+    reason: str
+    rounds: int = Field(description="re-measurement rounds run")
+    confirmations: list[dict[str, Any]] = Field(description="time regressions re-measured by a fresh pair")
+    findings: list[dict[str, Any]] = Field(description="each case that changed, per metric: verdict, reason")
+    undecided: list[str]
+    request: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    jobs: list[GateJobOut] | None = Field(None, description="in the gate's order; listed only by /gates/{id}")
+
+    @classmethod
+    def of(cls, gate: GateRow, session: Session | None = None) -> GateOut:
+        jobs = None
+        if session is not None:
+            jobs = [GateJobOut(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
+                               status=job.status, verdict=job.verdict, code_commit=job.code_commit)
+                    for link, job in gate_store.gate_job_rows(session, gate.id)]  # fmt: skip
+        return cls(
+            id=gate.id, run_id=gate.run_id, head=gate.head, base=gate.base, base_source=gate.base_source,
+            backend=gate.backend, backend_repo=gate.backend_repo, device=gate.device,
+            world_size=gate.world_size, phase=gate.phase, verdict=gate.verdict, exit_code=gate.exit_code,
+            reason=gate.reason, rounds=gate.rounds, confirmations=list(gate.confirmations or []),
+            findings=list(gate.findings or []), undecided=list(gate.undecided or []),
+            request=dict(gate.request or {}), created_at=gate.created_at, updated_at=gate.updated_at,
+            finished_at=gate.finished_at, jobs=jobs,
+        )  # fmt: skip
+
+
+@router.get("/gates", response_model=Page[GateOut])
+def list_gates(
+    session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: Cursor = None
+) -> Page[GateOut]:
+    """Newest first; pass `next` back as `cursor` for the following page."""
+    gates, nxt = gate_store.list_gates(session, before_id=cursor_value(cursor), limit=limit)
+    return Page[GateOut](items=[GateOut.of(g) for g in gates], next=None if nxt is None else str(nxt))
+
+
+@router.get("/gates/{gate_id}", response_model=GateOut)
+def get_gate(gate_id: Annotated[int, Path(ge=1, le=2**62)], session: SessionDep) -> GateOut:
+    gate = gate_store.get_gate(session, gate_id)
+    if gate is None:
+        raise HTTPException(404, f"no gate {gate_id} in the store")
+    return GateOut.of(gate, session)

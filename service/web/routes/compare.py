@@ -65,7 +65,7 @@ def _resolve_side(session: Session, text: str, suite: str | None, device: str | 
 def compare_page(request: Request, base: str | None = None, head: str | None = None,
                  suite: str | None = None, device: str | None = None, show: str = "changes",
                  session: Session = Depends(get_session)) -> HTMLResponse:
-    recent = [{"id": j.id, "suite": j.suite, "preset": j.preset, "commit": j.commit_sha, "device": j.device}
+    recent = [{"id": j.id, "suite": j.suite, "preset": j.preset, "commit": j.code_commit, "device": j.device}
               for j in job_store.list_jobs(session, status="succeeded", limit=30)[0]]
     baselines = [b.name for b in baseline_store.list_baselines(session)]
     show = show if show in views.COMPARE_VIEWS else "changes"

@@ -56,7 +56,7 @@ def history_page(request: Request, fingerprint: str | None = None, metric: str |
         job, st = row.job, row.stats
         ok = st.count > 0 and st.median == st.median
         med, lo, p90, hi = (st.median, st.min, st.p90, st.max) if ok else (None, None, None, None)
-        label = (job.commit_sha or f"#{job.id}")[:8]
+        label = (job.code_commit or f"#{job.id}")[:8]
         href = f"/jobs/{job.id}#case-{fingerprint}"
         points.append(charts.SeriesPoint(label, med, lo, p90, st.count, href))
         change = views.Cell("–")

@@ -16,6 +16,7 @@ from service.api.deps import DbId, DbIdQuery, get_session
 from service.domain import views
 from service.domain.report import build_report
 from service.persistence import artifacts as artifact_store
+from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries
 from service.persistence import samples as sample_store
@@ -55,7 +56,7 @@ def _job_facts(job: JobRow, now: datetime) -> dict[str, Any]:
             if k not in shown and k != "backends" and v not in (None, "", [], {})]  # backends: own row
     return {
         "id": job.id, "suite": job.suite, "preset": job.preset, "params": job.params or {},
-        "labels": job.labels or {}, "commit": job.commit_sha, "device": job.device,
+        "labels": job.labels or {}, "commit": job.code_commit, "device": job.device,
         "world_size": job.world_size, "status": job.status, "error": job.error,
         "progress_done": job.progress_done, "progress_total": job.progress_total,
         "progress_message": job.progress_message, "created": when(job.created_at),
@@ -64,6 +65,7 @@ def _job_facts(job: JobRow, now: datetime) -> dict[str, Any]:
         "info_items": items, "info_more": more,
         "run_commit": info.get("commit") if isinstance(info.get("commit"), str) else None,
         "verdict": job.verdict, "case_counts": job.case_counts or {}, "cases": job.cases,
+        "backend_commit": job.backend_commit,
     }  # fmt: skip
 
 
@@ -215,6 +217,7 @@ def job_page(request: Request, job_id: DbId, session: Session = Depends(get_sess
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
         deadline=_deadline(request, job), case_backends=views.case_backends(cases),
         backend_records=views.backend_records(job.info or {}),
+        gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )  # fmt: skip

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from service.api import deps
 from service.api.deps import get_session
 from service.domain import submission, views
+from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries, queue
 from service.persistence.models import JOB_STATUSES, JobRow
@@ -40,7 +41,7 @@ def _job_row(job: JobRow, counts: dict[str, int], now: datetime) -> dict[str, An
         "progress_total": job.progress_total,
         "suite": job.suite,
         "preset": job.preset,
-        "commit": job.commit_sha,
+        "commit": job.code_commit,
         "device": job.device,
         "world_size": job.world_size,
         "created": when(job.created_at),
@@ -56,8 +57,9 @@ def _jobs_context(session: Session, status: str | None, suite: str | None, commi
     jobs, nxt = job_store.list_jobs(session, status=status or None, suite=suite or None,
                                     commit=commit or None, before_id=before, limit=50)
     counts = page_queries.job_case_counts(session, [j.id for j in jobs])
+    gates = gate_store.gates_of_jobs(session, [j.id for j in jobs])
     now = utc_now()
-    rows = [_job_row(j, counts.get(j.id, {}), now) for j in jobs]
+    rows = [{**_job_row(j, counts.get(j.id, {}), now), "gates": gates.get(j.id, [])} for j in jobs]
     filt = {k: v for k, v in (("status", status), ("suite", suite), ("commit", commit)) if v}
     return {
         "jobs": rows,

@@ -1,0 +1,113 @@
+"""Gate rows: each gate run's request, state and verdict, the jobs it ran, and which gates a job
+belongs to (the job list shows their verdicts, a job page links them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from service.persistence.db import write_tx
+from service.persistence.models import GateJobRow, GateRow, JobRow, utcnow
+
+GATE_FIELDS = ("head", "base", "base_source", "backend", "backend_repo", "device", "world_size",
+               "phase", "verdict", "exit_code", "reason", "rounds", "confirmations", "findings",
+               "undecided")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GateJobLink:
+    """One job of a gate, as the gate recorded it."""
+
+    job_id: int
+    role: str
+    suite: str
+    reused: bool
+
+
+def save_gate(
+    engine: Engine,
+    run_id: str,
+    request: Mapping[str, Any],
+    fields: Mapping[str, Any],
+    jobs: Iterable[GateJobLink],
+) -> int:
+    """Create or update the gate `run_id` with `fields` (of GATE_FIELDS) and add the jobs it does
+    not list yet; the finish time is set when its phase becomes `done`. Returns its id."""
+    unknown = sorted(set(fields) - set(GATE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown gate field(s) {unknown}; expected some of {list(GATE_FIELDS)}")
+    with write_tx(engine) as s:
+        row = s.scalars(select(GateRow).where(GateRow.run_id == run_id)).first()
+        if row is None:
+            row = GateRow(run_id=run_id, request=dict(request))
+            s.add(row)
+        for key, value in fields.items():
+            setattr(row, key, value)
+        row.updated_at = utcnow()
+        if row.phase == "done" and row.finished_at is None:
+            row.finished_at = row.updated_at
+        s.flush()
+        have = {(j.job_id, j.role) for j in s.scalars(select(GateJobRow).where(GateJobRow.gate_id == row.id))}
+        for j in jobs:
+            if (j.job_id, j.role) not in have:
+                have.add((j.job_id, j.role))
+                s.add(
+                    GateJobRow(gate_id=row.id, job_id=j.job_id, role=j.role, suite=j.suite, reused=j.reused)
+                )
+        return int(row.id)
+
+
+def get_gate(session: Session, gate_id: int) -> GateRow | None:
+    return session.get(GateRow, gate_id)
+
+
+def gate_jobs(session: Session, gate_id: int) -> list[GateJobRow]:
+    """The gate's jobs in the order it recorded them."""
+    return list(
+        session.scalars(select(GateJobRow).where(GateJobRow.gate_id == gate_id).order_by(GateJobRow.id))
+    )
+
+
+def list_gates(
+    session: Session, *, before_id: int | None = None, limit: int = 50
+) -> tuple[list[GateRow], int | None]:
+    """Newest first; returns the page and the cursor (an id) of the next page, or None."""
+    q = select(GateRow).order_by(GateRow.id.desc()).limit(limit + 1)
+    if before_id is not None:
+        q = q.where(GateRow.id < before_id)
+    rows = list(session.scalars(q))
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+def gates_of_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, list[GateRow]]:
+    """Per job id, the gates that ran or reused it, newest first (jobs of no gate are absent)."""
+    if not job_ids:
+        return {}
+    q = (
+        select(GateJobRow.job_id, GateRow)
+        .join(GateRow, GateRow.id == GateJobRow.gate_id)
+        .where(GateJobRow.job_id.in_(list(job_ids)))
+        .order_by(GateRow.id.desc())
+    )
+    out: dict[int, list[GateRow]] = {}
+    for job_id, gate in session.execute(q):
+        gates = out.setdefault(int(job_id), [])
+        if all(g.id != gate.id for g in gates):
+            gates.append(gate)
+    return out
+
+
+def gate_job_rows(session: Session, gate_id: int) -> list[tuple[GateJobRow, JobRow]]:
+    """The gate's jobs with their job rows, in the order the gate recorded them."""
+    q = (
+        select(GateJobRow, JobRow)
+        .join(JobRow, JobRow.id == GateJobRow.job_id)
+        .where(GateJobRow.gate_id == gate_id)
+        .order_by(GateJobRow.id)
+    )
+    return [(link, job) for link, job in session.execute(q).unique()]

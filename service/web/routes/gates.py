@@ -1,0 +1,58 @@
+"""`/gates` and `/gates/{id}`: the stored gates, newest first, and one gate's request, jobs,
+rounds, confirmation pairs, verdict and the reason per changed metric."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from service.api.deps import get_session
+from service.domain import views
+from service.domain.markdown import short_sha
+from service.persistence import gates as gate_store
+from service.persistence import page_queries
+from service.persistence.models import GateRow
+from service.web.deps import error_page, page, require_page_read, when
+
+router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
+
+
+def _gate_row(g: GateRow) -> dict[str, Any]:
+    return {
+        "id": g.id, "verdict": g.verdict, "phase": g.phase, "exit_code": g.exit_code, "reason": g.reason,
+        "head": g.head, "head_short": short_sha(g.head), "base": g.base, "base_short": short_sha(g.base),
+        "backend": g.backend, "backend_repo": g.backend_repo, "device": g.device, "world_size": g.world_size,
+        "rounds": g.rounds, "created": when(g.created_at), "finished": when(g.finished_at),
+        "duration": views.duration(g.created_at, g.finished_at, None) if g.finished_at else "–",
+    }  # fmt: skip
+
+
+@router.get("/gates", response_class=HTMLResponse)
+def gates_page(
+    request: Request, before: int | None = None, session: Session = Depends(get_session)
+) -> HTMLResponse:
+    gates, nxt = gate_store.list_gates(session, before_id=before, limit=50)
+    return page(request, "gates.html", nav="gates", gates=[_gate_row(g) for g in gates],
+                next_url=f"/gates?before={nxt}" if nxt else None)  # fmt: skip
+
+
+@router.get("/gates/{gate_id}", response_class=HTMLResponse)
+def gate_page(request: Request, gate_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
+    gate = gate_store.get_gate(session, gate_id) if 0 < gate_id < 2**62 else None
+    if gate is None:
+        return error_page(request, 404, "No such gate", f"There is no gate {gate_id} in the store.")
+    links = gate_store.gate_job_rows(session, gate.id)
+    counts = page_queries.job_case_counts(session, [job.id for _, job in links])
+    jobs = []
+    for link, job in links:
+        word, css = views.job_verdict(job.status, job.verdict, counts.get(job.id, {}))
+        jobs.append({"id": job.id, "role": link.role, "suite": link.suite, "reused": link.reused,
+                     "status": job.status, "verdict": word, "verdict_class": css,
+                     "commit": job.code_commit})  # fmt: skip
+    return page(request, "gate.html", nav="gates", gate=_gate_row(gate), jobs=jobs,
+                findings=list(gate.findings or []), confirmations=list(gate.confirmations or []),
+                undecided=list(gate.undecided or []),
+                request_items=sorted((gate.request or {}).items()))  # fmt: skip
