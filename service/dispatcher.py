@@ -34,7 +34,7 @@ from service.persistence.db import write_tx
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.settings import Settings
 from workers.deadline import job_deadline_s
-from workers.executors.base import Executor, JobOutcome, JobSpec
+from workers.executors.base import Executor, ExecutorUnavailable, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
 from workers.suite import Case, Metric, Sample
@@ -271,6 +271,8 @@ class Dispatcher:
                 return job.world_size > most[key]
             except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
                 return True
+            except ExecutorUnavailable:  # the cluster does not answer: the job stays queued
+                return False
 
         while not self._stop.is_set():
             job = queue.claim(self.engine, self.owner, self.settings.device_limits, fits)

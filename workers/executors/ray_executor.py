@@ -46,7 +46,14 @@ from typing import Any
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
-from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec, check_placement
+from workers.executors.base import (
+    Executor,
+    ExecutorUnavailable,
+    JobOutcome,
+    JobSink,
+    JobSpec,
+    check_placement,
+)
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
 from workers.job_env import SECRETS, job_environment
 from workers.provenance import source_commit
@@ -55,6 +62,7 @@ from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
 CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ranks
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
+PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
 
@@ -226,6 +234,7 @@ class RayExecutor(Executor):
             resources.setdefault(cpu_node_resource, 1.0)
             self.init_options["resources"] = resources
         self._actor_cls: Any = None
+        self._gcs: Any = None  # the readiness probe's GCS client, made on first use
         self._lock = threading.Lock()
         self._unplaced: dict[int, tuple[str, int]] = {}  # run id -> (device, ranks) not yet placed
 
@@ -237,12 +246,59 @@ class RayExecutor(Executor):
         with self._lock:
             if not ray.is_initialized():
                 if self.address:
-                    ray.init(address=self.address, log_to_driver=False, **self.init_options)
+                    self._probe()  # fail in seconds, not after ray.init's own long wait
+                    try:
+                        ray.init(address=self.address, log_to_driver=False, **self.init_options)
+                    except Exception as exc:
+                        raise ExecutorUnavailable(
+                            f"cannot join the Ray cluster at {self.address}: {_short(exc)}"
+                        ) from exc
                 else:
                     ray.init(log_to_driver=False, **self.init_options)
             if self._actor_cls is None:
                 self._actor_cls = ray.remote(RankActor)
         return ray
+
+    def _probe(self) -> list[dict[str, Any]]:
+        """The alive nodes of the cluster at `address` (id and total resources), asked of its GCS
+        directly with the process's Ray credentials, within `PROBE_TIMEOUT_S`, without joining
+        it as a driver; ExecutorUnavailable naming the address and the error otherwise."""
+        from ray._raylet import GcsClient
+
+        try:
+            host, _, port = str(self.address).rpartition(":")
+            # a new GcsClient waits tens of seconds for a GCS that is not there: knock first
+            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+            if self._gcs is None:
+                self._gcs = GcsClient(address=str(self.address))
+            infos = self._gcs.get_all_node_info(timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:
+            raise ExecutorUnavailable(
+                f"the Ray cluster at {self.address} is unreachable: {_short(exc)}"
+            ) from exc
+        return [
+            {"node_id": i.node_id.hex(), "resources": dict(i.resources_total)}
+            for i in infos.values() if i.state == 0  # GcsNodeState.ALIVE
+        ]  # fmt: skip
+
+    def cluster(self) -> dict[str, Any]:
+        """Alive nodes and resources per kind of the cluster; a local cluster not started yet
+        (it starts with the first job) reports no nodes."""
+        import ray
+
+        if self.address:
+            nodes = self._probe()
+        elif ray.is_initialized():
+            nodes = [{"node_id": n["NodeID"], "resources": dict(n.get("Resources") or {})}
+                     for n in ray.nodes() if n.get("Alive")]  # fmt: skip
+        else:
+            return {"address": "local, started with the first job", "nodes": 0, "resources": {}}
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for kind, amount in node["resources"].items():
+                if not kind.startswith("node:") and kind not in ("memory", "object_store_memory"):
+                    totals[kind] = totals.get(kind, 0.0) + float(amount)
+        return {"address": self.address or "local", "nodes": len(nodes), "resources": totals}
 
     def bundle(self, device: str) -> dict[str, float]:
         """The resources of one rank: its accelerator (or the CPU-node marker) plus `cpus_per_rank`."""
