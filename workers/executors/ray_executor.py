@@ -62,6 +62,7 @@ from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
 CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ranks
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
+JOB_ID_ENV = "GDNVAL_JOB_ID"  # in every rank actor's runtime_env: Ray's view names the job
 PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
@@ -94,12 +95,17 @@ def actor_rank_env(
 class RankActor:
     """Lives on the node of one bundle; runs one rank process and hands back what it wrote."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, label: str = "") -> None:
         for name in SECRETS:  # a cluster started by the service copied its environment to us
             os.environ.pop(name, None)
         self.device = device
         self.proc: RankProcess | None = None
         self._reported = False
+        self.label = label
+
+    def __repr__(self) -> str:
+        """Ray shows this as the actor's name in its logs' prefix and in `ray list actors`."""
+        return self.label or "RankActor"
 
     def visible_devices(self) -> dict[str, str]:
         """The visible-device variable for this actor's assigned accelerator ids (empty on CPU).
@@ -174,6 +180,11 @@ class RankActor:
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.reap(timeout=5.0)
+
+
+def job_name(job_id: int) -> str:
+    """The name of a job's placement group in Ray; its rank actors append `-rank-<r>`."""
+    return f"gdnval-job-{job_id}"
 
 
 def fits(resources: Mapping[str, float], need: Mapping[str, float]) -> int:
@@ -359,8 +370,12 @@ class RayExecutor(Executor):
         timeout_s: float,
         cancel: threading.Event | None = None,
         runtime_env: Mapping[str, Any] | None = None,
+        job_id: int | None = None,
     ) -> tuple[Any, list[Any]]:
-        """A ready placement group and one actor per bundle; raises TimeoutError naming the need."""
+        """A ready placement group and one actor per bundle; raises TimeoutError naming the need.
+
+        With `job_id` the group is named `gdnval-job-<id>`, each actor `gdnval-job-<id>-rank-<r>`
+        with `GDNVAL_JOB_ID` in its runtime_env, so Ray's own tools tie them to the job."""
         self._ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -369,7 +384,8 @@ class RayExecutor(Executor):
         token = id(object())
         with self._lock:
             self._unplaced[token] = (device, world_size)
-        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy)
+        group = job_name(job_id) if job_id is not None else ""
+        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy, name=group)
         actors: list[Any] = []
         try:
             end = time.monotonic() + timeout_s
@@ -393,15 +409,18 @@ class RayExecutor(Executor):
                         placement_group=pg, placement_group_bundle_index=rank
                     ),
                     "max_restarts": 0,
-                    "name": None,
+                    "name": f"{group}-rank-{rank}" if group else None,
                 }
                 if device == "cuda":
                     opts["num_gpus"] = 1
                 elif device == "npu":
                     opts["resources"] = {"NPU": 1}
-                if runtime_env:
-                    opts["runtime_env"] = dict(runtime_env)
-                actors.append(self._actor_cls.options(**opts).remote(device))
+                env = dict(runtime_env or {})
+                if job_id is not None:
+                    env["env_vars"] = {**env.get("env_vars", {}), JOB_ID_ENV: str(job_id)}
+                if env:
+                    opts["runtime_env"] = env
+                actors.append(self._actor_cls.options(**opts).remote(device, opts["name"] or ""))
             return pg, actors
         except BaseException:
             self._release(pg, actors)
@@ -526,7 +545,9 @@ class RayExecutor(Executor):
         if spec.deadline_s:
             timeout = min(timeout, spec.deadline_s)
         try:
-            pg, actors = self._acquire(spec.device, spec.world_size, strategy, timeout, cancel, runtime_env)
+            pg, actors = self._acquire(
+                spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id
+            )
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
         except _Cancelled:
