@@ -93,6 +93,12 @@ class Executor(ABC):
         (executors without placement strategies ignore it)."""
         return self.max_world_size(device)
 
+    def alive_ranks(self, device: str, placement: str | None = None) -> int | None:
+        """Ranks of `device` the machines present now could hold (None: they cannot grow, so this
+        is `most_ranks`). A job wider than this but within `most_ranks` is claimed and waits in
+        the executor, which asks for the machines it needs."""
+        return None
+
     def free_ranks(self, device: str, placement: str | None = None) -> int | None:
         """How many ranks of `device` could be placed right now (None: this executor cannot tell,
         so the dispatcher claims within its device limits only and the executor waits)."""

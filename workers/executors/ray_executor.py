@@ -210,7 +210,11 @@ class RayExecutor(Executor):
     the marker resource CPU ranks ask for (None: CPU ranks may land on any node). repo: git
     repository whose commits jobs may ask for (default GDNVAL_REPO). cpus_per_rank: CPUs in each
     rank's bundle. schedule_timeout_s: how long a claimed job may wait for its placement group
-    (capped by the job's deadline).
+    (capped by the job's deadline). max_nodes: the resources of each node the cluster may grow
+    to (its autoscaler's maximum): a job that fits them is accepted, and while it waits for
+    nodes the autoscaler is asked for its bundles (`request_resources`), for up to
+    `node_wait_s` (capped by the job's deadline); the request is withdrawn once it is placed,
+    cancelled or given up.
     """
 
     kind = "ray"
@@ -227,6 +231,8 @@ class RayExecutor(Executor):
         schedule_timeout_s: float = 60.0,
         poll_s: float = 0.25,
         init_options: Mapping[str, Any] | None = None,
+        max_nodes: list[Mapping[str, float]] | None = None,
+        node_wait_s: float = 600.0,
     ) -> None:
         if cpus_per_rank <= 0:
             raise ValueError(f"cpus_per_rank must be > 0 (a rank's bundle holds CPUs), got {cpus_per_rank}")
@@ -246,6 +252,9 @@ class RayExecutor(Executor):
             self.init_options["resources"] = resources
         self._actor_cls: Any = None
         self._gcs: Any = None  # the readiness probe's GCS client, made on first use
+        self.max_nodes = [dict(n) for n in max_nodes or []]
+        self.node_wait_s = node_wait_s
+        self._demand: dict[int, list[dict[str, float]]] = {}  # token -> bundles asked of the autoscaler
         self._lock = threading.Lock()
         self._unplaced: dict[int, tuple[str, int]] = {}  # run id -> (device, ranks) not yet placed
 
@@ -338,11 +347,29 @@ class RayExecutor(Executor):
     def most_ranks(self, device: str, placement: str | None = None) -> int:
         self._check_device(device)
         need = self.bundle(device)
-        per_node = [fits(res, need) for res in self.node_resources(free=False).values()]
-        return capacity(per_node, check_placement(placement or self.placement_strategy))
+        strategy = check_placement(placement or self.placement_strategy)
+        alive = capacity([fits(res, need) for res in self.node_resources(free=False).values()], strategy)
+        declared = capacity([fits(res, need) for res in self.max_nodes], strategy)
+        return max(alive, declared)
 
     def max_world_size(self, device: str) -> int:
         return self.most_ranks(device)
+
+    def alive_ranks(self, device: str, placement: str | None = None) -> int:
+        """Ranks of `device` the alive nodes could hold if idle (the declared nodes left out)."""
+        self._check_device(device)
+        need = self.bundle(device)
+        per_node = [fits(res, need) for res in self.node_resources(free=False).values()]
+        return capacity(per_node, check_placement(placement or self.placement_strategy))
+
+    def _request_nodes(self) -> None:
+        """Ask the autoscaler for the bundles of every job now waiting (each call replaces the
+        last request; none waiting withdraws it)."""
+        from ray.autoscaler.sdk import request_resources
+
+        with self._lock:
+            bundles = [dict(b) for group in self._demand.values() for b in group]
+        request_resources(bundles=bundles)
 
     def free_ranks(self, device: str, placement: str | None = None) -> int:
         """Ranks of `device` placeable now: free resources per node, less the ranks of this
@@ -371,6 +398,8 @@ class RayExecutor(Executor):
         cancel: threading.Event | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         job_id: int | None = None,
+        waiting: Any = None,
+        deadline_s: float | None = None,
     ) -> tuple[Any, list[Any]]:
         """A ready placement group and one actor per bundle; raises TimeoutError naming the need.
 
@@ -384,21 +413,32 @@ class RayExecutor(Executor):
         token = id(object())
         with self._lock:
             self._unplaced[token] = (device, world_size)
+        grow = bool(self.max_nodes) and world_size > self.alive_ranks(device, strategy)
+        if grow:  # wait for the nodes the autoscaler is asked for, not for others' ranks to end
+            timeout_s = min(self.node_wait_s, deadline_s or self.node_wait_s)
         group = job_name(job_id) if job_id is not None else ""
         pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy, name=group)
         actors: list[Any] = []
         try:
             end = time.monotonic() + timeout_s
             while not pg.wait(timeout_seconds=1):  # in steps, so a cancel is not stuck behind it
+                if grow and token not in self._demand:
+                    with self._lock:
+                        self._demand[token] = [dict(bundle) for _ in range(world_size)]
+                    self._request_nodes()
+                    if waiting is not None:
+                        waiting(f"waiting for {world_size} x {bundle} ({strategy}): more than the alive "
+                                f"nodes hold, requested from the autoscaler for up to {timeout_s:g} s")
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
                 if time.monotonic() < end:
                     continue
                 free = {k[:12]: {r: v for r, v in res.items() if r in bundle}
                         for k, res in self.node_resources(free=True).items()}  # fmt: skip
+                asked = "; requested from the autoscaler, the nodes never came" if grow else ""
                 raise TimeoutError(
                     f"could not place {world_size} rank(s) of {bundle} with {strategy} within "
-                    f"{timeout_s:g} s; free now per node: {free}"
+                    f"{timeout_s:g} s{asked}; free now per node: {free}"
                 )
             with self._lock:
                 self._unplaced.pop(token, None)
@@ -428,6 +468,9 @@ class RayExecutor(Executor):
         finally:
             with self._lock:
                 self._unplaced.pop(token, None)
+                asked = self._demand.pop(token, None)
+            if asked is not None:  # placed, cancelled or timed out: withdraw what this job asked
+                self._request_nodes()
 
     def _release(self, pg: Any, actors: list[Any]) -> None:
         """Kill the ranks, the actors and the placement group, and wait until the actors are gone."""
@@ -546,7 +589,8 @@ class RayExecutor(Executor):
             timeout = min(timeout, spec.deadline_s)
         try:
             pg, actors = self._acquire(
-                spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id
+                spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id,
+                waiting=lambda text: (sink.log(text), sink.progress(0, 0, text)), deadline_s=spec.deadline_s,
             )
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
