@@ -122,7 +122,10 @@ def test_a_job_wider_than_the_alive_nodes_asks_for_nodes_and_starts_when_one_com
         t.join(90)
         assert result["outcome"].status == "succeeded", result["outcome"].error
         assert _requested() == []
-        assert len({r["node_id"] for r in next(i["ranks"] for i in sink.infos if "ranks" in i)}) == 2
+        ranks = next(i["ranks"] for i in sink.infos if "ranks" in i)
+        placed = next(i for i in sink.infos if "distinct_nodes" in i)
+        assert placed == {"placement": "PACK", "distinct_nodes": len({r["node_id"] for r in ranks})} == {
+            "placement": "PACK", "distinct_nodes": 2}
     finally:
         SUITE_MODULES.pop("probe", None)
         if ray.is_initialized():

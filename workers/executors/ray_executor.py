@@ -603,7 +603,7 @@ class RayExecutor(Executor):
                 return JobOutcome("cancelled", "cancelled before the ranks started")
             nodes = ray.get([a.node.remote() for a in actors], timeout=max(5.0, timeout))
             monitor.rank_extras = {r: _rank_extra(n) for r, n in enumerate(nodes)}
-            sink.info({"placement": strategy})
+            sink.info({"placement": strategy, "distinct_nodes": len({n["node_id"] for n in nodes})})
             master = nodes[0]
             payload = rank_payload(spec, commit)
             starts = []
