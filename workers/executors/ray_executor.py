@@ -64,6 +64,7 @@ CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ran
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
 JOB_ID_ENV = "GDNVAL_JOB_ID"  # in every rank actor's runtime_env: Ray's view names the job
 PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
+UNAVAILABLE_GRACE_S = 30.0  # how long an actor Ray calls unavailable (maybe transient) may stay so
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
 
@@ -209,7 +210,9 @@ class RayExecutor(Executor):
     SPREAD | STRICT_PACK | STRICT_SPREAD; a job's `placement` overrides it. cpu_node_resource:
     the marker resource CPU ranks ask for (None: CPU ranks may land on any node). repo: git
     repository whose commits jobs may ask for (default GDNVAL_REPO). cpus_per_rank: CPUs in each
-    rank's bundle. schedule_timeout_s: how long a claimed job may wait for its placement group
+    rank's bundle. unavailable_grace_s: how long a rank's actor may stay unavailable (Ray's
+    ActorUnavailableError, possibly transient) before the rank is failed. schedule_timeout_s:
+    how long a claimed job may wait for its placement group
     (capped by the job's deadline). max_nodes: the resources of each node the cluster may grow
     to (its autoscaler's maximum): a job that fits them is accepted, and while it waits for
     nodes the autoscaler is asked for its bundles (`request_resources`), for up to
@@ -233,6 +236,7 @@ class RayExecutor(Executor):
         init_options: Mapping[str, Any] | None = None,
         max_nodes: list[Mapping[str, float]] | None = None,
         node_wait_s: float = 600.0,
+        unavailable_grace_s: float = UNAVAILABLE_GRACE_S,
     ) -> None:
         if cpus_per_rank <= 0:
             raise ValueError(f"cpus_per_rank must be > 0 (a rank's bundle holds CPUs), got {cpus_per_rank}")
@@ -254,6 +258,7 @@ class RayExecutor(Executor):
         self._gcs: Any = None  # the readiness probe's GCS client, made on first use
         self.max_nodes = [dict(n) for n in max_nodes or []]
         self.node_wait_s = node_wait_s
+        self.unavailable_grace_s = unavailable_grace_s
         self._demand: dict[int, list[dict[str, float]]] = {}  # token -> bundles asked of the autoscaler
         self._lock = threading.Lock()
         self._unplaced: dict[int, tuple[str, int]] = {}  # run id -> (device, ranks) not yet placed
@@ -645,6 +650,7 @@ class RayExecutor(Executor):
         nodes: list[dict[str, Any]],
     ) -> JobOutcome:
         reported: set[int] = set()
+        unavailable: dict[int, float] = {}  # rank -> when Ray first said its actor is unavailable
         while True:
             refs = {actors[r].poll.remote(): r for r in range(len(actors)) if r not in reported}
             if refs:
@@ -653,7 +659,10 @@ class RayExecutor(Executor):
                     rank = refs[ref]
                     try:
                         msgs, rc, tail = ray.get(ref)
+                        unavailable.pop(rank, None)
                     except Exception as exc:  # the actor itself died (node lost, killed, OOM)
+                        if still_unavailable(exc, rank, unavailable, self.unavailable_grace_s):
+                            continue  # Ray says it may come back: ask again next round
                         reported.add(rank)
                         monitor.rank_exited(rank, f"rank {rank}{_on(nodes, rank)} actor died: {_short(exc)}",
                                             None, "")  # fmt: skip
@@ -667,6 +676,18 @@ class RayExecutor(Executor):
             if outcome is not None:
                 return outcome
             cancel.wait(self.poll_s)
+
+
+def still_unavailable(exc: BaseException, rank: int, since: dict[int, float], grace_s: float) -> bool:
+    """Whether `exc` is Ray's ActorUnavailableError (the actor may be unreachable only for a
+    moment) for `rank`, first seen (recorded in `since`) less than `grace_s` ago: then the call
+    is retried instead of the rank being failed as dead."""
+    from ray.exceptions import ActorUnavailableError
+
+    if not isinstance(exc, ActorUnavailableError):
+        return False
+    first = since.setdefault(rank, time.monotonic())
+    return time.monotonic() - first < grace_s
 
 
 def _rank_extra(node: Mapping[str, Any]) -> dict[str, Any]:
