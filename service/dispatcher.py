@@ -34,7 +34,7 @@ from service.persistence.db import write_tx
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.settings import Settings
 from workers.deadline import job_deadline_s
-from workers.executors.base import Executor, JobOutcome, JobSpec
+from workers.executors.base import Executor, ExecutorUnavailable, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
 from workers.suite import Case, Metric, Sample
@@ -264,6 +264,7 @@ class Dispatcher:
                 entry[1].set()
         free: dict[tuple[str, str | None], int | None] = {}  # asked of the executor once per tick
         most: dict[tuple[str, str | None], int] = {}
+        alive: dict[tuple[str, str | None], int | None] = {}
         claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
 
         def fits(job: JobRow) -> bool:
@@ -279,9 +280,15 @@ class Dispatcher:
                     return True
                 if key not in most:
                     most[key] = self.executor.most_ranks(*key)
-                return job.world_size > most[key]
+                if job.world_size > most[key]:
+                    return True
+                if key not in alive:  # wider than the alive nodes: the executor asks for more
+                    alive[key] = self.executor.alive_ranks(*key)
+                return alive[key] is not None and job.world_size > alive[key]
             except ValueError:  # e.g. an unknown placement: the executor fails the job saying so
                 return True
+            except ExecutorUnavailable:  # the cluster does not answer: the job stays queued
+                return False
 
         while not self._stop.is_set():
             job = queue.claim(self.engine, self.owner, self.settings.device_limits, fits)

@@ -9,6 +9,7 @@ settings is shared by the dispatcher (runs jobs) and the API (asks `max_world_si
 from __future__ import annotations
 
 import importlib
+import json
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, str | None, str, str | None], Executor] = {}
+_cache: dict[tuple[Any, ...], Executor] = {}
 
 
 def build_executor(settings: Settings) -> Executor:
@@ -31,13 +32,16 @@ def build_executor(settings: Settings) -> Executor:
     options: dict[str, Any] = {}
     if kind == "ray":
         options = {"address": settings.ray_address, "placement_strategy": settings.placement,
-                   "cpu_node_resource": settings.ray_cpu_resource}  # fmt: skip
+                   "cpu_node_resource": settings.ray_cpu_resource,
+                   "max_nodes": settings.ray_max_resources,
+                   "node_wait_s": settings.ray_node_wait_s}  # fmt: skip
     return make_executor(kind, **options)
 
 
 def get_executor(settings: Settings) -> Executor:
     """The shared executor for these settings (built on first use)."""
-    key = (settings.executor, settings.ray_address, settings.placement, settings.ray_cpu_resource)
+    key = (settings.executor, settings.ray_address, settings.placement, settings.ray_cpu_resource,
+           json.dumps(settings.ray_max_resources, sort_keys=True), settings.ray_node_wait_s)
     with _lock:
         if key not in _cache:
             _cache[key] = build_executor(settings)

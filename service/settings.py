@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         "cpu_node",
         description="marker resource of the Ray nodes that take CPU ranks (empty: CPU ranks on any node)",
     )
+    ray_max_resources: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="resources of each node the Ray cluster may grow to (JSON list, e.g. "
+        '[{"CPU": 16, "GPU": 8}]): jobs that fit are queued and asked of the autoscaler',
+    )
+    ray_node_wait_s: float = Field(600.0, gt=0, description="how long a job waits for requested Ray nodes")
     device_limits: dict[str, int] = Field(
         default_factory=lambda: {"cuda": 1, "npu": 1, "cpu": 1},
         description="max concurrently running jobs per device kind (JSON in the environment)",

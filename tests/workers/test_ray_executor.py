@@ -189,11 +189,33 @@ def test_a_faulty_rank_fails_the_job_and_releases_everything(
     assert _leftovers() == ([], [])
 
 
-def test_cancel_kills_the_actors(executor) -> None:
-    sink = RecordingSink(cancel_after_case="expects_value_error")  # the next case hangs
+def test_ray_names_the_jobs_actors_and_cancel_kills_them(executor) -> None:
+    """While a job runs, Ray's state API (what `ray list actors` / `ray list placement-groups`
+    print) names its placement group and rank actors after it, with its id in their runtime_env;
+    a cancel removes them all."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    sink, cancel, result = RecordingSink(), threading.Event(), {}
     spec = JobSpec(job_id=2, suite="probe", params={"fault": "hang"}, world_size=2, deadline_s=120)
-    outcome = executor.run(spec, sink, sink.cancel)
-    assert outcome.status == "cancelled"
+    thread = threading.Thread(target=lambda: result.update(outcome=executor.run(spec, sink, cancel)))
+    thread.start()
+    end = time.monotonic() + 60
+    while "expects_value_error" not in sink.cases:  # the next case hangs: the ranks stay up
+        assert time.monotonic() < end and thread.is_alive(), (sink.infos, result)
+        time.sleep(0.2)
+    try:
+        groups = [g for g in list_placement_groups(detail=True) if g.state == "CREATED"]
+        assert [g.name for g in groups] == ["gdnval-job-2"]
+        actors = sorted((a for a in list_actors(detail=True) if a.state == "ALIVE"), key=lambda a: a.name)
+        assert [(a.name, a.repr_name) for a in actors] == [
+            ("gdnval-job-2-rank-0", "gdnval-job-2-rank-0"), ("gdnval-job-2-rank-1", "gdnval-job-2-rank-1"),
+        ]
+        assert {a.placement_group_id for a in actors} == {groups[0].placement_group_id}
+        assert all('"GDNVAL_JOB_ID": "2"' in a.serialized_runtime_env for a in actors), actors[0]
+    finally:
+        cancel.set()
+        thread.join(60)
+    assert result["outcome"].status == "cancelled"
     assert _leftovers() == ([], [])
 
 

@@ -30,6 +30,11 @@ def check_placement(value: str) -> str:
     return value
 
 
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot reach what runs its jobs (a cluster down, refused credentials): the
+    service answers 503 with this reason and claims nothing until it answers again."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     job_id: int
@@ -88,9 +93,20 @@ class Executor(ABC):
         (executors without placement strategies ignore it)."""
         return self.max_world_size(device)
 
+    def alive_ranks(self, device: str, placement: str | None = None) -> int | None:
+        """Ranks of `device` the machines present now could hold (None: they cannot grow, so this
+        is `most_ranks`). A job wider than this but within `most_ranks` is claimed and waits in
+        the executor, which asks for the machines it needs."""
+        return None
+
     def free_ranks(self, device: str, placement: str | None = None) -> int | None:
         """How many ranks of `device` could be placed right now (None: this executor cannot tell,
         so the dispatcher claims within its device limits only and the executor waits)."""
+        return None
+
+    def cluster(self) -> Mapping[str, Any] | None:
+        """What runs the jobs, for readiness: alive nodes and resources per kind (None: nothing
+        to reach). Raises ExecutorUnavailable naming why it cannot be reached."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -46,7 +46,14 @@ from typing import Any
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
-from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec, check_placement
+from workers.executors.base import (
+    Executor,
+    ExecutorUnavailable,
+    JobOutcome,
+    JobSink,
+    JobSpec,
+    check_placement,
+)
 from workers.executors.local import DEVICE_KINDS, check_spec, rank_payload
 from workers.job_env import SECRETS, job_environment
 from workers.provenance import source_commit
@@ -55,6 +62,9 @@ from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
 CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ranks
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
+JOB_ID_ENV = "GDNVAL_JOB_ID"  # in every rank actor's runtime_env: Ray's view names the job
+PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
+UNAVAILABLE_GRACE_S = 30.0  # how long an actor Ray calls unavailable (maybe transient) may stay so
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
 
@@ -86,12 +96,17 @@ def actor_rank_env(
 class RankActor:
     """Lives on the node of one bundle; runs one rank process and hands back what it wrote."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, label: str = "") -> None:
         for name in SECRETS:  # a cluster started by the service copied its environment to us
             os.environ.pop(name, None)
         self.device = device
         self.proc: RankProcess | None = None
         self._reported = False
+        self.label = label
+
+    def __repr__(self) -> str:
+        """Ray shows this as the actor's name in its logs' prefix and in `ray list actors`."""
+        return self.label or "RankActor"
 
     def visible_devices(self) -> dict[str, str]:
         """The visible-device variable for this actor's assigned accelerator ids (empty on CPU).
@@ -168,6 +183,11 @@ class RankActor:
             self.proc.reap(timeout=5.0)
 
 
+def job_name(job_id: int) -> str:
+    """The name of a job's placement group in Ray; its rank actors append `-rank-<r>`."""
+    return f"gdnval-job-{job_id}"
+
+
 def fits(resources: Mapping[str, float], need: Mapping[str, float]) -> int:
     """How many bundles `need` fit into one node's `resources`."""
     return int(min(float(resources.get(k, 0.0)) / v + 1e-9 for k, v in need.items() if v > 0))
@@ -190,8 +210,14 @@ class RayExecutor(Executor):
     SPREAD | STRICT_PACK | STRICT_SPREAD; a job's `placement` overrides it. cpu_node_resource:
     the marker resource CPU ranks ask for (None: CPU ranks may land on any node). repo: git
     repository whose commits jobs may ask for (default GDNVAL_REPO). cpus_per_rank: CPUs in each
-    rank's bundle. schedule_timeout_s: how long a claimed job may wait for its placement group
-    (capped by the job's deadline).
+    rank's bundle. unavailable_grace_s: how long a rank's actor may stay unavailable (Ray's
+    ActorUnavailableError, possibly transient) before the rank is failed. schedule_timeout_s:
+    how long a claimed job may wait for its placement group
+    (capped by the job's deadline). max_nodes: the resources of each node the cluster may grow
+    to (its autoscaler's maximum): a job that fits them is accepted, and while it waits for
+    nodes the autoscaler is asked for its bundles (`request_resources`), for up to
+    `node_wait_s` (capped by the job's deadline); the request is withdrawn once it is placed,
+    cancelled or given up.
     """
 
     kind = "ray"
@@ -208,6 +234,9 @@ class RayExecutor(Executor):
         schedule_timeout_s: float = 60.0,
         poll_s: float = 0.25,
         init_options: Mapping[str, Any] | None = None,
+        max_nodes: list[Mapping[str, float]] | None = None,
+        node_wait_s: float = 600.0,
+        unavailable_grace_s: float = UNAVAILABLE_GRACE_S,
     ) -> None:
         if cpus_per_rank <= 0:
             raise ValueError(f"cpus_per_rank must be > 0 (a rank's bundle holds CPUs), got {cpus_per_rank}")
@@ -226,6 +255,11 @@ class RayExecutor(Executor):
             resources.setdefault(cpu_node_resource, 1.0)
             self.init_options["resources"] = resources
         self._actor_cls: Any = None
+        self._gcs: Any = None  # the readiness probe's GCS client, made on first use
+        self.max_nodes = [dict(n) for n in max_nodes or []]
+        self.node_wait_s = node_wait_s
+        self.unavailable_grace_s = unavailable_grace_s
+        self._demand: dict[int, list[dict[str, float]]] = {}  # token -> bundles asked of the autoscaler
         self._lock = threading.Lock()
         self._unplaced: dict[int, tuple[str, int]] = {}  # run id -> (device, ranks) not yet placed
 
@@ -237,12 +271,59 @@ class RayExecutor(Executor):
         with self._lock:
             if not ray.is_initialized():
                 if self.address:
-                    ray.init(address=self.address, log_to_driver=False, **self.init_options)
+                    self._probe()  # fail in seconds, not after ray.init's own long wait
+                    try:
+                        ray.init(address=self.address, log_to_driver=False, **self.init_options)
+                    except Exception as exc:
+                        raise ExecutorUnavailable(
+                            f"cannot join the Ray cluster at {self.address}: {_short(exc)}"
+                        ) from exc
                 else:
                     ray.init(log_to_driver=False, **self.init_options)
             if self._actor_cls is None:
                 self._actor_cls = ray.remote(RankActor)
         return ray
+
+    def _probe(self) -> list[dict[str, Any]]:
+        """The alive nodes of the cluster at `address` (id and total resources), asked of its GCS
+        directly with the process's Ray credentials, within `PROBE_TIMEOUT_S`, without joining
+        it as a driver; ExecutorUnavailable naming the address and the error otherwise."""
+        from ray._raylet import GcsClient
+
+        try:
+            host, _, port = str(self.address).rpartition(":")
+            # a new GcsClient waits tens of seconds for a GCS that is not there: knock first
+            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+            if self._gcs is None:
+                self._gcs = GcsClient(address=str(self.address))
+            infos = self._gcs.get_all_node_info(timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:
+            raise ExecutorUnavailable(
+                f"the Ray cluster at {self.address} is unreachable: {_short(exc)}"
+            ) from exc
+        return [
+            {"node_id": i.node_id.hex(), "resources": dict(i.resources_total)}
+            for i in infos.values() if i.state == 0  # GcsNodeState.ALIVE
+        ]  # fmt: skip
+
+    def cluster(self) -> dict[str, Any]:
+        """Alive nodes and resources per kind of the cluster; a local cluster not started yet
+        (it starts with the first job) reports no nodes."""
+        import ray
+
+        if self.address:
+            nodes = self._probe()
+        elif ray.is_initialized():
+            nodes = [{"node_id": n["NodeID"], "resources": dict(n.get("Resources") or {})}
+                     for n in ray.nodes() if n.get("Alive")]  # fmt: skip
+        else:
+            return {"address": "local, started with the first job", "nodes": 0, "resources": {}}
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for kind, amount in node["resources"].items():
+                if not kind.startswith("node:") and kind not in ("memory", "object_store_memory"):
+                    totals[kind] = totals.get(kind, 0.0) + float(amount)
+        return {"address": self.address or "local", "nodes": len(nodes), "resources": totals}
 
     def bundle(self, device: str) -> dict[str, float]:
         """The resources of one rank: its accelerator (or the CPU-node marker) plus `cpus_per_rank`."""
@@ -271,11 +352,29 @@ class RayExecutor(Executor):
     def most_ranks(self, device: str, placement: str | None = None) -> int:
         self._check_device(device)
         need = self.bundle(device)
-        per_node = [fits(res, need) for res in self.node_resources(free=False).values()]
-        return capacity(per_node, check_placement(placement or self.placement_strategy))
+        strategy = check_placement(placement or self.placement_strategy)
+        alive = capacity([fits(res, need) for res in self.node_resources(free=False).values()], strategy)
+        declared = capacity([fits(res, need) for res in self.max_nodes], strategy)
+        return max(alive, declared)
 
     def max_world_size(self, device: str) -> int:
         return self.most_ranks(device)
+
+    def alive_ranks(self, device: str, placement: str | None = None) -> int:
+        """Ranks of `device` the alive nodes could hold if idle (the declared nodes left out)."""
+        self._check_device(device)
+        need = self.bundle(device)
+        per_node = [fits(res, need) for res in self.node_resources(free=False).values()]
+        return capacity(per_node, check_placement(placement or self.placement_strategy))
+
+    def _request_nodes(self) -> None:
+        """Ask the autoscaler for the bundles of every job now waiting (each call replaces the
+        last request; none waiting withdraws it)."""
+        from ray.autoscaler.sdk import request_resources
+
+        with self._lock:
+            bundles = [dict(b) for group in self._demand.values() for b in group]
+        request_resources(bundles=bundles)
 
     def free_ranks(self, device: str, placement: str | None = None) -> int:
         """Ranks of `device` placeable now: free resources per node, less the ranks of this
@@ -303,8 +402,14 @@ class RayExecutor(Executor):
         timeout_s: float,
         cancel: threading.Event | None = None,
         runtime_env: Mapping[str, Any] | None = None,
+        job_id: int | None = None,
+        waiting: Any = None,
+        deadline_s: float | None = None,
     ) -> tuple[Any, list[Any]]:
-        """A ready placement group and one actor per bundle; raises TimeoutError naming the need."""
+        """A ready placement group and one actor per bundle; raises TimeoutError naming the need.
+
+        With `job_id` the group is named `gdnval-job-<id>`, each actor `gdnval-job-<id>-rank-<r>`
+        with `GDNVAL_JOB_ID` in its runtime_env, so Ray's own tools tie them to the job."""
         self._ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -313,20 +418,32 @@ class RayExecutor(Executor):
         token = id(object())
         with self._lock:
             self._unplaced[token] = (device, world_size)
-        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy)
+        grow = bool(self.max_nodes) and world_size > self.alive_ranks(device, strategy)
+        if grow:  # wait for the nodes the autoscaler is asked for, not for others' ranks to end
+            timeout_s = min(self.node_wait_s, deadline_s or self.node_wait_s)
+        group = job_name(job_id) if job_id is not None else ""
+        pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy, name=group)
         actors: list[Any] = []
         try:
             end = time.monotonic() + timeout_s
             while not pg.wait(timeout_seconds=1):  # in steps, so a cancel is not stuck behind it
+                if grow and token not in self._demand:
+                    with self._lock:
+                        self._demand[token] = [dict(bundle) for _ in range(world_size)]
+                    self._request_nodes()
+                    if waiting is not None:
+                        waiting(f"waiting for {world_size} x {bundle} ({strategy}): more than the alive "
+                                f"nodes hold, requested from the autoscaler for up to {timeout_s:g} s")
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
                 if time.monotonic() < end:
                     continue
                 free = {k[:12]: {r: v for r, v in res.items() if r in bundle}
                         for k, res in self.node_resources(free=True).items()}  # fmt: skip
+                asked = "; requested from the autoscaler, the nodes never came" if grow else ""
                 raise TimeoutError(
                     f"could not place {world_size} rank(s) of {bundle} with {strategy} within "
-                    f"{timeout_s:g} s; free now per node: {free}"
+                    f"{timeout_s:g} s{asked}; free now per node: {free}"
                 )
             with self._lock:
                 self._unplaced.pop(token, None)
@@ -337,15 +454,18 @@ class RayExecutor(Executor):
                         placement_group=pg, placement_group_bundle_index=rank
                     ),
                     "max_restarts": 0,
-                    "name": None,
+                    "name": f"{group}-rank-{rank}" if group else None,
                 }
                 if device == "cuda":
                     opts["num_gpus"] = 1
                 elif device == "npu":
                     opts["resources"] = {"NPU": 1}
-                if runtime_env:
-                    opts["runtime_env"] = dict(runtime_env)
-                actors.append(self._actor_cls.options(**opts).remote(device))
+                env = dict(runtime_env or {})
+                if job_id is not None:
+                    env["env_vars"] = {**env.get("env_vars", {}), JOB_ID_ENV: str(job_id)}
+                if env:
+                    opts["runtime_env"] = env
+                actors.append(self._actor_cls.options(**opts).remote(device, opts["name"] or ""))
             return pg, actors
         except BaseException:
             self._release(pg, actors)
@@ -353,6 +473,9 @@ class RayExecutor(Executor):
         finally:
             with self._lock:
                 self._unplaced.pop(token, None)
+                asked = self._demand.pop(token, None)
+            if asked is not None:  # placed, cancelled or timed out: withdraw what this job asked
+                self._request_nodes()
 
     def _release(self, pg: Any, actors: list[Any]) -> None:
         """Kill the ranks, the actors and the placement group, and wait until the actors are gone."""
@@ -470,7 +593,10 @@ class RayExecutor(Executor):
         if spec.deadline_s:
             timeout = min(timeout, spec.deadline_s)
         try:
-            pg, actors = self._acquire(spec.device, spec.world_size, strategy, timeout, cancel, runtime_env)
+            pg, actors = self._acquire(
+                spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id,
+                waiting=lambda text: (sink.log(text), sink.progress(0, 0, text)), deadline_s=spec.deadline_s,
+            )
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
         except _Cancelled:
@@ -482,7 +608,7 @@ class RayExecutor(Executor):
                 return JobOutcome("cancelled", "cancelled before the ranks started")
             nodes = ray.get([a.node.remote() for a in actors], timeout=max(5.0, timeout))
             monitor.rank_extras = {r: _rank_extra(n) for r, n in enumerate(nodes)}
-            sink.info({"placement": strategy})
+            sink.info({"placement": strategy, "distinct_nodes": len({n["node_id"] for n in nodes})})
             master = nodes[0]
             payload = rank_payload(spec, commit)
             starts = []
@@ -524,6 +650,7 @@ class RayExecutor(Executor):
         nodes: list[dict[str, Any]],
     ) -> JobOutcome:
         reported: set[int] = set()
+        unavailable: dict[int, float] = {}  # rank -> when Ray first said its actor is unavailable
         while True:
             refs = {actors[r].poll.remote(): r for r in range(len(actors)) if r not in reported}
             if refs:
@@ -532,7 +659,10 @@ class RayExecutor(Executor):
                     rank = refs[ref]
                     try:
                         msgs, rc, tail = ray.get(ref)
+                        unavailable.pop(rank, None)
                     except Exception as exc:  # the actor itself died (node lost, killed, OOM)
+                        if still_unavailable(exc, rank, unavailable, self.unavailable_grace_s):
+                            continue  # Ray says it may come back: ask again next round
                         reported.add(rank)
                         monitor.rank_exited(rank, f"rank {rank}{_on(nodes, rank)} actor died: {_short(exc)}",
                                             None, "")  # fmt: skip
@@ -546,6 +676,18 @@ class RayExecutor(Executor):
             if outcome is not None:
                 return outcome
             cancel.wait(self.poll_s)
+
+
+def still_unavailable(exc: BaseException, rank: int, since: dict[int, float], grace_s: float) -> bool:
+    """Whether `exc` is Ray's ActorUnavailableError (the actor may be unreachable only for a
+    moment) for `rank`, first seen (recorded in `since`) less than `grace_s` ago: then the call
+    is retried instead of the rank being failed as dead."""
+    from ray.exceptions import ActorUnavailableError
+
+    if not isinstance(exc, ActorUnavailableError):
+        return False
+    first = since.setdefault(rank, time.monotonic())
+    return time.monotonic() - first < grace_s
 
 
 def _rank_extra(node: Mapping[str, Any]) -> dict[str, Any]:

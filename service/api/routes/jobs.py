@@ -26,6 +26,7 @@ from service.domain import submission
 from service.domain.submission import JobCreate
 from service.persistence import jobs as job_store
 from service.persistence import queue
+from workers.executors.base import ExecutorUnavailable
 from workers.refs import HEX_SHA
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
@@ -47,7 +48,7 @@ def create_job(body: JobCreate, request: Request, response: Response) -> JobOut:
         raise HTTPException(422, str(exc)) from exc
     except queue.JobConflict as exc:
         raise HTTPException(409, str(exc)) from exc
-    except submission.SuiteUnavailable as exc:
+    except (submission.SuiteUnavailable, ExecutorUnavailable) as exc:
         raise HTTPException(503, str(exc)) from exc
     if created:
         dispatcher = getattr(state, "dispatcher", None)

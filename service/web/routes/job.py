@@ -40,8 +40,8 @@ router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_r
 
 
 # What a reader compares between two runs first; the rest of the run info is one click away.
-INFO_KEYS = ("device_name", "device_count", "driver", "cuda_runtime", "torch", "triton", "python", "gdnval",
-             "platform")
+INFO_KEYS = ("device_name", "device_count", "placement", "distinct_nodes", "driver", "cuda_runtime", "torch",
+             "triton", "python", "gdnval", "platform")
 
 
 def _info_text(value: Any) -> str:

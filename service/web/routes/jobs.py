@@ -27,6 +27,7 @@ from service.web.deps import (
     utc_now,
     when,
 )
+from workers.executors.base import ExecutorUnavailable
 from workers.suite import PRESETS
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
@@ -142,6 +143,8 @@ def submit_job(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()))
     except (submission.InvalidJob, queue.JobConflict, ValueError) as exc:
         return again(422, f"Not submitted: {exc}")
+    except (submission.SuiteUnavailable, ExecutorUnavailable) as exc:
+        return again(503, f"Not submitted: {exc}")
     dispatcher = getattr(state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.wake()

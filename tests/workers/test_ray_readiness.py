@@ -1,0 +1,133 @@
+"""Readiness against a real Ray cluster (`ray.cluster_utils.Cluster`): `/readyz` reports the
+alive nodes and resources per kind while the cluster answers, and is not ready once it is
+stopped; a submit then answers 503 naming the cluster, in seconds. The test process never joins
+the cluster as a driver: readiness asks the GCS directly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+def test_readyz_follows_the_cluster_and_submit_answers_503_when_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+    from ray.cluster_utils import Cluster
+
+    from service.api.routes import health
+    from service.app import create_app
+    from service.settings import Settings
+
+    monkeypatch.setattr(health, "EXECUTOR_CHECK_TTL_S", 0.0)
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        c.add_node(num_cpus=2, resources={"cpu_node": 1})
+        address = c.address
+        settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", executor="ray",
+                            ray_address=address, dispatch=False)  # fmt: skip
+        with TestClient(create_app(settings)) as client:
+            ready = client.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            cluster = ready.json()["checks"]["cluster"]
+            assert cluster["address"] == address and cluster["nodes"] == 2
+            assert cluster["resources"]["CPU"] == 2 and cluster["resources"]["cpu_node"] == 1
+            c.shutdown()
+            t0 = time.monotonic()
+            gone = client.get("/readyz")
+            assert gone.status_code == 503 and gone.json()["status"] == "not ready"
+            assert f"the Ray cluster at {address} is unreachable" in gone.json()["checks"]["executor"]
+            assert "cluster" not in gone.json()["checks"]
+            job = {"suite": "capability", "device": "cpu", "world_size": 1}
+            refused = client.post("/api/v1/jobs", json=job)
+            assert refused.status_code == 503, refused.text
+            assert f"the Ray cluster at {address} is unreachable" in refused.text
+            assert time.monotonic() - t0 < 15
+            assert client.get("/api/v1/jobs").json()["items"] == []
+    finally:
+        c.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _requested() -> list[dict]:
+    """The bundles the autoscaler is asked for, as Ray stores the request (no autoscaler runs)."""
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+    if is_autoscaler_v2():
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+        state = get_cluster_resource_state(internal_kv_get_gcs_client())
+        return [dict(r.resources_bundle) for c in state.cluster_resource_constraints
+                for req in c.resource_requests for r in [req.request] * req.count]  # fmt: skip
+    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+def test_a_job_wider_than_the_alive_nodes_asks_for_nodes_and_starts_when_one_comes() -> None:
+    """With a declared maximum of two CPU nodes and one alive, a 3-rank job is accepted, waits
+    with its bundles requested from the autoscaler (a cancel withdraws them), and runs once a
+    second node joins; its request is withdrawn when it is placed."""
+    from ray.cluster_utils import Cluster
+
+    from tests.support.suites import RecordingSink
+    from workers.executors.base import JobSpec
+    from workers.executors.ray_executor import RayExecutor
+    from workers.registry import SUITE_MODULES
+
+    if ray.is_initialized():
+        ray.shutdown()
+    node = {"CPU": 2, "cpu_node": 1}
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    SUITE_MODULES["probe"] = "tests.support.suites"
+    try:
+        c.add_node(num_cpus=2, resources={"cpu_node": 1})
+        ex = RayExecutor(address=c.address, max_nodes=[node, node], node_wait_s=60)
+        assert (ex.most_ranks("cpu"), ex.alive_ranks("cpu")) == (4, 2)
+        bundle = ex.bundle("cpu")
+
+        def start(job_id: int) -> tuple[RecordingSink, threading.Event, dict, threading.Thread]:
+            sink, cancel, result = RecordingSink(), threading.Event(), {}
+            spec = JobSpec(job_id=job_id, suite="probe", world_size=3, deadline_s=120)
+            t = threading.Thread(target=lambda: result.update(outcome=ex.run(spec, sink, cancel)))
+            t.start()
+            end = time.monotonic() + 30
+            while _requested() != [bundle] * 3:
+                assert time.monotonic() < end and t.is_alive(), (result, _requested())
+                time.sleep(0.2)
+            assert any("requested from the autoscaler" in line for line in sink.logs), sink.logs
+            assert sink.progress_[-1][2].startswith(f"waiting for 3 x {bundle} (PACK)"), sink.progress_
+            return sink, cancel, result, t
+
+        _, cancel, result, t = start(1)
+        cancel.set()
+        t.join(30)
+        assert result["outcome"].status == "cancelled" and _requested() == []
+
+        sink, _, result, t = start(2)
+        c.add_node(num_cpus=2, resources={"cpu_node": 1})
+        t.join(90)
+        assert result["outcome"].status == "succeeded", result["outcome"].error
+        assert _requested() == []
+        ranks = next(i["ranks"] for i in sink.infos if "ranks" in i)
+        placed = next(i for i in sink.infos if "distinct_nodes" in i)
+        assert placed == {"placement": "PACK", "distinct_nodes": len({r["node_id"] for r in ranks})} == {
+            "placement": "PACK", "distinct_nodes": 2}
+    finally:
+        SUITE_MODULES.pop("probe", None)
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
