@@ -6,7 +6,8 @@ line-oriented JSON *channel* (a pipe the executor reads), and never touches the 
 
 Environment contract (set by the executor):
     GDNVAL_RANK_PAYLOAD  JSON: suite, suite_module, preset, params, device, world_size, commit,
-                         deterministic, pg_timeout_s, seed, cases (None: all; else only those)
+                         deterministic, pg_timeout_s, seed, cases (None: all; else only those),
+                         skip_cases (finished by an earlier run of the job: not run again)
     GDNVAL_CHANNEL_FD    file descriptor the channel messages are written to
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   torch `env://` rendezvous
 
@@ -392,6 +393,8 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     check_suite_fits(suite, kind, world_size)
     params = suite.resolve_params(payload.get("preset", "quick"), payload.get("params") or {}, device=kind)
     cases = select_cases(suite.cases(params), payload.get("cases"))
+    finished = set(payload.get("skip_cases") or ())  # an earlier run of the job finished these
+    cases = [c for c in cases if c.name not in finished]
     deterministic = bool(payload.get("deterministic", False))
 
     import torch

@@ -96,6 +96,14 @@ def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:
     assert info["device_kind"] == "cpu" and info["torch"] and info["commit"]
 
 
+def test_ranks_skip_the_cases_an_earlier_run_finished() -> None:
+    done = ("collective", "bounded", "expects_value_error", "fault")
+    outcome, sink, _ = _run(LocalExecutor(), params={"repeats": 1}, skip_cases=done)
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.cases == {"after_fault": ("passed", None)}
+    assert sink.progress_[0] == (0, 1, "started")
+
+
 def test_bad_specs_fail_at_once_with_the_reason() -> None:
     ex = LocalExecutor(cpu_max_world_size=2)
     outcome, _, elapsed = _run(ex, world_size=3)
