@@ -45,7 +45,6 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
-        ("raise", "RuntimeError: probe fault on rank 1"),
         ("kill", "rank 1 killed by SIGKILL during case 'fault'"),
         ("hang", f"job deadline of {DEADLINE_S:g} s exceeded: rank 1 in case 'fault'"),
     ],
@@ -61,6 +60,23 @@ def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason
     assert "after_fault" not in sink.cases
     pids = [r["pid"] for r in sink.infos[0]["ranks"]]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "error"),
+    [
+        ("raise", "error", "RuntimeError: probe fault on rank 1"),
+        ("not_implemented", "skipped", "not applicable: NotImplementedError: the probe takes no cu_seqlens"),
+    ],
+)
+def test_a_case_that_raises_stays_inside_its_case(fault: str, status: str, error: str) -> None:
+    outcome, sink, _ = _run(LocalExecutor(), params={"fault": fault, "repeats": 1}, world_size=2)
+    assert outcome.status == "succeeded", outcome.error
+    got, text = sink.cases.pop("fault")
+    assert got == status and error in text
+    expected = ("expected_error", "rank 0: ValueError: raised on purpose")
+    assert set(sink.cases.values()) <= {("passed", None), expected}  # every other case as usual
+    assert sink.values("after_fault", "allreduce_sum") == {0: [3.0], 1: [3.0]}  # the group is in step
 
 
 def test_cancel_kills_the_ranks() -> None:
