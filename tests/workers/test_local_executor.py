@@ -28,7 +28,8 @@ def probe_suite():
 
 def _run(executor: LocalExecutor, cancel: threading.Event | None = None, **kw):
     sink = RecordingSink()
-    spec = JobSpec(job_id=1, suite="probe", deadline_s=kw.pop("deadline_s", 120.0), **kw)
+    suite = kw.pop("suite_", "probe")
+    spec = JobSpec(job_id=1, suite=suite, deadline_s=kw.pop("deadline_s", 120.0), **kw)
     t0 = time.monotonic()
     outcome = executor.run(spec, sink, cancel or threading.Event())
     return outcome, sink, time.monotonic() - t0
@@ -77,6 +78,19 @@ def test_a_case_that_raises_stays_inside_its_case(fault: str, status: str, error
     expected = ("expected_error", "rank 0: ValueError: raised on purpose")
     assert set(sink.cases.values()) <= {("passed", None), expected}  # every other case as usual
     assert sink.values("after_fault", "allreduce_sum") == {0: [3.0], 1: [3.0]}  # the group is in step
+
+
+def test_a_backend_that_refuses_packed_input_leaves_the_later_cases_passing() -> None:
+    """Rank 0 refuses the packed case while rank 1 waits for its transfer (until the transfer
+    timeout): the case does not pass, and the cases after it run on a group in step."""
+    backend = "tests.support.refusing_backend:no_packed"
+    names = tuple(f"p2p_{backend}_{shape}" for shape in
+                  ("T160_B1_packed4_float64", "T128_B1_float32", "T160_B2_valid151_float32"))  # fmt: skip
+    params = {"candidates": [f"p2p+{backend}"], "transfer_timeout_s": 5.0}
+    outcome, sink, _ = _run(LocalExecutor(), params=params, world_size=2, cases=names, suite_="cp-layer")
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.cases[names[0]][0] in ("skipped", "error")
+    assert {sink.cases[n] for n in names[1:]} == {("passed", None)}
 
 
 def test_cancel_kills_the_ranks() -> None:
