@@ -9,6 +9,7 @@ Environment contract (set by the executor):
                          deterministic, pg_timeout_s, seed, cases (None: all; else only those),
                          skip_cases (finished by an earlier run of the job: not run again)
     GDNVAL_CHANNEL_FD    file descriptor the channel messages are written to
+    GDNVAL_RANK_TMP      the rank's artifacts folder (the executor removes it when the rank exits)
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   torch `env://` rendezvous
 
 Channel messages (one JSON object per line, `"t"` says which; every message has `"rank"`):
@@ -78,6 +79,7 @@ __all__ = ["PROTOCOL_VERSION", "RankContext", "rank_environment", "traceback_tai
 PROTOCOL_VERSION = 1
 PAYLOAD_ENV = "GDNVAL_RANK_PAYLOAD"
 CHANNEL_FD_ENV = "GDNVAL_CHANNEL_FD"
+RANK_TMP_ENV = "GDNVAL_RANK_TMP"  # the rank's scratch folder, made and removed by the executor
 SAMPLE_BATCH = 256  # samples per channel message
 SAMPLE_FLUSH_S = 0.5  # longest a sample waits in the buffer
 TRACEBACK_TAIL_LINES = 25
@@ -433,7 +435,8 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     metrics = [m.to_dict() for m in suite.metrics]
     channel.send("info", info={**info, "suite_version": suite.version, "metrics": metrics})
     channel.send("cases", total=len(cases), names=[c.name for c in cases])
-    artifacts = Path(tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-"))
+    scratch = os.environ.get(RANK_TMP_ENV)
+    artifacts = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-"))
     ctx = RankContext(
         rank=rank,
         world_size=world_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,10 +51,28 @@ def _gone(pid: int) -> bool:
         ("hang", f"job deadline of {DEADLINE_S:g} s exceeded: rank 1 in case 'fault'"),
     ],
 )
-def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason: str) -> None:
+def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(
+    fault: str, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' scratch folders go
+    seen: set[str] = set()
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            seen.update(p.name for p in tmp_path.glob("gdnval-rank*"))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     deadline = DEADLINE_S if fault == "hang" else 60.0
     params = {"fault": fault, "repeats": 1}
     outcome, sink, elapsed = _run(LocalExecutor(), params=params, world_size=2, deadline_s=deadline)
+    running.clear()
+    watcher.join()
+    assert {n.split("-")[1] for n in seen} == {"rank0", "rank1"}  # made by the executor, one per rank
+    assert list(tmp_path.glob("gdnval-rank*")) == []  # and removed, though a rank was killed
     assert outcome.status == "failed"
     assert outcome.error.startswith("rank 1") and reason in outcome.error
     assert elapsed < (DEADLINE_S + 10 if fault == "hang" else 30)
