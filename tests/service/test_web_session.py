@@ -33,7 +33,12 @@ def test_logout_revokes_the_session_on_the_server(tmp_path: Path) -> None:
         value = _login(c)
         assert TOKEN not in value and value.startswith("v1.")
         assert c.get("/suites").status_code == 200 and c.get("/api/v1/suites").status_code == 200
-        c.get("/logout")
+        assert c.get("/logout").status_code == 405  # a link elsewhere cannot log anyone out
+        anon = c.post("/logout", cookies={COOKIE: ""})  # a cross-site form: no session cookie sent
+        assert anon.status_code == 303 and "set-cookie" not in anon.headers
+        c.cookies.set(COOKIE, value)
+        assert c.get("/suites").status_code == 200  # the session still works after both
+        assert c.post("/logout").status_code == 303
         c.cookies.clear()
         c.cookies.set(COOKIE, value)  # a copy of the cookie kept from before the logout
         assert c.get("/suites").status_code == 303

@@ -44,13 +44,17 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     return resp
 
 
-@router.get("/logout")
+@router.post("/logout")
 def logout(request: Request) -> RedirectResponse:
-    """End the session: revoked on the server (a copied cookie stops working too), dropped here."""
+    """End the session: revoked on the server (a copied cookie stops working too), dropped here.
+
+    A POST carrying the session cookie: the cookie is SameSite=Lax, so another site's form or
+    link cannot send it, and a request without it changes nothing."""
     token = settings_of(request).token()
     given = request.cookies.get(COOKIE, "")
-    if token is not None and given:
-        session_keys(request).revoke(token, given)
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(COOKIE, path="/")
+    if given:
+        if token is not None:
+            session_keys(request).revoke(token, given)
+        resp.delete_cookie(COOKIE, path="/")
     return resp
