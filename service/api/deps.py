@@ -17,6 +17,7 @@ from fastapi import Depends, HTTPException, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from service.api.input_rule import MAX_ID, BadInput, DbId, DbIdQuery, DbIntQuery, loads
+from service.auth_limit import record_failure, refuse_if_locked
 from service.persistence import jobs
 from service.persistence.models import JobRow
 from service.settings import Settings
@@ -49,7 +50,9 @@ def _check_token(request: Request) -> None:
             "missing credentials: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    refuse_if_locked(request)
     if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        record_failure(request)
         raise HTTPException(403, "the bearer token is not valid for this service")
 
 

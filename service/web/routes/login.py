@@ -7,6 +7,7 @@ import hmac
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from service.auth_limit import record_failure, refuse_if_locked
 from service.web.deps import (
     page,
     settings_of,
@@ -35,7 +36,9 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     target = _safe_next(next)
     if expected is None:
         return RedirectResponse(target, status_code=303)
+    refuse_if_locked(request)
     if not hmac.compare_digest(token.encode(), expected.encode()):
+        record_failure(request)
         return page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
     keys = session_keys(request)
     resp = RedirectResponse(target, status_code=303)
