@@ -77,7 +77,7 @@ def test_signature_expiry_token_and_secret_are_all_checked() -> None:
 
 
 def test_wrong_tokens_lock_the_client_out_even_with_the_right_one(tmp_path: Path) -> None:
-    from service.auth_limit import MAX_FAILURES
+    from service.api.auth_limit import MAX_FAILURES
 
     with _client(tmp_path) as c:
         for _ in range(MAX_FAILURES):

@@ -12,8 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from service.api import deps
-from service.api.deps import get_session
-from service.auth_limit import record_failure, refuse_if_locked
+from service.api.deps import get_session, record_failure, refuse_if_locked
 from service.domain import submission, views
 from service.persistence import jobs as job_store
 from service.persistence import page_queries, queue

@@ -7,7 +7,7 @@ import hmac
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from service.auth_limit import record_failure, refuse_if_locked
+from service.api.deps import record_failure, refuse_if_locked
 from service.web.deps import (
     page,
     settings_of,
