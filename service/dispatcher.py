@@ -9,7 +9,9 @@ jobs (a dead dispatcher's jobs are found by the next one), forwards cancel reque
 executor's cancel event, and settles orphans left by a crash at start and periodically. It
 claims only jobs its executor can place now (`Executor.free_ranks` per device kind and
 placement strategy, less what this tick already claimed), so a job that fits the cluster but
-not its free resources stays queued instead of failing on a timeout.
+not its free resources stays queued instead of failing on a timeout. A re-run of an interrupted
+job keeps the cases its earlier runs finished and runs only the rest
+(`service.persistence.resume`); when none is left, the job just ends.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.db import write_tx
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
+from service.persistence.resume import carry_finished_cases
 from service.settings import Settings
 from workers.deadline import job_deadline_s
 from workers.executors.base import Executor, ExecutorUnavailable, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
-from workers.suite import Case, Metric, Sample
+from workers.suite import Case, Metric, Sample, select_cases
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
@@ -67,17 +70,26 @@ class StoreSink:
         self.case_ids: dict[str, int] = {}
         self.metric_ids: dict[str, int] = {}
         self.summarized: set[int] = set()  # case ids whose summary is stored for this attempt
+        self.expected: list[str] = []  # the names of the cases this job runs
         with write_tx(engine) as s:
+            # cases an earlier run finished are this run's too (not run again), the rest dropped
+            self.kept = carry_finished_cases(s, job.id, self.attempt)
             summary_store.drop_earlier_summaries(s, job.id, self.attempt)
             case_store.drop_earlier_case_results(s, job.id, self.attempt)
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params, device=job.device))
                 self.metric_ids = sample_store.ensure_metrics(s, suite.name, suite.metrics)
+                self.expected = [c.name for c in select_cases(cases, job.cases)]
             except Exception as exc:  # the executor reports the real failure; keep the sink usable
                 cases = []
                 job_store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
             self.case_ids = case_store.ensure_cases(s, cases, job.device, job.world_size)
+
+    @property
+    def all_kept(self) -> bool:
+        """Every case of the job finished in earlier runs: nothing is left to run."""
+        return bool(self.expected) and set(self.expected) <= set(self.kept)
 
     # -- ids for names the suite did not declare up front (kept, and said so in the log)
     def _case_id(self, s: Session, name: str) -> int:
@@ -152,6 +164,8 @@ class StoreSink:
             log.exception("storing the summary of case %s of job %s failed", case_id, self.job_id)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
+        """`done` of `total` cases of this run; the cases kept from earlier runs count as done."""
+        done, total = done + len(self.kept), total + len(self.kept)
         with self._lock, write_tx(self.engine) as s:
             job = s.get(JobRow, self.job_id)
             if job is None:
@@ -219,7 +233,7 @@ class Dispatcher:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop claiming; cancel running jobs and re-queue them (a restart is not the job's fault).
 
-        The re-run is a new attempt (its samples are kept apart from the interrupted run's)."""
+        The re-run is a new attempt: it keeps the cases that finished and runs the rest."""
         self._stop.set()
         self._wake.set()
         with self._lock:
@@ -330,13 +344,16 @@ class Dispatcher:
         try:
             deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
                                       self.settings.job_deadline_s)  # fmt: skip
+            sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
+            if sink.all_kept:  # interrupted after its last case: only the job's end is left
+                sink.progress(0, 0, "every case finished in an earlier run")
+                return JobOutcome("succeeded")
             spec = JobSpec(
                 job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
                 device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
                 cases=tuple(job.cases) if job.cases else None, placement=queue.job_placement(job),
-                backend_source=queue.job_backend_source(job),
+                backend_source=queue.job_backend_source(job), skip_cases=tuple(sink.kept),
             )  # fmt: skip
-            sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
             sink.info({
                 "commit": job.commit_sha or source_commit(), "gdnval": installed_version(),
                 "executor": self.executor.kind, "attempt": sink.attempt, "deadline_s": deadline,

@@ -16,13 +16,15 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Query, Request
 from sqlalchemy.orm import Session
 
+from service.api.auth_limit import record_failure, refuse_if_locked
 from service.api.input_rule import MAX_ID, BadInput, DbId, DbIdQuery, DbIntQuery, loads
 from service.persistence import jobs
 from service.persistence.models import JobRow
 from service.settings import Settings
 from service.web_session import READ_METHODS, has_session
 
-__all__ = ["BadInput", "DbId", "DbIdQuery", "DbIntQuery", "loads"]  # the pages' share of the input rule
+# the pages' share of the input rule and of the wrong-token lockout
+__all__ = ["BadInput", "DbId", "DbIdQuery", "DbIntQuery", "loads", "record_failure", "refuse_if_locked"]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 JobQuery = Annotated[int, Query(ge=1, le=MAX_ID, description="job id")]
 LABEL_PATTERN = r"^[^=]+=[\s\S]*$"
@@ -49,7 +51,9 @@ def _check_token(request: Request) -> None:
             "missing credentials: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    refuse_if_locked(request)
     if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        record_failure(request)
         raise HTTPException(403, "the bearer token is not valid for this service")
 
 

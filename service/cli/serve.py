@@ -47,6 +47,7 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from service.access_log import log_config
     from service.app import create_app
     from service.settings import Settings
 
@@ -65,7 +66,8 @@ def serve(
     # Requests run in threads; the event loop answers probes and 503s. A short GIL switch interval
     # hands the loop the interpreter within a millisecond of a busy request thread, not five.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level,
+                log_config=log_config())
 
 
 def _limits(pairs: tuple[str, ...]) -> dict[str, int]:

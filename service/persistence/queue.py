@@ -30,6 +30,7 @@ from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
 from service.persistence.jobs import add_event
 from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
+from service.persistence.summaries import judge_job
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
 
@@ -328,7 +329,9 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
     crashes, so a restart never uses up a job's retries.
 
     Returns (job id, new status) for every job settled. Samples already stored stay (they are
-    kept per attempt); the re-run starts a new attempt.
+    kept per attempt); the re-run starts a new attempt, which keeps the cases that had finished
+    (`service.persistence.resume`). A job failed or cancelled here gets its verdict (`errored`)
+    and case counts.
     """
     settled: list[tuple[int, str]] = []
     with write_tx(engine) as s:
@@ -341,6 +344,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 job.status, job.finished_at = "cancelled", utcnow()
                 job.error = f"cancelled; {reason}"
                 add_event(s, job.id, "status", "cancelled", {"reason": reason})
+                judge_job(s, job, ran=False)
             elif crashes < max_attempts:
                 job.status, job.claimed_by, job.heartbeat_at = "queued", None, None
                 add_event(
@@ -351,5 +355,6 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 job.status, job.finished_at = "failed", utcnow()
                 job.error = f"interrupted {crashes} time(s); last: {reason}"
                 add_event(s, job.id, "status", "failed", {"reason": job.error})
+                judge_job(s, job, ran=False)  # errored, with the cases it finished
             settled.append((job.id, job.status))
     return settled

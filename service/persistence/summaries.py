@@ -230,12 +230,16 @@ def record_verdict(engine: Engine, job_id: int, *, ran: bool) -> verdict.JobVerd
     do cases the job announced but never reported."""
     with write_tx(engine) as session:
         job = session.get(JobRow, job_id)
-        if job is None:
-            return None
-        statuses = [r.status for r in latest_case_results(session, job_id)]
-        expected = len(job.cases) if job.cases else (job.progress_total or None)
-        judged = verdict.job_verdict(statuses, ran=ran, expected=expected)
-        job.verdict, job.case_counts = judged.verdict, dict(judged.counts)
+        return None if job is None else judge_job(session, job, ran=ran)
+
+
+def judge_job(session: Session, job: JobRow, *, ran: bool) -> verdict.JobVerdictCounts:
+    """Store the verdict and case counts of `job`'s latest attempt on it, inside the caller's
+    transaction (`record_verdict`, and a job failed because its runs were interrupted)."""
+    statuses = [r.status for r in latest_case_results(session, job.id)]
+    expected = len(job.cases) if job.cases else (job.progress_total or None)
+    judged = verdict.job_verdict(statuses, ran=ran, expected=expected)
+    job.verdict, job.case_counts = judged.verdict, dict(judged.counts)
     return judged
 
 

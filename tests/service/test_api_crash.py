@@ -87,3 +87,91 @@ def test_kill9_mid_job_then_restart_requeues_and_keeps_samples(tmp_path: Path) -
         assert len(final) % BATCH == 0 and {k: final[k] for k in first} == first
     finally:
         server.stop()
+
+
+def _per_case(db: Path, job_id: int, sql: str) -> dict[str, list[tuple]]:
+    """Rows of `sql` (first column a case id) for the job, by case name."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        names = dict(con.execute('SELECT id, name FROM "case"').fetchall())
+        out: dict[str, list[tuple]] = {}
+        for row in con.execute(sql, (job_id,)).fetchall():
+            out.setdefault(names[row[0]], []).append(row[1:])
+        return out
+    finally:
+        con.close()
+
+
+def _results(db: Path, job_id: int) -> dict[str, list[tuple]]:
+    return _per_case(db, job_id, "SELECT case_id, attempt, status FROM case_result WHERE job_id = ?")
+
+
+def _log_events(server, job_id: int) -> list[dict]:
+    events = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/events", params={"kind": "log", "limit": 500})
+    return events.json()["items"]
+
+
+def _kept(server, job_id: int) -> list[dict[str, int]]:
+    """What each resume of the job kept: case name -> the attempt that ran it."""
+    return [e["data"]["kept"] for e in _log_events(server, job_id) if e["data"] and "kept" in e["data"]]
+
+
+def _resumed_job(server, db: Path, job_id: int, attempts: int, samples: int, cases: int) -> None:
+    """The job succeeded in `attempts` runs with every case once: its result, its samples (as
+    many as an undisturbed run stores) and its summary."""
+    job = httpx.get(f"{server.base}/api/v1/jobs/{job_id}").json()
+    assert (job["status"], job["attempts"], job["verdict"]) == ("succeeded", attempts, "passed"), job
+    assert job["case_counts"]["passed"] == cases
+    names = [f"c{i}" for i in range(cases)]
+    assert _results(db, job_id) == {n: [(attempts, "passed")] for n in names}
+    latest = _per_case(db, job_id, "SELECT case_id, idx FROM sample WHERE job_id = ? AND attempt = "
+                                   f"{attempts}")  # fmt: skip
+    assert {n: len(v) for n, v in latest.items()} == dict.fromkeys(names, 2 * samples)
+    shown = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/cases").json()["items"]
+    assert {c["name"]: c["metrics"]["time_ms"]["count"] for c in shown} == dict.fromkeys(names, samples)
+
+
+@pytest.mark.slow  # a real server, killed and restarted
+def test_kill9_after_the_last_case_only_completes_the_job(tmp_path: Path) -> None:
+    server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor")
+    db = tmp_path / "gdnval.db"
+    params = {"cases": 2, "samples": 20, "linger_s": 120}
+    server.start()
+    try:
+        r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params},
+                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        job_id = r.json()["id"]
+        _wait(lambda: len(_results(db, job_id)) == 2)
+        server.kill9()
+        assert _job_row(db, job_id)[:2] == ("running", 1)
+        server.start()
+        _wait(lambda: _job_row(db, job_id)[0] != "running" and _job_row(db, job_id)[0] != "queued")
+        _resumed_job(server, db, job_id, attempts=2, samples=20, cases=2)
+        assert len(_rows(db, job_id)) == 2 * 2 * 20  # not one sample more than the first run stored
+        assert _kept(server, job_id) == [{"c0": 1, "c1": 1}]
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow  # a real server, killed twice mid-job
+def test_kill9_mid_job_twice_never_reruns_a_finished_case(tmp_path: Path) -> None:
+    server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor",
+                         GDNVAL_MAX_ATTEMPTS="3")  # fmt: skip
+    db = tmp_path / "gdnval.db"
+    params = {"cases": 3, "samples": 100, "batch": 50, "pause_s": 0.4}
+    server.start()
+    try:
+        r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params},
+                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        job_id = r.json()["id"]
+        for attempt, case in ((1, "c0"), (2, "c1")):
+            _wait(lambda a=attempt, c=case: (a, "passed") in _results(db, job_id).get(c, []))
+            server.kill9()
+            server.start()
+        _wait(lambda: _job_row(db, job_id)[0] not in ("running", "queued"), timeout=90)
+        _resumed_job(server, db, job_id, attempts=3, samples=100, cases=3)
+        everywhere = _per_case(db, job_id, "SELECT case_id, attempt FROM sample WHERE job_id = ?")
+        assert len(everywhere["c0"]) == 200  # finished in attempt 1, never run again
+        assert _kept(server, job_id) == [{"c0": 1}, {"c0": 1, "c1": 2}]
+    finally:
+        server.stop()

@@ -1,5 +1,6 @@
-"""Case results per attempt: a retried job never shows, counts or compares its earlier run's case
-statuses, and a stale run that keeps reporting can neither overwrite nor show its own.
+"""Case results per attempt: a retried job keeps the cases its earlier run finished and shows,
+counts and compares nothing else of that run, and a stale run that keeps reporting can neither
+overwrite nor show its own.
 
 The job is run through the real queue (claim, orphan settling, re-claim) and the dispatcher's
 `StoreSink`; what is shown is read through the API, the job page, the jobs list and the gate.
@@ -115,35 +116,32 @@ def test_a_retried_job_shows_no_stale_statuses_and_a_stale_run_cannot_write_over
         assert shown["page"] == []  # "0 cases:" and no status badge
 
         second = StoreSink(engine, again, tmp_path / "artifacts")
-        assert _rows(engine, job.id) == []  # the new run dropped the earlier rows
-        second.samples(_samples("c0"))  # c0 is running in attempt 2: no result yet
+        # the new run keeps the cases the interrupted one finished, and runs only the rest
+        assert second.kept == {"c0": 1, "c1": 1}
+        assert _rows(engine, job.id) == [(2, c0, "passed"), (2, c1, "failed")]
+        assert _shown(client, engine, job.id)["api"] == {"c0": "passed", "c1": "failed"}
+        second.samples(_samples("c2"))  # c2 is running in attempt 2: no result yet
         shown = _shown(client, engine, job.id)
-        assert shown["api"] == {"c0": None}
-        assert shown["page"] == ["1 no result"] and "passed" not in shown["page"]
-        second.case_result("c0", "failed", "rank 0: bound 2")
+        assert shown["api"] == {"c0": "passed", "c1": "failed", "c2": None}
 
         # the interrupted run's dispatcher still reports: under attempt 1, never shown
-        first.case_result("c0", "passed")
         first.samples(_samples("c2"))
         first.case_result("c2", "passed")
-        assert _rows(engine, job.id) == [(1, c0, "passed"), (1, c2, "passed"), (2, c0, "failed")]
-        shown = _shown(client, engine, job.id)
-        assert shown["api"] == {"c0": "failed"} == shown["compare"]
-        assert shown["page"] == ["1 failed"] and shown["list"] == {"failed": 1}
-        cases = client.get(f"/api/v1/jobs/{job.id}/cases").json()["items"]
-        assert [c["error"] for c in cases] == ["rank 0: bound 2"]
+        assert (1, c2, "passed") in _rows(engine, job.id)
+        assert _shown(client, engine, job.id)["api"]["c2"] is None
 
-        second.samples(_samples("c1"))
-        second.case_result("c1", "passed")
-        assert summaries.finish_summary(engine, job.id, 2) == 0  # both cases stored theirs at their end
+        second.case_result("c2", "failed", "rank 0: bound 2")
+        assert summaries.finish_summary(engine, job.id, 2) == 0  # every case stored its own at its end
         assert queue.finish(engine, job.id, "second", "succeeded")
-        assert [r[0] for r in _rows(engine, job.id)] == [2, 2]  # the stale run's rows are gone at the end
-        # the job-level verdict counts attempt 2 only (attempt 1 had c0 and c2 passed)
+        assert [r[0] for r in _rows(engine, job.id)] == [2, 2, 2]  # the stale run's rows are gone at the end
+        # the job-level verdict counts attempt 2's cases (kept and run) only
         shown = _shown(client, engine, job.id)
-        assert shown["list"] == {"failed": 1, "passed": 1}
-        assert shown["verdict"] == "failed (1 of 2 cases)"
-        assert "failed (1 of 2 cases)" in shown["list_page"]
-        assert shown["api"] == {"c0": "failed", "c1": "passed"} == shown["compare"]
+        assert shown["list"] == {"failed": 2, "passed": 1}
+        assert shown["verdict"] == "failed (2 of 3 cases)"
+        assert "failed (2 of 3 cases)" in shown["list_page"]
+        assert shown["api"] == {"c0": "passed", "c1": "failed", "c2": "failed"} == shown["compare"]
+        cases = client.get(f"/api/v1/jobs/{job.id}/cases").json()["items"]
+        assert [c["error"] for c in cases] == [None, "rank 0: bound", "rank 0: bound 2"]
 
 
 A, B, E = "a" * 40, "b" * 40, "e" * 40

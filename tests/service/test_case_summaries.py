@@ -129,41 +129,46 @@ def test_samples_after_a_case_end_reopen_its_summary(engine, tmp_path: Path) -> 
         assert summary_store.stored_summary(s, job.id, 1)[(c0, sink.metric_ids["time_ms"])].count == 11
 
 
-def test_a_retried_case_never_shows_the_earlier_attempts_summary(engine, tmp_path: Path) -> None:
+def test_a_retry_keeps_finished_cases_and_never_shows_an_unfinished_ones_earlier_summary(
+    engine, tmp_path: Path
+) -> None:
     job = _running_job(engine)
     first = StoreSink(engine, job, tmp_path / "artifacts")
     c0, c1 = first.case_ids["c0"], first.case_ids["c1"]
     t_ms = first.metric_ids["time_ms"]
     first.samples(_samples("c0", 500.0, n=10))
     first.case_result("c0", "passed")
+    first.samples(_samples("c1", 700.0, n=10))  # interrupted inside c1
     assert _stored_cases(engine, job.id, 1) == {c0}
+    with Session(engine) as s:
+        finished = summary_store.stored_summary(s, job.id, 1)[(c0, t_ms)]
 
     with Session(engine, expire_on_commit=False) as s, s.begin():  # interrupted, re-queued, claimed again
         retry = s.get(JobRow, job.id)
         retry.attempts = 2
-    with Session(engine) as s:  # attempt 2 has not reported yet: nothing, not attempt 1's numbers
+    with Session(engine) as s:  # attempt 2 has not started yet: nothing, not attempt 1's numbers
         assert summary_store.summarize_job(s, job.id) == {}
-        assert all(not c.metrics for c in summary_store.case_summaries(s, job.id))
 
     second = StoreSink(engine, retry, tmp_path / "artifacts")
-    assert _stored_cases(engine, job.id, 1) == set()  # the new run drops the earlier rows
-    second.samples(_samples("c0", 1.0, n=10))
-    with Session(engine) as s:
-        assert summary_store.summarize_job(s, job.id)[(c0, t_ms)].median == pytest.approx(1.0 + 4.5 + 2.5)
+    assert second.kept == {"c0": 1}
+    assert _stored_cases(engine, job.id, 1) == set() and _stored_cases(engine, job.id, 2) == {c0}
+    with Session(engine) as s:  # c0 kept as it was; c1's unfinished attempt-1 samples not shown
+        shown = summary_store.summarize_job(s, job.id)
+    assert {c for c, _ in shown} == {c0} and shown[(c0, t_ms)] == finished
+    second.samples(_samples("c1", 1.0, n=10))
     first.samples(_samples("c1", 900.0, n=10))  # the interrupted run's dispatcher still reports
     first.case_result("c1", "passed")
-    second.case_result("c0", "passed")
+    second.case_result("c1", "passed")
     with Session(engine) as s:
         shown = summary_store.summarize_job(s, job.id)
         live2 = summary_store.compute_summary(s, job.id, attempt=2)
-    assert shown == live2 and {c for c, _ in shown} == {c0}  # attempt 1's c1 is not shown
-    assert shown[(c0, t_ms)].max == 1.0 + 9 + 5.0
+    assert shown == live2 and {c for c, _ in shown} == {c0, c1}
+    assert shown[(c1, t_ms)].max == 1.0 + 9 + 5.0  # attempt 2's c1 only
 
-    assert summary_store.finish_summary(engine, job.id, 2) == 0  # c0 ended: nothing left to compute
+    assert summary_store.finish_summary(engine, job.id, 2) == 0  # both ended: nothing left to compute
     with Session(engine) as s:
         attempts = set(s.scalars(select(SummaryRow.attempt).where(SummaryRow.job_id == job.id)))
         assert attempts == {2}  # the zombie's attempt-1 rows are gone at the end
-    assert c1 not in _stored_cases(engine, job.id, 2)
 
 
 def test_job_end_computes_only_cases_left_without_a_summary(engine, tmp_path: Path) -> None:

@@ -245,6 +245,7 @@ def test_orphans_are_requeued_once_then_failed_with_the_reason(engine) -> None:
     assert _status(engine, j3).status == "running"
     failed = _status(engine, j2)
     assert failed.error.startswith("interrupted 2 time(s); last: its dispatcher (pid")
+    assert failed.verdict == "errored" and failed.case_counts is not None  # not left null
     with Session(engine) as s:
         q = select(JobEventRow).where(JobEventRow.job_id == j1).order_by(JobEventRow.id.desc())
         reason = s.scalars(q).first()

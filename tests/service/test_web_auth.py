@@ -36,7 +36,7 @@ def test_protected_pages_need_the_login_cookie(client: TestClient) -> None:
     assert "HttpOnly" in cookie and "samesite=lax" in cookie.lower() and TOKEN not in cookie
     assert client.get("/suites").status_code == 200
     assert client.get("/jobs/1").status_code == 404  # past the login: a real answer
-    client.get("/logout")
+    client.post("/logout")
     assert client.get("/suites").status_code == 303
 
 
@@ -105,5 +105,5 @@ def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, t
     # the cookie opens reads only: a write with it alone is still refused
     r = client.post("/api/v1/jobs", json={"suite": "capability"})
     assert r.status_code == 401
-    client.get("/logout")
+    client.post("/logout")
     assert client.get(csv_url).status_code == 401

@@ -33,7 +33,12 @@ def test_logout_revokes_the_session_on_the_server(tmp_path: Path) -> None:
         value = _login(c)
         assert TOKEN not in value and value.startswith("v1.")
         assert c.get("/suites").status_code == 200 and c.get("/api/v1/suites").status_code == 200
-        c.get("/logout")
+        assert c.get("/logout").status_code == 405  # a link elsewhere cannot log anyone out
+        anon = c.post("/logout", cookies={COOKIE: ""})  # a cross-site form: no session cookie sent
+        assert anon.status_code == 303 and "set-cookie" not in anon.headers
+        c.cookies.set(COOKIE, value)
+        assert c.get("/suites").status_code == 200  # the session still works after both
+        assert c.post("/logout").status_code == 303
         c.cookies.clear()
         c.cookies.set(COOKIE, value)  # a copy of the cookie kept from before the logout
         assert c.get("/suites").status_code == 303
@@ -69,3 +74,21 @@ def test_signature_expiry_token_and_secret_are_all_checked() -> None:
     assert not keys.valid(TOKEN, value, now=now)
     for forged in ("", "0" * 64, "v1.x.y.z", "v1.a.99999999999.00"):
         assert not keys.valid(TOKEN, forged, now=now)
+
+
+def test_wrong_tokens_lock_the_client_out_even_with_the_right_one(tmp_path: Path) -> None:
+    from service.api.auth_limit import MAX_FAILURES
+
+    with _client(tmp_path) as c:
+        for _ in range(MAX_FAILURES):
+            assert c.post("/login", data={"token": "guess", "next": "/jobs"}).status_code == 401
+        r = c.post("/login", data={"token": TOKEN, "next": "/jobs"})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) > 0 and COOKIE not in r.cookies
+        right = {"Authorization": f"Bearer {TOKEN}"}
+        bearer = c.post("/api/v1/jobs", json={"suite": "capability"}, headers=right)
+        assert bearer.status_code == 429 and "retry-after" in bearer.headers  # one count for every way in
+    with _client(tmp_path) as c:  # the API's bearer token counts the same way
+        wrong = {"Authorization": "Bearer guess"}
+        codes = [c.get("/api/v1/suites", headers=wrong).status_code for _ in range(MAX_FAILURES)]
+        assert codes == [403] * MAX_FAILURES
+        assert c.get("/api/v1/suites", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429

@@ -37,6 +37,7 @@ class FakeParams(SuiteParams):
     pause_s: float = 0.0  # sleep after each sink call
     fail: bool = False
     artifact: bool = False
+    linger_s: float = 0.0  # wait after the last case before the job ends
 
 
 class FakeSuite(Suite):
@@ -78,8 +79,10 @@ class FakeExecutor(Executor):
         p = SUITE.resolve_params(spec.preset, spec.params)
         assert isinstance(p, FakeParams)
         sink.info({"device_name": "fake-cpu", "driver": None, "torch": "n/a", "triton": "n/a"})
-        cases = SUITE.cases(p)
-        for ci, case in enumerate(cases):
+        every = SUITE.cases(p)
+        cases = [c for c in every if c.name not in spec.skip_cases]  # as the rank runtime does
+        for done, case in enumerate(cases):
+            ci = every.index(case)
             rows = [
                 Sample(case.name, m, value(ci, m, r, i), rank=r, idx=i)
                 for m in ("time_ms", "throughput")
@@ -94,8 +97,10 @@ class FakeExecutor(Executor):
                 if p.pause_s:
                     time.sleep(p.pause_s)
             sink.case_result(case.name, "passed")
-            sink.progress(ci + 1, len(cases), case.name)
+            sink.progress(done + 1, len(cases), case.name)
             sink.log(f"{case.name} done")
+        if p.linger_s and cancel.wait(p.linger_s):  # every case stored, the job not yet ended
+            return JobOutcome("cancelled")
         if p.artifact:
             sink.artifact("report.txt", "text/plain", b"fake report\n")
         if p.fail:

@@ -22,7 +22,7 @@ MARKER = 1.0  # the commit-snapshot test rewrites this constant in a temporary r
 
 
 class ProbeParams(SuiteParams):
-    fault: str = "none"  # none | raise | kill | kill_parent | hang | case_error
+    fault: str = "none"  # none | raise | kill | kill_parent | hang | case_error | not_implemented
     fault_rank: int = 1
     repeats: int = 3
     bound_violation: bool = False
@@ -83,8 +83,16 @@ class ProbeSuite(Suite):
                 time.sleep(3600)
         elif case.name == "fault" and p["fault"] == "case_error":
             raise RuntimeError(f"probe fault on rank {ctx.rank}")  # every rank: a recorded case error
+        elif case.name == "fault" and p["fault"] == "not_implemented":
+            raise NotImplementedError("the probe takes no cu_seqlens")  # every rank: not applicable
+        elif case.name == "fault" and p["fault"] == "raise" and ctx.distributed:  # never received
+            dist.isend(torch.tensor([7.0]), dst=int(p["fault_rank"]) % ctx.world_size, group=ctx.group)
         elif case.name == "after_fault":
             yield Sample(case.name, "value", 0.0, rank=ctx.rank)
+            if ctx.distributed:  # the group is in step again: every rank's contribution arrives
+                t = torch.tensor([float(ctx.rank + 1)])
+                dist.all_reduce(t, group=ctx.group)
+                yield Sample(case.name, "allreduce_sum", float(t.item()), rank=ctx.rank)
 
 
 SUITE = ProbeSuite()

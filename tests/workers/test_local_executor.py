@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ def probe_suite():
 
 def _run(executor: LocalExecutor, cancel: threading.Event | None = None, **kw):
     sink = RecordingSink()
-    spec = JobSpec(job_id=1, suite="probe", deadline_s=kw.pop("deadline_s", 120.0), **kw)
+    suite = kw.pop("suite_", "probe")
+    spec = JobSpec(job_id=1, suite=suite, deadline_s=kw.pop("deadline_s", 120.0), **kw)
     t0 = time.monotonic()
     outcome = executor.run(spec, sink, cancel or threading.Event())
     return outcome, sink, time.monotonic() - t0
@@ -45,15 +47,32 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
-        ("raise", "RuntimeError: probe fault on rank 1"),
         ("kill", "rank 1 killed by SIGKILL during case 'fault'"),
         ("hang", f"job deadline of {DEADLINE_S:g} s exceeded: rank 1 in case 'fault'"),
     ],
 )
-def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason: str) -> None:
+def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(
+    fault: str, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' scratch folders go
+    seen: set[str] = set()
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            seen.update(p.name for p in tmp_path.glob("gdnval-rank*"))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     deadline = DEADLINE_S if fault == "hang" else 60.0
     params = {"fault": fault, "repeats": 1}
     outcome, sink, elapsed = _run(LocalExecutor(), params=params, world_size=2, deadline_s=deadline)
+    running.clear()
+    watcher.join()
+    assert {n.split("-")[1] for n in seen} == {"rank0", "rank1"}  # made by the executor, one per rank
+    assert list(tmp_path.glob("gdnval-rank*")) == []  # and removed, though a rank was killed
     assert outcome.status == "failed"
     assert outcome.error.startswith("rank 1") and reason in outcome.error
     assert elapsed < (DEADLINE_S + 10 if fault == "hang" else 30)
@@ -61,6 +80,36 @@ def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(fault: str, reason
     assert "after_fault" not in sink.cases
     pids = [r["pid"] for r in sink.infos[0]["ranks"]]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "error"),
+    [
+        ("raise", "error", "RuntimeError: probe fault on rank 1"),
+        ("not_implemented", "skipped", "not applicable: NotImplementedError: the probe takes no cu_seqlens"),
+    ],
+)
+def test_a_case_that_raises_stays_inside_its_case(fault: str, status: str, error: str) -> None:
+    outcome, sink, _ = _run(LocalExecutor(), params={"fault": fault, "repeats": 1}, world_size=2)
+    assert outcome.status == "succeeded", outcome.error
+    got, text = sink.cases.pop("fault")
+    assert got == status and error in text
+    expected = ("expected_error", "rank 0: ValueError: raised on purpose")
+    assert set(sink.cases.values()) <= {("passed", None), expected}  # every other case as usual
+    assert sink.values("after_fault", "allreduce_sum") == {0: [3.0], 1: [3.0]}  # the group is in step
+
+
+def test_a_backend_that_refuses_packed_input_leaves_the_later_cases_passing() -> None:
+    """Rank 0 refuses the packed case while rank 1 waits for its transfer (until the transfer
+    timeout): the case does not pass, and the cases after it run on a group in step."""
+    backend = "tests.support.refusing_backend:no_packed"
+    names = tuple(f"p2p_{backend}_{shape}" for shape in
+                  ("T160_B1_packed4_float64", "T128_B1_float32", "T160_B2_valid151_float32"))  # fmt: skip
+    params = {"candidates": [f"p2p+{backend}"], "transfer_timeout_s": 5.0}
+    outcome, sink, _ = _run(LocalExecutor(), params=params, world_size=2, cases=names, suite_="cp-layer")
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.cases[names[0]][0] in ("skipped", "error")
+    assert {sink.cases[n] for n in names[1:]} == {("passed", None)}
 
 
 def test_cancel_kills_the_ranks() -> None:
@@ -94,6 +143,14 @@ def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:
     assert info["deterministic"] is False and info["torch_threads"] == threads  # ranks share the cores
     assert info["world_size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]
     assert info["device_kind"] == "cpu" and info["torch"] and info["commit"]
+
+
+def test_ranks_skip_the_cases_an_earlier_run_finished() -> None:
+    done = ("collective", "bounded", "expects_value_error", "fault")
+    outcome, sink, _ = _run(LocalExecutor(), params={"repeats": 1}, skip_cases=done)
+    assert outcome.status == "succeeded", outcome.error
+    assert sink.cases == {"after_fault": ("passed", None)}
+    assert sink.progress_[0] == (0, 1, "started")
 
 
 def test_bad_specs_fail_at_once_with_the_reason() -> None:

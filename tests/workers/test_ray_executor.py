@@ -165,7 +165,6 @@ def test_capability_runs_on_a_ray_rank(executor) -> None:
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
-        ("raise", "RuntimeError: probe fault on rank 1"),
         ("kill", "rank 1 killed by SIGKILL during case 'fault'"),
         ("kill_parent", "actor died"),
         ("hang", f"job deadline of {DEADLINE_S:g} s exceeded: rank 1 in case 'fault'"),

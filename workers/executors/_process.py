@@ -22,16 +22,18 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV
+from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
 OUTPUT_TAIL_LINES = 40
 TERM_GRACE_S = 2.0  # after SIGTERM, how long a rank may take to end its tree before SIGKILL
@@ -162,10 +164,13 @@ class RankProcess:
         self._wakeup = wakeup or threading.Event()
         self._exited = threading.Event()
         self.returncode: int | None = None
+        # the rank's scratch folder is ours: removed when the rank exits, however it ends
+        self.tmpdir = tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-")
         read_fd, write_fd = os.pipe()
         life_read, self._life = os.pipe()  # our end is close-on-exec: no other child holds it
         child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd),
-                     PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read)}  # fmt: skip
+                     PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read),
+                     RANK_TMP_ENV: self.tmpdir}  # fmt: skip
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", RANK_BOOT],
@@ -180,6 +185,9 @@ class RankProcess:
                 # its own parent-death signal and subreaper flag in RANK_BOOT.
                 start_new_session=True,
             )
+        except BaseException:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
         finally:
             os.close(write_fd)
             os.close(life_read)
@@ -213,6 +221,7 @@ class RankProcess:
             self._wakeup.set()
         self._channel.close()
         self.returncode = self._proc.wait()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)  # a killed or timed-out rank left it
         self._exited.set()
         self._wakeup.set()
 

@@ -49,6 +49,8 @@ class JobSpec:
     cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
     placement: str | None = None  # None: the executor's default strategy
     backend_source: str | None = None  # a backend under test from elsewhere (workers.backend_source)
+    # cases an earlier run of the job finished (kept by the service): the ranks do not run them
+    skip_cases: tuple[str, ...] = ()
 
 
 class JobSink(Protocol):

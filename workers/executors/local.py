@@ -72,6 +72,7 @@ def rank_payload(spec: JobSpec, commit: str | None) -> dict[str, Any]:
         "seed": 0,
         "job_id": spec.job_id,
         "cases": list(spec.cases) if spec.cases else None,
+        "skip_cases": list(spec.skip_cases),
     }
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from service.api import deps
-from service.api.deps import get_session
+from service.api.deps import get_session, record_failure, refuse_if_locked
 from service.domain import submission, views
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
@@ -122,7 +122,10 @@ def submit_job(
                      message_class="bad", **ctx)
 
     expected = settings_of(request).token()
+    if expected is not None:
+        refuse_if_locked(request)
     if expected is not None and not hmac.compare_digest(token.encode(), expected.encode()):
+        record_failure(request)
         return again(401, "Wrong or missing API token: the job was not submitted.")
     try:
         body = {

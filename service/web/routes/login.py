@@ -7,6 +7,7 @@ import hmac
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from service.api.deps import record_failure, refuse_if_locked
 from service.web.deps import (
     page,
     settings_of,
@@ -35,7 +36,9 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     target = _safe_next(next)
     if expected is None:
         return RedirectResponse(target, status_code=303)
+    refuse_if_locked(request)
     if not hmac.compare_digest(token.encode(), expected.encode()):
+        record_failure(request)
         return page(request, "login.html", 401, nav="", next=target, message="Wrong token.")
     keys = session_keys(request)
     resp = RedirectResponse(target, status_code=303)
@@ -44,13 +47,17 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     return resp
 
 
-@router.get("/logout")
+@router.post("/logout")
 def logout(request: Request) -> RedirectResponse:
-    """End the session: revoked on the server (a copied cookie stops working too), dropped here."""
+    """End the session: revoked on the server (a copied cookie stops working too), dropped here.
+
+    A POST carrying the session cookie: the cookie is SameSite=Lax, so another site's form or
+    link cannot send it, and a request without it changes nothing."""
     token = settings_of(request).token()
     given = request.cookies.get(COOKIE, "")
-    if token is not None and given:
-        session_keys(request).revoke(token, given)
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(COOKIE, path="/")
+    if given:
+        if token is not None:
+            session_keys(request).revoke(token, given)
+        resp.delete_cookie(COOKIE, path="/")
     return resp
