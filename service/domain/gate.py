@@ -61,6 +61,7 @@ from workers.refs import check_commit
 from workers.registry import get_suite, suite_names
 from workers.snapshot import REPO_ENV
 from workers.suite import UnknownSuiteInput
+from workers.verdict import ALPHA, min_two_sided_p
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
 Role = Literal["head", "base", "confirm-base", "confirm", "round-base", "round-head"]
@@ -463,15 +464,29 @@ def _errored_both(c: CaseResult) -> bool:
     return c.base_status == "error" and c.head_status == "error"
 
 
-def _undecided(comparisons: Sequence[Comparison]) -> list[tuple[str, str]]:
+def _undecided(
+    comparisons: Sequence[Comparison], reachable: tuple[int, int] | None = None
+) -> list[tuple[str, str]]:
     """(suite, case name) of every case with a time change beyond its minimum effect that is not
-    significant yet."""
+    significant yet; with `reachable` (rounds done, rounds allowed), only those that more rounds
+    could still make significant."""
     return [
         (cmp.suite, c.name)
         for cmp in comparisons
         for c in cmp.cases
-        if any(m.verdict == "inconclusive" and m.kind == "time" for m in c.metrics)
-    ]
+        if any(m.verdict == "inconclusive" and m.kind == "time"
+               and (reachable is None or _can_reach_significance(m, *reachable)) for m in c.metrics)
+    ]  # fmt: skip
+
+
+def _can_reach_significance(m: MetricResult, done: int, allowed: int) -> bool:
+    """Whether pooling `allowed - done` more rounds (each as many values per side as the first
+    job) can give the Mann-Whitney U test a p-value under `ALPHA` at all. A metric with one value
+    per case and job (a throughput derived once per case) cannot within a few rounds: measuring
+    it again only costs time."""
+    per_job = [(s.count if s is not None else 0) / (done + 1) for s in (m.base, m.head)]
+    n_base, n_head = (int(c * (allowed + 1)) for c in per_job)
+    return min_two_sided_p(n_base, n_head) < ALPHA
 
 
 def _measure_again(
@@ -490,7 +505,7 @@ def _measure_again(
     pools = {suite: ([base.job_id], [head.job_id]) for suite, head, base in pairs}
     for rnd in range(1, req.max_rounds + 1):
         undecided: dict[str, list[str]] = {}
-        for suite, case in _undecided(state.comparisons):
+        for suite, case in _undecided(state.comparisons, reachable=(rnd - 1, req.max_rounds)):
             undecided.setdefault(suite, []).append(case)
         if not undecided:
             return None

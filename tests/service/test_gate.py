@@ -261,3 +261,13 @@ def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(e
     assert decided.exit_code == EXIT_FAIL and sleep_metric(decided).verdict == "regressed"
     m = sleep_metric(decided)
     assert m.head is not None and m.head.count == 10 * (decided.rounds + 1)  # every round pooled
+
+
+def test_a_time_no_round_could_make_significant_is_not_measured_again(env) -> None:
+    """Two values per job and side, one round allowed: even pooled, 4 against 4 values cannot give
+    p < ALPHA, so the gate runs no round and says it could not decide."""
+    state = gate(env, head=N, base=NB, max_rounds=1, confirm=False, params={"repeats": 2})
+    assert sleep_metric(state).verdict == "inconclusive", state.markdown
+    assert state.rounds == 0 and [j.role for j in state.jobs] == ["head", "base"]
+    assert state.exit_code == EXIT_INFRA and state.undecided == ["gatetime/sleep"]
+
