@@ -80,10 +80,12 @@ class BodyLimit:
             await self.app(scope, limited, tracking_send)
         except _TooLarge:
             if not started:
-                await self._reject(send, f">{self.limit}")
+                await self._reject(send, None)
 
-    async def _reject(self, send: Send, size: str) -> None:
-        body = problem_body(413, f"request body of {size} bytes exceeds the limit of {self.limit} bytes")
+    async def _reject(self, send: Send, size: str | None) -> None:
+        """413 before the app answered; `size` None: a streamed body, its length unknown."""
+        of = "" if size is None else f" of {size} bytes"
+        body = problem_body(413, f"request body{of} exceeds the limit of {self.limit} bytes")
         await send({
             "type": "http.response.start", "status": 413,
             "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
