@@ -43,9 +43,12 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
     assert cases["fault"]["status"] == "error"
     assert "RuntimeError: probe fault on rank" in cases["fault"]["error"]
     assert cases["after_fault"]["status"] == "passed"
-    reduced = [s for s in doc["samples"] if s["metric"] == "allreduce_sum"]
-    per_rank = sorted((s["rank"], s["idx"], s["value"]) for s in reduced)
-    assert per_rank == [(0, 0, 3.0), (0, 1, 3.0), (1, 0, 3.0), (1, 1, 3.0)]
+    def reduced(case: str) -> list[tuple[int, int, float]]:
+        return sorted((s["rank"], s["idx"], s["value"]) for s in doc["samples"]
+                      if s["metric"] == "allreduce_sum" and s["case"] == case)  # fmt: skip
+
+    assert reduced("collective") == [(0, 0, 3.0), (0, 1, 3.0), (1, 0, 3.0), (1, 1, 3.0)]
+    assert reduced("after_fault") == [(0, 0, 3.0), (1, 0, 3.0)]  # both ranks in step after the fault
     summary = {(r["case"], r["metric"]): r for r in doc["summary"]}
     assert summary[("bounded", "value")]["passed"] is False and summary[("bounded", "value")]["count"] == 1
     assert summary[("collective", "allreduce_sum")]["median"] == 3.0
