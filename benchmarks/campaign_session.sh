@@ -5,8 +5,9 @@
 # short runs again keeping the cases it finished.
 #   bash benchmarks/campaign_session.sh PLAN [BACKENDS] [WAIT_S]
 #   e.g. bash benchmarks/campaign_session.sh pr-report-1gpu fla,flashqla 540
-# Carry `.whl/site.tar.xz`: the service's packages, FLA and FlashQLA for the image's python, unpacked
-# into one folder (FLA's own switch keeps it from dispatching to FlashQLA; gdn.backends sets it).
+# Carry `.whl` (as for benchmarks/kernel_session.sh: the service's packages in .whl/py, FLA in
+# .whl/fla, FlashQLA's folder in .whl/qla_site.tar.xz); they go into one folder on PYTHONPATH (FLA's
+# own switch keeps it from dispatching to FlashQLA; gdn.backends sets it).
 # Carry `.devrun` too: `.devrun/git`, the checkout's git folder (`git clone --depth 1`), gives the
 # jobs their commit; `.devrun/gdnval.db*`, a previous call's store, resumes its campaign.
 # Writes to $OUT: gdnval.db (and -wal, -shm), report.md, campaign.txt (`campaign show`),
@@ -20,7 +21,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
 SITE=/tmp/gdnval-site
-[ -d "$SITE" ] || [ ! -f .whl/site.tar.xz ] || { mkdir -p "$SITE" && xz -dc .whl/site.tar.xz | tar xf - -C "$SITE"; }
+if [ ! -d "$SITE" ]; then
+    mkdir -p "$SITE"
+    [ -f .whl/qla_site.tar.xz ] && xz -dc .whl/qla_site.tar.xz | tar xf - -C "$SITE"
+    ls .whl/py/*.whl .whl/fla/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --target "$SITE" .whl/py/*.whl .whl/fla/*.whl >>"$OUT/summary.txt" 2>&1
+fi
 export PYTHONPATH="$ROOT:$SITE"
 export GDNVAL_DB_URL="sqlite:///$OUT/gdnval.db" GDNVAL_ARTIFACTS_DIR=/tmp/gdnval-artifacts \
     GDNVAL_MAX_ATTEMPTS=5 GDNVAL_SERVER=http://127.0.0.1:8000
