@@ -34,7 +34,7 @@ PY=${PY:-python3}
 cli() { "$PY" -m service.cli "$@"; }
 # a resumed campaign: the store (SQLite with its write-ahead log) and the checkout's git folder
 [ -f .devrun/gdnval.db ] && [ ! -f "$OUT/gdnval.db" ] && cp .devrun/gdnval.db* "$OUT/"
-[ -d .devrun/git ] && [ ! -e .git ] && cp -r .devrun/git .git
+[ -d .devrun/git ] && { rm -rf .git && cp -r .devrun/git .git; }
 { nvidia-smi -L; "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
     >>"$OUT/summary.txt" 2>&1
 cli db upgrade >>"$OUT/summary.txt" 2>&1 || { echo "db upgrade failed" | tee -a "$OUT/summary.txt"; exit 1; }
