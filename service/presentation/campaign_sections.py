@@ -43,10 +43,20 @@ MAX_NAMED_FAILURES = 30  # the conclusions name this many failing cases, then co
 SAME_SIZE_FACTOR = 1.5  # P2P and Ulysses errors are "the same size" when their ratio is within this
 
 
+EMPTY_CELLS = ("", "–")
+
+
 @dataclass
 class Table:
     header: list[str]
     rows: list[list[str]]
+
+    def without_empty_columns(self) -> Table:
+        """The table without the columns no row has a value in (a gain against Ulysses in a
+        campaign without Ulysses); the first column, which names the row, always stays."""
+        keep = [i for i in range(len(self.header))
+                if i == 0 or any(r[i].strip() not in EMPTY_CELLS for r in self.rows)]  # fmt: skip
+        return Table([self.header[i] for i in keep], [[r[i] for i in keep] for r in self.rows])
 
 
 @dataclass
@@ -1070,6 +1080,9 @@ def build_sections(
         comparisons(cmps, links),
         conclusions(jobs, scaling, ckpt) if jobs else None,
     ]
+    for s in out:
+        if s is not None:
+            s.blocks = [b.without_empty_columns() if isinstance(b, Table) and b.rows else b for b in s.blocks]
     return [s for s in out if s is not None]
 
 

@@ -22,7 +22,7 @@ from service.domain.report import JobData
 from service.persistence import summaries as summary_store
 from service.persistence.summaries import CaseSummary
 from service.presentation.campaign_report import campaign_report_markdown, public_links, render
-from service.presentation.campaign_sections import CampaignJob, Links, build_sections
+from service.presentation.campaign_sections import CampaignJob, Links, Table, build_sections
 from tests.support.run_json import store_run
 from workers import verdict
 from workers.stats import summarise
@@ -314,7 +314,8 @@ def table(text: str, n: int = 0) -> tuple[list[str], list[dict[str, str]]]:
 
 SECTIONS = {
     "Environment and backends": ["job", "suite", "preset", "device", "software", "commit", "verdict"],
-    "Capability and fail-fast": ["case", "outcome", "bounded checks holding", "failing"],
+    # "failing" names the failed checks; no planted case fails, so the column is left out
+    "Capability and fail-fast": ["case", "outcome", "bounded checks holding"],
     "Single-device GDN accuracy": [
         "T",
         "backend",
@@ -575,6 +576,12 @@ def test_public_links_read_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings(public_url="http://127.0.0.1:8000")
 
 
+def test_a_column_without_values_is_left_out_the_first_always_stays() -> None:
+    t = Table(["T", "gain", "fwd", "note"], [["8K", "–", "1.0", ""], ["16K", " – ", "2.0", "x"]])
+    assert t.without_empty_columns() == Table(["T", "fwd", "note"], [["8K", "1.0", ""], ["16K", "2.0", "x"]])
+    assert Table(["T"], [["–"]]).without_empty_columns() == Table(["T"], [["–"]])
+
+
 def test_untracked_memory_is_not_zero_and_absent_sections_are_left_out() -> None:
     md = markdown([j for j in campaign("cpu") if j.data.suite in ("cp-layer", "gdn-op")])
     got = sections(md)
@@ -590,8 +597,10 @@ def test_untracked_memory_is_not_zero_and_absent_sections_are_left_out() -> None
     assert "0.0 MiB" not in md
     _, rows = table(got["CP layer speed and memory"])
     assert {r["peak allocated"] for r in rows} == {r["peak reserved"] for r in rows} == {"not tracked"}
-    _, rows = table(got["Single-device GDN speed and memory"])
-    assert {r["incr. peak"] for r in rows} == {"not tracked"} and {r["peak vs eager"] for r in rows} == {"–"}
+    header, rows = table(got["Single-device GDN speed and memory"])
+    assert {r["incr. peak"] for r in rows} == {"not tracked"}
+    # a column no row has a value in is left out (no peak ratio where no peak is tracked)
+    assert "peak vs eager" not in header and "speed-up vs eager" in header
     assert render(build_sections([], (), Links(BASE)), "empty").strip() == "# empty"
 
 
