@@ -116,19 +116,21 @@ def test_source_modified_tells_an_edited_checkout_from_a_clean_one(tmp_path):
 ROOT = Path(__file__).resolve().parents[1]
 # The service's layers, lowest first: a module may import its own layer or a lower one, never a
 # higher one. `shared` modules (settings, the login cookie, the executor factory) import no
-# other layer; the ORM rows and the engine sit under every persistence module. The API, the
-# pages and the domain pass a session along but query only through persistence.
+# other layer; the ORM rows and the engine sit under every persistence module. The presentation
+# (view models, Markdown) renders what the domain decided, never the other way round. The API,
+# the pages and the domain pass a session along but query only through persistence.
 SERVICE_LAYERS: dict[str, int] = {
     "service.settings": 0, "service.web_session": 0, "service.executor_choice": 0,
     "service.persistence.models": 1, "service.persistence.db": 1,
     "service.persistence": 2,
-    "service.domain": 3, "service.presentation": 3,
-    "service.dispatcher": 4,
-    "service.api": 5, "service.web": 5,
-    "service.app": 6, "service.cli": 6, "service.__main__": 6, "service": 6,
+    "service.domain": 3,
+    "service.presentation": 4,
+    "service.dispatcher": 5,
+    "service.api": 6, "service.web": 6,
+    "service.app": 7, "service.cli": 7, "service.__main__": 7, "service": 7,
 }  # fmt: skip
-LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "dispatcher", 5: "api/web",
-               6: "entry"}
+LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "presentation", 5: "dispatcher",
+               6: "api/web", 7: "entry"}
 # What the SQL-free layers (api, web, domain) may take from SQLAlchemy: types to pass along.
 SQL_FREE = ("service.api", "service.web", "service.domain", "service.presentation")
 SQL_TYPES = frozenset({"sqlalchemy.Engine", "sqlalchemy.orm.Session"})

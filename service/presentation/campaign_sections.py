@@ -1,6 +1,6 @@
 """The campaign report's sections as plain data, in the order of the hand-written PR report.
 
-Plain data in (the stored jobs of one campaign: `service.domain.report.JobData` with their case
+Plain data in (the stored jobs of one campaign: `service.presentation.report.JobData` with their case
 summaries, artifact names, comparisons with a base campaign), plain data out (`Section`s of
 paragraphs and tables of text); no SQL and no Markdown syntax beyond links in cells, so a page can
 draw the same tables and a test can plant the numbers. Every number follows one rule
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from service.domain import views
-from service.domain.numbers import fmt
-from service.domain.report_tables import Variant, variants
 from service.presentation import conventions as cv
+from service.presentation import views
+from service.presentation.numbers import fmt
+from service.presentation.report_tables import Variant, variants
 
 # Tensor columns of the single-device accuracy table, as the report names them.
 GDN_TENSORS: tuple[tuple[str, str], ...] = (
@@ -62,7 +62,7 @@ class Section:
 class CampaignJob:
     """One stored job of the campaign with what the report reads besides its case summaries."""
 
-    data: Any  # service.domain.report.JobData
+    data: Any  # service.presentation.report.JobData
     artifacts: list[str] = field(default_factory=list)
 
 

@@ -12,8 +12,8 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from service.domain import views
-from service.domain.numbers import fmt
+from service.presentation import views
+from service.presentation.numbers import fmt
 from service.web_session import has_session
 from workers.registry import suite_names as registered_suites
 

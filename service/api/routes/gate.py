@@ -15,9 +15,17 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import Cursor, SessionDep, cursor_value, require_read, require_write
 from service.api.schemas import Page
-from service.domain.gate import GateInputError, GateRequest, default_submit, evaluate_gate, gate_markdown
+from service.domain.gate import (
+    EXIT_INFRA,
+    GateInputError,
+    GateRequest,
+    GateState,
+    default_submit,
+    evaluate_gate,
+)
 from service.persistence import gates as gate_store
 from service.persistence.models import GateRow
+from service.presentation.gate_report import gate_answer
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 
@@ -32,22 +40,16 @@ def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
     state = request.app.state
     dispatcher = getattr(state, "dispatcher", None)
     if state.executor is None:
-        return {
-            "phase": "done", "exit_code": 2, "verdict": "error", "head": body.head, "base": None,
-            "base_source": "", "jobs": [], "confirmations": [], "comparisons": [],
-            "reason": f"could not run: the service has no executor ({state.executor_error})",
-            "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- the service has no executor "
-                        f"({state.executor_error})\n",
-        }  # fmt: skip
+        why = f"could not run: the service has no executor ({state.executor_error})"
+        refused = GateState("done", EXIT_INFRA, "error", why, body.head, None, "")
+        return gate_answer(refused, _base_url(request))
     wake = dispatcher.wake if dispatcher is not None else None
     submit = default_submit(state.engine, state.settings, state.executor, wake)
     try:
         result = evaluate_gate(state.engine, body, submit)
     except GateInputError as exc:
         raise HTTPException(422, str(exc)) from exc
-    if result.markdown is not None:
-        result.markdown = gate_markdown(result, _base_url(request))
-    return result.to_dict()
+    return gate_answer(result, _base_url(request))
 
 
 class GateJobOut(BaseModel):

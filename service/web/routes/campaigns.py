@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import MAX_ID, get_session
 from service.domain import campaigns as domain
-from service.domain import views
 from service.persistence import campaigns as store
 from service.persistence import page_queries
 from service.persistence.models import CampaignRow, JobRow
+from service.presentation import views
 from service.web.deps import error_page, page, require_page_read, utc_now, when
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])

@@ -10,13 +10,13 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
-from service.domain import views
 from service.domain.baselines import compare_jobs
 from service.persistence import baselines as baseline_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries
 from service.persistence.jobs import find_commit_job
 from service.persistence.models import JobRow
+from service.presentation import views
 from service.web.deps import (
     DEVICES,
     page,

@@ -13,8 +13,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 
 from service.api.deps import DbId, DbIdQuery, get_session
-from service.domain import views
-from service.domain.report import build_report
 from service.persistence import artifacts as artifact_store
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
@@ -23,7 +21,9 @@ from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.artifacts import artifact_url
 from service.persistence.models import FINAL_STATUSES, JobRow
+from service.presentation import views
 from service.presentation.conventions import memory_tracked
+from service.presentation.report import build_report
 from service.web import charts
 from service.web.deps import (
     api_samples_url,

@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 
 from service.api import deps
 from service.api.deps import get_session, record_failure, refuse_if_locked
-from service.domain import submission, views
+from service.domain import submission
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries, queue
 from service.persistence.models import JOB_STATUSES, JobRow
+from service.presentation import views
 from service.web.deps import (
     DEVICES,
     page,
