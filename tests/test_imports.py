@@ -232,3 +232,35 @@ def test_the_layer_check_names_an_upward_import():
         "service.web.routes.history:1 imports sqlalchemy.select: service.web runs no SQL of its own"
     ]
     assert import_violations("service.domain.gate", "from service.persistence import queue\n") == []
+
+
+def orm_row_imports(module: str, source: str) -> list[str]:
+    """Every ORM row (a `*Row` or the declarative `Base` of `service.persistence.models`) that a
+    domain module imports: the domain takes plain records from persistence, never rows."""
+    if not _under(module, "service.domain"):
+        return []
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if _under(node.module, "service.persistence.models"):
+                out += [f"{module}:{node.lineno} imports the ORM row {a.name}" for a in node.names
+                        if a.name.endswith("Row") or a.name in ("Base", "*")]
+            elif node.module == "service.persistence" and any(a.name == "models" for a in node.names):
+                out.append(f"{module}:{node.lineno} imports service.persistence.models")
+        elif isinstance(node, ast.Import):
+            out += [f"{module}:{node.lineno} imports {a.name}" for a in node.names
+                    if _under(a.name, "service.persistence.models")]
+    return out
+
+
+def test_the_domain_imports_no_orm_rows():
+    bad = [v for module, path in _modules() for v in orm_row_imports(module, path.read_text())]
+    assert not bad, "the domain takes records (service.persistence.records), not rows:\n" + "\n".join(bad)
+    rows_and_a_constant = "from service.persistence.models import JobRow, FINAL_STATUSES\n"
+    assert orm_row_imports("service.domain.gate", rows_and_a_constant) == [
+        "service.domain.gate:1 imports the ORM row JobRow"
+    ]
+    assert orm_row_imports("service.domain.gate", "def f():\n    import service.persistence.models\n") == [
+        "service.domain.gate:2 imports service.persistence.models"
+    ]
+    assert orm_row_imports("service.web.routes.job", "from service.persistence.models import JobRow\n") == []

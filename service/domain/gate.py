@@ -53,8 +53,8 @@ from service.domain.compare import (
 from service.persistence import gates as gate_store
 from service.persistence import queue
 from service.persistence.gates import GateJobLink
-from service.persistence.jobs import find_commit_job, job_by_idempotency_key
-from service.persistence.models import JobRow
+from service.persistence.jobs import find_commit_job, job_by_idempotency_key, job_record
+from service.persistence.records import JobRecord
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.refs import check_commit
 from workers.registry import get_suite, suite_names
@@ -231,7 +231,7 @@ class GateInputError(ValueError):
 SubmitFn = Callable[..., int]
 
 
-def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
+def _job_view(job: JobRecord, role: Role, reused: bool) -> GateJob:
     return GateJob(
         role=role,
         suite=job.suite,
@@ -611,11 +611,11 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
     from sqlalchemy.orm import Session
 
     with Session(engine) as s:
-        job = s.get(JobRow, job_id)
+        job = job_record(s, job_id)
         return _job_view(job, role, True) if job is not None else None
 
 
-def _same_backend_repo(job: JobRow, repo: str | None) -> bool:
+def _same_backend_repo(job: JobRecord, repo: str | None) -> bool:
     """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
     source = queue.job_backend_source(job)
     if repo is None or source is None:
@@ -657,7 +657,7 @@ def _ensure_job(
                 if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
         if like is not None:
-            template = s.get(JobRow, like.job_id)
+            template = job_record(s, like.job_id)
             preset = template.preset if template is not None else preset
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     labels = {"gate": req.key(), "role": role}
@@ -675,7 +675,10 @@ def _ensure_job(
         **extra,
     )
     with Session(engine) as s:
-        return _job_view(s.get(JobRow, job_id), role, False)
+        job = job_record(s, job_id)
+    if job is None:
+        raise CannotRun(f"job {job_id} was submitted but is not in the store")
+    return _job_view(job, role, False)
 
 
 def _confirm(

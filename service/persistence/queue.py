@@ -30,6 +30,7 @@ from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
 from service.persistence.jobs import add_event
 from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
+from service.persistence.records import JobRecord
 from service.persistence.summaries import judge_job
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
@@ -79,7 +80,7 @@ def dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
+def submit(engine: Engine, req: JobRequest) -> tuple[JobRecord, bool]:
     """Queue a job; returns (job, created). A known idempotency key returns its job unchanged.
 
     Raises JobConflict when the key is reused for a different request (suite, preset, params,
@@ -98,8 +99,8 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
                                 f"({job.suite}/{job.preset} on {job.device}x{job.world_size}) with "
                                 "different parameters; use a new key"
                             )
-                        return job, False
-                return insert_job(s, req), True
+                        return JobRecord.of(job), False
+                return JobRecord.of(insert_job(s, req)), True
         except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
             continue
     raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
@@ -138,7 +139,7 @@ def label_backend_commit(labels: Mapping[str, Any] | None) -> str | None:
         return None
 
 
-def job_backend_source(job: JobRow) -> str | None:
+def job_backend_source(job: JobRow | JobRecord) -> str | None:
     """Where the job's backend under test comes from (its `backend_source` label), None for ours."""
     return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 

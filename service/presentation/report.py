@@ -61,7 +61,7 @@ class JobData:
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
-    job = job_store.get_job(session, job_id)
+    job = job_store.job_record(session, job_id)
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     return JobData(

@@ -18,14 +18,14 @@ from service.api.schemas import (
 from service.persistence import baselines as baseline_store
 from service.persistence import db
 from service.persistence import jobs as job_store
-from service.persistence.models import BaselineRow
+from service.persistence.records import BaselineRecord
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
 
 
-def _baseline_out(b: BaselineRow) -> BaselineOut:
+def _baseline_out(b: BaselineRecord) -> BaselineOut:
     return BaselineOut(
-        name=b.name, commit=b.commit.sha if b.commit else None, job_id=b.job_id, note=b.note or "",
+        name=b.name, commit=b.commit, job_id=b.job_id, note=b.note,
         updated_at=b.updated_at,
     )  # fmt: skip
 

@@ -26,7 +26,7 @@ from service.domain.baselines import NotFound
 from service.domain.campaigns import CampaignCreate
 from service.persistence import campaigns as store
 from service.persistence import queue
-from service.persistence.models import CampaignRow, JobRow
+from service.persistence.records import CampaignRecord, JobRecord
 from service.presentation.campaign_report import campaign_report_markdown
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["campaigns"])
@@ -55,7 +55,7 @@ class CampaignOut(BaseModel):
     total: int
 
     @classmethod
-    def of(cls, row: CampaignRow, jobs: list[JobRow]) -> CampaignOut:
+    def of(cls, row: CampaignRecord, jobs: list[JobRecord]) -> CampaignOut:
         st = domain.campaign_state(jobs)
         return cls(
             id=row.id, plan=row.plan_name, plan_version=row.plan_version, device=row.device,
@@ -70,7 +70,7 @@ class CampaignDetail(CampaignOut):
     jobs: list[CampaignJobOut]
 
 
-def _found(session: SessionDep, campaign_id: int) -> tuple[CampaignRow, list[tuple[str, JobRow]]]:
+def _found(session: SessionDep, campaign_id: int) -> tuple[CampaignRecord, list[tuple[str, JobRecord]]]:
     found = domain.campaign_or_none(session, campaign_id)
     if found is None:
         raise HTTPException(404, f"no campaign {campaign_id}")
