@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 
 from service.api.deps import (
+    EngineDep,
     Name,
     SessionDep,
     require_read,
@@ -45,11 +46,11 @@ def get_baseline(name: Name, session: SessionDep) -> BaselineOut:
 
 
 @router.put("/baselines/{name}", response_model=BaselineOut, dependencies=[Depends(require_write)])
-def set_baseline(name: Name, body: BaselineSet, request: Request) -> BaselineOut:
+def set_baseline(name: Name, body: BaselineSet, engine: EngineDep) -> BaselineOut:
     """Point a named baseline at a commit or at one job (exactly one of the two)."""
     if (body.commit is None) == (body.job_id is None):
         raise HTTPException(422, "give exactly one of 'commit' (a sha or ref) or 'job_id'")
-    with db.write_tx(request.app.state.engine) as s:
+    with db.write_tx(engine) as s:
         if body.job_id is not None and job_store.get_job(s, body.job_id) is None:
             raise HTTPException(422, f"job_id {body.job_id} does not exist")
         b = baseline_store.set_baseline(s, name, commit=body.commit, job_id=body.job_id, note=body.note)

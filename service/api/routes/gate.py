@@ -13,7 +13,16 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from service.api.deps import Cursor, SessionDep, cursor_value, require_read, require_write
+from service.api.deps import (
+    Cursor,
+    EngineDep,
+    RunnerDep,
+    SessionDep,
+    SettingsDep,
+    cursor_value,
+    require_read,
+    require_write,
+)
 from service.api.schemas import Page
 from service.domain.gate import (
     EXIT_INFRA,
@@ -35,18 +44,17 @@ def _base_url(request: Request) -> str:
 
 
 @router.post("/gate", dependencies=[Depends(require_write)])
-def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
+def gate_step(
+    body: GateRequest, request: Request, engine: EngineDep, settings: SettingsDep, runner: RunnerDep
+) -> dict[str, Any]:
     """Advance the gate; `exit_code` is set once `phase` is `done` (0 pass, 1 fail, 2 could not run)."""
-    state = request.app.state
-    dispatcher = getattr(state, "dispatcher", None)
-    if state.executor is None:
-        why = f"could not run: the service has no executor ({state.executor_error})"
+    if runner.executor is None:
+        why = f"could not run: the service has no executor ({runner.error})"
         refused = GateState("done", EXIT_INFRA, "error", why, body.head, None, "")
         return gate_answer(refused, _base_url(request))
-    wake = dispatcher.wake if dispatcher is not None else None
-    submit = default_submit(state.engine, state.settings, state.executor, wake)
+    submit = default_submit(engine, settings, runner.executor, runner.wake)
     try:
-        result = evaluate_gate(state.engine, body, submit)
+        result = evaluate_gate(engine, body, submit)
     except GateInputError as exc:
         raise HTTPException(422, str(exc)) from exc
     return gate_answer(result, _base_url(request))
