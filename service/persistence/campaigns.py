@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.persistence.commits import ensure_commit
-from service.persistence.db import write_tx
 from service.persistence.models import CampaignJobRow, CampaignRow, JobRow
-from service.persistence.queue import JobConflict, JobRequest, insert_job
+from service.persistence.queue import JobRequest, insert_job, insert_once
 from service.persistence.records import CampaignRecord, JobRecord
 
 
@@ -51,35 +49,27 @@ def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRecor
 
     A known idempotency key returns its campaign unchanged, or raises JobConflict when the key
     named a different campaign (plan, device, world sizes, commit or backends differ)."""
-    for _ in range(3):
-        try:
-            with write_tx(engine) as s:
-                if req.idempotency_key:
-                    same_key = CampaignRow.idempotency_key == req.idempotency_key
-                    row = s.scalars(select(CampaignRow).where(same_key)).first()
-                    if row is not None:
-                        if not req.same_as(row):
-                            raise JobConflict(
-                                f"idempotency key {req.idempotency_key!r} already names campaign {row.id} "
-                                f"(plan {row.plan_name} v{row.plan_version} on {row.device} at world sizes "
-                                f"{list(row.world_sizes)}) with different settings; use a new key"
-                            )
-                        return CampaignRecord.of(row), False
-                row = CampaignRow(
-                    plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
-                    device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
-                    backends=list(req.backends), idempotency_key=req.idempotency_key,
-                )  # fmt: skip
-                s.add(row)
-                s.flush()
-                for position, (key, job_req) in enumerate(req.jobs):
-                    job = insert_job(s, job_req)
-                    s.add(CampaignJobRow(campaign_id=row.id, job_id=job.id, position=position, key=key))
-                s.flush()
-                return CampaignRecord.of(row), True
-        except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
-            continue
-    raise JobConflict(f"could not store the campaign with idempotency key {req.idempotency_key!r}; retry")
+
+    def insert(s: Session) -> CampaignRow:
+        row = CampaignRow(
+            plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
+            device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
+            backends=list(req.backends), idempotency_key=req.idempotency_key,
+        )  # fmt: skip
+        s.add(row)
+        s.flush()
+        for position, (key, job_req) in enumerate(req.jobs):
+            job = insert_job(s, job_req)
+            s.add(CampaignJobRow(campaign_id=row.id, job_id=job.id, position=position, key=key))
+        s.flush()
+        return row
+
+    return insert_once(
+        engine, CampaignRow, req.idempotency_key, same=req.same_as,
+        named=lambda row: f"campaign {row.id} (plan {row.plan_name} v{row.plan_version} on {row.device} at "
+        f"world sizes {list(row.world_sizes)}) with different settings",
+        insert=insert, record=CampaignRecord.of, what="store the campaign",
+    )  # fmt: skip
 
 
 def get_campaign(session: Session, campaign_id: int) -> CampaignRecord | None:

@@ -159,6 +159,19 @@ def _timing_cells(fwd: Any, both: Any) -> list[str]:
 TIMING_HEADER = ["fwd", "fwd+bwd", "fwd+bwd p90", "fwd+bwd min", "bwd estimate"]
 
 
+def _cp_timing_cells(
+    j: CampaignJob, v: Variant, gains: Mapping[int, str], between: Sequence[str] = ()
+) -> list[str]:
+    """A CP row's timings (`_timing_cells`), then `between`, its peak allocated and reserved
+    memory and its gain over Ulysses (`_gain_against`)."""
+    tracked = cv.memory_tracked(j.data.device)
+    return [
+        *_timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"]), *between,
+        _memory(v.metrics.get("peak_allocated_bytes"), tracked),
+        _memory(v.metrics.get("peak_reserved_bytes"), tracked), gains.get(id(v), "–"),
+    ]  # fmt: skip
+
+
 def _memory(m: Any, tracked: bool) -> str:
     """A peak reading (max over ranks); "not tracked" on a device without allocator statistics."""
     if m is None:
@@ -403,7 +416,6 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
                 order.get(r[1].params.get("mode"), 9))  # fmt: skip
 
     for j, v in sorted(rows_in, key=place):
-        tracked = cv.memory_tracked(j.data.device)
         cells = [
             _cp_label(j, v),
             _length(v.params.get("seq_len")),
@@ -411,13 +423,7 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             link(str(v.params.get("mode")), links.case(j.data.job_id, v.case.fingerprint)),
         ]
         cells += [str(v.params.get(k, "–")) for k in extra]
-        cells += _timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"])
-        cells += [
-            _memory(v.metrics.get("peak_allocated_bytes"), tracked),
-            _memory(v.metrics.get("peak_reserved_bytes"), tracked),
-            gains.get(id(v), "–"),
-        ]
-        rows.append(cells)
+        rows.append(cells + _cp_timing_cells(j, v, gains))
     counts = _counts([v for _, v in rows_in], ("warmup", "repeat"))
     head = (
         f"Times in ms ({counts}): median, p90 and min of the slowest rank per repetition; bwd estimate "
@@ -578,7 +584,6 @@ def network_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             str(r[1].params.get("mode")),
         ),
     ):
-        tracked = cv.memory_tracked(j.data.device)
         T, ws = v.params.get("seq_len"), j.data.world_size
         local = _length(T // ws) if isinstance(T, int) and ws else "–"
         cells = [
@@ -587,14 +592,7 @@ def network_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             f"{_length(T)}/{local}",
             link(str(v.params.get("mode")), links.case(j.data.job_id, v.case.fingerprint)),
         ]
-        cells += _timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"])
-        cells += [
-            _ms(_median(v.metrics.get("step_ms"))),
-            _memory(v.metrics.get("peak_allocated_bytes"), tracked),
-            _memory(v.metrics.get("peak_reserved_bytes"), tracked),
-            gains.get(id(v), "–"),
-        ]
-        rows.append(cells)
+        rows.append(cells + _cp_timing_cells(j, v, gains, [_ms(_median(v.metrics.get("step_ms")))]))
     counts = _counts([v for _, v in rows_in], ("warmup", "repeat"))
     head = (
         f"Whole network, activation checkpoint off; times in ms ({counts}): median, p90 and min of the "
