@@ -116,19 +116,21 @@ def test_source_modified_tells_an_edited_checkout_from_a_clean_one(tmp_path):
 ROOT = Path(__file__).resolve().parents[1]
 # The service's layers, lowest first: a module may import its own layer or a lower one, never a
 # higher one. `shared` modules (settings, the login cookie, the executor factory) import no
-# other layer; the ORM rows and the engine sit under every persistence module. The API, the
-# pages and the domain pass a session along but query only through persistence.
+# other layer; the ORM rows and the engine sit under every persistence module. The presentation
+# (view models, Markdown) renders what the domain decided, never the other way round. The API,
+# the pages and the domain pass a session along but query only through persistence.
 SERVICE_LAYERS: dict[str, int] = {
     "service.settings": 0, "service.web_session": 0, "service.executor_choice": 0,
     "service.persistence.models": 1, "service.persistence.db": 1,
     "service.persistence": 2,
-    "service.domain": 3, "service.presentation": 3,
-    "service.dispatcher": 4,
-    "service.api": 5, "service.web": 5,
-    "service.app": 6, "service.cli": 6, "service.__main__": 6, "service": 6,
+    "service.domain": 3,
+    "service.presentation": 4,
+    "service.dispatcher": 5,
+    "service.api": 6, "service.web": 6,
+    "service.app": 7, "service.cli": 7, "service.__main__": 7, "service": 7,
 }  # fmt: skip
-LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "dispatcher", 5: "api/web",
-               6: "entry"}
+LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "presentation", 5: "dispatcher",
+               6: "api/web", 7: "entry"}
 # What the SQL-free layers (api, web, domain) may take from SQLAlchemy: types to pass along.
 SQL_FREE = ("service.api", "service.web", "service.domain", "service.presentation")
 SQL_TYPES = frozenset({"sqlalchemy.Engine", "sqlalchemy.orm.Session"})
@@ -230,3 +232,35 @@ def test_the_layer_check_names_an_upward_import():
         "service.web.routes.history:1 imports sqlalchemy.select: service.web runs no SQL of its own"
     ]
     assert import_violations("service.domain.gate", "from service.persistence import queue\n") == []
+
+
+def orm_row_imports(module: str, source: str) -> list[str]:
+    """Every ORM row (a `*Row` or the declarative `Base` of `service.persistence.models`) that a
+    domain module imports: the domain takes plain records from persistence, never rows."""
+    if not _under(module, "service.domain"):
+        return []
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if _under(node.module, "service.persistence.models"):
+                out += [f"{module}:{node.lineno} imports the ORM row {a.name}" for a in node.names
+                        if a.name.endswith("Row") or a.name in ("Base", "*")]
+            elif node.module == "service.persistence" and any(a.name == "models" for a in node.names):
+                out.append(f"{module}:{node.lineno} imports service.persistence.models")
+        elif isinstance(node, ast.Import):
+            out += [f"{module}:{node.lineno} imports {a.name}" for a in node.names
+                    if _under(a.name, "service.persistence.models")]
+    return out
+
+
+def test_the_domain_imports_no_orm_rows():
+    bad = [v for module, path in _modules() for v in orm_row_imports(module, path.read_text())]
+    assert not bad, "the domain takes records (service.persistence.records), not rows:\n" + "\n".join(bad)
+    rows_and_a_constant = "from service.persistence.models import JobRow, FINAL_STATUSES\n"
+    assert orm_row_imports("service.domain.gate", rows_and_a_constant) == [
+        "service.domain.gate:1 imports the ORM row JobRow"
+    ]
+    assert orm_row_imports("service.domain.gate", "def f():\n    import service.persistence.models\n") == [
+        "service.domain.gate:2 imports service.persistence.models"
+    ]
+    assert orm_row_imports("service.web.routes.job", "from service.persistence.models import JobRow\n") == []

@@ -1,5 +1,7 @@
-"""The API's dependencies, defined once: the store session, the settings, the token checks, the
-id and cursor parameters.
+"""The API's dependencies, defined once: the store session and engine, the settings, the
+executor and the dispatcher's wake-up, the token checks, the id and cursor parameters. Route
+modules (the API's and the pages') take what the app holds through these, never from
+`request.app.state` themselves.
 
 Reads are open unless `protect_reads` (then they need the bearer token, or for GET/HEAD the
 web login cookie); writes need `Authorization: Bearer <token>` when a token is configured (401
@@ -10,10 +12,12 @@ without credentials, 403 with wrong ones). Every error answers JSON
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Query, Request
+from fastapi import Depends, HTTPException, Path, Query, Request, Response
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from service.api.auth_limit import record_failure, refuse_if_locked
@@ -22,6 +26,7 @@ from service.persistence import jobs
 from service.persistence.models import JobRow
 from service.settings import Settings
 from service.web_session import READ_METHODS, has_session
+from workers.executors.base import Executor
 
 # the pages' share of the input rule and of the wrong-token lockout
 __all__ = ["BadInput", "DbId", "DbIdQuery", "DbIntQuery", "loads", "record_failure", "refuse_if_locked"]
@@ -79,6 +84,53 @@ SessionDep = Annotated[Session, Depends(get_session)]
 def get_settings(request: Request) -> Settings:
     """The settings the app was created with."""
     return request.app.state.settings
+
+
+def get_engine(request: Request) -> Engine:
+    """The store's engine, for writes (`write_tx`) and streams that outlive one session."""
+    return request.app.state.engine
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What runs a queued job: the executor (None, with `error` saying why, when it could not be
+    made) and `wake`, which tells the dispatcher a job was queued or cancelled (nothing without one)."""
+
+    executor: Executor | None
+    error: str | None
+    wake: Callable[[], None]
+
+
+def get_runner(request: Request) -> Runner:
+    state = request.app.state
+    dispatcher = getattr(state, "dispatcher", None)
+    wake = dispatcher.wake if dispatcher is not None else _nothing
+    return Runner(state.executor, getattr(state, "executor_error", None), wake)
+
+
+def get_app_state(request: Request) -> Any:
+    """The app's state as a whole: only the readiness probe, which caches its checks there."""
+    return request.app.state
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+RunnerDep = Annotated[Runner, Depends(get_runner)]
+AppStateDep = Annotated[Any, Depends(get_app_state)]
+
+
+def answer_queued(response: Response, created: bool, location: str, runner: Runner) -> None:
+    """A submission's answer: 201 with the new job's or campaign's `Location`, the dispatcher woken
+    to claim it; 200 with the earlier one's for a repeated idempotency key."""
+    if created:
+        runner.wake()
+    else:
+        response.status_code = 200
+    response.headers["Location"] = location
 
 
 def job_or_404(session: Session, job_id: int) -> JobRow:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.domain.submission import Device
 from service.persistence.models import JobRow
+from service.persistence.records import JobRecord
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -64,7 +65,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, job: JobRow) -> JobOut:
+    def of(cls, job: JobRow | JobRecord) -> JobOut:
         return cls(
             id=job.id, status=job.status, verdict=job.verdict, case_counts=job.case_counts,
             cases=job.cases, suite=job.suite, preset=job.preset, params=job.params or {},

@@ -82,7 +82,7 @@ def _from_store(
     from sqlalchemy.orm import Session
 
     from service.domain.baselines import NotFound
-    from service.domain.report import build_report
+    from service.presentation.report import build_report
     from service.settings import Settings
 
     settings = Settings(**({"db_url": db_url} if db_url else {}))

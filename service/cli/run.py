@@ -15,7 +15,7 @@ httpx, uvicorn or ray.
 Statistics are `workers.stats`'s, bounds `workers.verdict`'s (worst rank per idx, then
 median/p90/min/max of the finite values with the non-finite ones counted). The table printed is
 one row per case (per backend a case measures side by side) with its key numbers as columns, the
-report's pivot (`service.domain.report_tables.case_pivot`); `--failures` keeps only the cases that
+report's pivot (`service.presentation.report_tables.case_pivot`); `--failures` keeps only the cases that
 need attention, `--all-metrics` prints one row per case and metric. The JSON is strict: a
 non-finite value is written as null and its JSON pointer listed under `nonfinite`. `--json -`
 writes it to stdout (the table then goes to stderr).
@@ -201,10 +201,10 @@ def _render_cases(
     console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool, tracked: bool = True
 ) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
-    as columns (`service.domain.report_tables.case_pivot`); with `failures`, only the cases that did
+    as columns (`service.presentation.report_tables.case_pivot`); with `failures`, only the cases that did
     not pass (a case skipped as not applicable did not fail) or hold a number out of bound.
     Returns the number of rows printed."""
-    from service.domain.report_tables import case_pivot
+    from service.presentation.report_tables import case_pivot
 
     pivot = case_pivot(stats, tracked=tracked)
     rows_of: dict[str, list[Any]] = defaultdict(list)

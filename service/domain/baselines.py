@@ -19,20 +19,16 @@ from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, 
 from service.persistence import baselines, commits
 from service.persistence.compare_reads import read_job_for_compare
 from service.persistence.jobs import find_commit_job
-from service.persistence.models import (
-    JobRow,
-    MetricRow,
-)
+from service.persistence.records import JobRecord
 from workers.provenance import code_identity
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
-from workers.suite import Metric
 
 
 class NotFound(LookupError):
     """A job, commit, baseline or job of a commit that is not in the store; the message names it."""
 
 
-def job_ref(job: JobRow) -> JobRef:
+def job_ref(job: JobRecord) -> JobRef:
     return JobRef(
         job_id=job.id,
         suite=job.suite,
@@ -47,24 +43,12 @@ def job_ref(job: JobRow) -> JobRef:
     )
 
 
-def metric_of(row: MetricRow) -> Metric:
-    return Metric(
-        name=row.name,
-        unit=row.unit or "",
-        kind=row.kind,  # type: ignore[arg-type]
-        direction=row.direction,  # type: ignore[arg-type]
-        bound=row.bound,
-        description=row.description or "",
-        min_effect=row.min_effect,
-    )
-
-
 def load_side(session: Session, job_id: int) -> JobSide:
     """A job's cases, metric definitions and raw samples, as the compare engine wants them."""
     stored = read_job_for_compare(session, job_id)
     if stored is None:
         raise NotFound(f"no job {job_id} in the store")
-    rows, metric_rows, case_rows = stored.samples, stored.metric_rows, stored.case_rows
+    rows, defined, case_rows = stored.samples, stored.metrics, stored.case_rows
     case_ids_s, case_codes = np.unique(rows.case_id, return_inverse=True)
     metric_ids_s, metric_codes = np.unique(rows.metric_id, return_inverse=True)
     by_result = {cid: (status, error) for cid, status, error in stored.results}
@@ -80,15 +64,15 @@ def load_side(session: Session, job_id: int) -> JobSide:
         idx=rows.idx,
         value=rows.value,
         case_keys=[case_rows[c].fingerprint for c in case_ids_s.tolist()],
-        metric_keys=[metric_rows[m].name for m in metric_ids_s.tolist()],
+        metric_keys=[defined[m].name for m in metric_ids_s.tolist()],
         ranks=rows.ranks,
     )
-    metrics = {m.name: metric_of(m) for m in metric_rows.values()}
+    metrics = {m.name: m for m in defined.values()}
     # the definition the job was judged with (copied onto its summaries), not today's
     for metric_id, kind, direction, bound in stored.judged:
-        row = metric_rows.get(metric_id)
-        if row is not None:
-            metrics[row.name] = replace(metrics[row.name], kind=kind, direction=direction, bound=bound)
+        m = defined.get(metric_id)
+        if m is not None:
+            metrics[m.name] = replace(m, kind=kind, direction=direction, bound=bound)
     return JobSide(job_ref(stored.job), cases, metrics, table)
 
 
@@ -242,16 +226,16 @@ def resolve_base(
         if row.job_id is not None:
             return BaseRef("job", str(row.job_id), f"baseline {baseline!r} (job {row.job_id})")
         if row.commit is not None:
-            return BaseRef("commit", row.commit.sha, f"baseline {baseline!r} (commit {row.commit.sha[:12]})")
+            return BaseRef("commit", row.commit, f"baseline {baseline!r} (commit {row.commit[:12]})")
         raise NotFound(f"baseline {baseline!r} points at nothing (its commit or job was deleted)")
     if repo:
         parent = git_rev_parse(repo, f"{head}^")
         if parent:
             return BaseRef("commit", parent, f"parent of {head[:12]} in the repository")
     if session is not None:
-        crow = commits.first_commit_with_prefix(session, head)
-        if crow is not None and crow.parent:
-            return BaseRef("commit", crow.parent, f"parent of {head[:12]} recorded in the store")
+        parent = commits.recorded_parent(session, head)
+        if parent:
+            return BaseRef("commit", parent, f"parent of {head[:12]} recorded in the store")
     raise NotFound(
         f"cannot find the parent of {head!r}: no repository {'at ' + str(repo) if repo else 'configured'} "
         "knows it and the store has no parent recorded; give --base or --baseline"

@@ -23,7 +23,8 @@ from service.domain.submission import Device, InvalidJob, JobCreate, validate_re
 from service.executor_choice import get_executor
 from service.persistence import campaigns as store
 from service.persistence.campaigns import CampaignRequest
-from service.persistence.models import FINAL_STATUSES, CampaignRow, JobRow
+from service.persistence.models import FINAL_STATUSES
+from service.persistence.records import CampaignRecord, JobRecord
 from workers.executors.base import Executor
 from workers.plans import PlanError, load_plan
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
@@ -95,7 +96,7 @@ def campaign_request(body: Any, executor: Executor | None) -> CampaignRequest:
 
 def submit_campaign(
     engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
-) -> tuple[CampaignRow, bool]:
+) -> tuple[CampaignRecord, bool]:
     """Validate and queue a campaign; returns (campaign, created)."""
     if executor is None:
         executor = get_executor(settings)
@@ -116,7 +117,7 @@ class CampaignState:
     total: int = 0
 
 
-def campaign_state(jobs: Sequence[JobRow]) -> CampaignState:
+def campaign_state(jobs: Sequence[JobRecord]) -> CampaignState:
     statuses = Counter(j.status for j in jobs)
     verdicts = Counter(j.verdict or "none" for j in jobs if j.status in FINAL_STATUSES)
     done = sum(n for s, n in statuses.items() if s in FINAL_STATUSES)
@@ -137,7 +138,7 @@ def campaign_state(jobs: Sequence[JobRow]) -> CampaignState:
 
 def campaign_or_none(
     session: Session, campaign_id: int
-) -> tuple[CampaignRow, list[tuple[str, JobRow]]] | None:
+) -> tuple[CampaignRecord, list[tuple[str, JobRecord]]] | None:
     """The campaign and its (plan key, job) pairs in plan order, or None."""
     row = store.get_campaign(session, campaign_id)
     if row is None:

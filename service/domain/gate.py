@@ -50,12 +50,11 @@ from service.domain.compare import (
     MetricResult,
     to_jsonable,
 )
-from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
 from service.persistence import gates as gate_store
 from service.persistence import queue
 from service.persistence.gates import GateJobLink
-from service.persistence.jobs import find_commit_job, job_by_idempotency_key
-from service.persistence.models import JobRow
+from service.persistence.jobs import find_commit_job, job_by_idempotency_key, job_record
+from service.persistence.records import JobRecord
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.refs import check_commit
 from workers.registry import get_suite, suite_names
@@ -185,6 +184,9 @@ class Confirmation:
     def confirmed(self) -> bool:
         return self.rerun_verdict == "regressed"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**to_jsonable(self), "confirmed": self.confirmed}
+
 
 @dataclass
 class GateState:
@@ -200,7 +202,6 @@ class GateState:
     confirmations: list[Confirmation] = field(default_factory=list)
     rounds: int = 0  # re-measurement rounds run
     undecided: list[str] = field(default_factory=list)  # suite/case names left undecided
-    markdown: str | None = None
     gate_id: int | None = None  # the stored gate (its page is /gates/ID)
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,13 +215,10 @@ class GateState:
             "base": self.base,
             "base_source": self.base_source,
             "jobs": to_jsonable(self.jobs),
-            "confirmations": [
-                {**to_jsonable(c), "confirmed": c.confirmed} for c in self.confirmations
-            ],
+            "confirmations": [c.to_dict() for c in self.confirmations],
             "rounds": self.rounds,
             "undecided": list(self.undecided),
             "comparisons": [c.to_dict() for c in self.comparisons],
-            "markdown": self.markdown,
             "gate_id": self.gate_id,
         }
 
@@ -233,7 +231,7 @@ class GateInputError(ValueError):
 SubmitFn = Callable[..., int]
 
 
-def _job_view(job: Any, role: Role, reused: bool) -> GateJob:
+def _job_view(job: JobRecord, role: Role, reused: bool) -> GateJob:
     return GateJob(
         role=role,
         suite=job.suite,
@@ -352,8 +350,6 @@ def evaluate_gate(engine: Any, req: GateRequest, submit: SubmitFn | None = None)
     where it stands (the gate's row: request, jobs, rounds, confirmations, verdict, findings)."""
     state = _step(engine, req, submit)
     state.gate_id = record_gate(engine, req, state)
-    if state.markdown is not None:
-        state.markdown = gate_markdown(state)
     return state
 
 
@@ -385,7 +381,7 @@ def record_gate(engine: Any, req: GateRequest, state: GateState) -> int:
         "world_size": req.world_size,
         "phase": state.phase, "verdict": state.verdict, "exit_code": state.exit_code, "reason": state.reason,
         "rounds": state.rounds, "undecided": list(state.undecided), "findings": findings(state.comparisons),
-        "confirmations": [{**to_jsonable(c), "confirmed": c.confirmed} for c in state.confirmations],
+        "confirmations": [c.to_dict() for c in state.confirmations],
     }  # fmt: skip
     links = [GateJobLink(j.job_id, j.role, j.suite, j.reused) for j in state.jobs]
     return gate_store.save_gate(engine, req.key(), req.model_dump(mode="json"), fields, links)
@@ -601,7 +597,6 @@ def _jobs(
 
 def _done(state: GateState, code: int, verdict: Literal["pass", "fail", "error"], reason: str) -> GateState:
     state.phase, state.exit_code, state.verdict, state.reason = "done", code, verdict, reason
-    state.markdown = gate_markdown(state)
     return state
 
 
@@ -616,11 +611,11 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
     from sqlalchemy.orm import Session
 
     with Session(engine) as s:
-        job = s.get(JobRow, job_id)
+        job = job_record(s, job_id)
         return _job_view(job, role, True) if job is not None else None
 
 
-def _same_backend_repo(job: JobRow, repo: str | None) -> bool:
+def _same_backend_repo(job: JobRecord, repo: str | None) -> bool:
     """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
     source = queue.job_backend_source(job)
     if repo is None or source is None:
@@ -662,7 +657,7 @@ def _ensure_job(
                 if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
         if like is not None:
-            template = s.get(JobRow, like.job_id)
+            template = job_record(s, like.job_id)
             preset = template.preset if template is not None else preset
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     labels = {"gate": req.key(), "role": role}
@@ -680,7 +675,10 @@ def _ensure_job(
         **extra,
     )
     with Session(engine) as s:
-        return _job_view(s.get(JobRow, job_id), role, False)
+        job = job_record(s, job_id)
+    if job is None:
+        raise CannotRun(f"job {job_id} was submitted but is not in the store")
+    return _job_view(job, role, False)
 
 
 def _confirm(
@@ -739,50 +737,3 @@ def _unconfirm(case: CaseResult, metric: MetricResult, conf: Confirmation) -> No
         worst = min(case.metrics, key=lambda m: SEVERITY[m.verdict])
         case.verdict = worst.verdict
         case.reason = f"{worst.metric}: {worst.reason}"
-
-
-# ------------------------------------------------------------------------------------- report
-
-
-def _job_note(j: Any) -> str:
-    if j.reused:
-        return "reused"
-    return ("error: " + md_escape(j.error))[:200] if j.error else ""
-
-
-def gate_markdown(state: GateState, base_url: str = "") -> str:
-    """The gate's report: decision, jobs, confirmations, then each suite's comparison."""
-    word = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}.get(state.verdict or "", "…")
-    lines = [
-        f"## gdnval gate: {word} (exit {state.exit_code})",
-        "",
-        f"- head: `{state.head}`",
-        f"- base: `{state.base or 'unknown'}` ({state.base_source or 'unresolved'})",
-        f"- {md_escape(state.reason)}",
-        "",
-    ]
-    if state.gate_id is not None:
-        lines[2:2] = [f"- gate: {link(f'#{state.gate_id}', f'{base_url}/gates/{state.gate_id}')}"]
-    if state.jobs:
-        lines += ["### Jobs", ""]
-        lines.append(table(
-            ["role", "suite", "job", "commit", "status", "note"],
-            [[j.role, j.suite, link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{short_sha(j.commit)}`",
-              j.status, _job_note(j)]
-             for j in state.jobs],
-        ))  # fmt: skip
-        lines.append("")
-    if state.confirmations:
-        lines += ["### Confirmation re-runs", ""]
-        lines.append(table(
-            ["suite", "case", "metric", "first run", "re-run", "counted"],
-            [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
-              md_escape(c.first_reason),
-              f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
-              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
-             for c in state.confirmations],
-        ))  # fmt: skip
-        lines.append("")
-    for cmp in state.comparisons:
-        lines.append(comparison_markdown(cmp, base_url))
-    return "\n".join(lines).rstrip() + "\n"

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 from sqlalchemy import Engine
 
 from service.executor_choice import get_executor
-from service.persistence.models import JobRow
 from service.persistence.queue import JobRequest, submit
+from service.persistence.records import JobRecord
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
@@ -146,13 +146,13 @@ def runs_here(suite: Suite, preset: str, device: str, world_size: int) -> bool:
 
 def submit_checked(
     engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
-) -> tuple[JobRow, bool]:
+) -> tuple[JobRecord, bool]:
     """Validate and queue; returns (job, created). The API and the web form share this path."""
     if executor is None:
         executor = get_executor(settings)
     return submit(engine, validate_request(body, executor))
 
 
-def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> JobRow:
+def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> JobRecord:
     """Validate and queue a submission (a dict of the `POST /api/v1/jobs` fields); returns the job."""
     return submit_checked(engine, settings, body, executor)[0]

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.persistence.commits import ensure_commit
-from service.persistence.db import write_tx
 from service.persistence.models import CampaignJobRow, CampaignRow, JobRow
-from service.persistence.queue import JobConflict, JobRequest, insert_job
+from service.persistence.queue import JobRequest, insert_job, insert_once
+from service.persistence.records import CampaignRecord, JobRecord
 
 
 @dataclass(frozen=True)
@@ -45,47 +44,40 @@ class CampaignRequest:
         )
 
 
-def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRow, bool]:
+def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRecord, bool]:
     """Store the campaign and queue its jobs in one write transaction; returns (campaign, created).
 
     A known idempotency key returns its campaign unchanged, or raises JobConflict when the key
     named a different campaign (plan, device, world sizes, commit or backends differ)."""
-    for _ in range(3):
-        try:
-            with write_tx(engine) as s:
-                if req.idempotency_key:
-                    same_key = CampaignRow.idempotency_key == req.idempotency_key
-                    row = s.scalars(select(CampaignRow).where(same_key)).first()
-                    if row is not None:
-                        if not req.same_as(row):
-                            raise JobConflict(
-                                f"idempotency key {req.idempotency_key!r} already names campaign {row.id} "
-                                f"(plan {row.plan_name} v{row.plan_version} on {row.device} at world sizes "
-                                f"{list(row.world_sizes)}) with different settings; use a new key"
-                            )
-                        return row, False
-                row = CampaignRow(
-                    plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
-                    device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
-                    backends=list(req.backends), idempotency_key=req.idempotency_key,
-                )  # fmt: skip
-                s.add(row)
-                s.flush()
-                for position, (key, job_req) in enumerate(req.jobs):
-                    job = insert_job(s, job_req)
-                    s.add(CampaignJobRow(campaign_id=row.id, job_id=job.id, position=position, key=key))
-                s.flush()
-                return row, True
-        except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
-            continue
-    raise JobConflict(f"could not store the campaign with idempotency key {req.idempotency_key!r}; retry")
+
+    def insert(s: Session) -> CampaignRow:
+        row = CampaignRow(
+            plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
+            device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
+            backends=list(req.backends), idempotency_key=req.idempotency_key,
+        )  # fmt: skip
+        s.add(row)
+        s.flush()
+        for position, (key, job_req) in enumerate(req.jobs):
+            job = insert_job(s, job_req)
+            s.add(CampaignJobRow(campaign_id=row.id, job_id=job.id, position=position, key=key))
+        s.flush()
+        return row
+
+    return insert_once(
+        engine, CampaignRow, req.idempotency_key, same=req.same_as,
+        named=lambda row: f"campaign {row.id} (plan {row.plan_name} v{row.plan_version} on {row.device} at "
+        f"world sizes {list(row.world_sizes)}) with different settings",
+        insert=insert, record=CampaignRecord.of, what="store the campaign",
+    )  # fmt: skip
 
 
-def get_campaign(session: Session, campaign_id: int) -> CampaignRow | None:
-    return session.get(CampaignRow, campaign_id)
+def get_campaign(session: Session, campaign_id: int) -> CampaignRecord | None:
+    row = session.get(CampaignRow, campaign_id)
+    return None if row is None else CampaignRecord.of(row)
 
 
-def campaign_jobs(session: Session, campaign_id: int) -> list[tuple[str, JobRow]]:
+def campaign_jobs(session: Session, campaign_id: int) -> list[tuple[str, JobRecord]]:
     """(plan key, job) of a campaign in plan order."""
     q = (
         select(CampaignJobRow.key, JobRow)
@@ -93,12 +85,12 @@ def campaign_jobs(session: Session, campaign_id: int) -> list[tuple[str, JobRow]
         .where(CampaignJobRow.campaign_id == campaign_id)
         .order_by(CampaignJobRow.position)
     )
-    return [(key, job) for key, job in session.execute(q).unique()]
+    return [(key, JobRecord.of(job)) for key, job in session.execute(q).unique()]
 
 
-def jobs_of_campaigns(session: Session, campaign_ids: Sequence[int]) -> dict[int, list[JobRow]]:
+def jobs_of_campaigns(session: Session, campaign_ids: Sequence[int]) -> dict[int, list[JobRecord]]:
     """The jobs of several campaigns at once (a list page), in plan order."""
-    out: dict[int, list[JobRow]] = {c: [] for c in campaign_ids}
+    out: dict[int, list[JobRecord]] = {c: [] for c in campaign_ids}
     if not campaign_ids:
         return out
     q = (
@@ -108,19 +100,19 @@ def jobs_of_campaigns(session: Session, campaign_ids: Sequence[int]) -> dict[int
         .order_by(CampaignJobRow.campaign_id, CampaignJobRow.position)
     )
     for cid, job in session.execute(q).unique():
-        out[cid].append(job)
+        out[cid].append(JobRecord.of(job))
     return out
 
 
 def list_campaigns(
     session: Session, *, plan: str | None = None, before_id: int | None = None, limit: int = 50
-) -> tuple[list[CampaignRow], int | None]:
+) -> tuple[list[CampaignRecord], int | None]:
     """Newest first. Returns the page and the cursor (an id) for the next page, or None."""
     q = select(CampaignRow).order_by(CampaignRow.id.desc()).limit(limit + 1)
     if plan:
         q = q.where(CampaignRow.plan_name == plan)
     if before_id is not None:
         q = q.where(CampaignRow.id < before_id)
-    rows = list(session.scalars(q).unique())
+    rows = [CampaignRecord.of(r) for r in session.scalars(q).unique()]
     nxt = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], nxt

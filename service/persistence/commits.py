@@ -45,6 +45,8 @@ def commit_ids(sha: str, *, min_prefix: int = 1) -> Select[Any]:
     return q.where(CommitRow.sha.startswith(sha, autoescape=True))
 
 
-def first_commit_with_prefix(session: Session, prefix: str) -> CommitRow | None:
-    """The first recorded commit whose sha starts with `prefix` (the gate's recorded parent)."""
-    return session.scalars(select(CommitRow).where(CommitRow.sha.startswith(prefix, autoescape=True))).first()
+def recorded_parent(session: Session, prefix: str) -> str | None:
+    """The parent recorded for the first commit whose sha starts with `prefix` (the gate's base
+    when no repository knows the head), or None."""
+    row = session.scalars(select(CommitRow).where(CommitRow.sha.startswith(prefix, autoescape=True))).first()
+    return row.parent if row is not None else None

@@ -13,16 +13,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import CaseResultRow, CaseRow, JobRow, MetricRow, SummaryRow
+from service.persistence.records import JobRecord
 from service.persistence.reduced_cases import read_reduced
 from service.persistence.samples import ReducedRows, higher_metric_ids, worst_rank_rows
 from service.persistence.summaries import sampled_case_ids
+from workers.suite import Metric
 
 
 @dataclass
 class StoredJob:
-    job: JobRow
+    job: JobRecord
     attempt: int
-    metric_rows: dict[int, MetricRow]  # the suite's, plus any other metric the samples name
+    metrics: dict[int, Metric]  # by metric id: the suite's, plus any other metric the samples name
     samples: ReducedRows  # the latest run's samples reduced over ranks (`reduced_rows`)
     results: list[tuple[int, str, str | None]]  # (case id, status, error) of the latest run
     case_rows: dict[int, Any]  # every case with samples or a result: (id, fingerprint, name, params) rows
@@ -60,8 +62,22 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
         .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt, SummaryRow.kind.is_not(None))
         .distinct()
     ).all()
-    return StoredJob(job, attempt, metric_rows, rows, [tuple(r) for r in results], case_rows,
+    metrics = {metric_id: metric_of(m) for metric_id, m in metric_rows.items()}
+    return StoredJob(JobRecord.of(job), attempt, metrics, rows, [tuple(r) for r in results], case_rows,
                      [tuple(r) for r in judged])  # type: ignore[misc]  # fmt: skip
+
+
+def metric_of(row: MetricRow) -> Metric:
+    """A stored metric definition as the suites declare one."""
+    return Metric(
+        name=row.name,
+        unit=row.unit or "",
+        kind=row.kind,  # type: ignore[arg-type]
+        direction=row.direction,  # type: ignore[arg-type]
+        bound=row.bound,
+        description=row.description or "",
+        min_effect=row.min_effect,
+    )
 
 
 def reduced_rows(session: Session, job: JobRow, attempt: int) -> ReducedRows:

@@ -13,6 +13,7 @@ from service.persistence.models import (
     JobEventRow,
     JobRow,
 )
+from service.persistence.records import JobRecord
 
 
 def add_event(
@@ -37,6 +38,12 @@ def at_commit(sha: str, *, min_prefix: int = 1, backend: bool | None = None) -> 
 
 def get_job(session: Session, job_id: int) -> JobRow | None:
     return session.get(JobRow, job_id)
+
+
+def job_record(session: Session, job_id: int) -> JobRecord | None:
+    """Job `job_id` as a plain record (what the domain reads), or None."""
+    job = session.get(JobRow, job_id)
+    return None if job is None else JobRecord.of(job)
 
 
 def list_jobs(
@@ -69,8 +76,9 @@ def list_jobs(
     return rows[:limit], nxt
 
 
-def job_by_idempotency_key(session: Session, key: str) -> JobRow | None:
-    return session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+def job_by_idempotency_key(session: Session, key: str) -> JobRecord | None:
+    job = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+    return None if job is None else JobRecord.of(job)
 
 
 def job_events(
@@ -106,7 +114,7 @@ def find_commit_job(
     params: Mapping[str, Any] | None = None,
     statuses: tuple[str, ...] = ("succeeded",),
     backend: bool | None = None,
-) -> JobRow | None:
+) -> JobRecord | None:
     """The job of commit `sha` for `suite`: the one rule the API, the gate and the pages share.
 
     The newest job at `sha` (a full sha, a prefix of at least 7 characters, or the ref as
@@ -130,5 +138,5 @@ def find_commit_job(
         if job.cases:  # a re-measurement of some cases (the gate's), not the commit's job
             continue
         if params is None or dict(job.params or {}) == want:
-            return job
+            return JobRecord.of(job)
     return None

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session
 from service.persistence.commits import ensure_commit
 from service.persistence.db import write_tx
 from service.persistence.jobs import add_event
-from service.persistence.models import FINAL_STATUSES, JobEventRow, JobRow, utcnow
+from service.persistence.models import FINAL_STATUSES, CampaignRow, JobEventRow, JobRow, utcnow
+from service.persistence.records import JobRecord
 from service.persistence.summaries import judge_job
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
@@ -79,30 +80,53 @@ def dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def submit(engine: Engine, req: JobRequest) -> tuple[JobRow, bool]:
+Keyed = TypeVar("Keyed", JobRow, CampaignRow)
+Record = TypeVar("Record")
+
+
+def insert_once(
+    engine: Engine,
+    row_type: type[Keyed],
+    key: str | None,
+    *,
+    same: Callable[[Keyed], bool],
+    named: Callable[[Keyed], str],
+    insert: Callable[[Session], Keyed],
+    record: Callable[[Keyed], Record],
+    what: str,
+) -> tuple[Record, bool]:
+    """Insert a row once per idempotency key, in one write transaction; returns (its record,
+    created). A known `key` answers the row it names when `same` holds for it, else raises
+    JobConflict saying what the key names (`named`); a concurrent insert of the same key (an
+    IntegrityError on a non-SQLite store) is retried, then refused naming `what` failed."""
+    for _ in range(3):
+        try:
+            with write_tx(engine) as s:
+                if key:
+                    row = s.scalars(select(row_type).where(row_type.idempotency_key == key)).first()
+                    if row is not None:
+                        if not same(row):
+                            raise JobConflict(f"idempotency key {key!r} already names {named(row)}; "
+                                              "use a new key")
+                        return record(row), False
+                return record(insert(s)), True
+        except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
+            continue
+    raise JobConflict(f"could not {what} with idempotency key {key!r}; retry")
+
+
+def submit(engine: Engine, req: JobRequest) -> tuple[JobRecord, bool]:
     """Queue a job; returns (job, created). A known idempotency key returns its job unchanged.
 
     Raises JobConflict when the key is reused for a different request (suite, preset, params,
     commit, device or world size differ), rather than silently returning an unrelated job.
     """
-    for _ in range(3):
-        try:
-            with write_tx(engine) as s:
-                if req.idempotency_key:
-                    same_key = JobRow.idempotency_key == req.idempotency_key
-                    job = s.scalars(select(JobRow).where(same_key)).first()
-                    if job is not None:
-                        if not req.same_as(job):
-                            raise JobConflict(
-                                f"idempotency key {req.idempotency_key!r} already names job {job.id} "
-                                f"({job.suite}/{job.preset} on {job.device}x{job.world_size}) with "
-                                "different parameters; use a new key"
-                            )
-                        return job, False
-                return insert_job(s, req), True
-        except IntegrityError:  # a concurrent submit with the same key won on a non-SQLite store
-            continue
-    raise JobConflict(f"could not submit with idempotency key {req.idempotency_key!r}; retry")
+    return insert_once(
+        engine, JobRow, req.idempotency_key, same=req.same_as,
+        named=lambda job: f"job {job.id} ({job.suite}/{job.preset} on {job.device}x{job.world_size}) with "
+        "different parameters",
+        insert=lambda s: insert_job(s, req), record=JobRecord.of, what="submit",
+    )  # fmt: skip
 
 
 def insert_job(s: Session, req: JobRequest) -> JobRow:
@@ -138,7 +162,7 @@ def label_backend_commit(labels: Mapping[str, Any] | None) -> str | None:
         return None
 
 
-def job_backend_source(job: JobRow) -> str | None:
+def job_backend_source(job: JobRow | JobRecord) -> str | None:
     """Where the job's backend under test comes from (its `backend_source` label), None for ours."""
     return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 

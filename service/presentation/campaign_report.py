@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from service.domain.baselines import compare_jobs
-from service.domain.report import load_job_data
 from service.persistence import artifacts as artifact_store
 from service.presentation.campaign_sections import CampaignJob, Links, Section, Table, build_sections
+from service.presentation.report import load_job_data
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -1,6 +1,6 @@
 """The campaign report's sections as plain data, in the order of the hand-written PR report.
 
-Plain data in (the stored jobs of one campaign: `service.domain.report.JobData` with their case
+Plain data in (the stored jobs of one campaign: `service.presentation.report.JobData` with their case
 summaries, artifact names, comparisons with a base campaign), plain data out (`Section`s of
 paragraphs and tables of text); no SQL and no Markdown syntax beyond links in cells, so a page can
 draw the same tables and a test can plant the numbers. Every number follows one rule
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from service.domain import views
-from service.domain.numbers import fmt
-from service.domain.report_tables import Variant, variants
 from service.presentation import conventions as cv
+from service.presentation import views
+from service.presentation.numbers import fmt
+from service.presentation.report_tables import Variant, variants
 
 # Tensor columns of the single-device accuracy table, as the report names them.
 GDN_TENSORS: tuple[tuple[str, str], ...] = (
@@ -72,7 +72,7 @@ class Section:
 class CampaignJob:
     """One stored job of the campaign with what the report reads besides its case summaries."""
 
-    data: Any  # service.domain.report.JobData
+    data: Any  # service.presentation.report.JobData
     artifacts: list[str] = field(default_factory=list)
 
 
@@ -167,6 +167,19 @@ def _timing_cells(fwd: Any, both: Any) -> list[str]:
 
 
 TIMING_HEADER = ["fwd", "fwd+bwd", "fwd+bwd p90", "fwd+bwd min", "bwd estimate"]
+
+
+def _cp_timing_cells(
+    j: CampaignJob, v: Variant, gains: Mapping[int, str], between: Sequence[str] = ()
+) -> list[str]:
+    """A CP row's timings (`_timing_cells`), then `between`, its peak allocated and reserved
+    memory and its gain over Ulysses (`_gain_against`)."""
+    tracked = cv.memory_tracked(j.data.device)
+    return [
+        *_timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"]), *between,
+        _memory(v.metrics.get("peak_allocated_bytes"), tracked),
+        _memory(v.metrics.get("peak_reserved_bytes"), tracked), gains.get(id(v), "–"),
+    ]  # fmt: skip
 
 
 def _memory(m: Any, tracked: bool) -> str:
@@ -413,7 +426,6 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
                 order.get(r[1].params.get("mode"), 9))  # fmt: skip
 
     for j, v in sorted(rows_in, key=place):
-        tracked = cv.memory_tracked(j.data.device)
         cells = [
             _cp_label(j, v),
             _length(v.params.get("seq_len")),
@@ -421,13 +433,7 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             link(str(v.params.get("mode")), links.case(j.data.job_id, v.case.fingerprint)),
         ]
         cells += [str(v.params.get(k, "–")) for k in extra]
-        cells += _timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"])
-        cells += [
-            _memory(v.metrics.get("peak_allocated_bytes"), tracked),
-            _memory(v.metrics.get("peak_reserved_bytes"), tracked),
-            gains.get(id(v), "–"),
-        ]
-        rows.append(cells)
+        rows.append(cells + _cp_timing_cells(j, v, gains))
     counts = _counts([v for _, v in rows_in], ("warmup", "repeat"))
     head = (
         f"Times in ms ({counts}): median, p90 and min of the slowest rank per repetition; bwd estimate "
@@ -588,7 +594,6 @@ def network_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             str(r[1].params.get("mode")),
         ),
     ):
-        tracked = cv.memory_tracked(j.data.device)
         T, ws = v.params.get("seq_len"), j.data.world_size
         local = _length(T // ws) if isinstance(T, int) and ws else "–"
         cells = [
@@ -597,14 +602,7 @@ def network_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             f"{_length(T)}/{local}",
             link(str(v.params.get("mode")), links.case(j.data.job_id, v.case.fingerprint)),
         ]
-        cells += _timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"])
-        cells += [
-            _ms(_median(v.metrics.get("step_ms"))),
-            _memory(v.metrics.get("peak_allocated_bytes"), tracked),
-            _memory(v.metrics.get("peak_reserved_bytes"), tracked),
-            gains.get(id(v), "–"),
-        ]
-        rows.append(cells)
+        rows.append(cells + _cp_timing_cells(j, v, gains, [_ms(_median(v.metrics.get("step_ms")))]))
     counts = _counts([v for _, v in rows_in], ("warmup", "repeat"))
     head = (
         f"Whole network, activation checkpoint off; times in ms ({counts}): median, p90 and min of the "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from service.domain.numbers import fmt
+from service.presentation.numbers import fmt
 
 NOT_TRACKED = "not tracked"
 BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}

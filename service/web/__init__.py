@@ -14,6 +14,6 @@ Pages (all read-only except the submit form; with `protect_reads` they need a lo
 - `/suites`: the catalogue.
 
 Modules: `routes/` (one router per page), `deps` (templates, the login check), `charts` (SVG).
-The rows they print come from `service.domain.views`, the plot data from
+The rows they print come from `service.presentation.views`, the plot data from
 `service.persistence.page_queries`.
 """

@@ -21,7 +21,7 @@ from html import escape
 import numpy as np
 from markupsafe import Markup
 
-from service.domain.numbers import fmt
+from service.presentation.numbers import fmt
 from workers.stats import quantiles
 
 MAX_POINTS = 400  # per lane: above this, a lane is drawn as a histogram of BINS bins

@@ -12,8 +12,9 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from service.domain import views
-from service.domain.numbers import fmt
+from service.api.deps import get_settings
+from service.presentation import views
+from service.presentation.numbers import fmt
 from service.web_session import has_session
 from workers.registry import suite_names as registered_suites
 
@@ -26,14 +27,10 @@ templates.env.filters["fmt"] = fmt
 templates.env.globals["pct"] = views.progress_percent
 
 
-def settings_of(request: Request) -> Any:
-    return request.app.state.settings
-
-
 def require_page_read(request: Request) -> None:
     """With `protect_reads`, pages need the login cookie (browsers cannot send the API's bearer
     header on a link); without it the reader is sent to /login and back."""
-    settings = settings_of(request)
+    settings = get_settings(request)
     token = settings.token()
     if not settings.protect_reads or token is None:
         return

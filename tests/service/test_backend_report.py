@@ -25,8 +25,8 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.domain.numbers import fmt
 from service.persistence import db
+from service.presentation.numbers import fmt
 from service.settings import Settings
 from tests.support.run_json import store_run
 

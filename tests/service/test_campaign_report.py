@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from service.domain.report import JobData
 from service.persistence import summaries as summary_store
 from service.persistence.summaries import CaseSummary
 from service.presentation.campaign_report import campaign_report_markdown, public_links, render
 from service.presentation.campaign_sections import CampaignJob, Links, Table, build_sections
+from service.presentation.report import JobData
 from tests.support.run_json import store_run
 from workers import verdict
 from workers.stats import summarise
@@ -689,7 +689,7 @@ def linked_rows(text: str) -> list[tuple[tuple[int, str], dict[str, str]]]:
 
 
 def _fmt(value: float) -> str:
-    from service.domain.numbers import fmt
+    from service.presentation.numbers import fmt
 
     return fmt(value)
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
-from service.domain.numbers import fmt
 from service.persistence import db
 from service.persistence import summaries as summary_store
 from service.presentation.campaign_report import campaign_report_markdown
+from service.presentation.numbers import fmt
 from tests.service.test_campaign_report import linked_rows, sections, table
 from tests.support.run_json import store_run
 

@@ -19,13 +19,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.dispatcher import StoreSink
-from service.domain import submission, views
+from service.domain import submission
 from service.domain.baselines import load_side
 from service.domain.gate import EXIT_FAIL, EXIT_PASS, GateRequest, evaluate_gate
 from service.persistence import cases as case_store
 from service.persistence import db, page_queries, queue, summaries
 from service.persistence import samples as sample_store
 from service.persistence.models import CaseResultRow, JobRow
+from service.presentation import views
+from service.presentation.gate_report import gate_markdown
 from service.settings import Settings
 from tests.service.test_gate import FakeRunner
 from tests.support.api_support import FAKE
@@ -191,11 +193,11 @@ def _samples_of(engine: Any, job_id: int) -> list[Any]:
 def test_the_gate_judges_only_the_latest_attempts_case_status(gate_env: tuple[Any, FakeRunner]) -> None:
     engine = gate_env[0]
     first = _gate(gate_env, B)
-    assert first.exit_code == EXIT_PASS, first.markdown
+    assert first.exit_code == EXIT_PASS, gate_markdown(first)
     head_b = next(j.job_id for j in first.jobs if j.role == "head")
     _rerun(engine, head_b, latest="error", stale="passed")  # a stale "passed" must not hide the error
     errored = _gate(gate_env, B)
-    assert errored.exit_code == EXIT_FAIL, errored.markdown
+    assert errored.exit_code == EXIT_FAIL, gate_markdown(errored)
     assert [c.verdict for c in errored.comparisons[0].cases] == ["errored"]
 
     ok = _gate(gate_env, E)
@@ -204,6 +206,6 @@ def test_the_gate_judges_only_the_latest_attempts_case_status(gate_env: tuple[An
     # (compare counts such a case as passed; reading attempt 1's row would make it errored)
     _rerun(engine, head_e, latest=None, stale="error")
     again = _gate(gate_env, E)
-    assert again.exit_code == EXIT_PASS, again.markdown
+    assert again.exit_code == EXIT_PASS, gate_markdown(again)
     assert [j.job_id for j in again.jobs if j.role == "head"] == [head_e]  # the same, reused job
     assert [c.head_status for c in again.comparisons[0].cases] == ["passed"]

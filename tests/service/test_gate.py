@@ -30,6 +30,7 @@ from service.persistence import cases as case_store
 from service.persistence import commits as commit_store
 from service.persistence import samples as sample_store
 from service.persistence.models import CommitRow, JobRow
+from service.presentation.gate_report import gate_markdown
 from tests.support.gate_suite import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
@@ -108,7 +109,7 @@ def sleep_metric(state: GateState) -> Any:
 
 def test_unchanged_pair_passes_and_a_second_gate_reuses_the_jobs(env) -> None:
     state = gate(env, head=B, base=A, run_id="r1")
-    assert state.exit_code == EXIT_PASS and state.verdict == "pass", state.markdown
+    assert state.exit_code == EXIT_PASS and state.verdict == "pass", gate_markdown(state)
     assert sleep_metric(state).verdict == "unchanged"
     assert [j.role for j in state.jobs] == ["head", "base"] and not any(j.reused for j in state.jobs)
     again = gate(env, head=B, base=A, run_id="r2")
@@ -122,14 +123,14 @@ def test_planted_slowdown_fails(env) -> None:
     m = sleep_metric(state)
     assert m.verdict == "regressed" and 1.25 < m.ratio < 1.35 and m.p_value < 0.01
     assert "gatetime/sleep (regressed)" in state.reason
-    assert "❌ FAIL" in state.markdown and "🔴 regressed" in state.markdown
+    assert "❌ FAIL" in gate_markdown(state) and "🔴 regressed" in gate_markdown(state)
     d = state.to_dict()
     assert d["exit_code"] == 1 and d["comparisons"][0]["counts"]["regressed"] == 1
 
 
 def test_confirm_ignores_a_one_off_slow_run_and_keeps_a_real_regression(env) -> None:
     noisy = gate(env, head=D, base=B, confirm=True)
-    assert noisy.exit_code == EXIT_PASS, noisy.markdown
+    assert noisy.exit_code == EXIT_PASS, gate_markdown(noisy)
     (conf,) = noisy.confirmations
     assert not conf.confirmed and conf.rerun_verdict == "unchanged"
     assert sleep_metric(noisy).verdict == "changed" and "not confirmed" in sleep_metric(noisy).reason
@@ -139,7 +140,7 @@ def test_confirm_ignores_a_one_off_slow_run_and_keeps_a_real_regression(env) -> 
     assert gate(env, head=D, base=B).exit_code == EXIT_PASS
     real = gate(env, head=C, base=B, confirm=True)
     assert real.exit_code == EXIT_FAIL and real.confirmations[0].confirmed
-    assert "yes (confirmed)" in real.markdown
+    assert "yes (confirmed)" in gate_markdown(real)
 
 
 def test_waiting_until_jobs_finish(env) -> None:
@@ -158,7 +159,7 @@ def test_a_failed_job_means_could_not_run(env) -> None:
     state = gate(env, head=X, base=A)
     assert state.exit_code == EXIT_INFRA and state.verdict == "error"
     assert "head job" in state.reason and "SIGKILL" in state.reason
-    assert "COULD NOT RUN" in state.markdown
+    assert "COULD NOT RUN" in gate_markdown(state)
 
 
 def test_cancelled_base_job_means_could_not_run(env) -> None:
@@ -250,10 +251,10 @@ def test_giving_up_cancels_the_jobs_the_gate_queued(env) -> None:
 
 def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(env) -> None:
     undecided = gate(env, head=N, base=NB, max_rounds=0)
-    assert undecided.exit_code == EXIT_INFRA, undecided.markdown
+    assert undecided.exit_code == EXIT_INFRA, gate_markdown(undecided)
     assert undecided.undecided == ["gatetime/sleep"] and "could not decide" in undecided.reason
     decided = gate(env, head=N, base=NB, max_rounds=5, confirm=False)  # the same first jobs, then rounds
-    assert decided.rounds >= 1, decided.markdown
+    assert decided.rounds >= 1, gate_markdown(decided)
     roles = [j.role for j in decided.jobs]
     assert roles[:2] == ["head", "base"] and roles[2:4] == ["round-base", "round-head"]
     ids = [j.job_id for j in decided.jobs]
@@ -267,7 +268,7 @@ def test_a_time_no_round_could_make_significant_is_not_measured_again(env) -> No
     """Two values per job and side, one round allowed: even pooled, 4 against 4 values cannot give
     p < ALPHA, so the gate runs no round and says it could not decide."""
     state = gate(env, head=N, base=NB, max_rounds=1, confirm=False, params={"repeats": 2})
-    assert sleep_metric(state).verdict == "inconclusive", state.markdown
+    assert sleep_metric(state).verdict == "inconclusive", gate_markdown(state)
     assert state.rounds == 0 and [j.role for j in state.jobs] == ["head", "base"]
     assert state.exit_code == EXIT_INFRA and state.undecided == ["gatetime/sleep"]
 

@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
-from service.domain.gate import gate_markdown
-from service.domain.markdown import comparison_markdown
-from service.domain.report import build_report
 from service.persistence import cases as case_store
 from service.persistence import commits
 from service.persistence import samples as sample_store
 from service.persistence.models import JobRow
+from service.presentation.gate_report import gate_markdown
+from service.presentation.markdown import comparison_markdown
+from service.presentation.report import build_report
 from workers.suite import Case, Metric
 
 pytestmark = pytest.mark.stores("sqlite")  # the `engine` of these tests is a SQLite file

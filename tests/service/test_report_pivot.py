@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from service.domain.numbers import fmt
-from service.domain.report import build_report
+from service.presentation.numbers import fmt
+from service.presentation.report import build_report
 from tests.support.run_json import store_run
 
 pytestmark = pytest.mark.stores("sqlite")  # the `engine` of these tests is a SQLite file
@@ -132,7 +132,7 @@ def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
 def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() -> None:
     """gdn-op names its backends in the metrics ('triton_fwd_bwd_ms'); a suite may instead make
     the backend a case parameter. The report's tables read the same either way."""
-    from service.domain.report_tables import accuracy_pivot, timing_pivot
+    from service.presentation.report_tables import accuracy_pivot, timing_pivot
 
     t = {"seq_len": 8192}
     in_names = [_case("T8192", t, [

@@ -90,7 +90,7 @@ def test_memory_a_cpu_does_not_track_reads_not_tracked() -> None:
 def test_job_page_memory_rows_read_not_tracked_on_a_cpu() -> None:
     """Zeros stored by an older CPU job read "not tracked" on the job page; on a GPU they are bytes."""
     from service.cli.run import case_stats, metric_stats
-    from service.domain import views
+    from service.presentation import views
     from service.presentation.conventions import memory_tracked
 
     doc = json.loads(RUN.read_text())

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from service.domain import views
-from service.domain.numbers import fmt
+from service.presentation import views
+from service.presentation.numbers import fmt
 from service.web import charts
 from workers.stats import MetricStats, worst_value
 

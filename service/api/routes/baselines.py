@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 
 from service.api.deps import (
+    EngineDep,
     Name,
     SessionDep,
     require_read,
@@ -18,14 +19,14 @@ from service.api.schemas import (
 from service.persistence import baselines as baseline_store
 from service.persistence import db
 from service.persistence import jobs as job_store
-from service.persistence.models import BaselineRow
+from service.persistence.records import BaselineRecord
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
 
 
-def _baseline_out(b: BaselineRow) -> BaselineOut:
+def _baseline_out(b: BaselineRecord) -> BaselineOut:
     return BaselineOut(
-        name=b.name, commit=b.commit.sha if b.commit else None, job_id=b.job_id, note=b.note or "",
+        name=b.name, commit=b.commit, job_id=b.job_id, note=b.note,
         updated_at=b.updated_at,
     )  # fmt: skip
 
@@ -45,11 +46,11 @@ def get_baseline(name: Name, session: SessionDep) -> BaselineOut:
 
 
 @router.put("/baselines/{name}", response_model=BaselineOut, dependencies=[Depends(require_write)])
-def set_baseline(name: Name, body: BaselineSet, request: Request) -> BaselineOut:
+def set_baseline(name: Name, body: BaselineSet, engine: EngineDep) -> BaselineOut:
     """Point a named baseline at a commit or at one job (exactly one of the two)."""
     if (body.commit is None) == (body.job_id is None):
         raise HTTPException(422, "give exactly one of 'commit' (a sha or ref) or 'job_id'")
-    with db.write_tx(request.app.state.engine) as s:
+    with db.write_tx(engine) as s:
         if body.job_id is not None and job_store.get_job(s, body.job_id) is None:
             raise HTTPException(422, f"job_id {body.job_id} does not exist")
         b = baseline_store.set_baseline(s, name, commit=body.commit, job_id=body.job_id, note=body.note)

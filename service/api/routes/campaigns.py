@@ -6,16 +6,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from service.api.deps import (
     MAX_ID,
     Cursor,
+    EngineDep,
+    RunnerDep,
     SessionDep,
+    SettingsDep,
+    answer_queued,
     cursor_value,
-    get_settings,
     require_read,
     require_write,
 )
@@ -26,7 +29,7 @@ from service.domain.baselines import NotFound
 from service.domain.campaigns import CampaignCreate
 from service.persistence import campaigns as store
 from service.persistence import queue
-from service.persistence.models import CampaignRow, JobRow
+from service.persistence.records import CampaignRecord, JobRecord
 from service.presentation.campaign_report import campaign_report_markdown
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["campaigns"])
@@ -55,7 +58,7 @@ class CampaignOut(BaseModel):
     total: int
 
     @classmethod
-    def of(cls, row: CampaignRow, jobs: list[JobRow]) -> CampaignOut:
+    def of(cls, row: CampaignRecord, jobs: list[JobRecord]) -> CampaignOut:
         st = domain.campaign_state(jobs)
         return cls(
             id=row.id, plan=row.plan_name, plan_version=row.plan_version, device=row.device,
@@ -70,7 +73,7 @@ class CampaignDetail(CampaignOut):
     jobs: list[CampaignJobOut]
 
 
-def _found(session: SessionDep, campaign_id: int) -> tuple[CampaignRow, list[tuple[str, JobRow]]]:
+def _found(session: SessionDep, campaign_id: int) -> tuple[CampaignRecord, list[tuple[str, JobRecord]]]:
     found = domain.campaign_or_none(session, campaign_id)
     if found is None:
         raise HTTPException(404, f"no campaign {campaign_id}")
@@ -85,26 +88,20 @@ def _found(session: SessionDep, campaign_id: int) -> tuple[CampaignRow, list[tup
     responses={200: {"description": "an earlier campaign with the same idempotency key"}},
 )
 def create_campaign(
-    body: CampaignCreate, request: Request, response: Response, session: SessionDep
+    body: CampaignCreate, response: Response, session: SessionDep, engine: EngineDep, settings: SettingsDep,
+    runner: RunnerDep,
 ) -> CampaignOut:
     """Queue every job of a plan as one campaign. An unknown plan, or a plan job the service
     could never run, is 422 naming the choices; a repeated `idempotency_key` answers 200."""
-    state = request.app.state
     try:
-        row, created = domain.submit_campaign(state.engine, state.settings, body, state.executor)
+        row, created = domain.submit_campaign(engine, settings, body, runner.executor)
     except domain.InvalidCampaign as exc:
         raise HTTPException(422, str(exc)) from exc
     except queue.JobConflict as exc:
         raise HTTPException(409, str(exc)) from exc
     except submission.SuiteUnavailable as exc:
         raise HTTPException(503, str(exc)) from exc
-    if created:
-        dispatcher = getattr(state, "dispatcher", None)
-        if dispatcher is not None:
-            dispatcher.wake()
-    else:
-        response.status_code = 200
-    response.headers["Location"] = f"/api/v1/campaigns/{row.id}"
+    answer_queued(response, created, f"/api/v1/campaigns/{row.id}", runner)
     _, jobs = _found(session, row.id)
     return CampaignOut.of(row, [j for _, j in jobs])
 
@@ -142,14 +139,14 @@ def get_campaign(campaign_id: CampaignId, session: SessionDep) -> CampaignDetail
 )
 def campaign_report(
     campaign_id: CampaignId,
-    request: Request,
     session: SessionDep,
+    settings: SettingsDep,
     base: Annotated[int | None, Query(ge=1, le=MAX_ID, description="a campaign to compare with")] = None,
 ) -> PlainTextResponse:
     """The campaign's report as Markdown, compared with campaign `base` when given."""
     _, jobs = _found(session, campaign_id)
     base_ids = [j.id for _, j in _found(session, base)[1]] if base is not None else []
-    url = get_settings(request).public_url or ""  # links only from the configured public URL
+    url = settings.public_url or ""  # links only from the configured public URL
     try:
         text = campaign_report_markdown(session, [j.id for _, j in jobs], base_url=url, base_job_ids=base_ids)
     except NotFound as exc:

@@ -10,11 +10,12 @@ import math
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from service.api.deps import (
     Cursor,
+    EngineDep,
     JobId,
     SessionDep,
     cursor_value,
@@ -67,8 +68,8 @@ def _fmt(v: float) -> str:
 )
 def job_samples(
     job_id: JobId,
-    request: Request,
     session: SessionDep,
+    engine: EngineDep,
     case: Annotated[str | None, Query(max_length=300)] = None,
     metric: Annotated[str | None, Query(max_length=200)] = None,
     rank: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
@@ -89,7 +90,7 @@ def job_samples(
             next=None if nxt is None else str(nxt),
         )
     chunks = sample_store.iter_samples(
-        request.app.state.engine, job_id, case=case, metric=metric, rank=rank, attempt=attempt
+        engine, job_id, case=case, metric=metric, rank=rank, attempt=attempt
     )
     fields = ("id", "attempt", "case", "fingerprint", "metric", "rank", "idx", "value")
 

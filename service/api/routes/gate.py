@@ -13,11 +13,28 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from service.api.deps import Cursor, SessionDep, cursor_value, require_read, require_write
+from service.api.deps import (
+    Cursor,
+    EngineDep,
+    RunnerDep,
+    SessionDep,
+    SettingsDep,
+    cursor_value,
+    require_read,
+    require_write,
+)
 from service.api.schemas import Page
-from service.domain.gate import GateInputError, GateRequest, default_submit, evaluate_gate, gate_markdown
+from service.domain.gate import (
+    EXIT_INFRA,
+    GateInputError,
+    GateRequest,
+    GateState,
+    default_submit,
+    evaluate_gate,
+)
 from service.persistence import gates as gate_store
 from service.persistence.models import GateRow
+from service.presentation.gate_report import gate_answer
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 
@@ -27,27 +44,20 @@ def _base_url(request: Request) -> str:
 
 
 @router.post("/gate", dependencies=[Depends(require_write)])
-def gate_step(body: GateRequest, request: Request) -> dict[str, Any]:
+def gate_step(
+    body: GateRequest, request: Request, engine: EngineDep, settings: SettingsDep, runner: RunnerDep
+) -> dict[str, Any]:
     """Advance the gate; `exit_code` is set once `phase` is `done` (0 pass, 1 fail, 2 could not run)."""
-    state = request.app.state
-    dispatcher = getattr(state, "dispatcher", None)
-    if state.executor is None:
-        return {
-            "phase": "done", "exit_code": 2, "verdict": "error", "head": body.head, "base": None,
-            "base_source": "", "jobs": [], "confirmations": [], "comparisons": [],
-            "reason": f"could not run: the service has no executor ({state.executor_error})",
-            "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- the service has no executor "
-                        f"({state.executor_error})\n",
-        }  # fmt: skip
-    wake = dispatcher.wake if dispatcher is not None else None
-    submit = default_submit(state.engine, state.settings, state.executor, wake)
+    if runner.executor is None:
+        why = f"could not run: the service has no executor ({runner.error})"
+        refused = GateState("done", EXIT_INFRA, "error", why, body.head, None, "")
+        return gate_answer(refused, _base_url(request))
+    submit = default_submit(engine, settings, runner.executor, runner.wake)
     try:
-        result = evaluate_gate(state.engine, body, submit)
+        result = evaluate_gate(engine, body, submit)
     except GateInputError as exc:
         raise HTTPException(422, str(exc)) from exc
-    if result.markdown is not None:
-        result.markdown = gate_markdown(result, _base_url(request))
-    return result.to_dict()
+    return gate_answer(result, _base_url(request))
 
 
 class GateJobOut(BaseModel):

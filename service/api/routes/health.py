@@ -12,8 +12,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
+from service.api.deps import AppStateDep
 from service.api.schemas import (
     Health,
 )
@@ -34,10 +35,9 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-def readyz(request: Request, response: Response) -> Health:
+def readyz(state: AppStateDep, response: Response) -> Health:
     """The store answers at the migrated head, the dispatcher (if enabled) is running and the
     executor's cluster answers (`cluster`: its alive nodes and resources per kind)."""
-    state = request.app.state
     checks: dict[str, Any] = {"database": _store_check(state)}
     dispatcher = getattr(state, "dispatcher", None)
     if state.settings.dispatch:

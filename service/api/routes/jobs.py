@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from service.api.deps import (
     LABEL_PATTERN,
     Cursor,
+    EngineDep,
     JobId,
+    RunnerDep,
     SessionDep,
+    SettingsDep,
+    answer_queued,
     cursor_value,
     job_or_404,
     require_read,
@@ -39,24 +43,19 @@ router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)])
     dependencies=[Depends(require_write)],
     responses={200: {"description": "an earlier job with the same idempotency key"}},
 )
-def create_job(body: JobCreate, request: Request, response: Response) -> JobOut:
+def create_job(
+    body: JobCreate, response: Response, engine: EngineDep, settings: SettingsDep, runner: RunnerDep
+) -> JobOut:
     """Queue a job. A repeated `idempotency_key` answers 200 with the job it first created."""
-    state = request.app.state
     try:
-        job, created = submission.submit_checked(state.engine, state.settings, body, state.executor)
+        job, created = submission.submit_checked(engine, settings, body, runner.executor)
     except submission.InvalidJob as exc:
         raise HTTPException(422, str(exc)) from exc
     except queue.JobConflict as exc:
         raise HTTPException(409, str(exc)) from exc
     except (submission.SuiteUnavailable, ExecutorUnavailable) as exc:
         raise HTTPException(503, str(exc)) from exc
-    if created:
-        dispatcher = getattr(state, "dispatcher", None)
-        if dispatcher is not None:
-            dispatcher.wake()
-    else:
-        response.status_code = 200
-    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    answer_queued(response, created, f"/api/v1/jobs/{job.id}", runner)
     return JobOut.of(job)
 
 
@@ -97,17 +96,15 @@ def get_job(job_id: JobId, session: SessionDep) -> JobOut:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(require_write)])
-def cancel_job(job_id: JobId, request: Request) -> JobOut:
+def cancel_job(job_id: JobId, engine: EngineDep, runner: RunnerDep) -> JobOut:
     """Cancel a queued job now, or ask a running one to stop (it ends `cancelled`)."""
     try:
-        job = queue.cancel(request.app.state.engine, job_id)
+        job = queue.cancel(engine, job_id)
     except queue.JobNotFound as exc:
         raise HTTPException(404, str(exc)) from exc
     except queue.JobConflict as exc:
         raise HTTPException(409, str(exc)) from exc
-    dispatcher = getattr(request.app.state, "dispatcher", None)
-    if dispatcher is not None:
-        dispatcher.wake()
+    runner.wake()
     return JobOut.of(job)
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.api.deps import MAX_ID, JobId, SessionDep, require_read
 from service.domain.baselines import NotFound
-from service.domain.report import build_report
+from service.presentation.report import build_report
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
 

@@ -12,17 +12,17 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import MAX_ID, get_session
 from service.domain import campaigns as domain
-from service.domain import views
 from service.persistence import campaigns as store
 from service.persistence import page_queries
-from service.persistence.models import CampaignRow, JobRow
+from service.persistence.records import CampaignRecord, JobRecord
+from service.presentation import views
 from service.web.deps import error_page, page, require_page_read, utc_now, when
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
 VERDICT_CSS = {"passed": "v-unchanged", "failed": "v-failed", "errored": "v-errored"}
 
 
-def _campaign_row(row: CampaignRow, jobs: list[JobRow]) -> dict[str, Any]:
+def _campaign_row(row: CampaignRecord, jobs: list[JobRecord]) -> dict[str, Any]:
     st = domain.campaign_state(jobs)
     return {
         "id": row.id, "plan": row.plan_name, "plan_version": row.plan_version, "device": row.device,
@@ -33,7 +33,7 @@ def _campaign_row(row: CampaignRow, jobs: list[JobRow]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _job_row(key: str, job: JobRow, counts: dict[str, int], now: datetime) -> dict[str, Any]:
+def _job_row(key: str, job: JobRecord, counts: dict[str, int], now: datetime) -> dict[str, Any]:
     word, css = views.job_verdict(job.status, job.verdict, counts)
     return {
         "key": key, "id": job.id, "status": job.status, "suite": job.suite, "preset": job.preset,

@@ -10,13 +10,13 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
-from service.domain import views
 from service.domain.baselines import compare_jobs
 from service.persistence import baselines as baseline_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries
 from service.persistence.jobs import find_commit_job
-from service.persistence.models import JobRow
+from service.persistence.records import JobRecord
+from service.presentation import views
 from service.web.deps import (
     DEVICES,
     page,
@@ -28,26 +28,26 @@ router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_r
 
 
 def _resolve_side(session: Session, text: str, suite: str | None, device: str | None,
-                  other: JobRow | None) -> JobRow:
+                  other: JobRecord | None) -> JobRecord:
     """A job id ('12' or '#12'), a named baseline, or a commit (a prefix of 7 or more): that
     commit's job (`find_commit_job`, the API's and the gate's rule) of the suite, matching the
     other side's preset, world size and overrides when the other side is known."""
     t = text.strip().lstrip("#")
     if t.isdigit() and len(t) < 7:
-        job = job_store.get_job(session, int(t))
+        job = job_store.job_record(session, int(t))
         if job is None:
             raise LookupError(f"there is no job #{t}")
         return job
     named = baseline_store.get_baseline(session, t)
     if named is not None:
         if named.job_id is not None:
-            job = job_store.get_job(session, named.job_id)
+            job = job_store.job_record(session, named.job_id)
             if job is None:
                 raise LookupError(f"baseline {t!r} points at job #{named.job_id}, which is gone")
             return job
         if named.commit is None:
             raise LookupError(f"baseline {t!r} points at nothing")
-        t = named.commit.sha
+        t = named.commit
     suite = suite or (other.suite if other else None)
     if not suite:
         raise LookupError(f"{text!r} looks like a commit: pick a suite (or give a job id on the other side)")

@@ -10,11 +10,11 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
-from service.domain import views
-from service.domain.markdown import short_sha
 from service.persistence import gates as gate_store
 from service.persistence import page_queries
 from service.persistence.models import GateRow
+from service.presentation import views
+from service.presentation.markdown import short_sha
 from service.web.deps import error_page, page, require_page_read, when
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])

@@ -9,12 +9,12 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import DbIntQuery, get_session
-from service.domain import views
-from service.domain.numbers import fmt
 from service.persistence import cases as case_store
 from service.persistence import page_queries
 from service.persistence import samples as sample_store
 from service.persistence.models import JobRow
+from service.presentation import views
+from service.presentation.numbers import fmt
 from service.web import charts
 from service.web.deps import (
     DEVICES,

@@ -12,9 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 
-from service.api.deps import DbId, DbIdQuery, get_session
-from service.domain import views
-from service.domain.report import build_report
+from service.api.deps import DbId, DbIdQuery, SettingsDep, get_session
 from service.persistence import artifacts as artifact_store
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
@@ -23,7 +21,10 @@ from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.artifacts import artifact_url
 from service.persistence.models import FINAL_STATUSES, JobRow
+from service.presentation import views
 from service.presentation.conventions import memory_tracked
+from service.presentation.report import build_report
+from service.settings import Settings
 from service.web import charts
 from service.web.deps import (
     api_samples_url,
@@ -190,7 +191,9 @@ def _case_counts(cases: list[views.CaseView]) -> list[tuple[str, str, int]]:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: DbId, session: Session = Depends(get_session)) -> HTMLResponse:
+def job_page(
+    request: Request, job_id: DbId, settings: SettingsDep, session: Session = Depends(get_session)
+) -> HTMLResponse:
     job = job_store.get_job(session, job_id)
     if job is None:
         return error_page(request, 404, "No such job", f"There is no job #{job_id}.")
@@ -215,7 +218,7 @@ def job_page(request: Request, job_id: DbId, session: Session = Depends(get_sess
         traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
-        deadline=_deadline(request, job), case_backends=views.case_backends(cases),
+        deadline=_deadline(settings, job), case_backends=views.case_backends(cases),
         backend_records=views.backend_records(job.info or {}),
         gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
@@ -223,16 +226,16 @@ def job_page(request: Request, job_id: DbId, session: Session = Depends(get_sess
     )  # fmt: skip
 
 
-def _deadline(request: Request, job: JobRow) -> str:
+def _deadline(settings: Settings, job: JobRow) -> str:
     """The job's wall-clock limit as it runs (recorded at start) or will run (computed the same way)."""
     seconds = (job.info or {}).get("deadline_s")
     try:
         if seconds is None:
             seconds = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
-                                     request.app.state.settings.job_deadline_s)  # fmt: skip
+                                     settings.job_deadline_s)  # fmt: skip
     except Exception as exc:  # an unloadable suite: say so instead of hiding the fact
         return f"unknown ({type(exc).__name__}: {exc})"
-    origin = "service setting" if request.app.state.settings.job_deadline_s else "suite default"
+    origin = "service setting" if settings.job_deadline_s else "suite default"
     start = datetime(2000, 1, 1, tzinfo=UTC)
     return f"{views.duration(start, start + timedelta(seconds=float(seconds)))} ({origin})"
 

@@ -12,17 +12,24 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from service.api import deps
-from service.api.deps import get_session, record_failure, refuse_if_locked
-from service.domain import submission, views
+from service.api.deps import (
+    EngineDep,
+    RunnerDep,
+    SettingsDep,
+    get_session,
+    record_failure,
+    refuse_if_locked,
+)
+from service.domain import submission
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries, queue
 from service.persistence.models import JOB_STATUSES, JobRow
+from service.presentation import views
 from service.web.deps import (
     DEVICES,
     page,
     require_page_read,
-    settings_of,
     suite_names,
     utc_now,
     when,
@@ -99,6 +106,9 @@ def jobs_rows(request: Request, status: str | None = None, suite: str | None = N
 @router.post("/jobs/new", response_class=HTMLResponse)
 def submit_job(
     request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    runner: RunnerDep,
     suite: str = Form(...),
     preset: str = Form("quick"),
     commit: str = Form(""),
@@ -121,7 +131,7 @@ def submit_job(
                      presets=PRESETS, devices=DEVICES, form=form, form_open=True, message=message,
                      message_class="bad", **ctx)
 
-    expected = settings_of(request).token()
+    expected = settings.token()
     if expected is not None:
         refuse_if_locked(request)
     if expected is not None and not hmac.compare_digest(token.encode(), expected.encode()):
@@ -138,9 +148,8 @@ def submit_job(
         return again(422, f"Parameters and labels must be JSON objects: {exc}")
     from pydantic import ValidationError
 
-    state = request.app.state
     try:  # the API's own submit path: same validation, same queue
-        job, _ = submission.submit_checked(state.engine, state.settings, body, state.executor)
+        job, _ = submission.submit_checked(engine, settings, body, runner.executor)
     except ValidationError as exc:
         return again(422, "Not submitted: " + "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()))
@@ -148,7 +157,5 @@ def submit_job(
         return again(422, f"Not submitted: {exc}")
     except (submission.SuiteUnavailable, ExecutorUnavailable) as exc:
         return again(503, f"Not submitted: {exc}")
-    dispatcher = getattr(state, "dispatcher", None)
-    if dispatcher is not None:
-        dispatcher.wake()
+    runner.wake()
     return RedirectResponse(f"/jobs/{job.id}", status_code=303)

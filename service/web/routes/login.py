@@ -7,11 +7,8 @@ import hmac
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from service.api.deps import record_failure, refuse_if_locked
-from service.web.deps import (
-    page,
-    settings_of,
-)
+from service.api.deps import get_settings, record_failure, refuse_if_locked
+from service.web.deps import page
 from service.web_session import COOKIE, session_keys
 
 router = APIRouter(include_in_schema=False)
@@ -32,7 +29,7 @@ def login_page(request: Request, next: str | None = None) -> HTMLResponse:
 @router.post("/login", response_class=HTMLResponse)
 def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) -> Response:
     """Trade the API token for a session cookie (HttpOnly, SameSite=Lax) so pages can be read."""
-    expected = settings_of(request).token()
+    expected = get_settings(request).token()
     target = _safe_next(next)
     if expected is None:
         return RedirectResponse(target, status_code=303)
@@ -53,7 +50,7 @@ def logout(request: Request) -> RedirectResponse:
 
     A POST carrying the session cookie: the cookie is SameSite=Lax, so another site's form or
     link cannot send it, and a request without it changes nothing."""
-    token = settings_of(request).token()
+    token = get_settings(request).token()
     given = request.cookies.get(COOKIE, "")
     resp = RedirectResponse("/login", status_code=303)
     if given:

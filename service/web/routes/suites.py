@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
-from service.domain import views
-from service.domain.numbers import fmt
+from service.presentation import views
+from service.presentation.numbers import fmt
 from service.web.deps import (
     page,
     require_page_read,

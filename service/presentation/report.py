@@ -6,7 +6,7 @@ speed with speed-ups (Triton vs eager), memory, CP tables (P2P vs Ulysses), traj
 summaries, and, with a base, the comparison. Every number links to its case on the job page
 (`/jobs/{id}#case-{fingerprint}`, the web page's anchor), so a reader can open the samples.
 
-The tables use the web page's view models (`service.domain.views`): the same worst-rank numbers,
+The tables use the web page's view models (`service.presentation.views`): the same worst-rank numbers,
 the same bound judgements, the same baseline pairing for speed-ups, in both places.
 """
 
@@ -16,19 +16,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from service.domain import report_tables as tables
-from service.domain import views
 from service.domain.baselines import NotFound, compare_jobs
 from service.domain.compare import Comparison
-from service.domain.markdown import case_url, comparison_markdown, job_url, link, md_escape, short_sha, table
 from service.persistence import jobs as job_store
 from service.persistence import summaries as summary_store
+from service.presentation import report_tables as tables
+from service.presentation import views
 from service.presentation.conventions import memory_tracked
+from service.presentation.markdown import (
+    case_url,
+    comparison_markdown,
+    job_url,
+    link,
+    md_escape,
+    short_sha,
+    table,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from service.domain.report_tables import Pivot
+    from service.presentation.report_tables import Pivot
 
 # ---------------------------------------------------------------------------------- job reports
 
@@ -46,14 +54,14 @@ class JobData:
     world_size: int
     error: str | None
     info: Mapping[str, Any]
-    cases: list[Any]  # summary_store.CaseSummary (fits service.domain.views.CaseStats)
+    cases: list[Any]  # summary_store.CaseSummary (fits service.presentation.views.CaseStats)
     started: Any = None
     finished: Any = None
     verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
-    job = job_store.get_job(session, job_id)
+    job = job_store.job_record(session, job_id)
     if job is None:
         raise NotFound(f"no job {job_id} in the store")
     return JobData(

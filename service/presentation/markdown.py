@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from service.domain.compare import Comparison, MetricResult
-from service.domain.numbers import fmt
+from service.presentation.numbers import fmt
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",

@@ -9,7 +9,7 @@ A row is a case, or a case and a *variant* when one case measures several backen
 side by side in its metric names ('triton_fwd_ms', 'eager_fwd_ms'): such a case gives one row
 per variant, exactly as if the backend were a case parameter, so the tables read the same
 whichever way a suite names its metrics. Everything here is plain data in, plain data out: no
-SQL, no Markdown (`service.domain.report` renders), no FastAPI.
+SQL, no Markdown (`service.presentation.report` renders), no FastAPI.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.domain import views
-from service.domain.numbers import fmt
-from service.presentation import conventions
+from service.presentation import conventions, views
+from service.presentation.numbers import fmt
 
 # Metric-name prefixes that name a backend or CP mode measured inside one case
 # ('triton_fwd_ms'): the rest of the name is the measure, the prefix a row dimension.

@@ -5,7 +5,7 @@ statistics, lists of values) and return plain rows, so the layout rules (which c
 lands in, how a cell is judged against its bound, which case is another's baseline for a
 speed-up) are unit-testable without a database or a browser.
 
-The job page mirrors the report's tables (service/domain/report.py, one per suite): accuracy per tensor
+The job page mirrors the report's tables (service/presentation/report.py, one per suite): accuracy per tensor
 (relative-L2, max abs, max rel, finite), speed (median / p90 / min with the speed-up against the
 baseline backend or CP mode), memory, trajectories, checks.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from service.domain.numbers import fmt
 from service.presentation import conventions
 from service.presentation.conventions import BYTE_UNITS, human_bytes
+from service.presentation.numbers import fmt
 from workers import verdict
 from workers.stats import MetricStats
 
