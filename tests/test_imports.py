@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -264,3 +265,39 @@ def test_the_domain_imports_no_orm_rows():
         "service.domain.gate:2 imports service.persistence.models"
     ]
     assert orm_row_imports("service.web.routes.job", "from service.persistence.models import JobRow\n") == []
+
+
+def import_cycle(sources: dict[str, str]) -> list[str] | None:
+    """One cycle among `sources`' modules (module -> its source), counting imports inside
+    functions too (a function-level import only hides a cycle until that function runs), or None."""
+    graph: dict[str, set[str]] = {}
+    for module, source in sources.items():
+        targets = set()
+        for _, target in _imported(ast.parse(source)):
+            while target not in sources and "." in target:  # `from pkg.mod import name` -> pkg.mod
+                target = target.rsplit(".", 1)[0]
+            if target in sources and target != module:
+                targets.add(target)
+        graph[module] = targets
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+def test_gdn_and_kernels_import_no_module_of_their_own_in_a_cycle():
+    for package in ("gdn", "kernels"):
+        sources = {m: p.read_text() for m, p in _modules() if _under(m, package)}
+        cycle = import_cycle(sources)
+        assert cycle is None, f"{package} imports in a cycle: {' -> '.join(cycle or [])}"
+
+
+def test_the_cycle_check_finds_one_behind_a_function_level_import():
+    found = import_cycle({
+        "gdn.ops": "def f():\n    from gdn.backends import get_backend\n",
+        "gdn.backends": "from gdn.ops import GDNShape\n",
+        "gdn.capability": "",
+    })  # fmt: skip
+    assert found is not None and set(found) == {"gdn.ops", "gdn.backends"}
+    assert import_cycle({"gdn.ops": "from gdn.backends import get_backend\n", "gdn.backends": ""}) is None

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from gdn.ops import GDNShape
+from gdn.capability import GDNShape
 
 
 class CoreFn(Protocol):

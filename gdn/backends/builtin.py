@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from gdn.backends.base import Backend
-from gdn.ops import GDNShape, UnsupportedGDNRequest, check_triton_gdn, eager_core, triton_interpreter_on
+from gdn.backends.eager import eager_core
+from gdn.capability import GDNShape, UnsupportedGDNRequest, check_triton_gdn, triton_interpreter_on
 
 FLA_FLASH_QLA_ENV = "FLA_FLASH_QLA"
 PEER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gdn.backends.base import Backend, supports_everything
 from gdn.backends.builtin import BUILTINS
-from gdn.ops import UnsupportedGDNRequest
+from gdn.capability import UnsupportedGDNRequest
 
 ENTRY_POINT_GROUP = "gdnval.backends"
 _LOADED: dict[str, Backend] = {}  # resolved plugins, so a timed call does not rescan entry points

@@ -12,7 +12,10 @@ gates, each a new job of B against the B job before it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +26,29 @@ import pytest
 from tests.support.gate_suite import git, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
-ANCHOR = "        return chunk_gated_delta_rule_eager(\n"
-CALL_ARGS = (
-    "q, k, v, g, beta, scale=scale, initial_state=initial_state, "
-    "output_final_state=output_final_state, chunk_size=chunk_size"
-)
+EAGER = Path("gdn") / "backends" / "eager.py"  # the module the `eager` backend's entry comes from
+# Each planted change is appended to that module: a re-definition of `eager_core` around the
+# original (appended code needs no anchor in the code it changes).
+TWICE = """
+
+_eager_core = eager_core
+
+
+def eager_core(q, k, v, g, beta, **kw):
+    \"\"\"The forward computed twice, the first result dropped (a 2x slow-down).\"\"\"
+    _eager_core(q, k, v, g, beta, **kw)
+    return _eager_core(q, k, v, g, beta, **kw)
+"""
+SCALED = """
+
+_eager_core = eager_core
+
+
+def eager_core(q, k, v, g, beta, **kw):
+    \"\"\"The output x (1 + 1e-3).\"\"\"
+    o, state = _eager_core(q, k, v, g, beta, **kw)
+    return o * (1 + 1e-3), state
+"""
 # eager only: the scenario is about the eager core; the interpreter would only add minutes
 GATE_PARAMS = ("--param", 'backends=["eager"]')
 
@@ -37,31 +58,49 @@ def make_scenario_repo(path: Path) -> dict[str, str]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for pkg in ("gdn", "kernels", "workers"):
         shutil.copytree(ROOT / pkg, path / pkg, ignore=ignore)
-    ops = path / "gdn" / "ops.py"
-    src = ops.read_text()
-    assert src.count(ANCHOR) == 1, "the eager call in gdn/ops.py moved; update the scenario's anchor"
+    eager = path / EAGER
+    src = eager.read_text()
+    assert "\ndef eager_core(" in src, f"the eager backend's entry left {EAGER}; update the scenario"
     git(path, "init", "-q")
     shas: dict[str, str] = {}
 
     def commit(name: str, text: str) -> None:
-        ops.write_text(text)
+        eager.write_text(text)
         git(path, "add", "-A")
         git(path, "commit", "-q", "-m", name)
         shas[name] = git(path, "rev-parse", "HEAD")
 
     commit("A", src)
-    comment = src.replace(ANCHOR, "        # the eager backend: autograd through chunks\n" + ANCHOR)
-    commit("B", comment)
-    twice = src.replace(ANCHOR, f"        chunk_gated_delta_rule_eager({CALL_ARGS})  # twice\n" + ANCHOR)
-    commit("C", twice)
-    # an early return before the original call (left in place, unreachable)
-    scaled = src.replace(
-        ANCHOR,
-        f"        o, state = chunk_gated_delta_rule_eager({CALL_ARGS})\n"
-        "        return o * (1 + 1e-3), state  # perturbed\n" + ANCHOR,
-    )
-    commit("D", scaled)
+    commit("B", src + "\n# the eager backend: autograd through chunks\n")
+    commit("C", src + TWICE)
+    commit("D", src + SCALED)
     return shas
+
+
+PLANT_CHECK = """
+import json, torch, gdn
+torch.manual_seed(0)
+q, k = torch.randn(1, 70, 1, 8), torch.nn.functional.normalize(torch.randn(1, 70, 1, 8), dim=-1)
+v, g, b = torch.randn(1, 70, 2, 8), -torch.rand(1, 70, 2), torch.rand(1, 70, 2)
+o, _ = gdn.gated_delta_rule(q, k, v, g, b)
+ref, _ = gdn.chunk_gated_delta_rule_eager(q, k, v, g, b)
+print(json.dumps({"doc": gdn.get_backend("eager").fn.__doc__, "ratio": (o / ref).mean().item()}))
+"""
+
+
+@pytest.mark.parametrize("plant", ["TWICE", "SCALED"])
+def test_a_planted_change_is_what_the_eager_backend_runs(plant: str, tmp_path: Path) -> None:
+    """The appended re-definition replaces the `eager` backend's entry (and only it: the
+    reference the accuracy is measured against stays), in a fresh interpreter as the jobs' ranks."""
+    shutil.copytree(ROOT / "gdn", tmp_path / "gdn", ignore=shutil.ignore_patterns("__pycache__"))
+    text = globals()[plant]
+    (tmp_path / EAGER).write_text((tmp_path / EAGER).read_text() + text)
+    out = subprocess.run([sys.executable, "-c", PLANT_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["doc"] in text
+    assert found["ratio"] == pytest.approx(1 + 1e-3 if plant == "SCALED" else 1.0, rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +190,8 @@ def test_gate_scenario_comment_slowdown_perturbation_and_false_alarms(server: Si
 
 
 def default_gate(server: SimpleNamespace, head: str) -> SimpleNamespace:
-    """README's default CPU gate, `gdnval gate --head H --base H~1 --device cpu` (every suite that
-    runs on one CPU rank, each with its gate-cpu preset), over HTTP in this process."""
+    """README's default gate, `gdnval gate --head H --base H~1` (on the CPU by default: every suite
+    that runs on one CPU rank, each with its gate-cpu preset), over HTTP in this process."""
     from click.testing import CliRunner
 
     from service.cli import main
@@ -160,7 +199,7 @@ def default_gate(server: SimpleNamespace, head: str) -> SimpleNamespace:
     out = server.tmp / f"default-gate-{time.monotonic_ns()}.json"
     t0 = time.monotonic()
     result = CliRunner().invoke(main, [
-        "gate", "--head", head, "--base", f"{head}~1", "--device", "cpu",
+        "gate", "--head", head, "--base", f"{head}~1",
         "--repo", str(server.repo), "--server", server.url, "--poll", "0.3", "--json", str(out),
     ], catch_exceptions=False)  # fmt: skip
     data = json.loads(out.read_text()) if out.exists() else {}

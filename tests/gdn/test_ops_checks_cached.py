@@ -8,7 +8,7 @@ import torch
 
 from gdn import GDNShape, UnsupportedGDNRequest, gated_delta_rule
 from gdn.backends import Backend
-from gdn.ops import eager_core
+from gdn.backends.eager import eager_core
 from tests.support.gdn_inputs import make_inputs
 
 

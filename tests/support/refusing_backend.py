@@ -9,6 +9,6 @@ from typing import Any
 def no_packed(q: Any, k: Any, v: Any, g: Any, beta: Any, *, cu_seqlens: Any = None, **kw: Any) -> Any:
     if cu_seqlens is not None:
         raise NotImplementedError("no_packed takes no cu_seqlens")
-    from gdn.ops import eager_core
+    from gdn.backends.eager import eager_core
 
     return eager_core(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)

@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from gdn.backends import Backend
-from gdn.ops import eager_core
+from gdn.backends.eager import eager_core
 
 
 def _refuse_fp64(shape: Any, dtype: torch.dtype, device: torch.device) -> str | None:

@@ -254,7 +254,7 @@ version = "0.3.0"
 extray = "extray:core"
 """
 EXT_CORE = '''"""A backend from another repository: our eager core under its own name."""
-from gdn.ops import eager_core
+from gdn.backends.eager import eager_core
 
 
 def core(q, k, v, g, beta, **kw):
