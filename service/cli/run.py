@@ -110,6 +110,10 @@ class CollectingSink:
         if self._console is not None:
             self._console.print(f"[dim]{line}[/dim]", highlight=False)
 
+    def waiting(self, reason: str | None) -> None:
+        if reason is not None:
+            self.log(f"waiting: {reason}")
+
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         self.artifacts.append((name, media_type, len(data)))
 

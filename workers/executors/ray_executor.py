@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ran
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
 JOB_ID_ENV = "GDNVAL_JOB_ID"  # in every rank actor's runtime_env: Ray's view names the job
 PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
+PLACEMENT_QUIET_S = 5.0  # a group that fits the free resources but waits longer is reported waiting
 UNAVAILABLE_GRACE_S = 30.0  # how long an actor Ray calls unavailable (maybe transient) may stay so
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
@@ -433,10 +434,12 @@ class RayExecutor(Executor):
         cancel: threading.Event | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         job_id: int | None = None,
-        waiting: Any = None,
+        waiting: Callable[[str | None], None] | None = None,
         deadline_s: float | None = None,
     ) -> tuple[Any, list[Any]]:
         """A ready placement group and one actor per bundle; raises TimeoutError naming the need.
+        `waiting` hears what the group waits for once it is not placed at once, and None when it
+        is placed.
 
         With `job_id` the group is named `gdnval-job-<id>`, each actor `gdnval-job-<id>-rank-<r>`
         with `GDNVAL_JOB_ID` in its runtime_env, so Ray's own tools tie them to the job."""
@@ -454,16 +457,22 @@ class RayExecutor(Executor):
         group = job_name(job_id) if job_id is not None else ""
         pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy, name=group)
         actors: list[Any] = []
+        waited = False
         try:
             end = time.monotonic() + timeout_s
+            quiet_until = time.monotonic() + PLACEMENT_QUIET_S
             while not pg.wait(timeout_seconds=1):  # in steps, so a cancel is not stuck behind it
                 if grow and token not in self._demand:
                     with self._lock:
                         self._demand[token] = [dict(bundle) for _ in range(world_size)]
                     self._request_nodes()
-                    if waiting is not None:
-                        waiting(f"waiting for {world_size} x {bundle} ({strategy}): more than the alive "
-                                f"nodes hold, requested from the autoscaler for up to {timeout_s:g} s")
+                if not waited and waiting is not None and (grow or time.monotonic() > quiet_until):
+                    why = "not free"
+                    if grow:
+                        why = "more than the alive nodes hold, requested from the autoscaler"
+                    need = f"{world_size} x {bundle} ({strategy})"
+                    waiting(f"waiting for {need}: {why}, for up to {timeout_s:g} s")
+                    waited = True
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
                 if time.monotonic() < end:
@@ -477,6 +486,8 @@ class RayExecutor(Executor):
                 )
             with self._lock:
                 self._unplaced.pop(token, None)
+            if waited and waiting is not None:
+                waiting(None)
             for rank in range(world_size):
                 opts: dict[str, Any] = {
                     "num_cpus": bundle["CPU"],
@@ -629,7 +640,7 @@ class RayExecutor(Executor):
         try:
             pg, actors = self._acquire(
                 spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id,
-                waiting=lambda text: (sink.log(text), sink.progress(0, 0, text)), deadline_s=spec.deadline_s,
+                waiting=lambda text: self._waiting(sink, text), deadline_s=spec.deadline_s,
             )
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
@@ -669,6 +680,14 @@ class RayExecutor(Executor):
         finally:
             self._release(pg, actors)
             monitor.flush_info()
+
+    @staticmethod
+    def _waiting(sink: JobSink, reason: str | None) -> None:
+        """Tell the sink what the job waits for (the service shows it queued) and log it; None:
+        its ranks are placed and start."""
+        if reason is not None:
+            sink.log(reason)
+        sink.waiting(reason)
 
     def _install_backend(
         self, ray: Any, spec: JobSpec, key: str, tree: str | None, actors: list[Any],
