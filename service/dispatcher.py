@@ -61,6 +61,7 @@ class StoreSink:
     def __init__(self, engine: Engine, job: JobRow, artifacts_dir: Path) -> None:
         self.engine = engine
         self.job_id = job.id
+        self.owner = str(job.claimed_by)
         self.attempt = max(1, job.attempts)
         self.suite = job.suite
         self.device, self.world_size = job.device, job.world_size
@@ -191,6 +192,15 @@ class StoreSink:
     def log(self, line: str) -> None:
         with self._lock, write_tx(self.engine) as s:
             job_store.add_event(s, self.job_id, "log", line[:MAX_LOG_LINE])
+
+    def waiting(self, reason: str | None) -> None:
+        """Show the job queued, held by this dispatcher, while it waits for `reason`; running
+        again once it has its resources (None)."""
+        with self._lock:
+            if reason is None:
+                queue.unhold(self.engine, self.job_id, self.owner)
+            else:
+                queue.hold(self.engine, self.job_id, self.owner, reason)
 
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         with self._lock, write_tx(self.engine) as s:

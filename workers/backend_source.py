@@ -11,12 +11,20 @@ a folder of its own under the cache, named by what it contains: the full commit 
 snapshot machinery of workers.snapshot extracts the tree) or a hash of the requirement.
 The ranks put that folder first on their path, so its `gdnval.backends` entry points are found.
 An install is built in a temporary folder and renamed into place, so a half-built one is never
-used; a source that cannot be fetched or built fails with the installer's or git's own message.
+used, under a file lock, so processes of one machine that need the same source build it once; a
+source that cannot be fetched or built fails with the installer's or git's own message.
+
+Fetching and building are apart (`backend_tree`, `install_backend_tree`), so the Ray executor
+fetches a source where the service runs and builds it on the nodes that run the ranks, for their
+machine and interpreter; the cache is `GDNVAL_BACKEND_CACHE`, else `backends/` beside the
+snapshot cache.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -124,35 +132,83 @@ def _local_repo(repo: str, mirrors: Path) -> Path:
     return mirror
 
 
+BACKEND_CACHE_ENV = "GDNVAL_BACKEND_CACHE"  # where this machine keeps its installed backends
+
+
+def default_backend_cache() -> Path:
+    """This machine's cache of installed backends: `GDNVAL_BACKEND_CACHE`, else beside the snapshots."""
+    return Path(os.environ.get(BACKEND_CACHE_ENV) or default_cache_dir().parent / "backends")
+
+
+def backend_key(source: BackendSource, sha: str | None = None) -> str:
+    """The cache key of an installed source: its full commit (`sha`, resolved) or a hash of the
+    requirement."""
+    if source.repo is not None:
+        if sha is None:
+            raise BackendSourceError(f"backend source {source}: its commit is resolved before it is keyed")
+        return f"git-{sha}"
+    return "req-" + hashlib.sha256(str(source.requirement).encode()).hexdigest()[:24]
+
+
+def backend_tree(source: BackendSource | str, cache_dir: str | Path | None = None) -> tuple[str, Path | None]:
+    """(cache key, source tree) of a git source: its repository fetched and its commit extracted
+    here, nothing built; (key, None) for a requirement, which the installing machine fetches."""
+    if isinstance(source, str):
+        source = BackendSource.parse(source)
+    if source.repo is None:
+        return backend_key(source), None
+    cache = Path(cache_dir) if cache_dir else default_backend_cache()
+    snapshots = SnapshotCache(_local_repo(source.repo, cache / "repos"), cache / "trees")
+    try:
+        sha = snapshots.resolve(str(source.commit))
+        tree = snapshots.path(sha)
+    except SnapshotError as exc:
+        raise BackendSourceError(f"backend source {source}: {exc}") from exc
+    return backend_key(source, sha), tree
+
+
 def install_backend_source(
     source: BackendSource | str, cache_dir: str | Path | None = None, python: str = sys.executable
 ) -> Path:
     """The folder holding the installed source (built on first use), to put first on the path."""
+    key, tree = backend_tree(source, cache_dir)
+    return install_backend_tree(source, key, tree, cache_dir, python)[0]
+
+
+def install_backend_tree(
+    source: BackendSource | str, key: str, tree: Path | None, cache_dir: str | Path | None = None,
+    python: str = sys.executable,
+) -> tuple[Path, bool]:  # fmt: skip
+    """Build and install `source` (from `tree`, its extracted commit, for a git source) into
+    `<cache>/<key>/` for `python`, unless a finished install is there: (the folder, whether this
+    call built it). Callers on one machine that race for one key build it once (a file lock)."""
     if isinstance(source, str):
         source = BackendSource.parse(source)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir().parent / "backends"
-    if source.repo is not None:
-        snapshots = SnapshotCache(_local_repo(source.repo, cache / "repos"), cache / "trees")
-        try:
-            sha = snapshots.resolve(str(source.commit))
-            tree = snapshots.path(sha)
-        except SnapshotError as exc:
-            raise BackendSourceError(f"backend source {source}: {exc}") from exc
-        key, commit = f"git-{sha}", sha
-    else:
-        key, commit = "req-" + hashlib.sha256(str(source.requirement).encode()).hexdigest()[:24], None
+    cache = Path(cache_dir) if cache_dir else default_backend_cache()
     target = cache / key
     if (target / _MARKER).exists():
-        return target
+        return target, False
     cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (target / _MARKER).exists():  # another process built it while this one waited
+            return target, False
+        _build_into(cache, target, source, key, tree, python)
+    return target, True
+
+
+def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree: Path | None,
+                python: str) -> None:  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache))
     try:
         site = tmp / "site"
-        if commit is not None:
+        if source.repo is not None:
+            if tree is None or not tree.is_dir():
+                raise BackendSourceError(f"backend source {source}: no source tree to build at {tree}")
             build = tmp / "src"  # a copy: the build writes into the tree, the snapshot stays as extracted
             shutil.copytree(tree, build)
             _install(site, str(build), python)
-            (site / BACKEND_COMMIT_FILE).write_text(commit + "\n")
+            (site / BACKEND_COMMIT_FILE).write_text(key.removeprefix("git-") + "\n")
         else:
             _install(site, str(source.requirement), python)
         (site / _MARKER).write_text(f"{source}\n")
@@ -163,4 +219,3 @@ def install_backend_source(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -56,6 +56,10 @@ class JobOut(BaseModel):
     labels: dict[str, Any]
     idempotency_key: str | None
     progress: Progress
+    waiting_for: str | None = Field(
+        None, description="what a queued job already claimed by a dispatcher waits for before its ranks "
+        "start (resources, nodes asked of the autoscaler); null for every other job",
+    )  # fmt: skip
     error: str | None
     info: dict[str, Any]
     attempts: int
@@ -74,7 +78,7 @@ class JobOut(BaseModel):
             labels=job.labels or {}, idempotency_key=job.idempotency_key,
             progress=Progress(done=job.progress_done, total=job.progress_total,
                               message=job.progress_message or ""),
-            error=job.error, info=job.info or {}, attempts=job.attempts,
+            waiting_for=job.waiting_for, error=job.error, info=job.info or {}, attempts=job.attempts,
             cancel_requested=job.cancel_requested, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at,
         )  # fmt: skip

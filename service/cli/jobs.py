@@ -30,7 +30,8 @@ def jobs(
     status: str | None, suite: str | None, commit: str | None, limit: int, as_json: bool, server: str,
     token: str | None,
 ) -> None:  # fmt: skip
-    """List jobs with their status and progress."""
+    """List jobs with their status and progress; a queued job its executor already holds says
+    what it waits for."""
     params = {
         k: v for k, v in {"status": status, "suite": suite, "commit": commit, "limit": limit}.items() if v
     }
@@ -44,10 +45,13 @@ def jobs(
     table = Table("id", "status", "verdict", "suite", "preset", "device", "commit", "progress", "created")
     for j in page["items"]:
         p = j["progress"]
+        progress = f"{p['done']}/{p['total']}" if p["total"] else "-"
+        if j.get("waiting_for"):
+            progress = j["waiting_for"]
         table.add_row(
             str(j["id"]), j["status"], j.get("verdict") or "-", j["suite"], j["preset"],
             f"{j['device']}x{j['world_size']}",
-            _short(j.get("code_commit") or j["commit"]), f"{p['done']}/{p['total']}" if p["total"] else "-",
+            _short(j.get("code_commit") or j["commit"]), progress,
             j["created_at"][:19].replace("T", " "),
         )  # fmt: skip
     console().print(table)

@@ -110,6 +110,9 @@ class CollectingSink:
         if self._console is not None:
             self._console.print(f"[dim]{line}[/dim]", highlight=False)
 
+    def waiting(self, reason: str | None) -> None:
+        """Nothing to show: the executor logs what the run waits for, and a run has no queue."""
+
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         self.artifacts.append((name, media_type, len(data)))
 

@@ -130,6 +130,14 @@ class JobRow(Base):
         return self.commit.sha if self.commit else None
 
     @property
+    def waiting_for(self) -> str | None:
+        """What a claimed job waits for before its ranks start (it shows `queued`, held by its
+        dispatcher: `service.persistence.queue.hold`); None for every other job."""
+        if self.status == "queued" and self.claimed_by is not None:
+            return self.progress_message or "resources"
+        return None
+
+    @property
     def code_commit(self) -> str | None:
         """The commit of the code under test, the one every page, list and lookup shows: the
         backend's when the job runs one from another repository, else ours."""

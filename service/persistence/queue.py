@@ -10,6 +10,13 @@ kind (no starvation of wide jobs) but never those of another kind. A dispatcher 
 itself as `host:pid:nonce`; a running job whose dispatcher is gone (same host, dead pid) or
 silent past the lease is an orphan and is settled: re-queued while it has attempts left, failed
 with the reason otherwise.
+
+A claimed job whose executor waits for its resources (a placement group waiting for nodes the
+autoscaler was asked for) is shown `queued` again, held by its dispatcher (`claimed_by` stays set,
+so no one else claims it; its reason is its progress message, `JobRow.waiting_for`), and
+turns `running` when its ranks are placed (`hold`, `unhold`). Everything that follows a claim
+(heartbeats, cancel, the end, orphans, the per-device limits) counts such a held job as its
+dispatcher's, like a running one.
 """
 
 from __future__ import annotations
@@ -172,6 +179,11 @@ def job_placement(job: JobRow) -> str | None:
     return (job.labels or {}).get(PLACEMENT_LABEL) or None
 
 
+def _held() -> Any:
+    """The jobs a dispatcher holds: running, or claimed and waiting for resources (queued)."""
+    return JobRow.claimed_by.is_not(None) & JobRow.status.in_(("running", "queued"))
+
+
 def claim(
     engine: Engine,
     owner: str,
@@ -188,7 +200,7 @@ def claim(
     with write_tx(engine) as s:
         running = dict(
             s.execute(
-                select(JobRow.device, func.count()).where(JobRow.status == "running").group_by(JobRow.device)
+                select(JobRow.device, func.count()).where(_held()).group_by(JobRow.device)
             ).all()
         )
         open_devices = [d for d, limit in limits.items() if running.get(d, 0) < limit]
@@ -198,7 +210,7 @@ def claim(
         for device in open_devices:
             head = s.scalars(
                 select(JobRow)
-                .where(JobRow.status == "queued", JobRow.device == device)
+                .where(JobRow.status == "queued", JobRow.claimed_by.is_(None), JobRow.device == device)
                 .order_by(JobRow.priority.desc(), JobRow.id)
                 .limit(1)
             ).first()
@@ -210,7 +222,7 @@ def claim(
         now = utcnow()
         res = s.execute(
             update(JobRow)
-            .where(JobRow.id == job.id, JobRow.status == "queued")
+            .where(JobRow.id == job.id, JobRow.status == "queued", JobRow.claimed_by.is_(None))
             .values(
                 status="running",
                 claimed_by=owner,
@@ -233,17 +245,44 @@ def claim(
         return job
 
 
+def hold(engine: Engine, job_id: int, owner: str, reason: str) -> bool:
+    """Show `owner`'s claimed job as `queued` again, waiting for `reason` (its resources), still
+    held by `owner`; False when it is not `owner`'s running or held job. A held job's reason is
+    updated without a second status event."""
+    with write_tx(engine) as s:
+        job = s.get(JobRow, job_id)
+        if job is None or job.claimed_by != owner or job.status not in ("running", "queued"):
+            return False
+        fresh = job.status == "running"
+        job.status, job.progress_message = "queued", reason[:1000]
+        if fresh:
+            add_event(s, job_id, "status", "queued", {"waiting_for": reason, "owner": owner})
+    return True
+
+
+def unhold(engine: Engine, job_id: int, owner: str) -> bool:
+    """`owner`'s held job got its resources: it is `running` from now (its start time too);
+    False when it is not `owner`'s held job."""
+    with write_tx(engine) as s:
+        job = s.get(JobRow, job_id)
+        if job is None or job.claimed_by != owner or job.status != "queued":
+            return False
+        job.status, job.started_at, job.progress_message = "running", utcnow(), ""
+        add_event(s, job_id, "status", "running", {"owner": owner, "placed": True})
+    return True
+
+
 def cancel(engine: Engine, job_id: int) -> JobRow:
     """Cancel a queued job at once; ask a running one's executor to stop (its dispatcher sets
-    the cancel event and records `cancelled` when the executor returns)."""
+    the cancel event and records `cancelled` when the executor returns), and so a held one's."""
     with write_tx(engine) as s:
         job = s.get(JobRow, job_id)
         if job is None:
             raise JobNotFound(job_id)
-        if job.status == "queued":
+        if job.status == "queued" and job.claimed_by is None:
             job.status, job.finished_at = "cancelled", utcnow()
             add_event(s, job.id, "status", "cancelled", {"reason": "cancelled while queued"})
-        elif job.status == "running":
+        elif job.status in ("running", "queued"):
             if not job.cancel_requested:
                 job.cancel_requested = True
                 add_event(s, job.id, "status", "cancel requested")
@@ -263,7 +302,7 @@ def finish(engine: Engine, job_id: int, owner: str, status: str, error: str | No
     with write_tx(engine) as s:
         res = s.execute(
             update(JobRow)
-            .where(JobRow.id == job_id, JobRow.status == "running", JobRow.claimed_by == owner)
+            .where(JobRow.id == job_id, _held(), JobRow.claimed_by == owner)
             .values(status=status, error=error, finished_at=utcnow(), cancel_requested=False)
             .execution_options(synchronize_session=False)
         )
@@ -280,7 +319,7 @@ def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
     with write_tx(engine) as s:
         s.execute(
             update(JobRow)
-            .where(JobRow.id.in_(job_ids), JobRow.claimed_by == owner, JobRow.status == "running")
+            .where(JobRow.id.in_(job_ids), JobRow.claimed_by == owner, _held())
             .values(heartbeat_at=utcnow())
             .execution_options(synchronize_session=False)
         )
@@ -288,8 +327,7 @@ def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
             s.scalars(
                 select(JobRow.id).where(
                     JobRow.id.in_(job_ids),
-                    (JobRow.cancel_requested.is_(True)) | (JobRow.status != "running")
-                    | (JobRow.claimed_by != owner),
+                    (JobRow.cancel_requested.is_(True)) | ~_held() | (JobRow.claimed_by != owner),
                 )
             )
         )
@@ -329,7 +367,7 @@ def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
     with write_tx(engine) as s:
         res = s.execute(
             update(JobRow)
-            .where(JobRow.id == job_id, JobRow.claimed_by == owner, JobRow.status == "running")
+            .where(JobRow.id == job_id, JobRow.claimed_by == owner, _held())
             .values(status="queued", claimed_by=None, heartbeat_at=None)
             .execution_options(synchronize_session=False)
         )
@@ -359,7 +397,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
     """
     settled: list[tuple[int, str]] = []
     with write_tx(engine) as s:
-        for job in s.scalars(select(JobRow).where(JobRow.status == "running")).unique():
+        for job in s.scalars(select(JobRow).where(_held())).unique():
             reason = _orphan_reason(job, owner, lease_s)
             if reason is None:
                 continue

@@ -310,3 +310,48 @@ def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) 
     assert dict(runs) == {i: 1 for i in ids}  # every job started exactly once
     assert samples == {i: 1 * 2 * 3 for i in ids}  # and reported exactly one run's samples
     assert claimed_by <= owners and len(claimed_by) == 2, "both dispatchers should have taken work"
+
+
+def test_a_claimed_job_waiting_for_resources_shows_queued_and_stays_its_dispatchers(engine) -> None:
+    """An executor that waits for resources after the claim holds the job: it reads `queued`
+    with its reason, no other dispatcher claims it, it counts against the device limit, its
+    heartbeat, cancel, end and orphan settling treat it as the holder's, and it turns `running`
+    when its ranks are placed."""
+    import socket
+
+    limits = {"cpu": 1, "cuda": 0, "npu": 0}
+    held = queue.submit(engine, _req())[0].id
+    other = queue.submit(engine, _req())[0].id
+    assert queue.claim(engine, "d1", limits).id == held
+    assert queue.hold(engine, held, "d1", "waiting for 3 x {'CPU': 1.0} (PACK): nodes asked for")
+    assert not queue.hold(engine, held, "d2", "not mine")
+    job = _status(engine, held)
+    assert (job.status, job.claimed_by) == ("queued", "d1")
+    assert job.waiting_for == job.progress_message == "waiting for 3 x {'CPU': 1.0} (PACK): nodes asked for"
+    assert _status(engine, other).waiting_for is None  # queued, claimed by no one
+    assert queue.claim(engine, "d2", {"cpu": 2, "cuda": 0, "npu": 0}).id == other  # never the held one
+    assert queue.finish(engine, other, "d2", "succeeded")
+    assert queue.claim(engine, "d2", limits) is None  # the held job takes the one cpu slot
+    assert queue.heartbeat(engine, "d1", [held]) == set()
+    assert queue.cancel(engine, held).cancel_requested and _status(engine, held).status == "queued"
+    assert queue.heartbeat(engine, "d1", [held]) == {held}  # the dispatcher hears the cancel
+    assert queue.unhold(engine, held, "d1") and not queue.unhold(engine, held, "d1")
+    job = _status(engine, held)
+    assert (job.status, job.waiting_for, job.progress_message) == ("running", None, "")
+    assert queue.hold(engine, held, "d1", "again")
+    assert queue.finish(engine, held, "d1", "cancelled")
+    assert _status(engine, held).waiting_for is None
+    with Session(engine) as s:
+        q = select(JobEventRow.message).where(JobEventRow.job_id == held, JobEventRow.kind == "status")
+        assert list(s.scalars(q.order_by(JobEventRow.id))) == [
+            "queued", "running", "queued", "cancel requested", "running", "queued", "cancelled"]
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = queue.submit(engine, _req())[0].id
+    assert queue.claim(engine, f"{socket.gethostname()}:{dead.pid}:x", limits).id == orphan
+    assert queue.hold(engine, orphan, f"{socket.gethostname()}:{dead.pid}:x", "nodes")
+    assert dict(queue.settle_orphans(engine, "me", lease_s=30, max_attempts=2)) == {orphan: "queued"}
+    job = _status(engine, orphan)
+    assert (job.claimed_by, job.waiting_for) == (None, None)
+    assert queue.claim(engine, "me", limits).id == orphan

@@ -112,6 +112,7 @@ class RecordingSink:
         self.infos: list[dict] = []
         self.logs: list[str] = []
         self.progress_: list[tuple[int, int, str]] = []
+        self.waits: list[str | None] = []  # what the job waited for; None once its ranks started
         self.artifacts: list[tuple[str, str, bytes]] = []
 
     def samples(self, batch: Sequence[Sample]) -> None:
@@ -130,6 +131,9 @@ class RecordingSink:
 
     def log(self, line: str) -> None:
         self.logs.append(line)
+
+    def waiting(self, reason: str | None) -> None:
+        self.waits.append(reason)
 
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         self.artifacts.append((name, media_type, data))

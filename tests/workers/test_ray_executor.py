@@ -262,11 +262,14 @@ def core(q, k, v, g, beta, **kw):
 '''
 
 
-def test_a_job_gets_its_backend_source_on_every_ranks_node(cluster, tmp_path: Path) -> None:
-    """A backend named by a git repository and commit (on no node's path): the driver installs it
-    once, Ray ships it with the job, and the ranks on two nodes find its entry point, record its
+def test_a_job_builds_its_backend_source_on_every_ranks_node(cluster, tmp_path: Path) -> None:
+    """A backend named by a git repository and commit (on no node's path): the driver only ships
+    the commit's tree, each rank's actor builds it on its node into the node cache (ranks that
+    share a cache build it once), and the ranks on two nodes find its entry point, record its
     distribution and commit, and run its capability contract. A commit that does not exist fails
-    the job before any actor starts, naming the source."""
+    the job before any actor starts, naming the source; one that does not build fails it naming
+    the node."""
+    import os
     import subprocess
 
     from workers.executors.ray_executor import RayExecutor
@@ -276,22 +279,39 @@ def test_a_job_gets_its_backend_source_on_every_ranks_node(cluster, tmp_path: Pa
     (repo / "pyproject.toml").write_text(EXT_PYPROJECT)
     (repo / "extray" / "__init__.py").write_text(EXT_CORE)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "backend"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
-    sha = head.stdout.strip()
 
-    ex = RayExecutor(address=cluster[0].address, backend_cache=tmp_path / "backends")
+    def commit(message: str) -> str:
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-qm", message], check=True)
+        head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+        return head.stdout.strip()
+
+    subprocess.run([*git, "init", "-q"], check=True)
+    sha = commit("backend")
+    (repo / "pyproject.toml").write_text("[build-system\n")
+    broken = commit("a pyproject.toml no build can read")
+
+    host, nodes = tmp_path / "host-cache", tmp_path / "node-cache"
+    ex = RayExecutor(address=cluster[0].address, backend_cache=host, node_backend_cache=str(nodes))
     params = {"process_checks": False, "backends": ["extray"], "contract_packed": False, "seq_lens": [8192],
               "qk_heads": [16]}  # fmt: skip
     outcome, sink, _ = _run(ex, suite="capability", params=params, world_size=2, placement="STRICT_SPREAD",
                             backend_source=f"git+{repo}@{sha}")  # fmt: skip
     assert outcome.status == "succeeded", outcome.error
     assert sink.values("backend_extray_float64_d64", "backend_contract") == {0: [1.0], 1: [1.0]}
-    assert len({r["node_id"] for r in _ranks(sink)}) == 2
+    ranks = _ranks(sink)
+    assert len({r["node_id"] for r in ranks}) == 2
     shipped = next(i["snapshot"] for i in sink.infos if "snapshot" in i)
-    assert shipped["backend_dir"] == f"backend-git-{sha}" and "commit" not in shipped  # no snapshot of ours
+    assert shipped["backend_tree"] == f"backend-src-git-{sha}" and "commit" not in shipped  # none of ours
+    installs = next(i["backend_install"] for i in sink.infos if "backend_install" in i)
+    by_rank = {r["rank"]: r for r in ranks}
+    for i in installs:  # built by the rank's own actor, on its node, into the node cache
+        assert i["path"] == str(nodes / f"git-{sha}"), i
+        assert (i["node_id"], i["pid"]) == (by_rank[i["rank"]]["node_id"], by_rank[i["rank"]]["actor_pid"])
+        assert i["pid"] != os.getpid()
+    assert sorted(i["built"] for i in installs) == [False, True]  # one cache on this machine: one build
+    assert (nodes / f"git-{sha}" / "extray" / "__init__.py").is_file()
+    assert (host / "trees" / sha).is_dir() and not (host / f"git-{sha}").exists()  # nothing built here
     provenance = next(i["backends"] for i in sink.infos if "backends" in i)
     content = [b.pop("content_hash") for b in provenance]  # the installed package's bytes
     assert provenance == [{"backend": "extray", "distribution": "ext-ray-gdn", "version": "0.3.0",
@@ -302,6 +322,13 @@ def test_a_job_gets_its_backend_source_on_every_ranks_node(cluster, tmp_path: Pa
     outcome, _, _ = _run(ex, suite="capability", params=params, backend_source=f"git+{repo}@{'0' * 40}")
     assert outcome.status == "failed" and outcome.error.startswith("cannot install the backend source")
     assert f"git+{repo}@{'0' * 40}" in outcome.error
+
+    outcome, _, _ = _run(ex, suite="capability", params=params, backend_source=f"git+{repo}@{broken}")
+    assert outcome.status == "failed", outcome.error
+    assert re.match(r"cannot install the backend source for rank 0 on node [0-9a-f]+ \(", outcome.error)
+    assert "pyproject.toml" in outcome.error, outcome.error
+    assert not (nodes / f"git-{broken}").exists()
+    assert _leftovers() == ([], [])
 
 
 def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path) -> None:

@@ -108,8 +108,12 @@ def test_a_job_wider_than_the_alive_nodes_asks_for_nodes_and_starts_when_one_com
             while _requested() != [bundle] * 3:
                 assert time.monotonic() < end and t.is_alive(), (result, _requested())
                 time.sleep(0.2)
+            while not sink.waits:  # the request goes out just before the wait is reported
+                assert time.monotonic() < end and t.is_alive(), result
+                time.sleep(0.1)
             assert any("requested from the autoscaler" in line for line in sink.logs), sink.logs
-            assert sink.progress_[-1][2].startswith(f"waiting for 3 x {bundle} (PACK)"), sink.progress_
+            assert len(sink.waits) == 1 and sink.waits[0] in sink.logs
+            assert sink.waits[0].startswith(f"waiting for 3 x {bundle} (PACK)"), sink.waits
             return sink, cancel, result, t
 
         _, cancel, result, t = start(1)
@@ -121,12 +125,104 @@ def test_a_job_wider_than_the_alive_nodes_asks_for_nodes_and_starts_when_one_com
         c.add_node(num_cpus=2, resources={"cpu_node": 1})
         t.join(90)
         assert result["outcome"].status == "succeeded", result["outcome"].error
-        assert _requested() == []
+        assert _requested() == [] and sink.waits[-1] is None  # placed: the ranks start
         ranks = next(i["ranks"] for i in sink.infos if "ranks" in i)
         placed = next(i for i in sink.infos if "distinct_nodes" in i)
         assert placed == {"placement": "PACK", "distinct_nodes": len({r["node_id"] for r in ranks})} == {
             "placement": "PACK", "distinct_nodes": 2}
     finally:
+        SUITE_MODULES.pop("probe", None)
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cli(tmp_path: Path) -> None:
+    """Served for real (uvicorn, dispatcher, Ray executor): a 3-rank job with one of two declared
+    CPU nodes alive is claimed and waits for a node; the API, the list filters, the job page and
+    `gdnval jobs` all say `queued` and what it waits for. A second node starts it: it turns
+    `running`, then succeeds, and its status events tell that story."""
+    import socket
+
+    import httpx
+    import uvicorn
+    from click.testing import CliRunner
+    from ray.cluster_utils import Cluster
+
+    from service.app import create_app
+    from service.cli import main
+    from service.settings import Settings
+    from workers.registry import SUITE_MODULES
+
+    if ray.is_initialized():
+        ray.shutdown()
+    node = {"CPU": 2, "cpu_node": 1}
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    SUITE_MODULES["probe"] = "tests.support.suites"
+    server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+    try:
+        c.add_node(num_cpus=2, resources={"cpu_node": 1})
+        settings = Settings(db_url=f"sqlite:///{tmp_path / 'w.db'}", executor="ray", ray_address=c.address,
+                            ray_max_resources=[node, node], ray_node_wait_s=120, poll_interval_s=0.1,
+                            artifacts_dir=tmp_path / "art")  # fmt: skip
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                               log_level="warning"))  # fmt: skip
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=30) as http:
+            end = time.monotonic() + 60
+            while not server.started:
+                assert time.monotonic() < end and thread.is_alive(), "the server did not start"
+                time.sleep(0.1)
+            wide = {"suite": "probe", "world_size": 3, "params": {"repeats": 1}}
+            made = http.post("/api/v1/jobs", json=wide)
+            assert made.status_code == 201, made.text
+            job_id = made.json()["id"]
+
+            def job() -> dict:
+                return http.get(f"/api/v1/jobs/{job_id}").json()
+
+            end = time.monotonic() + 60
+            while not job()["waiting_for"]:
+                assert time.monotonic() < end and job()["status"] in ("queued", "running"), job()
+                time.sleep(0.2)
+            waiting = job()
+            reason = waiting["waiting_for"]
+            assert waiting["status"] == "queued" and waiting["progress"]["message"] == reason
+            assert reason.startswith("waiting for 3 x {'CPU': 1.0, 'cpu_node': 0.001} (PACK): more than the "
+                                     "alive nodes hold, requested from the autoscaler")  # fmt: skip
+            ids = {st: [j["id"] for j in http.get("/api/v1/jobs", params={"status": st}).json()["items"]]
+                   for st in ("queued", "running")}  # fmt: skip
+            assert ids == {"queued": [job_id], "running": []}
+            page = http.get(f"/jobs/{job_id}").text
+            assert 'class="badge st-queued"' in page and "requested from the autoscaler" in page
+            listed = CliRunner().invoke(main, ["jobs", "--server", base])
+            assert listed.exit_code == 0, listed.output
+            rows = listed.output.splitlines()
+            row = next(line for line in rows if line.strip("│ ").startswith(str(job_id)))
+            assert "queued" in row and "waiting for 3 x" in row and "requested from the autoscaler" in row
+
+            c.add_node(num_cpus=2, resources={"cpu_node": 1})
+            end = time.monotonic() + 120
+            while job()["status"] not in ("succeeded", "failed", "cancelled"):
+                assert time.monotonic() < end, job()
+                time.sleep(0.2)
+            done = job()
+            assert done["status"] == "succeeded", done["error"]
+            assert done["waiting_for"] is None and done["info"]["distinct_nodes"] == 2
+            events = http.get(f"/api/v1/jobs/{job_id}/events", params={"kind": "status"}).json()["items"]
+            assert [e["message"] for e in events] == ["queued", "running", "queued", "running", "succeeded"]
+            assert events[2]["data"]["waiting_for"] == reason and events[3]["data"]["placed"] is True
+    finally:
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(30)
         SUITE_MODULES.pop("probe", None)
         if ray.is_initialized():
             ray.shutdown()

@@ -66,6 +66,11 @@ class JobSink(Protocol):
 
     def log(self, line: str) -> None: ...
 
+    def waiting(self, reason: str | None) -> None:
+        """The claimed job waits for its resources (`reason` says which; the service shows it
+        queued), or, with None, has them and its ranks start (it shows running again)."""
+        ...
+
     def artifact(self, name: str, media_type: str, data: bytes) -> None:
         """A file the job produced (profiler trace, report); stored with the job."""
         ...

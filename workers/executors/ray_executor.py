@@ -21,10 +21,17 @@ imports from `<sha>/`; the actor itself runs the installed code (the snapshot is
 not on its import path), so an old commit cannot break the harness that reports on it.
 
 A job naming a backend source (label `backend_source`: a git repository at a commit, or a
-requirement) has it installed once on the driver (workers.backend_source, cached by content) and
-shipped in the same working_dir as `<dir>/backend-<key>/`; the rank puts that folder on its path
-after the source root, as the local executor does, so the backend's entry points are found on
-every node. A source that cannot be fetched, built or shipped fails the job, naming it.
+requirement) has it built where its ranks run, never on the driver (the service host may have
+neither the job's torch nor its accelerator, and a compiled backend must be built for the node's
+machine). The driver only fetches a git source and ships the commit's tree, unbuilt, in the same
+working_dir as `<dir>/backend-src-<key>/`; a requirement travels as its text. Before the ranks
+start, each rank's actor installs it on its node (workers.backend_source with
+workers.backend_install: isolated build, dependencies from the node's environment) into the
+node's backend cache (`node_backend_cache`, else the node's `GDNVAL_BACKEND_CACHE` or its
+default), keyed by the commit or the requirement's hash, so a node builds each source once and
+ranks sharing a node wait for one build. The rank puts the installed folder on its path after
+the source root, as the local executor does. A source that cannot be fetched, shipped or built
+fails the job, naming it (and the node, for a build).
 
 `import ray` happens on first use, never at import time (the service imports this lazily too).
 """
@@ -39,11 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.backend_source import BackendSourceError, install_backend_source
+from workers.backend_source import INSTALL_TIMEOUT_S, BackendSource, BackendSourceError, backend_tree
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit
 from workers.executors.base import (
@@ -64,6 +71,7 @@ CPU_NODE_RESOURCE = "cpu_node"  # marker resource of the nodes that take CPU ran
 CPU_NODE_SHARE = 0.001  # what one CPU rank asks of it: a marker, the CPUs bound the count
 JOB_ID_ENV = "GDNVAL_JOB_ID"  # in every rank actor's runtime_env: Ray's view names the job
 PROBE_TIMEOUT_S = 2.0  # how long a readiness probe waits for the cluster's GCS
+PLACEMENT_QUIET_S = 5.0  # a group that fits the free resources but waits longer is reported waiting
 UNAVAILABLE_GRACE_S = 30.0  # how long an actor Ray calls unavailable (maybe transient) may stay so
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
@@ -140,12 +148,33 @@ class RankActor:
             "assigned": self.visible_devices(),
         }
 
+    def install_backend(
+        self, source: str, key: str, tree: str | None, cache_dir: str | None
+    ) -> dict[str, Any]:
+        """Build and install the job's backend source on this node for this actor's interpreter:
+        from `tree` (the unbuilt commit Ray unpacked into this actor's cwd) for a git source, else
+        from the requirement, into the node's cache (`cache_dir`, else the node's default) under
+        `key`. Says where, by which process, and whether this call built it or found it built."""
+        import ray
+
+        from workers.backend_source import install_backend_tree
+
+        src = Path.cwd() / tree if tree else None
+        t0 = time.monotonic()
+        try:
+            folder, built = install_backend_tree(source, key, src, cache_dir, sys.executable)
+        except BackendSourceError as exc:  # a plain error: Ray wraps it with the actor's traceback
+            raise RuntimeError(str(exc)) from None
+        return {"path": str(folder), "built": built, "seconds": round(time.monotonic() - t0, 3),
+                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}  # fmt: skip
+
     def start(
         self, rank: int, payload: Mapping[str, Any], env: Mapping[str, str], sha: str | None,
         backend_dir: str | None = None,
     ) -> int:  # fmt: skip
         """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd, with
-        `backend_dir` the installed backend source shipped beside it goes on its path."""
+        `backend_dir` the backend source installed on this node (`install_backend`) goes on its
+        path."""
         from workers.provenance import SOURCE_ROOT
         from workers.snapshot import COMPLETE_MARKER
 
@@ -159,12 +188,9 @@ class RankActor:
             root = SOURCE_ROOT
         paths = [str(root)]
         if backend_dir:
-            site = Path.cwd() / backend_dir
-            if not site.is_dir():
-                raise RuntimeError(
-                    f"the runtime environment holds no backend folder {backend_dir} (cwd {Path.cwd()})"
-                )
-            paths.append(str(site))
+            if not Path(backend_dir).is_dir():
+                raise RuntimeError(f"no installed backend folder {backend_dir} on this node")
+            paths.append(backend_dir)
         child = actor_rank_env(self.device, payload, env, self.visible_devices(), paths)
         self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable)
         return self.proc.pid
@@ -209,7 +235,10 @@ class RayExecutor(Executor):
     `init_options`, its one node marked for CPU ranks). placement_strategy: PACK (the default) |
     SPREAD | STRICT_PACK | STRICT_SPREAD; a job's `placement` overrides it. cpu_node_resource:
     the marker resource CPU ranks ask for (None: CPU ranks may land on any node). repo: git
-    repository whose commits jobs may ask for (default GDNVAL_REPO). cpus_per_rank: CPUs in each
+    repository whose commits jobs may ask for (default GDNVAL_REPO). backend_cache: where the
+    driver keeps the backend sources it fetches (default workers.backend_source's);
+    node_backend_cache: where each node installs them (a path on the nodes; default the node's
+    GDNVAL_BACKEND_CACHE, else its user cache). cpus_per_rank: CPUs in each
     rank's bundle. unavailable_grace_s: how long a rank's actor may stay unavailable (Ray's
     ActorUnavailableError, possibly transient) before the rank is failed. schedule_timeout_s:
     how long a claimed job may wait for its placement group
@@ -230,6 +259,7 @@ class RayExecutor(Executor):
         cpu_node_resource: str | None = CPU_NODE_RESOURCE,
         repo: str | Path | None = None,
         backend_cache: str | Path | None = None,
+        node_backend_cache: str | None = None,
         cpus_per_rank: float = 1.0,
         schedule_timeout_s: float = 60.0,
         poll_s: float = 0.25,
@@ -245,7 +275,8 @@ class RayExecutor(Executor):
         self.cpu_node_resource = cpu_node_resource
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo) if repo else None
-        self.backend_cache = Path(backend_cache) if backend_cache else None  # None: the default cache
+        self.backend_cache = Path(backend_cache) if backend_cache else None  # the driver's: repos, trees
+        self.node_backend_cache = node_backend_cache  # a path on the nodes; None: each node's default
         self.cpus_per_rank = cpus_per_rank
         self.schedule_timeout_s = schedule_timeout_s
         self.poll_s = poll_s
@@ -403,10 +434,12 @@ class RayExecutor(Executor):
         cancel: threading.Event | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         job_id: int | None = None,
-        waiting: Any = None,
+        waiting: Callable[[str | None], None] | None = None,
         deadline_s: float | None = None,
     ) -> tuple[Any, list[Any]]:
         """A ready placement group and one actor per bundle; raises TimeoutError naming the need.
+        `waiting` hears what the group waits for once it is not placed at once, and None when it
+        is placed.
 
         With `job_id` the group is named `gdnval-job-<id>`, each actor `gdnval-job-<id>-rank-<r>`
         with `GDNVAL_JOB_ID` in its runtime_env, so Ray's own tools tie them to the job."""
@@ -424,16 +457,22 @@ class RayExecutor(Executor):
         group = job_name(job_id) if job_id is not None else ""
         pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy, name=group)
         actors: list[Any] = []
+        waited = False
         try:
             end = time.monotonic() + timeout_s
+            quiet_until = time.monotonic() + PLACEMENT_QUIET_S
             while not pg.wait(timeout_seconds=1):  # in steps, so a cancel is not stuck behind it
                 if grow and token not in self._demand:
                     with self._lock:
                         self._demand[token] = [dict(bundle) for _ in range(world_size)]
                     self._request_nodes()
-                    if waiting is not None:
-                        waiting(f"waiting for {world_size} x {bundle} ({strategy}): more than the alive "
-                                f"nodes hold, requested from the autoscaler for up to {timeout_s:g} s")
+                if not waited and waiting is not None and (grow or time.monotonic() > quiet_until):
+                    why = "not free"
+                    if grow:
+                        why = "more than the alive nodes hold, requested from the autoscaler"
+                    need = f"{world_size} x {bundle} ({strategy})"
+                    waiting(f"waiting for {need}: {why}, for up to {timeout_s:g} s")
+                    waited = True
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
                 if time.monotonic() < end:
@@ -447,6 +486,8 @@ class RayExecutor(Executor):
                 )
             with self._lock:
                 self._unplaced.pop(token, None)
+            if waited and waiting is not None:
+                waiting(None)
             for rank in range(world_size):
                 opts: dict[str, Any] = {
                     "num_cpus": bundle["CPU"],
@@ -518,11 +559,11 @@ class RayExecutor(Executor):
     # -- code under test ----------------------------------------------------------------------
 
     def _ship(
-        self, snapshot: tuple[str, bytes] | None, backend: Path | None = None
+        self, snapshot: tuple[str, bytes] | None, backend: tuple[str, Path] | None = None
     ) -> tuple[dict[str, Any], dict[str, str]]:
-        """Stage the snapshot as `<tmp>/<sha>/` and the installed backend source as
-        `<tmp>/backend-<key>/`, upload `<tmp>` to the cluster as a working_dir package and delete
-        the staging copy: (runtime_env for the actors, what to record)."""
+        """Stage the snapshot as `<tmp>/<sha>/` and the backend source's unbuilt tree (key, tree)
+        as `<tmp>/backend-src-<key>/`, upload `<tmp>` to the cluster as a working_dir package and
+        delete the staging copy: (runtime_env for the actors, what to record)."""
         from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
         stage = Path(tempfile.mkdtemp(prefix="gdnval-ship-"))
@@ -533,8 +574,8 @@ class RayExecutor(Executor):
                 extract(snapshot[0], snapshot[1], stage / "tree")
                 shipped["commit"] = snapshot[0]
             if backend is not None:
-                shipped["backend_dir"] = f"backend-{backend.name}"
-                shutil.copytree(backend, stage / "tree" / shipped["backend_dir"], symlinks=True)
+                shipped["backend_tree"] = f"backend-src-{backend[0]}"
+                shutil.copytree(backend[1], stage / "tree" / shipped["backend_tree"], symlinks=True)
             env = upload_working_dir_if_needed(
                 {"working_dir": str(stage / "tree")}, include_gitignore=False, scratch_dir=str(stage)
             )
@@ -555,16 +596,20 @@ class RayExecutor(Executor):
             problem = str(exc)
         if problem:
             return JobOutcome("failed", problem)
-        backend: Path | None = None
+        backend: tuple[str, Path] | None = None  # a git backend source's (key, unbuilt tree)
+        backend_key = ""
         if spec.backend_source:  # never run the job without the code it names
             try:
-                backend = install_backend_source(spec.backend_source, self.backend_cache)
+                backend_key, tree = backend_tree(spec.backend_source, self.backend_cache)
             except BackendSourceError as exc:
                 return JobOutcome("failed", f"cannot install the backend source: {exc}")
-            sink.log(f"backend source {spec.backend_source} installed at {backend}, shipped to the ranks")
+            if tree is not None:
+                backend = (backend_key, tree)
+            how = "its source shipped" if tree is not None else "the requirement"
+            sink.log(f"backend source {spec.backend_source}: {how} to the ranks, built on their nodes")
         runtime_env: dict[str, Any] | None = None
         sha: str | None = None
-        backend_dir: str | None = None
+        backend_tree_dir: str | None = None
         snapshot = None
         if (self.snapshots is not None and spec.commit) or backend is not None:
             what = "the source snapshot" if backend is None else "the source snapshot and the backend source"
@@ -577,7 +622,7 @@ class RayExecutor(Executor):
                 return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
             except Exception as exc:
                 return JobOutcome("failed", f"cannot ship {what} to the cluster: {_short(exc)}")
-            backend_dir = shipped.get("backend_dir")
+            backend_tree_dir = shipped.get("backend_tree")
             sink.info({"snapshot": shipped})
         if snapshot is not None:
             sha = commit = snapshot[0]
@@ -595,7 +640,7 @@ class RayExecutor(Executor):
         try:
             pg, actors = self._acquire(
                 spec.device, spec.world_size, strategy, timeout, cancel, runtime_env, spec.job_id,
-                waiting=lambda text: (sink.log(text), sink.progress(0, 0, text)), deadline_s=spec.deadline_s,
+                waiting=lambda text: self._waiting(sink, text), deadline_s=spec.deadline_s,
             )
         except TimeoutError as exc:
             return JobOutcome("failed", str(exc))
@@ -609,6 +654,13 @@ class RayExecutor(Executor):
             nodes = ray.get([a.node.remote() for a in actors], timeout=max(5.0, timeout))
             monitor.rank_extras = {r: _rank_extra(n) for r, n in enumerate(nodes)}
             sink.info({"placement": strategy, "distinct_nodes": len({n["node_id"] for n in nodes})})
+            backend_dirs: list[str | None] = [None] * len(actors)
+            if spec.backend_source:
+                installed = self._install_backend(ray, spec, backend_key, backend_tree_dir, actors, nodes,
+                                                  cancel, sink)  # fmt: skip
+                if isinstance(installed, JobOutcome):
+                    return installed
+                backend_dirs = [i["path"] for i in installed]
             master = nodes[0]
             payload = rank_payload(spec, commit)
             starts = []
@@ -620,7 +672,7 @@ class RayExecutor(Executor):
                     "MASTER_ADDR": master["ip"],
                     "MASTER_PORT": str(master["port"]),
                 }
-                starts.append(actor.start.remote(rank, payload, env, sha, backend_dir))
+                starts.append(actor.start.remote(rank, payload, env, sha, backend_dirs[rank]))
             self._get_starts(ray, starts, monitor, nodes)
             return self._watch(ray, spec, actors, monitor, cancel, start, nodes)
         except Exception as exc:  # e.g. an actor died before it said where it runs
@@ -628,6 +680,50 @@ class RayExecutor(Executor):
         finally:
             self._release(pg, actors)
             monitor.flush_info()
+
+    @staticmethod
+    def _waiting(sink: JobSink, reason: str | None) -> None:
+        """Tell the sink what the job waits for (the service shows it queued) and log it; None:
+        its ranks are placed and start."""
+        if reason is not None:
+            sink.log(reason)
+        sink.waiting(reason)
+
+    def _install_backend(
+        self, ray: Any, spec: JobSpec, key: str, tree: str | None, actors: list[Any],
+        nodes: list[dict[str, Any]], cancel: threading.Event, sink: JobSink,
+    ) -> list[dict[str, Any]] | JobOutcome:  # fmt: skip
+        """Every rank's actor installs the backend source on its node (`RankActor.install_backend`):
+        what each reported, or the job's outcome when a build fails, is cancelled or outlasts the
+        job's deadline."""
+        assert spec.backend_source is not None
+        source = str(BackendSource.parse(spec.backend_source))
+        sink.progress(0, 0, f"installing backend source {source} on the ranks' nodes")
+        refs = [a.install_backend.remote(source, key, tree, self.node_backend_cache) for a in actors]
+        limit = spec.deadline_s or 2 * INSTALL_TIMEOUT_S
+        end = time.monotonic() + limit
+        pending = list(refs)
+        while pending:
+            if cancel.is_set():
+                return JobOutcome("cancelled", "cancelled while the backend source was installed")
+            if time.monotonic() > end:
+                return JobOutcome("failed", f"installing the backend source {source} on the ranks' nodes "
+                                            f"took longer than {limit:g} s")  # fmt: skip
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        installed: list[dict[str, Any]] = []
+        for rank, ref in enumerate(refs):
+            try:
+                installed.append({"rank": rank, **ray.get(ref)})
+            except Exception as exc:
+                why = str(getattr(exc, "cause", None) or exc)
+                return JobOutcome("failed", f"cannot install the backend source for rank {rank}"
+                                            f"{_on(nodes, rank)}: {why[-2000:]}")  # fmt: skip
+        sink.info({"backend_install": installed})
+        for node in sorted({i["node_id"] for i in installed}):
+            mine = [i for i in installed if i["node_id"] == node]
+            built = "built" if any(i["built"] for i in mine) else "found installed"
+            sink.log(f"backend source {source} {built} at {mine[0]['path']} on node {node}")
+        return installed
 
     def _get_starts(
         self, ray: Any, starts: list[Any], monitor: JobMonitor, nodes: list[dict[str, Any]]
