@@ -83,6 +83,14 @@ class CommitRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+def waiting_for(status: str, claimed_by: str | None, progress_message: str) -> str | None:
+    """What a claimed job waits for before its ranks start (it shows `queued`, held by its
+    dispatcher: `service.persistence.queue.hold`); None for every other job."""
+    if status == "queued" and claimed_by is not None:
+        return progress_message or "resources"
+    return None
+
+
 class JobRow(Base):
     __tablename__ = "job"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -131,11 +139,7 @@ class JobRow(Base):
 
     @property
     def waiting_for(self) -> str | None:
-        """What a claimed job waits for before its ranks start (it shows `queued`, held by its
-        dispatcher: `service.persistence.queue.hold`); None for every other job."""
-        if self.status == "queued" and self.claimed_by is not None:
-            return self.progress_message or "resources"
-        return None
+        return waiting_for(self.status, self.claimed_by, self.progress_message)
 
     @property
     def code_commit(self) -> str | None:

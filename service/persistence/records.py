@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Self
 
-from service.persistence.models import BaselineRow, CampaignRow, JobRow
+from service.persistence.models import BaselineRow, CampaignRow, JobRow, waiting_for
 
 
 def _columns(cls: type, row: Any) -> dict[str, Any]:
@@ -46,6 +46,7 @@ class JobRecord:
     case_counts: dict[str, Any] | None
     cases: list[str] | None
     cancel_requested: bool
+    claimed_by: str | None  # the dispatcher holding it (a queued job it holds waits for resources)
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -54,6 +55,10 @@ class JobRecord:
     def code_commit(self) -> str | None:
         """The commit of the code under test (`JobRow.code_commit`): the backend's, else ours."""
         return self.backend_commit or self.commit_sha
+
+    @property
+    def waiting_for(self) -> str | None:
+        return waiting_for(self.status, self.claimed_by, self.progress_message)
 
     @classmethod
     def of(cls, row: JobRow) -> Self:

@@ -108,7 +108,8 @@ def test_api_refuses_what_no_campaign_can_run(client: TestClient) -> None:
         assert r.headers["content-type"].startswith("application/problem+json")
         return str(r.json()["detail"])
 
-    assert "expected one of ['pr-report', 'pr-report-cpu']" in problem({**BODY, "plan": "nope"})
+    plans = "expected one of ['pr-report', 'pr-report-1gpu', 'pr-report-cpu']"
+    assert plans in problem({**BODY, "plan": "nope"})
     assert "runs on ['cuda', 'npu'], not on device 'cpu'" in problem({**BODY, "plan": "pr-report"})
     assert "not for 2" in problem({**BODY, "world_sizes": [2]})
     assert "bad backend name" in problem({**BODY, "backends": ["no spaces!"]})
