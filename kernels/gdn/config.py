@@ -70,6 +70,15 @@ class KernelConfig:
     stride_bv: int = 32  # value columns per program of the chunk-group re-walk
     stride_warps: int = 4
     stride_stages: int = 2
+    # With a stride and stride_recompute, the backward's group programs (`strided.group_backward`)
+    # re-walk S and dS' per group and do bwd_dqk's work from them: the reverse walk keeps dS' only
+    # at the group ends and no per-chunk S or dS' tensor exists. False: the reverse walk stores
+    # every chunk's dS', the group re-walk every chunk's S and Vn, and bwd_dqk reads them.
+    stride_dqk: bool = True
+    stride_bwd_programs: int = 0  # persistent programs of the group backward; 0 = from the device
+    stride_bwd_per_sm: int = 2  # the automatic choice: this many per multiprocessor
+    stride_bwd_warps: int = 8
+    stride_bwd_stages: int = 1
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0

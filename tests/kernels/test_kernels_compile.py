@@ -120,8 +120,8 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     (o.float().sum() + s.sum()).backward()
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
-    # the states at a stride: the walk keeping group states, the re-walk forming o (forward) and
-    # S, Vn (backward), dense and packed
+    # the states at a stride: the walks keeping group states, the re-walk forming o (forward), the
+    # group backward re-walking S and dS' for bwd_dqk's work, dense and packed
     with mod.config_overrides(state_stride=2):
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         (o.float().sum() + s.sum()).backward()
@@ -293,7 +293,7 @@ def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
 
 # Kernels whose cold sm_90 compile takes several times the others' (the largest bodies):
 # the shared queue hands them out first, so the two workers end within a short compile of each other.
-SLOW_COMPILES = ("_bwd_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
+SLOW_COMPILES = ("_group_bwd_kernel", "_bwd_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
 
 
 def work_list(dtypes: tuple[torch.dtype, ...], backend) -> list[tuple[int, torch.dtype, tuple]]:
@@ -383,12 +383,14 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     kernels = {c.kernel for c in rows}
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
-                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel"}  # fmt: skip
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel",
+                "_group_bwd_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
     assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
     strided = {c.kernel for c in rows if c.constexprs.get("STRIDE")}
-    assert strided == {"_state_fwd_kernel", "_state_group_kernel"}, sorted(strided)
+    walks = {"_state_fwd_kernel", "_state_bwd_kernel"}
+    assert strided == walks | {"_state_group_kernel", "_group_bwd_kernel"}, sorted(strided)
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
