@@ -128,7 +128,7 @@ def bwd_dqk(
     """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
     (fp32, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
     `intra_solve`."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
     dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg)

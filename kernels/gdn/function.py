@@ -93,7 +93,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
         table: ChunkTable | None = None, cfg: KernelConfig | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        cfg = cfg or kernel_config(q.dtype)
+        cfg = cfg or kernel_config(q.dtype, q.device)
         gamma = gate_cumsum(g, table_parts(table)[0])
         keep = not _saved_tensors_hook_active()
         o, ht, kept = _forward(
@@ -215,7 +215,7 @@ def run_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The stages on checked inputs, through the autograd Function when a backward can follow.
     `table`: the chunk table of packed sequences (`varlen`), one state each."""
-    cfg = config or kernel_config(q.dtype)
+    cfg = config or kernel_config(q.dtype, q.device)
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     inputs = (q, k, v, g, beta, h0)

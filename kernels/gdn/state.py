@@ -191,12 +191,12 @@ def state_forward(
     `seq_chunks` and `spans` (packed sequences, B = 1: `chunks.ChunkTable`): int32 chunk offsets
     of the N sequences and each chunk's rows; each sequence is walked from its own initial state
     [N, Hv, D, D] to its own final state [N, Hv, D, D], all N in parallel in one launch (they are
-    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype)`).
+    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype, k.device)`).
 
     `stride` > 0: the states are kept at a stride instead, only the fp32 state entering every
     group of `stride` chunks, [B·Hv, NG, D, D] (`strided.state_groups` re-walks each group from
     it); packed sequences then also need their `groups` (`ChunkTable.groups(stride)`)."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, chunk_count(T, seq_chunks, spans)
     dev = k.device
@@ -248,7 +248,7 @@ def state_backward(
     gradient (its affine part), a reverse scan carries dS over segments with Mᵀ, then every
     segment walks back from its true gradient in parallel. `seq_chunks` as in `state_forward`:
     every packed sequence walks back from its own dht [N, Hv, D, D] to its own dh0, in parallel."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = do.shape[2], chunk_count(T, seq_chunks, spans)
     R = Hv // Hqk

@@ -176,7 +176,7 @@ def state_groups(
     [B, T, Hv, D] in `out_dtype` (None: no output, q unread) and, when `store_states`, per-chunk
     incoming S [B·Hv, NT, D, D] and Vn [B·Hv, T, D] in k's dtype. Packed sequences: `spans` and
     `groups` (`ChunkTable.groups`), the groups then never crossing a sequence."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the states at a stride need a group of at least 1 chunk")
     if (spans is None) != (groups is None):
@@ -223,7 +223,7 @@ def group_backward(
     the fp32 dS' leaving it (`state_backward(stride=...)`), `u` U, overwritten with Vn. No per-chunk
     S or dS' tensor exists: each program re-walks its groups through its own scratch of
     2·stride chunk states. Packed sequences: `spans` and `groups` as in `state_groups`."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the group backward needs a group of at least 1 chunk")
     if (spans is None) != (groups is None):
