@@ -414,6 +414,40 @@ def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:
         gdn_config.config_overrides(fused_fwd=1).__enter__()
 
 
+def test_npu_device_gets_the_npu_fields() -> None:
+    """kernel_config on an "npu" device (torch_npu's name for the privateuse1 backend, renamed here
+    in a child process as torch_npu does) applies NPU_FIELDS on top of the dtype's defaults, and
+    the overrides on top of those; CPU and CUDA devices keep the defaults."""
+    code = (
+        "import torch\n"
+        "from kernels.gdn.config import DEFAULT, DEFAULT_FP32, NPU_FIELDS, config_overrides, kernel_config\n"
+        "torch.utils.rename_privateuse1_backend('npu')\n"
+        "npu = torch.device('npu')\n"
+        "assert kernel_config(torch.bfloat16, npu) == DEFAULT.replace(**NPU_FIELDS)\n"
+        "assert kernel_config(torch.float32, npu) == DEFAULT_FP32.replace(**NPU_FIELDS)\n"
+        "with config_overrides(f32_dot_scan='hf32'):\n"
+        "    assert kernel_config(torch.bfloat16, npu).f32_dot_scan == 'hf32'\n"
+        "assert kernel_config(torch.bfloat16, torch.device('cpu')) == DEFAULT\n"
+        "assert kernel_config(torch.bfloat16, torch.device('cuda')) == DEFAULT\n"
+    )  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert gdn_config.NPU_FIELDS == {"f32_dot_wu": "hf32", "f32_dot_scan": "ieee"}
+
+
+def test_dot_precision_of_the_scan_and_hf32() -> None:
+    """The scan group's precision is its field for every input dtype (it multiplies fp32 maps);
+    hf32 is accepted; a name outside the list is refused with the list."""
+    cfg = gdn_config.DEFAULT
+    assert gdn_config.dot_precision(cfg, torch.float32, "scan") == "tf32x3"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_scan="ieee"), torch.bfloat16, "scan") == "ieee"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="hf32"), torch.bfloat16, "wu") == "hf32"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="hf32"), torch.float32, "wu") == "ieee"
+    with pytest.raises(ValueError, match=r"f32_dot_scan = 'low'; expected tf32, tf32x3, ieee, hf32$"):
+        gdn_config.dot_precision(cfg.replace(f32_dot_scan="low"), torch.bfloat16, "scan")
+
+
 if __name__ == "__main__":
     table = {}
     chosen = DTYPES if "--full" in sys.argv else COMPILED_DTYPES
