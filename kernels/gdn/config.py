@@ -83,6 +83,8 @@ class KernelConfig:
     stride_bwd_per_sm: int = 2  # the automatic choice: this many per multiprocessor
     stride_bwd_warps: int = 8
     stride_bwd_stages: int = 1
+    stride_bwd_bk: int = 128  # key columns per step of bwd_dqk's work in the group backward
+    stride_bwd_bv: int = 64  # value columns per step of it (dqk_bk, dqk_bv: bwd_dqk's own)
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -104,7 +106,8 @@ DEFAULT = KernelConfig()
 # run with Triton 3.6 raised OutOfResources at 409600 B); 3 stages of fp32 tiles would pass the
 # limit in the reverse walk. tests/kernels/test_kernels_compile.py compiles every launch for sm_90
 # and checks the limit.
-DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
+DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1,
+                               stride_bwd_bk=64, stride_bwd_bv=32)
 # On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32) and the
 # segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). tests/kernels/test_kernels_ascend.py

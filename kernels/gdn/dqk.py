@@ -98,11 +98,11 @@ def dqk_chunk(
 
 
 def dqk_buffers(
-    q: torch.Tensor, num_v_heads: int, cfg: KernelConfig
+    q: torch.Tensor, num_v_heads: int, cfg: KernelConfig, BK: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The outputs of bwd_dqk's work (`dqk_chunk`), uninitialised: dq ([B, T, Hqk, D] in q's dtype
-    when Hv == Hqk, else per value head fp32), the dk partial (fp32, head-major), dWk (q's dtype
-    with cfg.dw_low, else fp32) and the dγ partials [D/BK, B·Hv, T]."""
+    """The outputs of bwd_dqk's work (`dqk_chunk`) in key slices of BK columns, uninitialised: dq
+    ([B, T, Hqk, D] in q's dtype when Hv == Hqk, else per value head fp32), the dk partial (fp32,
+    head-major), dWk (q's dtype with cfg.dw_low, else fp32) and the dγ partials [D/BK, B·Hv, T]."""
     B, T, Hqk, _ = q.shape
     Hv = num_v_heads
     R = Hv // Hqk
@@ -112,10 +112,9 @@ def dqk_buffers(
     dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
     low_dw = cfg.dw_low and q.dtype != torch.float32
     dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
-    BK = cfg.dqk_bk
-    if BK < BT:
-        raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
-                         f"so it needs at least {BT} columns per program")
+    if BK < BT or D % BK:
+        raise ValueError(f"key slice of {BK} columns: bwd_dqk's work transposes a {BT}x{BT} tile in its "
+                         f"dk columns, so it needs at least {BT} columns, and a divisor of {D}")
     dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
     return dq, dkp, dw, dgam
 
@@ -131,8 +130,8 @@ def bwd_dqk(
     cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
-    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg)
     BK = cfg.dqk_bk
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK)
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
         q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
         dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,

@@ -234,7 +234,7 @@ def group_backward(
     if dsb.shape != sb.shape:
         raise ValueError(f"group gradients {tuple(dsb.shape)} do not match the group states "
                          f"{tuple(sb.shape)}")  # fmt: skip
-    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg)
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, cfg.stride_bwd_bk)
     programs = group_programs(NG * B * Hv, k.device, cfg)
     scratch = torch.empty(programs, 2, stride, D, D, device=k.device, dtype=w.dtype)
     _group_bwd_kernel[(programs,)](
@@ -242,7 +242,8 @@ def group_backward(
         scr_ptr=scratch, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
         groups_ptr=groups if groups is not None else w, spans_ptr=spans if spans is not None else w,
         scale=scale, T=T, NT=NT, NG=NG, NBH=B * Hv, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2],
-        STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D, BV=cfg.state_bv, BK=cfg.dqk_bk, BVQ=cfg.dqk_bv,
+        STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D, BV=cfg.state_bv, BK=cfg.stride_bwd_bk,
+        BVQ=cfg.stride_bwd_bv,
         num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages,
     )  # fmt: skip
     return dq, dkp, dw, dgam

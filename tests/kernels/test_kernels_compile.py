@@ -405,7 +405,8 @@ def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:
     assert gdn_config.kernel_config(torch.float16) == half == gdn_config.DEFAULT
     fp32 = gdn_config.kernel_config(torch.float32)
     differ = {f.name for f in fields(half) if getattr(half, f.name) != getattr(fp32, f.name)}
-    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages"}
+    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages", "stride_bwd_bk",
+                      "stride_bwd_bv"}
     with gdn_config.config_overrides(state_bv=16):
         assert gdn_config.kernel_config(torch.float32) == fp32.replace(state_bv=16)
         assert gdn_config.kernel_config(torch.bfloat16).state_bv == 16

@@ -276,21 +276,24 @@ def _per_chunk_and_strided(x, gamma, stride: int, table=None):
     return w, u, (s, vn, ds, dvn), (sb, dsb)
 
 
-@pytest.mark.parametrize("stride,programs", [(2, 3), (4, 0)])
-def test_group_backward(x, ref, walks_at, stride: int, programs: int) -> None:
+@pytest.mark.parametrize("stride,programs,tiles", [(2, 3, (128, 64)), (4, 0, (64, 32))])
+def test_group_backward(x, ref, walks_at, stride: int, programs: int, tiles: tuple[int, int]) -> None:
     """The group backward (S and dS' re-walked per group, bwd_dqk's work on them) from the walks'
     group states and group-end gradients: dq, the dk partial, dWk and the dγ partials bit for bit
     those of bwd_dqk on the per-chunk tensors, Vn left in U's place bit for bit the walk's; groups
     of 2 chunks and a short one over 3 persistent programs (one takes two of the 4 items), or one
-    group of all 3 chunks at the automatic program count."""
+    group of all 3 chunks at the automatic program count; bwd_dqk's work in key x value tiles of
+    128 x 64 or 64 x 32 (bwd_dqk run with the same)."""
     from kernels.gdn import bwd_dqk, config_overrides
     from kernels.gdn.strided import group_backward
 
     gamma = ref["gam"].float()
     w, u, (s, vn, ds, dvn), (sb, dsb) = walks_at(stride)
     u = u.clone()
-    want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE)
-    with config_overrides(stride_bwd_programs=programs):
+    bk, bv = tiles
+    with config_overrides(dqk_bk=bk, dqk_bv=bv):
+        want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE)
+    with config_overrides(stride_bwd_programs=programs, stride_bwd_bk=bk, stride_bwd_bv=bv):
         got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=stride)
     for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
         assert torch.equal(a, b), name
