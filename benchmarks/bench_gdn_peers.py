@@ -12,7 +12,11 @@ chunked backend (tf32 off). `--variant` runs ours again under config overrides (
 of `kernels.gdn.KernelConfig` fields each). `--profile T` records torch.profiler GPU time per
 kernel over 5 forward+backward steps at T (Hqk = Hv). `--packed L1,L2,...` adds a packed batch
 of those sequence lengths (`cu_seqlens`, one h0 and final state per sequence, the gdn-op suite's
-packed cases). Without a GPU nothing runs. FLA is timed with
+packed cases). `--against-default` compares every variant's o, ht and gradients with the default
+settings' on the same inputs (rel-L2 and bit equality); `--variant-accuracy-seeds` sets the
+accuracy seeds of the variants apart from the default's. Without a GPU nothing runs, unless
+`--dry-run`: the same steps on the CPU (under TRITON_INTERPRET=1, fp16 or fp32 inputs, small
+shapes), timed by the wall clock, no peak, to show the command works before a device call. FLA is timed with
 FLA_FLASH_QLA=0 (FLA 0.6.0 otherwise dispatches to FlashQLA when that is importable) and with its
 Triton >= 3.7.1 flag set (it refuses its gated backward on Hopper before that).
 """
@@ -35,6 +39,9 @@ HV, DH = 32, 128
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
+DTYPE = "bfloat16"  # the inputs' dtype (--dtype)
+
+
 def make_inputs(T: int, hqk: int, seed: int, device: Any, lens: list[int] | None = None) -> dict[str, Any]:
     """The gdn-op suite's inputs: dO and dHT divided by their element count; with `lens` (a
     packed batch, sum(lens) = T) one h0 / dHT per sequence and the offsets `cu`."""
@@ -46,7 +53,7 @@ def make_inputs(T: int, hqk: int, seed: int, device: Any, lens: list[int] | None
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
-    bf = torch.bfloat16
+    bf = getattr(torch, DTYPE)
     n = len(lens) if lens else 1
     x = {
         "q": rnd(1, T, hqk, DH).to(bf),
@@ -140,12 +147,43 @@ def rel_l2(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def wall_ms(fn: Any, warmup: int = 0, rep: int = 0, grad_to_none: list[Any] | None = None,
+            return_mode: str = "") -> float:  # fmt: skip
+    """The dry run's stand-in for do_bench (same arguments): one call's wall-clock time (the CPU
+    has no events)."""
+    for t in grad_to_none or []:
+        t.grad = None
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def compare(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """rel-L2 of each tensor against another run's, and the names of those that are bit-equal."""
+    errs = {n: rel_l2(got[n].to(want[n].device), want[n]) for n in TENSORS}
+    return {"rel_l2": errs, "worst_rel_l2": max(errs.values()),
+            "equal": sorted(n for n in TENSORS if torch_equal(got[n], want[n]))}  # fmt: skip
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a.to(b.device), b))
+
+
 def measure(
     call: Any, T: int, hqk: int, seeds: list[int], dev: Any, warm: int, rep: int, repro: bool = False,
-    lens: list[int] | None = None,
+    lens: list[int] | None = None, default: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Times, peak and accuracy of one shape; `default`: the default settings' results on the
+    inputs of seed 1, which this run's are compared with."""
     import torch
-    from triton.testing import do_bench
+
+    cuda = dev.type == "cuda"
+    if cuda:
+        from triton.testing import do_bench
+    else:
+        do_bench = wall_ms
 
     out: dict[str, Any] = {"T": T, "hqk": hqk, **({"packed": lens} if lens else {})}
     x = leaves(make_inputs(T, hqk, 1000, dev, lens))
@@ -162,15 +200,17 @@ def measure(
     out["fwd_bwd_ms_again"] = do_bench(fb, warmup=warm, rep=rep, grad_to_none=grads, return_mode="median")
     for t in grads:
         t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fb()
-    torch.cuda.synchronize()
-    out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fb()
+        torch.cuda.synchronize()
+        out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
     x = grads = None  # the timed closures are done
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     errs: dict[str, float] = defaultdict(float)
     for seed in seeds:
         xs = make_inputs(T, hqk, seed, dev, lens)
@@ -180,12 +220,18 @@ def measure(
             e = rel_l2(got[n], ref[n])
             errs[n] = max(errs[n], e) if e == e else float("nan")
         del ref, got, xs
-        torch.cuda.empty_cache()
-    if repro:
+        if cuda:
+            torch.cuda.empty_cache()
+    if repro or default is not None:
         xs = make_inputs(T, hqk, 1, dev, lens)
-        a, b = fwd_bwd(call, leaves(xs)), fwd_bwd(call, leaves(xs))
-        out["differ_between_runs"] = sorted(n for n in TENSORS if not torch.equal(a[n], b[n]))
-        del a, b, xs
+        a = fwd_bwd(call, leaves(xs))
+        if repro:
+            b = fwd_bwd(call, leaves(xs))
+            out["differ_between_runs"] = sorted(n for n in TENSORS if not torch.equal(a[n], b[n]))
+            del b
+        if default is not None:
+            out["vs_default"] = compare(a, default)
+        del a, xs
     if seeds:
         out["rel_l2"] = dict(errs)
         out["worst_rel_l2"] = max(errs.values())
@@ -219,13 +265,20 @@ def profile(call: Any, T: int, dev: Any, steps: int = 5) -> list[tuple[str, floa
 
 
 def main() -> int:
-    global HV
+    global HV, DTYPE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("ours", "fla", "flashqla"), required=True)
     ap.add_argument("--seq-lens", default="8192,16384,32768,65536")
     ap.add_argument("--qk-heads", default="32,16")
     ap.add_argument("--v-heads", type=int, default=HV)
     ap.add_argument("--accuracy-seeds", default="0")
+    ap.add_argument("--variant-accuracy-seeds", default=None,
+                    help="accuracy seeds of the variants (default: --accuracy-seeds)")
+    ap.add_argument("--against-default", action="store_true",
+                    help="compare each variant's results with the default settings' on the same inputs")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--dry-run", action="store_true",
+                    help="without a GPU: run every step on the CPU (TRITON_INTERPRET=1; not bf16)")
     ap.add_argument("--set", default="", help="KernelConfig overrides (JSON) of ours' default settings")
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON of config overrides (ours)")
     ap.add_argument("--variant-seq-lens", default=None, help="lengths for the variants (default --seq-lens)")
@@ -241,14 +294,21 @@ def main() -> int:
     import torch
     import triton
 
-    HV = args.v_heads
-    if not torch.cuda.is_available():
+    HV, DTYPE = args.v_heads, args.dtype
+    if args.dry_run:
+        if args.backend != "ours" or os.environ.get("TRITON_INTERPRET") != "1" or DTYPE == "bfloat16":
+            print("--dry-run runs ours under TRITON_INTERPRET=1 with --dtype float16 or float32")
+            return 2
+        dev = torch.device("cpu")
+    elif not torch.cuda.is_available():
         print("no GPU: nothing measured")
         return 0
-    dev = torch.device("cuda")
+    else:
+        dev = torch.device("cuda")
     if args.backend == "fla":
         os.environ["FLA_FLASH_QLA"] = "0"
-    versions = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name()}
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "none (dry run)"
+    versions = {"torch": torch.__version__, "triton": triton.__version__, "gpu": gpu, "dtype": DTYPE}
     for mod in ("fla", "flash_qla", "tilelang"):
         try:
             versions[mod] = __import__(mod).__version__
@@ -257,6 +317,8 @@ def main() -> int:
     lens = [int(t) for t in args.seq_lens.split(",") if t]
     heads = [int(h) for h in args.qk_heads.split(",") if h]
     seeds = [int(s) for s in args.accuracy_seeds.split(",") if s]
+    vseeds = seeds if args.variant_accuracy_seeds is None else [
+        int(s) for s in args.variant_accuracy_seeds.split(",") if s]
     packs = [[int(n) for n in item.split(",")] for item in args.packed]
     result: dict[str, Any] = {"backend": args.backend, "versions": versions, "command": " ".join(sys.argv),
                               "runs": []}  # fmt: skip
@@ -275,6 +337,16 @@ def main() -> int:
 
         return config_overrides(**(base | over))
 
+    defaults: dict[tuple, dict[str, Any]] = {}  # shape -> the default settings' results (CPU)
+
+    def default_results(T: int, hqk: int, ls: list[int] | None) -> dict[str, Any]:
+        key = (T, hqk, tuple(ls or ()))
+        if key not in defaults:
+            with settings({}):
+                got = fwd_bwd(call, leaves(make_inputs(T, hqk, 1, dev, ls)))
+            defaults[key] = {n: got[n].detach().cpu() for n in TENSORS}
+        return defaults[key]
+
     print(json.dumps(versions), flush=True)
     for vname, over in variants:
         vlens = lens if vname == "default" or not args.variant_seq_lens else [
@@ -284,8 +356,12 @@ def main() -> int:
             for hqk in heads:
                 t0 = time.time()
                 try:
+                    default = None
+                    if args.against_default and vname != "default":
+                        default = default_results(T, hqk, ls)
                     with settings(over):
-                        r = measure(call, T, hqk, seeds, dev, args.warmup, args.rep, args.repro, ls)
+                        r = measure(call, T, hqk, seeds if vname == "default" else vseeds, dev, args.warmup,
+                                    args.rep, args.repro, ls, default)  # fmt: skip
                 except Exception as exc:  # one failing shape is recorded and the run goes on
                     r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 r["variant"] = vname
@@ -298,6 +374,7 @@ def main() -> int:
                       f"fb={r.get('fwd_bwd_ms', 0):7.3f}/{r.get('fwd_bwd_ms_again', 0):7.3f} "
                       f"peak={r.get('peak_mib', 0):7.0f}MiB worst={err if err is None else f'{err:.2e}'} "
                       f"differ={r.get('differ_between_runs', '-')} "
+                      f"vs_default={r['vs_default']['worst_rel_l2'] if 'vs_default' in r else '-'} "
                       f"{r.get('error', '')}",
                       flush=True)  # fmt: skip
     if args.profile:

@@ -35,6 +35,10 @@ SWEEP: list[tuple[str, str, list[int]]] = [
     ("bwd_dqk", "dqk_warps", [4, 8]),
     ("bwd_wy", "wy_warps", [4, 8]),
     ("bwd_wy", "wy_bd", [32, 64]),
+    ("group_bwd", "stride_bwd_bk", [64, 128]),
+    ("group_bwd", "stride_bwd_bv", [32, 64]),
+    ("group_bwd", "stride_bwd_warps", [4, 8]),
+    ("group_bwd", "stride_bwd_per_sm", [1, 2, 4]),
 ]
 
 def main() -> None:
@@ -54,7 +58,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     import kernels.gdn as K
-    from kernels.gdn.strided import state_groups
+    from kernels.gdn.strided import group_backward, state_groups
 
     best: dict[str, object] = json.loads(args.set) if args.set else {}
     K.config_overrides(**best).__enter__()  # for the whole run; the sweep nests its own inside
@@ -80,6 +84,8 @@ def main() -> None:
     stride = 8  # the states at a stride: the walk keeping group states, the re-walks from them
     sb, *_ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=False, store_final=True,
                              stride=stride)  # fmt: skip
+    dsb, *_ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, stride=stride)
+    ug = u.clone()  # the group backward writes Vn over U: its own copy (the values drift, the work does not)
     fresh: dict[str, object] = {}
 
     def state_both() -> None:
@@ -114,6 +120,9 @@ def main() -> None:
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
+        "state_bwd_stride8": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True,
+                                                      stride=stride),
+        "group_bwd": lambda: group_backward(q, k, w, ug, do, dvn, gamma, sb, dsb, Hv, scale, stride=stride),
         "bwd_wy": wy,
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }  # fmt: skip

@@ -28,8 +28,9 @@ class KernelConfig:
     """Launch settings, measured on an H200 (docs/kernels.md); benchmarks/profile_gdn_stages.py
     sweeps them."""
 
-    # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee" | "low": both
-    # operands rounded to the input dtype), per group: intra Wk/U products (wu), and in the WY
+    # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee" | "hf32": Ascend's
+    # counterpart of tf32 | "low": both operands rounded to the input dtype), per group: intra Wk/U
+    # products (wu), and in the WY
     # backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da) and the Tᵀ/dA applications that give
     # dk, dv (wy_dx); "" = f32_dot. H200, 16K/64K: the three WY groups "low" cut fwd+bwd from
     # 5.58/21.87 to 4.13/16.05 ms with the worst error 3.27e-3/3.65e-3 -> 3.34e-3/3.66e-3; wu "low"
@@ -39,6 +40,9 @@ class KernelConfig:
     f32_dot_wy_dt: str = "low"
     f32_dot_wy_da: str = "low"
     f32_dot_wy_dx: str = "low"
+    # The segment scan's products of fp32 maps, for every input dtype (tf32x3: fp32-level accuracy
+    # on the tensor cores; IEEE fp32 ones spill 13 KB of stack per program on sm_90).
+    f32_dot_scan: str = "tf32x3"
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
@@ -70,6 +74,17 @@ class KernelConfig:
     stride_bv: int = 32  # value columns per program of the chunk-group re-walk
     stride_warps: int = 4
     stride_stages: int = 2
+    # With a stride and stride_recompute, the backward's group programs (`strided.group_backward`)
+    # re-walk S and dS' per group and do bwd_dqk's work from them: the reverse walk keeps dS' only
+    # at the group ends and no per-chunk S or dS' tensor exists. False: the reverse walk stores
+    # every chunk's dS', the group re-walk every chunk's S and Vn, and bwd_dqk reads them.
+    stride_dqk: bool = True
+    stride_bwd_programs: int = 0  # persistent programs of the group backward; 0 = from the device
+    stride_bwd_per_sm: int = 2  # the automatic choice: this many per multiprocessor
+    stride_bwd_warps: int = 8
+    stride_bwd_stages: int = 1
+    stride_bwd_bk: int = 128  # key columns per step of bwd_dqk's work in the group backward
+    stride_bwd_bv: int = 64  # value columns per step of it (dqk_bk, dqk_bv: bwd_dqk's own)
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -91,15 +106,23 @@ DEFAULT = KernelConfig()
 # run with Triton 3.6 raised OutOfResources at 409600 B); 3 stages of fp32 tiles would pass the
 # limit in the reverse walk. tests/kernels/test_kernels_compile.py compiles every launch for sm_90
 # and checks the limit.
-DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
+DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1,
+                               stride_bwd_bk=64, stride_bwd_bv=32)
+# On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
+# ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32) and the
+# segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). tests/kernels/test_kernels_ascend.py
+# lowers every launch with these fields.
+NPU_FIELDS = {"f32_dot_wu": "hf32", "f32_dot_scan": "ieee"}
 
 _OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 
 
-def kernel_config(dtype: torch.dtype) -> KernelConfig:
-    """The config of a call on `dtype` inputs: that dtype's defaults with the fields of the
-    enclosing `config_overrides` applied."""
+def kernel_config(dtype: torch.dtype, device: torch.device | None = None) -> KernelConfig:
+    """The config of a call on `dtype` inputs on `device`: that dtype's defaults (with `NPU_FIELDS`
+    on an "npu" device) and the fields of the enclosing `config_overrides` applied."""
     base = DEFAULT_FP32 if dtype == torch.float32 else DEFAULT
+    if device is not None and torch.device(device).type == "npu":
+        base = base.replace(**NPU_FIELDS)
     over = dict(_OVERRIDES.get())
     return base.replace(**over) if over else base
 
@@ -118,14 +141,16 @@ def config_overrides(**fields: Any) -> Iterator[None]:
 def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
     half-precision inputs cfg.f32_dot_<group>, else cfg.f32_dot ("tf32" | "tf32x3" | "ieee" |
-    "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products)."""
-    if dtype == torch.float32:
+    "hf32" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products).
+    The scan group ("scan") multiplies fp32 maps whatever the inputs: always cfg.f32_dot_scan."""
+    if dtype == torch.float32 and group != "scan":
         return "ieee"
     prec = str(getattr(cfg, f"f32_dot_{group}") or cfg.f32_dot)
-    if prec == "low":
+    if prec == "low" and group != "scan":
         return "bf16" if dtype == torch.bfloat16 else "fp16"
-    if prec not in ("tf32", "tf32x3", "ieee"):
-        raise ValueError(f"f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee or low")
+    if prec not in ("tf32", "tf32x3", "ieee", "hf32"):
+        raise ValueError(f"f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee, hf32"
+                         f"{'' if group == 'scan' else ' or low'}")
     return prec
 
 

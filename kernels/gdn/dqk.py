@@ -17,16 +17,34 @@ def _bwd_dqk_kernel(
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
-    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk. Every γ-gradient term is linear in
-    the column split, so each program writes its own dγ partial (summed by the WY stage)."""
+    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk, from the per-chunk S and dS'."""
     c = tl.program_id(0)
     ik = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
+    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    dqk_chunk(
+        q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + (bh * NT + c) * D * D, ds_ptr + (bh * NT + c) * D * D,
+        gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2), t0, t1, T,
+        HQK, HV, R, DQ_HEADS, BT, D, BK, BV,
+    )  # fmt: skip
+
+
+@triton.jit
+def dqk_chunk(
+    q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_base, ds_base, gamma_ptr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
+    HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """bwd_dqk's work for the chunk at rows t0 .. t1 of head bh (of NBH), key columns
+    [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
+    stride D; per-chunk tensors, or a group program's own scratch). Every γ-gradient term is
+    linear in the column split, so each key slice writes its own dγ partial (summed by the WY
+    stage)."""
     b, h = bh // HV, bh % HV
     hk = h // R
     dkc = ik * BK + tl.arange(0, BK)
     i = tl.arange(0, BT)
-    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
     t = t0 + i
     m = t < t1
     qk_off = b * T * HQK * D + hk * D
@@ -39,8 +57,6 @@ def _bwd_dqk_kernel(
     dw_acc = tl.zeros([BT, BK], dtype=tl.float32)  # dVn·Sᵀ
     dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO·Vnᵀ
     sds = tl.zeros([BK], dtype=tl.float32)  # row sums of S ⊙ dS'
-    s_base = s_ptr + (bh * NT + c) * D * D
-    ds_base = ds_ptr + (bh * NT + c) * D * D
     for iv in range(D // BV):
         dv = iv * BV + tl.arange(0, BV)
         S = tl.load(s_base + dkc[:, None] * D + dv[None, :])  # [BK, BV]
@@ -78,7 +94,29 @@ def _bwd_dqk_kernel(
     tl.store(dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :], dk, mask=m[:, None])
     dw_off = (bh * T + t[:, None]) * D + dkc[None, :]
     tl.store(dw_ptr + dw_off, (-dw_acc).to(dw_ptr.dtype.element_ty), mask=m[:, None])
-    tl.store(dgam_ptr + (ik * (tl.num_programs(2)) + bh) * T + t, dgam, mask=m)
+    tl.store(dgam_ptr + (ik * NBH + bh) * T + t, dgam, mask=m)
+
+
+def dqk_buffers(
+    q: torch.Tensor, num_v_heads: int, cfg: KernelConfig, BK: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outputs of bwd_dqk's work (`dqk_chunk`) in key slices of BK columns, uninitialised: dq
+    ([B, T, Hqk, D] in q's dtype when Hv == Hqk, else per value head fp32), the dk partial (fp32,
+    head-major), dWk (q's dtype with cfg.dw_low, else fp32) and the dγ partials [D/BK, B·Hv, T]."""
+    B, T, Hqk, _ = q.shape
+    Hv = num_v_heads
+    R = Hv // Hqk
+    dev = q.device
+    heads = Hqk if R == 1 else Hv
+    dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
+    dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
+    low_dw = cfg.dw_low and q.dtype != torch.float32
+    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
+    if BK < BT or D % BK:
+        raise ValueError(f"key slice of {BK} columns: bwd_dqk's work transposes a {BT}x{BT} tile in its "
+                         f"dk columns, so it needs at least {BT} columns, and a divisor of {D}")
+    dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
+    return dq, dkp, dw, dgam
 
 
 def bwd_dqk(
@@ -87,28 +125,18 @@ def bwd_dqk(
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
-    (fp32, head-major), dWk (fp32) and the dγ partials [D/BK, B·Hv, T]; `spans` as in
+    (fp32, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
     `intra_solve`."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
-    R = Hv // Hqk
-    dev = q.device
-    heads = Hqk if R == 1 else Hv
-    dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
-    dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
-    low_dw = cfg.dw_low and q.dtype != torch.float32
-    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
     BK = cfg.dqk_bk
-    if BK < BT:
-        raise ValueError(f"dqk_bk = {BK}: bwd_dqk transposes a {BT}x{BT} tile in its dk columns, "
-                         f"so it needs at least {BT} columns per program")
-    dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK)
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
         q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
         dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
         spans_ptr=spans if spans is not None else dq, scale=scale,
-        T=T, NT=NT, HQK=Hqk, HV=Hv, R=R, DQ_HEADS=heads, VARLEN=spans is not None, BT=BT, D=D, BK=BK,
-        BV=cfg.dqk_bv, num_warps=cfg.dqk_warps,
+        T=T, NT=NT, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2], VARLEN=spans is not None, BT=BT, D=D,
+        BK=BK, BV=cfg.dqk_bv, num_warps=cfg.dqk_warps,
     )  # fmt: skip
     return dq, dkp, dw, dgam

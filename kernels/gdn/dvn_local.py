@@ -44,7 +44,7 @@ def dvn_local(
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> torch.Tensor:
     """The intra-chunk part of dVn, [B·Hv, T, D] in q's dtype; `spans` as in `intra_solve`."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv = do.shape[2]
     dvl = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)

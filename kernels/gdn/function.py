@@ -13,7 +13,7 @@ from kernels.gdn.gate import gate_cumsum
 from kernels.gdn.intra import intra_solve
 from kernels.gdn.output import output
 from kernels.gdn.state import state_backward, state_forward
-from kernels.gdn.strided import state_groups
+from kernels.gdn.strided import group_backward, state_groups
 from kernels.gdn.wy_bwd import bwd_wy
 
 StateCallback = Callable[[torch.Tensor], None]
@@ -93,7 +93,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
         table: ChunkTable | None = None, cfg: KernelConfig | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        cfg = cfg or kernel_config(q.dtype)
+        cfg = cfg or kernel_config(q.dtype, q.device)
         gamma = gate_cumsum(g, table_parts(table)[0])
         keep = not _saved_tensors_hook_active()
         o, ht, kept = _forward(
@@ -122,32 +122,44 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         kept, ctx.kept = ctx.kept, None
         table, cfg = ctx.table, ctx.cfg
         spans, seq_chunks = table_parts(table)
-        # S and Vn recomputed from the group states the forward kept (with U) instead of them
-        regroup = bool(kept) and cfg.state_stride > 0 and cfg.stride_recompute
+        stride = cfg.state_stride
+        groups = table.groups(stride) if stride and table is not None else None
         if kept:
-            w, tm, s, vn, maps = kept  # strided: s holds the group states, vn U
+            w, tm, s, vn, maps = kept  # at a stride with stride_recompute: the group states and U
             del kept
+            strided = stride > 0 and cfg.stride_recompute
         else:
             w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans, cfg=cfg)
+            strided = stride > 0
             s, vn, _, maps = state_forward(
-                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
-                keep_maps=True, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
+                k, w, u, gamma, Hv, h0, store_states=True, store_vn=not strided, store_final=False,
+                keep_maps=True, seq_chunks=seq_chunks, spans=spans, stride=stride if strided else 0,
+                groups=groups, cfg=cfg,
             )
+            if strided:
+                vn = u  # the group states came back as s; S and Vn are re-walked from them and U
             del u
+        on_chip = strided and cfg.stride_dqk  # bwd_dqk's work in the group programs
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
-            seq_chunks=seq_chunks, spans=spans, cfg=cfg,
+            seq_chunks=seq_chunks, spans=spans, stride=stride if on_chip else 0, groups=groups, cfg=cfg,
         )
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
-        if regroup:
-            stride = cfg.state_stride
-            groups = table.groups(stride)[0] if table is not None else None
-            _, s, vn = state_groups(None, k, w, vn, gamma, s, Hv, ctx.scale, stride=stride, out_dtype=None,
-                                    store_states=True, spans=spans, groups=groups, cfg=cfg)  # fmt: skip
-        del w, maps
-        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
-        del s, ds, vn
+        del maps
+        grp = groups[0] if groups is not None else None
+        if on_chip:
+            dq, dkp, dw, dgam = group_backward(q, k, w, vn, do, dvn, gamma, s, ds, Hv, ctx.scale,
+                                               stride=stride, spans=spans, groups=grp, cfg=cfg)  # fmt: skip
+            del w, s, ds, vn
+        else:
+            if strided:
+                _, s, vn = state_groups(None, k, w, vn, gamma, s, Hv, ctx.scale, stride=stride,
+                                        out_dtype=None, store_states=True, spans=spans, groups=grp,
+                                        cfg=cfg)  # fmt: skip
+            del w
+            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
+            del s, ds, vn
         dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans, cfg=cfg)
         del tm, dw, dvn, dkp, dgam
         if R > 1:
@@ -203,7 +215,7 @@ def run_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The stages on checked inputs, through the autograd Function when a backward can follow.
     `table`: the chunk table of packed sequences (`varlen`), one state each."""
-    cfg = config or kernel_config(q.dtype)
+    cfg = config or kernel_config(q.dtype, q.device)
     scale = D**-0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     inputs = (q, k, v, g, beta, h0)

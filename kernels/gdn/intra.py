@@ -165,7 +165,7 @@ def intra_solve(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked.
     `spans`: the chunk table of packed sequences (`chunks.ChunkTable`); rows stay packed."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)

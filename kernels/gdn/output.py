@@ -47,7 +47,7 @@ def output(
     *, cfg: KernelConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """o [B, T, Hv, D] in out_dtype from per-chunk states and Vn; `spans` as in `intra_solve`."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, BV = num_v_heads, cfg.out_bv
     o = torch.empty(B, T, Hv, D, device=q.device, dtype=out_dtype)

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import load_gamma, load_rows
-from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
 @triton.jit
@@ -56,14 +56,14 @@ def _segment_fwd_summary_kernel(
 @triton.jit
 def _segment_scan_kernel(
     m_ptr, e_ptr, x0_ptr, xs_ptr, NSEG,
-    HAS_X0: tl.constexpr, REVERSE: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    HAS_X0: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Sequential scan over segments of the affine maps, columns dv of the state.
     Forward (REVERSE = 0): X_0 = x0, X_{j+1} = M_j·X_j + E_j (states entering each segment).
     Reverse (REVERSE = 1): X_{NSEG−1} = x0, X_{j−1} = M_jᵀ·X_j + E_j (state gradients leaving
     each segment; M_j is the forward map, whose transpose carries dS back over segment j).
-    Writes every X_j to xs [B·Hv, NSEG, D, D] fp32; tf32x3 products (fp32-level accuracy on the
-    tensor cores; IEEE fp32 ones spill 13 KB of stack per program)."""
+    Writes every X_j to xs [B·Hv, NSEG, D, D] fp32; products at input precision PREC
+    (`KernelConfig.f32_dot_scan`)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     dk = tl.arange(0, D)
@@ -82,11 +82,11 @@ def _segment_scan_kernel(
         if REVERSE:
             if j > 0:
                 mt = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[None, :] * D + dk[:, None])
-                X = tl.dot(mt, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+                X = tl.dot(mt, X, input_precision=PREC) + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
         else:
             if j < NSEG - 1:
                 mj = tl.load(m_ptr + (bh * NSEG + j) * D * D + dk[:, None] * D + dk[None, :])
-                X = tl.dot(mj, X, input_precision="tf32x3") + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
+                X = tl.dot(mj, X, input_precision=PREC) + tl.load(e_ptr + (bh * NSEG + j) * D * D + cols)
 
 
 def state_segments(batch_heads: int, T: int, device: torch.device, cfg: KernelConfig) -> int:
@@ -125,7 +125,7 @@ def segment_forward_summary(
     """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None: V = 0),
     and of the last segment too when `with_last` (the backward's scan needs M of segments
     1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, num_chunks(T)
     mm = torch.empty(B * Hv, nseg, D, D, device=k.device, dtype=torch.float32)
@@ -146,12 +146,13 @@ def segment_scan(
 ) -> torch.Tensor:
     """States entering (forward) or state gradients leaving (reverse) every segment (`cfg`: the
     launch settings of the walks it serves; default: fp32 inputs')."""
-    cfg = cfg or kernel_config(torch.float32)
+    cfg = cfg or kernel_config(torch.float32, mm.device)
     BH, nseg = mm.shape[:2]
     xs = torch.empty_like(mm)
     BV = cfg.state_bv
     _segment_scan_kernel[(D // BV, BH)](
         m_ptr=mm, e_ptr=ee, x0_ptr=x0 if x0 is not None else mm, xs_ptr=xs, NSEG=nseg,
-        HAS_X0=x0 is not None, REVERSE=reverse, D=D, BV=BV, num_warps=cfg.state_warps,
+        HAS_X0=x0 is not None, REVERSE=reverse, PREC=dot_precision(cfg, mm.dtype, "scan"), D=D, BV=BV,
+        num_warps=cfg.state_warps,
     )  # fmt: skip
     return xs

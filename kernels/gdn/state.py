@@ -82,15 +82,26 @@ def _state_fwd_kernel(
 
 
 @triton.jit
+def state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale):
+    """The gradient entering a chunk from dS' leaving it (the reverse walk's step):
+    e^{γ_C}·dS' + scale·(e^γ ⊙ Q)ᵀ·dO − Wkᵀ·dVn, every operand in Wk's dtype."""
+    dt = wk.dtype
+    qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
+    return dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
+
+
+@triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
-    scale, T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    grp_ptr, scale, T, NT, NG, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
-    STORE: write dS per chunk and dVn. The segment's start gradient goes to dh0[bh, seg] when
-    ALL_DH0 (the summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0.
+    STORE: write dVn and, with STRIDE = 0, every chunk's dS' in w's dtype [B·Hv, NT, D, D]; with
+    STRIDE = k only the fp32 dS' leaving each group of k chunks, [B·Hv, NG, D, D] (groups as in
+    `_state_fwd_kernel`). The segment's start gradient goes to dh0[bh, seg] when ALL_DH0 (the
+    summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0.
     VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
     walked back from dht[n, h] to dh0[n, h]."""
     iv = tl.program_id(0)
@@ -110,10 +121,22 @@ def _state_bwd_kernel(
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
     c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
+    if STRIDE > 0 and VARLEN:
+        g0 = tl.load(grp_ptr + seg)
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
-            tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
+            if STRIDE == 0:
+                tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
+            else:
+                if VARLEN:
+                    slot = g0 + (c - c0) // STRIDE
+                    end = tl.minimum(c - (c - c0) % STRIDE + STRIDE, c1)
+                else:
+                    slot = c // STRIDE
+                    end = tl.minimum(c - c % STRIDE + STRIDE, NT)
+                if c == end - 1:
+                    tl.store(ds_ptr + (bh * NG + slot) * D * D + cols, dS)
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
@@ -126,10 +149,9 @@ def _state_bwd_kernel(
         if STORE:
             tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])
         q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-        qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
         do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
         wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
-        dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
+        dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
     if ALL_DH0:
         tl.store(dh0_ptr + st * D * D + cols, dS)
     elif STORE_DH0:
@@ -169,12 +191,12 @@ def state_forward(
     `seq_chunks` and `spans` (packed sequences, B = 1: `chunks.ChunkTable`): int32 chunk offsets
     of the N sequences and each chunk's rows; each sequence is walked from its own initial state
     [N, Hv, D, D] to its own final state [N, Hv, D, D], all N in parallel in one launch (they are
-    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype)`).
+    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype, k.device)`).
 
     `stride` > 0: the states are kept at a stride instead, only the fp32 state entering every
     group of `stride` chunks, [B·Hv, NG, D, D] (`strided.state_groups` re-walks each group from
     it); packed sequences then also need their `groups` (`ChunkTable.groups(stride)`)."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, chunk_count(T, seq_chunks, spans)
     dev = k.device
@@ -214,32 +236,39 @@ def state_forward(
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
-    seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None,
-    cfg: KernelConfig | None = None,
+    seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None, stride: int = 0,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
+    With `stride` > 0 the fp32 dS' leaving every group of `stride` chunks [B·Hv, NG, D, D] instead
+    of the per-chunk dS (packed sequences: with their `groups`, as `state_forward`).
 
     `maps` are the forward's segment transitions (state_forward's fourth result): with them the
     reverse pass is segmented the same way. Every segment but the first walks back from a zero
     gradient (its affine part), a reverse scan carries dS over segments with Mᵀ, then every
     segment walks back from its true gradient in parallel. `seq_chunks` as in `state_forward`:
     every packed sequence walks back from its own dht [N, Hv, D, D] to its own dh0, in parallel."""
-    cfg = cfg or kernel_config(q.dtype)
+    cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = do.shape[2], chunk_count(T, seq_chunks, spans)
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
+    if stride and seq_chunks is not None and groups is None:
+        raise ValueError(f"stride={stride} for packed sequences needs their groups (ChunkTable.groups)")
     dvl = dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
-    ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
+    ng = NT if not stride else (triton.cdiv(NT, stride) if groups is None else groups[0].shape[0])
+    ds = torch.empty(B * Hv, ng, D, D, device=q.device, dtype=torch.float32 if stride else q.dtype)
     dvn = torch.empty_like(dvl)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma, scale=scale,
-                    T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R, BT=BT, D=D, BV=BV,
-                    num_warps=cfg.state_warps, num_stages=cfg.state_stages)  # fmt: skip
+    seq_groups = groups[1] if groups is not None else w
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma, grp_ptr=seq_groups,
+                    scale=scale, T=T, NT=NT, NG=ng, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
+                    STRIDE=stride, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
+                    num_stages=cfg.state_stages)  # fmt: skip
     dend = dht
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)

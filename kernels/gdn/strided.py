@@ -17,6 +17,8 @@ import triton.language as tl
 
 from kernels.gdn.common import chunk_span, load_gamma, load_rows
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
+from kernels.gdn.dqk import dqk_buffers, dqk_chunk
+from kernels.gdn.state import state_grad_step
 
 
 @triton.jit
@@ -53,14 +55,11 @@ def _state_group_kernel(
         t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
         t = t0 + i
         m = t < t1
-        rows = (bh * T + t[:, None]) * D
         if STORE:
             tl.store(s_ptr + (bh * NT + c) * D * D + cols, S.to(dt))
-        wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
-        vn = -tl.dot(wk, S.to(dt))
-        vn += tl.load(u_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
+        vn = group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D)
         if STORE:
-            tl.store(vn_ptr + rows + dv[None, :], vn.to(dt), mask=m[:, None])
+            tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
         if WANT_O:
@@ -70,8 +69,101 @@ def _state_group_kernel(
             o = tl.dot(q, S.to(dt)) * tl.exp(gam)[:, None] + tl.dot(p.to(dt), vn.to(dt))
             o_off = ((b * T + t[:, None]) * HV + h) * D + dv[None, :]
             tl.store(o_ptr + o_off, (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
-        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-        S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
+        S = group_next(S, vn, kc, gam, g_last)
+
+
+@triton.jit
+def group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D: tl.constexpr):
+    """Vn = U − Wk·S of the chunk at rows t (mask m), value columns dv: the walk's product, with S
+    rounded to Wk's dtype as the walk rounds it."""
+    dk = tl.arange(0, D)
+    rows = (bh * T + t[:, None]) * D
+    wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+    vn = -tl.dot(wk, S.to(wk.dtype))
+    vn += tl.load(u_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
+    return vn
+
+
+@triton.jit
+def group_next(S, vn, kc, gam, g_last):
+    """The state leaving the chunk, e^{γ_C}·S + (K ⊙ e^{γ_C−γ})ᵀ·Vn, with the walk's roundings
+    (operands in K's dtype, which Wk shares)."""
+    dt = kc.dtype
+    kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
+    return S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
+
+
+@triton.jit
+def _group_bwd_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, do_ptr, dvn_ptr, gamma_ptr, sb_ptr, dsb_ptr, scr_ptr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, groups_ptr, spans_ptr, scale,
+    T, NT, NG, NBH, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    STRIDE: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BVQ: tl.constexpr,
+):  # fmt: skip
+    """bwd_dqk's work for every chunk of the (group, head) items pid, pid + P, ... (P programs,
+    persistent). Per item and value slice of BV columns: S re-walked forward from sb[bh, g] (each
+    chunk's S into this program's scratch, Vn over U in place), then dS' re-walked back from
+    dsb[bh, g] (each chunk's dS' into the scratch; dVn read as the reverse walk stored it); then
+    `dqk_chunk` per chunk and key slice from the scratch. The scratch, [P, 2, STRIDE, D, D] in w's
+    dtype, is the only memory the per-chunk S and dS' pass through."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    dk = tl.arange(0, D)
+    i = tl.arange(0, BT)
+    dt = w_ptr.dtype.element_ty
+    scr_s = scr_ptr + pid.to(tl.int64) * 2 * STRIDE * D * D
+    scr_g = scr_s + STRIDE * D * D
+    for item in range(pid, NG * NBH, P):
+        g = item % NG
+        bh = (item // NG).to(tl.int64)
+        b, h = bh // HV, bh % HV
+        qk_off = b * T * HQK * D + (h // R) * D
+        if VARLEN:
+            c0 = tl.load(groups_ptr + 2 * g)
+            c1 = tl.load(groups_ptr + 2 * g + 1)
+        else:
+            c0 = g * STRIDE
+            c1 = tl.minimum(c0 + STRIDE, NT)
+        for iv in range(D // BV):
+            dv = iv * BV + tl.arange(0, BV)
+            cols = dk[:, None] * D + dv[None, :]
+            S = tl.load(sb_ptr + (bh * NG + g) * D * D + cols)
+            for c in range(c0, c1):
+                t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+                t = t0 + i
+                m = t < t1
+                tl.store(scr_s + (c - c0) * D * D + cols, S.to(dt))
+                vn = group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D)
+                tl.store(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
+                gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+                kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+                S = group_next(S, vn, kc, gam, g_last)
+            dS = tl.load(dsb_ptr + (bh * NG + g) * D * D + cols)
+            for j in range(c1 - c0):
+                c = c1 - 1 - j
+                t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+                t = t0 + i
+                m = t < t1
+                rows = (bh * T + t[:, None]) * D
+                tl.store(scr_g + (c - c0) * D * D + cols, dS.to(dt))
+                gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+                q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+                do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None],
+                             other=0.0)  # fmt: skip
+                wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+                dvn = tl.load(dvn_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
+                dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
+        tl.debug_barrier()  # every slice's S, dS' and Vn stored before any is read back
+        for c in range(c0, c1):
+            t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+            for ik in range(D // BK):
+                dqk_chunk(
+                    q_ptr, k_ptr, u_ptr, do_ptr, dvn_ptr, scr_s + (c - c0) * D * D, scr_g + (c - c0) * D * D,
+                    gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
+                    HQK, HV, R, DQ_HEADS, BT, D, BK, BVQ,
+                )  # fmt: skip
+        tl.debug_barrier()  # every read of the scratch done before the next item overwrites it
 
 
 def state_groups(
@@ -84,7 +176,7 @@ def state_groups(
     [B, T, Hv, D] in `out_dtype` (None: no output, q unread) and, when `store_states`, per-chunk
     incoming S [B·Hv, NT, D, D] and Vn [B·Hv, T, D] in k's dtype. Packed sequences: `spans` and
     `groups` (`ChunkTable.groups`), the groups then never crossing a sequence."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the states at a stride need a group of at least 1 chunk")
     if (spans is None) != (groups is None):
@@ -109,3 +201,49 @@ def state_groups(
     )  # fmt: skip
     return o, s, vn
 
+
+
+def group_programs(items: int, device: torch.device, cfg: KernelConfig) -> int:
+    """Programs of the persistent group backward: cfg.stride_bwd_programs when > 0, else about
+    cfg.stride_bwd_per_sm per multiprocessor (a CPU counts as one), never more than the items."""
+    if cfg.stride_bwd_programs > 0:
+        return min(items, cfg.stride_bwd_programs)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return max(1, min(items, cfg.stride_bwd_per_sm * sms))
+
+
+def group_backward(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, do: torch.Tensor,
+    dvn: torch.Tensor, gamma: torch.Tensor, sb: torch.Tensor, dsb: torch.Tensor, num_v_heads: int,
+    scale: float, *, stride: int, spans: torch.Tensor | None = None, groups: torch.Tensor | None = None,
+    cfg: KernelConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`bwd_dqk`'s results (dq, dk partial, dWk, dγ partials) from the group states instead of
+    per-chunk ones: `sb` the fp32 state entering each group (`state_forward(stride=...)`), `dsb`
+    the fp32 dS' leaving it (`state_backward(stride=...)`), `u` U, overwritten with Vn. No per-chunk
+    S or dS' tensor exists: each program re-walks its groups through its own scratch of
+    2·stride chunk states. Packed sequences: `spans` and `groups` as in `state_groups`."""
+    cfg = cfg or kernel_config(k.dtype, k.device)
+    if stride < 1:
+        raise ValueError(f"stride = {stride}: the group backward needs a group of at least 1 chunk")
+    if (spans is None) != (groups is None):
+        raise ValueError("packed sequences need both spans and groups (ChunkTable.groups), "
+                         f"got spans={spans is not None}, groups={groups is not None}")  # fmt: skip
+    B, T, Hqk, _ = q.shape
+    Hv, NT, NG = num_v_heads, num_chunks(T, spans), sb.shape[1]
+    if dsb.shape != sb.shape:
+        raise ValueError(f"group gradients {tuple(dsb.shape)} do not match the group states "
+                         f"{tuple(sb.shape)}")  # fmt: skip
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, cfg.stride_bwd_bk)
+    programs = group_programs(NG * B * Hv, k.device, cfg)
+    scratch = torch.empty(programs, 2, stride, D, D, device=k.device, dtype=w.dtype)
+    _group_bwd_kernel[(programs,)](
+        q_ptr=q, k_ptr=k, w_ptr=w, u_ptr=u, do_ptr=do, dvn_ptr=dvn, gamma_ptr=gamma, sb_ptr=sb, dsb_ptr=dsb,
+        scr_ptr=scratch, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
+        groups_ptr=groups if groups is not None else w, spans_ptr=spans if spans is not None else w,
+        scale=scale, T=T, NT=NT, NG=NG, NBH=B * Hv, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2],
+        STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D, BV=cfg.state_bv, BK=cfg.stride_bwd_bk,
+        BVQ=cfg.stride_bwd_bv,
+        num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages,
+    )  # fmt: skip
+    return dq, dkp, dw, dgam

@@ -29,7 +29,7 @@ def state_summary(
 
     zero_values=True runs with V = 0 (v is not read), so with initial_state = I it gives the
     chunk-transition product M of S_end = M·S_in + S_ext; see the module docstring."""
-    cfg = config or kernel_config(k.dtype)
+    cfg = config or kernel_config(k.dtype, k.device)
     Hv = v.shape[2]
     k, beta = k.contiguous(), beta.contiguous()
     gamma = gate_cumsum(g.contiguous())

@@ -98,7 +98,7 @@ def bwd_wy(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation;
     `spans` as in `intra_solve`."""
-    cfg = cfg or kernel_config(k.dtype)
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = v.shape[2], num_chunks(T, spans)
     R = Hv // Hqk

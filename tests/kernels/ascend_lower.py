@@ -73,7 +73,7 @@ def lower(launch: dict[str, Any], backend: Any, stages: dict, options: Any, cont
     stage, why, ops = lower_one(fn, launch["signature"], launch["constexprs"], backend, stages, options,
                                 context_of)  # fmt: skip
     result = {"kernel": launch["kernel"], "dtype": launch["dtype"], "stage": stage, "construct": why,
-              "linalg_ops": ops}  # fmt: skip
+              "linalg_ops": ops, "constexprs": launch["constexprs"]}  # fmt: skip
     swapped = {k: ASCEND_PRECISION.get(v, v) if isinstance(v, str) else v
                for k, v in launch["constexprs"].items()}  # fmt: skip
     if why is not None and swapped != launch["constexprs"]:

@@ -4,7 +4,8 @@ triton-ascend installs as the `triton` package, so it lives in a venv of its own
 (built by `scripts/bootstrap.sh test`; when it cannot be, the reason is in `.venv-ascend.skip`
 and this module skips with it). The launches are the ones the sm_90 compile test walks
 (`test_kernels_compile._distinct_launches`: the real wiring, forward and backward, packed and
-not, every selectable variant), recorded here with the main environment's Triton and handed as
+not, every selectable variant) under the NPU launch config (`config.NPU_FIELDS`: the dot
+precisions triton-ascend accepts), recorded here with the main environment's Triton and handed as
 argument types and constexpr values to `tests/kernels/ascend_lower.py`, which runs in the Ascend
 venv: each launch goes through the front end to TTIR, then through the bundled
 `triton-adapter-opt` to Linalg, the input of CANN's `bishengir-compile` (the NPU binary needs
@@ -22,29 +23,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ASCEND_PYTHON = ROOT / ".venv-ascend" / "bin" / "python"
+# The triton-ascend venv: ROOT/.venv-ascend, or the one GDN_ASCEND_VENV names (a checkout without
+# its own, e.g. a second worktree, lowering through another's, which it only reads)
+ASCEND_VENV = Path(os.environ.get("GDN_ASCEND_VENV") or ROOT / ".venv-ascend")
+ASCEND_PYTHON = ASCEND_VENV / "bin" / "python"
 SKIP_FILE = ROOT / ".venv-ascend.skip"  # written by the bootstrap with the reason it made no venv
 WORKERS = 2  # CI's cores: the launches are split between two lowering processes
 
-# Kernels every launch of which lowers to Linalg as written.
+# Kernels every launch of which lowers to Linalg as written, under the NPU launch config.
 LOWERS = {
-    "_gate_cumsum_kernel", "_state_fwd_kernel", "_output_kernel", "_dvn_local_kernel", "_state_bwd_kernel",
-    "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel", "_walk_operands_kernel",
-    "_fused_fwd_kernel", "_bwd_dqk_wy_kernel",
+    "_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel", "_dvn_local_kernel",
+    "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel",
+    "_segment_scan_kernel", "_state_group_kernel", "_group_bwd_kernel",
 }  # fmt: skip
-# Kernels whose dot precision is a constexpr: their launches with "tf32" (the half-precision
-# inputs' default) are refused by the front end, and lower with "hf32", Ascend's counterpart.
-LOWERS_WITH_HF32 = {"_intra_kernel", "_wu_kernel"}
-# Kernels that do not lower, and the construct the compiler names.
-FAILS = {"_segment_scan_kernel": "input_precision == tf32 or tf32x3 is invalid"}
-TF32_REFUSED = FAILS["_segment_scan_kernel"]
+# Constexprs that are a dot's input precision, per kernel: under the NPU config none is tf32 or
+# tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").
+PRECISION_CONSTEXPRS = {"_intra_kernel": "PREC", "_segment_scan_kernel": "PREC"}
 
 
 def _skip_reason() -> str | None:
-    if SKIP_FILE.exists():
+    if SKIP_FILE.exists() and "GDN_ASCEND_VENV" not in os.environ:
         return f"no triton-ascend venv: {SKIP_FILE.read_text().strip()}"
     if not ASCEND_PYTHON.exists():
-        return "no triton-ascend venv (.venv-ascend): `bash scripts/bootstrap.sh test` builds it"
+        return f"no triton-ascend venv ({ASCEND_VENV}): `bash scripts/bootstrap.sh test` builds it"
     return None
 
 
@@ -56,16 +57,19 @@ def recorded_launches() -> list[dict]:
     kernel module and name, argument types, constexpr values by parameter name."""
     from triton.compiler import make_backend
 
+    from kernels.gdn.config import NPU_FIELDS, config_overrides
     from tests.kernels.test_kernels_compile import COMPILED_DTYPES, _distinct_launches, _target
 
     backend = make_backend(_target())
     out = []
-    for dtype in COMPILED_DTYPES:
-        for fn, signature, constexprs, _attrs, _options in _distinct_launches(dtype, False, backend):
-            names = list(signature)
-            values = {names[p[0]]: v for p, v in constexprs.items()}
-            out.append({"module": fn.__module__, "kernel": fn.__name__, "dtype": str(dtype).split(".")[-1],
-                        "signature": signature, "constexprs": values})  # fmt: skip
+    with config_overrides(**NPU_FIELDS):
+        launches = [(dtype, launch) for dtype in COMPILED_DTYPES
+                    for launch in _distinct_launches(dtype, False, backend)]  # fmt: skip
+    for dtype, (fn, signature, constexprs, _attrs, _options) in launches:
+        names = list(signature)
+        values = {names[p[0]]: v for p, v in constexprs.items()}
+        out.append({"module": fn.__module__, "kernel": fn.__name__, "dtype": str(dtype).split(".")[-1],
+                    "signature": signature, "constexprs": values})  # fmt: skip
     return out
 
 
@@ -115,41 +119,32 @@ def per_kernel(results: list[dict]) -> dict[str, str]:
     return out
 
 
-def test_kernels_that_lower_keep_lowering(lowered: list[dict]) -> None:
+def test_every_kernel_lowers_under_the_npu_config(lowered: list[dict]) -> None:
+    """Every launch reaches Linalg as recorded; a kernel that stops lowering fails here naming the
+    kernel and the construct the compiler refused."""
     table = per_kernel(lowered)
     print("\n" + "\n".join(f"{k:30s} {v}" for k, v in sorted(table.items())))
-    assert {k for k, v in table.items() if v == "lowers"} >= LOWERS & set(table), table
-    for r in lowered:
-        if r["kernel"] in LOWERS:
-            assert r["stage"] == "linalg", f"{r['kernel']} ({r['dtype']}) no longer lowers: {r['construct']}"
-            assert "linalg.fill" in r["linalg_ops"], r
-    kernels = {r["kernel"] for r in lowered}
-    assert kernels & LOWERS, f"no kernel of {sorted(LOWERS)} was launched; launched: {sorted(kernels)}"
+    failed = _failures(lowered)
+    assert not failed, "launches that do not lower to Linalg:\n" + "\n".join(failed)
+    assert set(table) == LOWERS, f"kernels launched: {sorted(table)}"
+    assert all(r["linalg_ops"] for r in lowered), "a lowered launch without Linalg ops"
     # the dots (tl.dot) of the chunked kernels reach Linalg as matmuls
     assert any("linalg.matmul" in r["linalg_ops"] for r in lowered if r["kernel"] == "_output_kernel")
 
 
-def test_tf32_dots_lower_as_hf32(lowered: list[dict]) -> None:
+def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) -> None:
+    """The precision constexprs of the launches: hf32 for the intra products of half-precision
+    inputs, IEEE for fp32 ones and for the segment scan; never tf32 or tf32x3."""
+    seen = {}
     for r in lowered:
-        if r["kernel"] in LOWERS_WITH_HF32:
-            if r["stage"] == "linalg":
-                continue
-            assert TF32_REFUSED in r["construct"], r
-            assert r["ascend_constexprs"] and set(r["ascend_constexprs"].values()) == {"hf32"}, r
-            assert r["ascend_stage"] == "linalg", f"{r['kernel']} with hf32: {r['ascend_construct']}"
-    refused = {r["kernel"] for r in lowered if r["kernel"] in LOWERS_WITH_HF32 and r["stage"] != "linalg"}
-    assert refused, "no launch of the precision-constexpr kernels asked for tf32"
-
-
-def test_every_failure_is_a_known_kernel_and_construct(lowered: list[dict]) -> None:
-    """A kernel that stops lowering, or a new kernel that does not lower, fails here naming the
-    kernel and the construct the compiler refused."""
-    known = [r for r in lowered if r["kernel"] in LOWERS_WITH_HF32
-             or (r["kernel"] in FAILS and FAILS[r["kernel"]] in (r["construct"] or ""))]  # fmt: skip
-    unknown = _failures([r for r in lowered if r not in known])
-    assert not unknown, "launches that do not lower to Linalg:\n" + "\n".join(unknown)
-    for kernel in FAILS.keys() & {r["kernel"] for r in lowered}:  # still failing as recorded
-        assert any(r["kernel"] == kernel and r["stage"] != "linalg" for r in lowered), f"{kernel} lowers now"
+        name = PRECISION_CONSTEXPRS.get(r["kernel"])
+        if name is None:
+            assert not {"tf32", "tf32x3"} & set(map(str, r["constexprs"].values())), r
+            continue
+        seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
+    assert seen == {("_intra_kernel", "bfloat16"): {"hf32"}, ("_intra_kernel", "float32"): {"ieee"},
+                    ("_segment_scan_kernel", "bfloat16"): {"ieee"},
+                    ("_segment_scan_kernel", "float32"): {"ieee"}}, seen  # fmt: skip
 
 
 if __name__ == "__main__":

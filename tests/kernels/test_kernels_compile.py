@@ -120,8 +120,8 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     (o.float().sum() + s.sum()).backward()
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
-    # the states at a stride: the walk keeping group states, the re-walk forming o (forward) and
-    # S, Vn (backward), dense and packed
+    # the states at a stride: the walks keeping group states, the re-walk forming o (forward), the
+    # group backward re-walking S and dS' for bwd_dqk's work, dense and packed
     with mod.config_overrides(state_stride=2):
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         (o.float().sum() + s.sum()).backward()
@@ -293,7 +293,7 @@ def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
 
 # Kernels whose cold sm_90 compile takes several times the others' (the largest bodies):
 # the shared queue hands them out first, so the two workers end within a short compile of each other.
-SLOW_COMPILES = ("_bwd_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
+SLOW_COMPILES = ("_group_bwd_kernel", "_bwd_wy_kernel", "_intra_kernel", "_bwd_dqk_kernel")
 
 
 def work_list(dtypes: tuple[torch.dtype, ...], backend) -> list[tuple[int, torch.dtype, tuple]]:
@@ -383,12 +383,14 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     kernels = {c.kernel for c in rows}
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
-                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel"}  # fmt: skip
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel",
+                "_group_bwd_kernel"}  # fmt: skip
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
     assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
     strided = {c.kernel for c in rows if c.constexprs.get("STRIDE")}
-    assert strided == {"_state_fwd_kernel", "_state_group_kernel"}, sorted(strided)
+    walks = {"_state_fwd_kernel", "_state_bwd_kernel"}
+    assert strided == walks | {"_state_group_kernel", "_group_bwd_kernel"}, sorted(strided)
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
@@ -403,13 +405,48 @@ def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:
     assert gdn_config.kernel_config(torch.float16) == half == gdn_config.DEFAULT
     fp32 = gdn_config.kernel_config(torch.float32)
     differ = {f.name for f in fields(half) if getattr(half, f.name) != getattr(fp32, f.name)}
-    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages"}
+    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages", "stride_bwd_bk",
+                      "stride_bwd_bv"}
     with gdn_config.config_overrides(state_bv=16):
         assert gdn_config.kernel_config(torch.float32) == fp32.replace(state_bv=16)
         assert gdn_config.kernel_config(torch.bfloat16).state_bv == 16
     assert gdn_config.kernel_config(torch.bfloat16) == half
     with pytest.raises(ValueError, match=r"unknown KernelConfig field\(s\) \['fused_fwd'\]"):
         gdn_config.config_overrides(fused_fwd=1).__enter__()
+
+
+def test_npu_device_gets_the_npu_fields() -> None:
+    """kernel_config on an "npu" device (torch_npu's name for the privateuse1 backend, renamed here
+    in a child process as torch_npu does) applies NPU_FIELDS on top of the dtype's defaults, and
+    the overrides on top of those; CPU and CUDA devices keep the defaults."""
+    code = (
+        "import torch\n"
+        "from kernels.gdn.config import DEFAULT, DEFAULT_FP32, NPU_FIELDS, config_overrides, kernel_config\n"
+        "torch.utils.rename_privateuse1_backend('npu')\n"
+        "npu = torch.device('npu')\n"
+        "assert kernel_config(torch.bfloat16, npu) == DEFAULT.replace(**NPU_FIELDS)\n"
+        "assert kernel_config(torch.float32, npu) == DEFAULT_FP32.replace(**NPU_FIELDS)\n"
+        "with config_overrides(f32_dot_scan='hf32'):\n"
+        "    assert kernel_config(torch.bfloat16, npu).f32_dot_scan == 'hf32'\n"
+        "assert kernel_config(torch.bfloat16, torch.device('cpu')) == DEFAULT\n"
+        "assert kernel_config(torch.bfloat16, torch.device('cuda')) == DEFAULT\n"
+    )  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert gdn_config.NPU_FIELDS == {"f32_dot_wu": "hf32", "f32_dot_scan": "ieee"}
+
+
+def test_dot_precision_of_the_scan_and_hf32() -> None:
+    """The scan group's precision is its field for every input dtype (it multiplies fp32 maps);
+    hf32 is accepted; a name outside the list is refused with the list."""
+    cfg = gdn_config.DEFAULT
+    assert gdn_config.dot_precision(cfg, torch.float32, "scan") == "tf32x3"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_scan="ieee"), torch.bfloat16, "scan") == "ieee"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="hf32"), torch.bfloat16, "wu") == "hf32"
+    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="hf32"), torch.float32, "wu") == "ieee"
+    with pytest.raises(ValueError, match=r"f32_dot_scan = 'low'; expected tf32, tf32x3, ieee, hf32$"):
+        gdn_config.dot_precision(cfg.replace(f32_dot_scan="low"), torch.bfloat16, "scan")
 
 
 if __name__ == "__main__":

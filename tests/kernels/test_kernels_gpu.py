@@ -24,6 +24,13 @@ def _case(T: int, hq: int, hv: int, mode: str, seed: int) -> dict:
     return p
 
 
+def _param_id(v: dict | tuple) -> str:
+    """Config overrides as name-value pairs ("default" for none), heads as HqkxHv."""
+    if isinstance(v, dict):
+        return "-".join(f"{k}{n}" for k, n in v.items()) or "default"
+    return f"{v[0]}x{v[1]}"
+
+
 def _errors(p: dict, seed: int) -> dict[str, float]:
     from workers.context import RankContext
     from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs, _reference
@@ -54,13 +61,14 @@ def test_bf16_small_against_fp64_oracle(T: int, heads: tuple[int, int], mode: st
     assert not bad, f"rel-L2 over 3e-2: {bad}"
 
 
-@pytest.mark.parametrize("T", [65, 200])
-def test_states_at_a_stride_small_against_fp64_oracle(T: int) -> None:
-    """The states kept at a stride of 2 and re-walked per group (a short last group at T = 200:
-    4 chunks, at T = 65: 2), bf16, grouped heads, stateful: the small shapes' sanity bound."""
+@pytest.mark.parametrize("T,stride", [(65, 2), (200, 2), (200, 3), (1, 4)])
+def test_states_at_a_stride_small_against_fp64_oracle(T: int, stride: int) -> None:
+    """The states kept at a stride and re-walked per group in both passes (T = 200 at 2: two full
+    groups of 4 chunks, at 3: a short last group; T = 65: one group; T = 1: one row), bf16, grouped
+    heads, stateful: the small shapes' sanity bound."""
     from kernels.gdn import config_overrides
 
-    with config_overrides(state_stride=2):
+    with config_overrides(state_stride=stride):
         errs = _errors(_case(T, 2, 4, "stateful", 0), 0)
     bad = {k: v for k, v in errs.items() if v > 3e-2}
     assert not bad, f"rel-L2 over 3e-2: {bad}"
@@ -132,14 +140,18 @@ def test_triton_available_on_production_shapes() -> None:
 @pytest.mark.parametrize(
     "tuning,heads",
     [({"seq_segments": 4}, (32, 32)), ({"state_stride": 8}, (32, 32)), ({"state_stride": 4}, (16, 32)),
+     ({"state_stride": 2}, (32, 32)), ({"state_stride": 1}, (16, 32)),
      ({"state_stride": 8, "seq_segments": 4}, (32, 32)),
-     ({"state_stride": 8, "stride_recompute": False}, (32, 32))],
-    ids=lambda v: "-".join(f"{k}{n}" for k, n in v.items()) if isinstance(v, dict) else f"{v[0]}x{v[1]}",
+     ({"state_stride": 8, "stride_recompute": False}, (32, 32)),
+     ({"state_stride": 8, "stride_dqk": False}, (32, 32)),
+     ({"state_stride": 8, "stride_bwd_programs": 7}, (16, 32))],
+    ids=lambda v: _param_id(v),
 )  # fmt: skip
 def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
-    """The paths selectable by config fields (the split state passes, the states at a stride) at
-    8K stateful: every tensor within the bar against the fp32 eager backend, and bit-identical
-    over two runs."""
+    """The paths selectable by config fields (the split state passes, the states at a stride with
+    the group backward, also over 7 persistent programs, or with per-chunk dS' for bwd_dqk) at 8K
+    stateful: every tensor within the bar against the fp32 eager backend, and bit-identical over
+    two runs."""
     from kernels.gdn import config_overrides
     from workers.context import RankContext
     from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs
@@ -156,14 +168,25 @@ def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[
     assert not differ, f"differ between two identical runs: {differ}"
 
 
-@pytest.mark.parametrize("heads", [(32, 32), (16, 32)])
-def test_packed_batch_meets_the_bar_matches_each_sequence_and_reproduces(heads: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    "heads,tuning", [((32, 32), {}), ((16, 32), {}), ((16, 32), {"state_stride": 4})],
+    ids=lambda v: _param_id(v),
+)  # fmt: skip
+def test_packed_batch_meets_the_bar_matches_each_sequence_and_reproduces(heads: tuple[int, int],
+                                                                         tuning: dict) -> None:
     """The gdn-op full preset's 16K packed batch (8 sequences, boundaries inside, on and next to
     chunk edges) in one launch chain, bf16 stateful: every tensor within the bar against the fp32
     eager backend, within 1e-5 of the dense kernels run on each sequence alone (the same algebra
     on the same chunks, read in place; the interpreter gives the same bits, but on a device the
     dense run of a long sequence may split it into parallel segments), and bit-identical over two
-    runs."""
+    runs; also with the states at a stride of 4 (groups never crossing a sequence)."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(**tuning):
+        _packed_batch_checks(heads)
+
+
+def _packed_batch_checks(heads: tuple[int, int]) -> None:
     from workers.context import RankContext
     from workers.suites.gdn_op import PACKED_16K, _fwd_bwd, _leaves, _make_inputs
 

@@ -49,7 +49,8 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 @pytest.mark.parametrize(
     "case,over",
     [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
-     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False})],
+     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False}),
+     pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )  # fmt: skip
 def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
@@ -63,6 +64,34 @@ def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> 
         second = _check_against_oracle(case)
     for name, t in first.items():
         assert torch.equal(t, second[name]), f"{name} differs between two runs"
+
+
+@pytest.mark.parametrize(
+    "over", [{"state_stride": 2}, {"state_stride": 2, "stride_dqk": False}],
+    ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
+)  # fmt: skip
+@pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
+def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
+    """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
+    state: every gradient of the backward at a stride (S and dS' re-walked per group, no per-chunk
+    tensors; or per-chunk dS' and re-walked S, Vn) bit for bit the per-chunk path's, o within fp32
+    rounding (the re-walk forms it over other value slices)."""
+    from kernels.gdn import config_overrides
+
+    x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)
+    gen = torch.Generator().manual_seed(4)
+    d_o, d_s = torch.randn(x.v.shape, generator=gen), torch.randn(x.h0.shape, generator=gen)
+    runs = []
+    for settings in ({}, over):
+        ins = [t.clone().requires_grad_() for t in x.tensors()]
+        with config_overrides(**settings):
+            o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+        torch.autograd.backward([o, s], [d_o, d_s])
+        runs.append((o.detach(), s.detach(), [t.grad for t in ins]))
+    (o0, s0, g0), (o1, s1, g1) = runs
+    assert rel_l2(o1, o0) <= 1e-6 and torch.equal(s1, s0)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), g1, g0, strict=True):
+        assert torch.equal(a, b), f"{name}: {rel_l2(a, b):.1e}"
 
 
 def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:

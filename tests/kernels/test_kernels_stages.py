@@ -218,6 +218,112 @@ def test_state_groups_of_packed_sequences(x) -> None:
                       stride=2, **packed)  # fmt: skip
 
 
+def test_state_backward_at_a_stride_split(x, ref) -> None:
+    """With a stride the reverse walk keeps only the fp32 dS' leaving every group of 2 chunks
+    (chunks 1 and 2 of 0 | 1, 2): split into 3 segments, the per-chunk walk's dS' there bit for
+    bit, and the same dVn and dh0 (unsplit: `walks_at`)."""
+    from kernels.gdn import config_overrides, intra_solve, state_backward, state_forward
+
+    gamma = ref["gam"].float()
+    w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
+    with config_overrides(seq_segments=3):
+        *_, maps = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=False, store_vn=False,
+                                 store_final=False, keep_maps=True)  # fmt: skip
+        args = (x["q"], x["k"], w, x["do"], gamma, x["dht"], SCALE)
+        ds, dvn, dh0 = state_backward(*args, want_dh0=True, maps=maps)
+        dsb, dvn2, dh02 = state_backward(*args, want_dh0=True, maps=maps, stride=2)
+    assert dsb.dtype == torch.float32 and dsb.shape == (HV, 2, D, D)
+    assert torch.equal(dsb, ds[:, [1, 2]]) and torch.equal(dvn2, dvn) and torch.equal(dh02, dh0)
+
+
+@pytest.fixture(scope="module")
+def walks_at(x, ref):
+    """stride -> `_per_chunk_and_strided` of the dense inputs, each computed once."""
+    cache: dict[int, tuple] = {}
+
+    def get(stride: int) -> tuple:
+        if stride not in cache:
+            cache[stride] = _per_chunk_and_strided(x, ref["gam"].float(), stride)
+        return cache[stride]
+
+    return get
+
+
+def _per_chunk_and_strided(x, gamma, stride: int, table=None):
+    """Wk, U and, from the per-chunk walks, (S, Vn, dS', dVn); from the walks at `stride`, the
+    group states and group-end gradients, checked against the per-chunk walks' (bit for bit: the
+    same fp32 carries; dense, packed: the caller)."""
+    from kernels.gdn import intra_solve, state_backward, state_forward
+
+    spans = table.spans if table is not None else None
+    packed = dict(seq_chunks=table.seq_chunks, spans=spans) if table is not None else {}
+    groups = table.groups(stride) if table is not None else None
+    h0 = x["h0"] if table is None else torch.stack([x["h0"][0], -x["h0"][0]])
+    dht = x["dht"] if table is None else torch.stack([x["dht"][0], 2 * x["dht"][0]])
+    w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV, spans=spans)
+    s, vn, *_ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=True,
+                              store_final=False, **packed)  # fmt: skip
+    sb, *_ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=False, store_final=False,
+                           stride=stride, groups=groups, **packed)  # fmt: skip
+    args = (x["q"], x["k"], w, x["do"], gamma, dht, SCALE)
+    ds, dvn, _ = state_backward(*args, want_dh0=False, **packed)
+    dsb, dvn2, _ = state_backward(*args, want_dh0=False, stride=stride, groups=groups, **packed)
+    assert torch.equal(dvn2, dvn)
+    if table is None:
+        nt = s.shape[1]
+        assert torch.equal(sb, s[:, ::stride].float())
+        assert torch.equal(dsb, ds[:, [min(c + stride, nt) - 1 for c in range(0, nt, stride)]].float())
+    return w, u, (s, vn, ds, dvn), (sb, dsb)
+
+
+@pytest.mark.parametrize("stride,programs,tiles", [(2, 3, (128, 64)), (4, 0, (64, 32))])
+def test_group_backward(x, ref, walks_at, stride: int, programs: int, tiles: tuple[int, int]) -> None:
+    """The group backward (S and dS' re-walked per group, bwd_dqk's work on them) from the walks'
+    group states and group-end gradients: dq, the dk partial, dWk and the dγ partials bit for bit
+    those of bwd_dqk on the per-chunk tensors, Vn left in U's place bit for bit the walk's; groups
+    of 2 chunks and a short one over 3 persistent programs (one takes two of the 4 items), or one
+    group of all 3 chunks at the automatic program count; bwd_dqk's work in key x value tiles of
+    128 x 64 or 64 x 32 (bwd_dqk run with the same)."""
+    from kernels.gdn import bwd_dqk, config_overrides
+    from kernels.gdn.strided import group_backward
+
+    gamma = ref["gam"].float()
+    w, u, (s, vn, ds, dvn), (sb, dsb) = walks_at(stride)
+    u = u.clone()
+    bk, bv = tiles
+    with config_overrides(dqk_bk=bk, dqk_bv=bv):
+        want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE)
+    with config_overrides(stride_bwd_programs=programs, stride_bwd_bk=bk, stride_bwd_bv=bv):
+        got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=stride)
+    for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(u, vn)
+
+
+@pytest.mark.slow  # four walks and two backward stages of packed sequences (~50 s)
+def test_group_backward_of_packed_sequences(x) -> None:
+    """Packed sequences of 1 and 129 rows at a stride of 2 (groups 0 | 1, 2 | 3, never crossing a
+    sequence): the reverse walk keeps the per-chunk walk's dS' at the group ends (chunks 0, 2, 3),
+    and the group backward gives bwd_dqk's results bit for bit."""
+    from kernels.gdn import bwd_dqk, gate_cumsum
+    from kernels.gdn.chunks import ChunkTable
+    from kernels.gdn.strided import group_backward
+
+    table = ChunkTable.of([0, 1, 130], x["k"].device)
+    gamma = gate_cumsum(x["g"], table.spans)
+    w, u, (s, vn, ds, dvn), (sb, dsb) = _per_chunk_and_strided(x, gamma, 2, table)
+    assert torch.equal(dsb, ds[:, [0, 2, 3]].float())
+    want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE, table.spans)
+    got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
+                         spans=table.spans, groups=table.groups(2)[0])  # fmt: skip
+    for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(u, vn)
+    with pytest.raises(ValueError, match="need both spans and groups"):
+        group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
+                       spans=table.spans)  # fmt: skip
+
+
 def test_segment_maps_compose(x, ref) -> None:
     """Each segment's (M, E): S_out = M·S_in + E for its chunks, and the scan gives the states."""
     from kernels.gdn import intra_solve, segment_forward_summary, segment_scan
