@@ -10,7 +10,7 @@ from workers.suite import Suite, UnknownSuiteInput
 SUITE_MODULES: dict[str, str] = {
     # name -> module defining `SUITE`, an instance of workers.suite.Suite
     "capability": "workers.suites.capability.spec",
-    "gdn-op": "workers.suites.gdn_op",
+    "gdn-op": "workers.suites.gdn_op.spec",
     "cp-layer": "workers.suites.cp_layer",
     "network": "workers.suites.network",
     "stability": "workers.suites.stability",

@@ -50,7 +50,7 @@ from workers.suite import (
     SuiteParams,
     cp_misfit,
 )
-from workers.suites.gdn_op import PACKED_16K
+from workers.suites.shared.spec import PACKED_16K
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated", "none")  # none: the no-CP layer, packed cases
 BACKENDS = ("eager", "triton")  # ours; any registered backend name is accepted as well
