@@ -11,7 +11,7 @@ SUITE_MODULES: dict[str, str] = {
     # name -> module defining `SUITE`, an instance of workers.suite.Suite
     "capability": "workers.suites.capability.spec",
     "gdn-op": "workers.suites.gdn_op.spec",
-    "cp-layer": "workers.suites.cp_layer",
+    "cp-layer": "workers.suites.cp_layer.spec",
     "network": "workers.suites.network",
     "stability": "workers.suites.stability",
     "profile": "workers.suites.profile",
