@@ -12,7 +12,7 @@ SUITE_MODULES: dict[str, str] = {
     "capability": "workers.suites.capability.spec",
     "gdn-op": "workers.suites.gdn_op.spec",
     "cp-layer": "workers.suites.cp_layer.spec",
-    "network": "workers.suites.network",
+    "network": "workers.suites.network.spec",
     "stability": "workers.suites.stability",
     "profile": "workers.suites.profile",
 }

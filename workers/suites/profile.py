@@ -15,39 +15,18 @@ from workers.context import RankContext
 from workers.suite import (
     CPU_GATE_PRESETS,
     Case,
-    DType,
     Metric,
-    Positive,
     Sample,
     Suite,
     SuiteParams,
     cp_misfit,
 )
-from workers.suites._model_training import (
-    CP_MODES,
-    MODEL_OVERRIDES_FIELD,
-    ModelOverrides,
-    case_base,
-    case_trainer,
-    check_modes_and_dtype,
-)
+from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 
-class ProfileParams(SuiteParams):
-    model: str = "tiny"
-    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
-    seq_len: Positive = 128
-    batch_size: Positive = 1
-    valid_lengths: tuple[int, ...] | None = None
-    dtype: DType = "float32"
-    backend: str = "eager"
-    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
-    fsdp: bool = True
+class ProfileParams(ModelParams):
     checkpoint: str = "off"
     warmup: int = 1
-    seed: int = 0
-    token_file: str | None = None
-    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class ProfileSuite(Suite):
@@ -95,6 +74,8 @@ def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     from pathlib import Path
 
     from gdn import device as devices
+    from workers.suites.shared.run import case_trainer
+
     p = case.params
     trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)

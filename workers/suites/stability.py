@@ -17,7 +17,6 @@ from workers.context import RankContext
 from workers.suite import (
     CPU_GATE_PRESETS,
     Case,
-    DType,
     Metric,
     Positive,
     Sample,
@@ -25,35 +24,18 @@ from workers.suite import (
     SuiteParams,
     cp_misfit,
 )
-from workers.suites._model_training import (
-    CP_MODES,
-    MODEL_OVERRIDES_FIELD,
-    ModelOverrides,
-    case_base,
-    case_trainer,
-    check_modes_and_dtype,
-    ulysses_misfit_of_model,
-)
+from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 MIB = 1 << 20
 
 
-class StabilityParams(SuiteParams):
-    model: str = "tiny"
-    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
+class StabilityParams(ModelParams):
     seq_len: Positive = 64
     batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (64, 45)  # the padding boundary inside rank 1's shard
-    dtype: DType = "float32"
-    backend: str = "eager"
-    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
-    fsdp: bool = True
     checkpoint: str = "off"
     passes: Positive = 20
     timeout_s: float = 120.0
-    seed: int = 0
-    token_file: str | None = None
-    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class StabilitySuite(Suite):
@@ -90,6 +72,8 @@ class StabilitySuite(Suite):
         return cp_misfit(case.params, world_size)
 
     def not_applicable(self, case: Case, world_size: int) -> str | None:
+        from workers.suites.shared.run import ulysses_misfit_of_model
+
         return ulysses_misfit_of_model(case, world_size)
 
     def time_repeats(self, params: SuiteParams) -> int:
@@ -117,6 +101,8 @@ def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     import time
 
     from gdn import device as devices
+    from workers.suites.shared.run import case_trainer
+
     p = case.params
     trainer = case_trainer(ctx, p)
     cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}
