@@ -13,7 +13,7 @@ SUITE_MODULES: dict[str, str] = {
     "gdn-op": "workers.suites.gdn_op.spec",
     "cp-layer": "workers.suites.cp_layer.spec",
     "network": "workers.suites.network.spec",
-    "stability": "workers.suites.stability",
+    "stability": "workers.suites.stability.spec",
     "profile": "workers.suites.profile",
 }
 

@@ -10,20 +10,9 @@ so the case fails with the reason instead of stalling the job.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from workers.context import RankContext
-from workers.suite import (
-    CPU_GATE_PRESETS,
-    Case,
-    Metric,
-    Positive,
-    Sample,
-    Suite,
-    SuiteParams,
-    cp_misfit,
-)
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Positive, Suite, SuiteParams, cp_misfit
 from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 MIB = 1 << 20
@@ -43,6 +32,7 @@ class StabilitySuite(Suite):
     gate_presets = CPU_GATE_PRESETS
     description = "consecutive fwd+bwd passes per CP mode: order, deadlock, NaN/Inf and memory growth"
     params_model = StabilityParams
+    run_module = "workers.suites.stability.run"
     min_world_size = 2
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
@@ -71,11 +61,6 @@ class StabilitySuite(Suite):
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)
 
-    def not_applicable(self, case: Case, world_size: int) -> str | None:
-        from workers.suites.shared.run import ulysses_misfit_of_model
-
-        return ulysses_misfit_of_model(case, world_size)
-
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, StabilityParams)
         return params.passes
@@ -91,56 +76,6 @@ class StabilitySuite(Suite):
             raise ValueError(f"passes must be >= 2 (growth is measured from pass 2), got {params.passes}")
         base = case_base(params, {"modes"})
         return [Case(self.name, f"passes/{m}", {**base, "mode": m}) for m in params.modes]
-
-    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        yield from run_stability_case(ctx, case)
-
-
-def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    import math
-    import time
-
-    from gdn import device as devices
-    from workers.suites.shared.run import case_trainer
-
-    p = case.params
-    trainer = case_trainer(ctx, p)
-    cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}
-    for cp in cps.values():
-        cp.timeout = replace_timeout(cp.timeout, p["timeout_s"])
-    name, r = case.name, ctx.rank
-    peaks: list[int] = []
-    for i in range(p["passes"]):
-        devices.synchronize(ctx.device)
-        devices.reset_peak_memory(ctx.device)
-        t0 = time.perf_counter()
-        loss = trainer.forward_backward(trainer.batch(i))
-        devices.synchronize(ctx.device)
-        dt = (time.perf_counter() - t0) * 1e3
-        value, gn = trainer.global_loss(loss), trainer.grad_norm()
-        del loss
-        mem = devices.memory_stats(ctx.device)
-        peaks.append(mem.peak_allocated)
-        finite = math.isfinite(value) and math.isfinite(gn)
-        yield Sample(name, "loss", value, rank=r, idx=i)
-        yield Sample(name, "finite", float(finite), rank=r, idx=i)
-        yield Sample(name, "pass_ms", dt, rank=r, idx=i)
-        if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
-            yield Sample(name, "peak_allocated_bytes", float(peaks[-1]), rank=r, idx=i)
-        if not finite:
-            break  # the finite sample fails the case; further passes would only repeat it
-    yield Sample(name, "passes_done", float(len(peaks)), rank=r)
-    if devices.memory_stats(ctx.device).tracked:
-        yield Sample(name, "memory_growth_bytes", float(peaks[-1] - peaks[min(1, len(peaks) - 1)]), rank=r)
-    checks = sum(cp.stats.order_checks for cp in cps.values())
-    yield Sample(name, "order_checks", float(checks), rank=r)
-
-
-def replace_timeout(current: Any, seconds: float) -> Any:
-    """A timedelta of `seconds` (the CP config keeps its limit as a timedelta)."""
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds) if isinstance(current, timedelta) else seconds
 
 
 SUITE = StabilitySuite()
