@@ -14,7 +14,7 @@ SUITE_MODULES: dict[str, str] = {
     "cp-layer": "workers.suites.cp_layer.spec",
     "network": "workers.suites.network.spec",
     "stability": "workers.suites.stability.spec",
-    "profile": "workers.suites.profile",
+    "profile": "workers.suites.profile.spec",
 }
 
 
