@@ -93,7 +93,7 @@ def bench_medians(backend: str, T: int, args: argparse.Namespace) -> tuple[float
     import torch
 
     import benchmarks.bench_gdn_peers as peers
-    from workers.suites.gdn_op import timed_calls
+    from workers.suites.gdn_op.run import timed_calls
 
     x = peers.make_inputs(T, args.qk_heads, 1000, torch.device(args.device))
     dt = getattr(torch, args.dtype)
@@ -146,7 +146,7 @@ def compile_only(backend: str, T: int, args: argparse.Namespace) -> str:
     import benchmarks.bench_gdn_peers as peers
     from gdn import GDNShape, get_backend
     from gdn import device as devices
-    from workers.suites.gdn_op import timed_calls
+    from workers.suites.gdn_op.run import timed_calls
 
     shape = GDNShape(1, T, args.qk_heads, args.v_heads, args.head_dim, args.head_dim)
     reason = get_backend(backend).unsupported(shape, getattr(torch, args.dtype), torch.device(args.device))

@@ -301,3 +301,105 @@ def test_the_cycle_check_finds_one_behind_a_function_level_import():
     })  # fmt: skip
     assert found is not None and set(found) == {"gdn.ops", "gdn.backends"}
     assert import_cycle({"gdn.ops": "from gdn.backends import get_backend\n", "gdn.backends": ""}) is None
+
+
+# ------------------------------------------------------------------ the suites: spec + run
+
+SUITES_PACKAGE = "workers.suites"
+SHARED = f"{SUITES_PACKAGE}.shared"  # what the suites share; a suite of its own it is not
+
+
+def _suite_of(module: str) -> str | None:
+    """The suite package a module of workers/suites belongs to (`workers.suites.cp_layer`), or
+    None for one outside them (the shared package, the package itself, anything else)."""
+    parts = module.split(".")
+    if module.startswith(SUITES_PACKAGE + ".") and len(parts) > 2 and not _under(module, SHARED):
+        return ".".join(parts[:3])
+    return None
+
+
+def _absolute_imports(module: str, tree: ast.AST, is_package: bool) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import, relative ones made absolute, `from a import b` as `a.b`."""
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            source = ".".join([*base, *([node.module] if node.module else [])])
+            for alias in node.names:
+                yield node.lineno, f"{source}.{alias.name}"
+
+
+def suite_violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Every import by which a module of one suite reaches another suite's modules, or by which the
+    shared package reaches any suite."""
+    mine = _suite_of(module)
+    shared = _under(module, SHARED)
+    out: list[str] = []
+    for line, target in _absolute_imports(module, ast.parse(source), is_package):
+        theirs = _suite_of(target)
+        if theirs is None or theirs == mine:
+            continue
+        if shared:
+            out.append(f"{module}:{line} imports {target}: the shared package imports no suite")
+        elif mine is not None:
+            out.append(f"{module}:{line} imports {target}: a suite imports no other suite")
+    return list(dict.fromkeys(out))
+
+
+def _suite_modules() -> Iterator[tuple[str, Path]]:
+    return ((m, p) for m, p in _modules() if _under(m, SUITES_PACKAGE))
+
+
+def test_no_suite_imports_another():
+    bad = [
+        v for module, path in _suite_modules()
+        for v in suite_violations(module, path.read_text(), path.name == "__init__.py")
+    ]  # fmt: skip
+    assert not bad, "suites importing one another:\n" + "\n".join(bad)
+
+
+def test_the_suite_check_names_an_import_of_another_suite():
+    assert suite_violations("workers.suites.cp_layer.spec", "from workers.suites.gdn_op.spec import X\n") == [
+        "workers.suites.cp_layer.spec:1 imports workers.suites.gdn_op.spec.X: a suite imports no other suite"
+    ]
+    assert suite_violations("workers.suites.network.run", "def f():\n    from ..profile import run\n") == [
+        "workers.suites.network.run:2 imports workers.suites.profile.run: a suite imports no other suite"
+    ]
+    assert suite_violations("workers.suites.shared.run", "import workers.suites.network.spec\n") == [
+        "workers.suites.shared.run:1 imports workers.suites.network.spec: the shared package imports no suite"
+    ]
+    own = "from workers.suites.cp_layer.spec import TENSORS\nfrom workers.suites.shared.spec import CHUNK\n"
+    assert suite_violations("workers.suites.cp_layer.run", own) == []
+    assert suite_violations("workers.suites.cp_layer", "from . import spec\n", is_package=True) == []
+
+
+def test_built_in_suites_are_a_spec_and_a_run_module_each():
+    """The registry names each built-in suite's spec; the spec names the run module beside it."""
+    from workers.registry import SUITE_MODULES, get_suite
+
+    packages = sorted(p.parent.name for p in (ROOT / "workers" / "suites").glob("*/__init__.py"))
+    built_in = {n: m for n, m in SUITE_MODULES.items() if _under(m, SUITES_PACKAGE)}
+    assert sorted(m.split(".")[2] for m in built_in.values()) == [p for p in packages if p != "shared"]
+    for name, module in built_in.items():
+        package = module.rpartition(".")[0]
+        assert module == f"{package}.spec", module
+        assert get_suite(name).run_module == f"{package}.run", name
+
+
+def test_suite_spec_modules_import_no_torch():
+    """Every spec (the shared one too) in a fresh interpreter: no torch, Triton, kernels or run module."""
+    specs = sorted(m for m, _ in _suite_modules() if m.endswith(".spec"))
+    assert f"{SHARED}.spec" in specs and len(specs) > 2
+    loaded = _run(
+        f"""
+        import importlib, json, sys
+        for name in {specs!r}:
+            importlib.import_module(name)
+        print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'kernels')
+                                or m.endswith('.run') and m.startswith('{SUITES_PACKAGE}.'))))
+        """
+    )
+    assert loaded == []

@@ -1,4 +1,5 @@
-"""The suite catalogue. Suite modules are imported on demand; none imports torch at import time."""
+"""The suite catalogue: each name maps to its suite's spec module, which defines `SUITE` and imports
+no torch. Specs are imported on demand; a suite's run module is imported by `Suite.run`, on a rank."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from functools import cache
 from workers.suite import Suite, UnknownSuiteInput
 
 SUITE_MODULES: dict[str, str] = {
-    # name -> module defining `SUITE`, an instance of workers.suite.Suite
-    "capability": "workers.suites.capability",
-    "gdn-op": "workers.suites.gdn_op",
-    "cp-layer": "workers.suites.cp_layer",
-    "network": "workers.suites.network",
-    "stability": "workers.suites.stability",
-    "profile": "workers.suites.profile",
+    # name -> spec module defining `SUITE`, an instance of workers.suite.Suite
+    "capability": "workers.suites.capability.spec",
+    "gdn-op": "workers.suites.gdn_op.spec",
+    "cp-layer": "workers.suites.cp_layer.spec",
+    "network": "workers.suites.network.spec",
+    "stability": "workers.suites.stability.spec",
+    "profile": "workers.suites.profile.spec",
 }
 
 

@@ -103,7 +103,7 @@ def env_libstdcxx_dir(prefixes: list[str] | None = None) -> Path | None:
     """The Python environment's lib dir holding its own libstdc++ (conda-style), if any.
 
     Triton's compiled launchers need GLIBCXX_3.4.29; an older system libstdc++ that wins the
-    loader search breaks the capability check (workers/suites/capability.py), so ranks put this first.
+    loader search breaks the capability check (workers/suites/capability/run.py), so ranks put this first.
     """
     candidates = prefixes if prefixes is not None else [sys.prefix, sys.exec_prefix, sys.base_prefix]
     for prefix in dict.fromkeys(candidates):

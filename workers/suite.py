@@ -1,20 +1,22 @@
 """Suite metadata: metrics, cases, samples and the Suite base class. Imports no torch.
 
-A suite is one module in `workers/suites/`. Its metadata (name, presets, parameter schema, case
-matrix, metrics) is read by the service on a head node without torch; only `Suite.run` (executed
-on the ranks) imports torch, inside the function.
+A suite is a package in `workers/suites/` of two modules: its spec (name, presets, parameter
+schema, case matrix, metrics: the `Suite` subclass and its `SUITE`), read by the service on a head
+node without torch, and its run module (`Suite.run_module`), the code the ranks run, which imports
+torch at its top and is imported only when a rank first runs a case.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -159,8 +161,17 @@ class UnknownSuiteInput(ValueError):
     """Bad suite, preset or parameter: the message names the valid choices."""
 
 
+class RankCode(Protocol):
+    """A suite's run module: what its ranks execute (it may import torch at its top)."""
+
+    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
+        """Run one case on one rank (every rank runs it) and yield its samples."""
+        ...
+
+
 class Suite(ABC):
-    """Base class of a suite; subclasses set the class attributes and implement cases/run."""
+    """Base class of a suite; subclasses set the class attributes, implement `cases` and name their
+    run module (`run_module`) or override `run`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -174,6 +185,9 @@ class Suite(ABC):
     version: ClassVar[int] = 1
     # The preset the gate uses on each device kind (`gdnval gate` without --preset).
     gate_presets: ClassVar[Mapping[str, str]] = {"cuda": "gate", "npu": "gate", "cpu": "gate"}
+    # The module of the code the ranks run (`RankCode`): imported on a rank's first `run`, so the
+    # spec that declares the suite stays torch-free. None: the subclass overrides `run` itself.
+    run_module: ClassVar[str | None] = None
 
     def time_repeats(self, params: SuiteParams) -> int | None:
         """The fewest samples per repeated time metric and case that `params` produce (0: none;
@@ -232,9 +246,13 @@ class Suite(ABC):
 
     def not_applicable(self, case: Case, world_size: int) -> str | None:
         """Why `case` cannot apply at `world_size` (it is recorded as skipped with the reason,
-        never run and never an error), or None. Called on the ranks, so it may import torch;
-        the parameter-only reasons are `misfit`'s."""
-        return None
+        never run and never an error), or None. Called on the ranks: the parameter-only reasons
+        are `misfit`'s, those that need torch (a model's head counts) the run module's
+        `not_applicable(case, world_size)`, where it defines one."""
+        if self.run_module is None:
+            return None
+        check: Callable[[Case, int], str | None] | None = getattr(self.rank_code(), "not_applicable", None)
+        return None if check is None else check(case, world_size)
 
     def why_not_here(self, case: Case, world_size: int) -> str | None:
         """The ranks' whole rule: `misfit`, then `not_applicable`."""
@@ -259,9 +277,15 @@ class Suite(ABC):
         more = f" (+{len(misfits) - 3} more)" if len(misfits) > 3 else ""
         return f"none of its {len(cases)} case(s) can run at world size {world_size}: {reasons}{more}"
 
-    @abstractmethod
+    def rank_code(self) -> RankCode:
+        """The suite's run module, imported on first use (on the ranks, where torch is)."""
+        if self.run_module is None:
+            raise TypeError(f"suite {self.name!r} names no run_module and does not override run()")
+        return cast(RankCode, importlib.import_module(self.run_module))
+
     def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        """Run one case on one rank (every rank runs it) and yield its samples."""
+        """Run one case on one rank (every rank runs it) and yield its samples: the run module's `run`."""
+        return self.rank_code().run(ctx, case)
 
     def describe(self) -> dict[str, Any]:
         """The catalogue entry served by the API and the suites page."""

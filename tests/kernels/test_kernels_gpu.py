@@ -17,7 +17,7 @@ BAR = 5e-3  # every tensor, dg and dbeta included (H200, 8K, f32_dot "tf32x3": d
 
 
 def _case(T: int, hq: int, hv: int, mode: str, seed: int) -> dict:
-    from workers.suites.gdn_op import GDNOpParams
+    from workers.suites.gdn_op.spec import GDNOpParams
 
     p = GDNOpParams().model_dump()
     p.update(seq_len=T, qk_heads=hq, v_heads=hv, mode=mode, accuracy_seeds=(seed,))
@@ -33,7 +33,7 @@ def _param_id(v: dict | tuple) -> str:
 
 def _errors(p: dict, seed: int) -> dict[str, float]:
     from workers.context import RankContext
-    from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs, _reference
+    from workers.suites.gdn_op.run import _fwd_bwd, _leaves, _make_inputs, _reference
 
     ctx = RankContext(rank=0, world_size=1, device=torch.device("cuda"), device_kind="cuda")
     final = p["mode"] == "stateful"
@@ -92,7 +92,7 @@ def test_backward_is_bitwise_reproducible(heads: tuple[int, int]) -> None:
     With tl.trans of a dot result feeding a dot (Triton 3.6 on the H200), dk, dg and dbeta
     differed from run to run by up to 2e-2."""
     from workers.context import RankContext
-    from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs
+    from workers.suites.gdn_op.run import _fwd_bwd, _leaves, _make_inputs
 
     p = _case(8192, heads[0], heads[1], "stateful", 0)
     ctx = RankContext(rank=0, world_size=1, device=torch.device("cuda"), device_kind="cuda")
@@ -154,7 +154,7 @@ def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[
     two runs."""
     from kernels.gdn import config_overrides
     from workers.context import RankContext
-    from workers.suites.gdn_op import _fwd_bwd, _leaves, _make_inputs
+    from workers.suites.gdn_op.run import _fwd_bwd, _leaves, _make_inputs
 
     with config_overrides(**tuning):
         p = _case(8192, heads[0], heads[1], "stateful", 0)
@@ -188,7 +188,8 @@ def test_packed_batch_meets_the_bar_matches_each_sequence_and_reproduces(heads: 
 
 def _packed_batch_checks(heads: tuple[int, int]) -> None:
     from workers.context import RankContext
-    from workers.suites.gdn_op import PACKED_16K, _fwd_bwd, _leaves, _make_inputs
+    from workers.suites.gdn_op.run import _fwd_bwd, _leaves, _make_inputs
+    from workers.suites.shared.spec import PACKED_16K
 
     p = _case(sum(PACKED_16K), heads[0], heads[1], "stateful", 0)
     p["packed"] = list(PACKED_16K)

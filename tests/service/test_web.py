@@ -52,7 +52,7 @@ pytestmark = [
     pytest.mark.slow,  # a real server and a browser
 ]
 
-# Realistic jobs of the real `gdn-op` suite (its metrics and case matrix: workers/suites/gdn_op.py):
+# Realistic jobs of the real `gdn-op` suite (its metrics and case matrix: workers/suites/gdn_op/spec.py):
 # one case per shape and backend; per tensor the errors per seed, every timing repetition,
 # incremental peak memory, and the ratios to the baseline (fla); numbers shaped like the report's.
 GDN = "gdn-op"

@@ -69,7 +69,7 @@ def test_gdn_op_timed_calls_drop_gradients_outside_the_call(one_torch_thread: No
     """The suite's fwd+bwd: the leaves get fresh gradients every call (no accumulation), and
     `reset` drops them."""
     from workers.registry import get_suite
-    from workers.suites.gdn_op import _leaves, _make_inputs, timed_calls
+    from workers.suites.gdn_op.run import _leaves, _make_inputs, timed_calls
 
     suite = get_suite("gdn-op")
     case = next(c for c in suite.cases(suite.resolve_params("quick")) if c.params["mode"] == "stateful")

@@ -31,12 +31,8 @@ Per rank, raw samples:
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterator
-from itertools import accumulate
 from typing import Any, ClassVar, Literal
 
-from workers.context import RankContext
 from workers.suite import (
     BACKEND_NAME,
     CPU_GATE_PRESETS,
@@ -45,12 +41,11 @@ from workers.suite import (
     Metric,
     NonNegative,
     Positive,
-    Sample,
     Suite,
     SuiteParams,
     cp_misfit,
 )
-from workers.suites.gdn_op import PACKED_16K
+from workers.suites.shared.spec import HEAD_DIM, PACKED_16K, REPORT_SEQ_LENS, V_HEADS
 
 MODES = ("ulysses", "p2p", "all_gather", "p2p_emulated", "none")  # none: the no-CP layer, packed cases
 BACKENDS = ("eager", "triton")  # ours; any registered backend name is accepted as well
@@ -71,14 +66,14 @@ LAYER_PARAMS = (
 
 class CPLayerParams(SuiteParams):
     candidates: tuple[str, ...] = ("ulysses+triton", "p2p+triton", "all_gather+eager", "none+triton")
-    seq_lens: tuple[Positive, ...] = (8192, 16384, 32768, 65536, 131072)  # global lengths, batch 1
+    seq_lens: tuple[Positive, ...] = (*REPORT_SEQ_LENS, 131072)  # global lengths, batch 1
     padding_cases: tuple[tuple[int, int, int], ...] = ((2, 8192, 7777),)  # (batch, global, valid)
     packed_cases: tuple[tuple[Positive, ...], ...] = (PACKED_16K,)  # packed batches (sequence lengths)
     emulated_shards: tuple[Positive, ...] = (4, 8)  # P of the single-process "p2p_emulated" candidates
     hidden_size: Positive = 2048
     qk_heads: Positive = 16
-    v_heads: Positive = 32
-    head_dim: Positive = 128
+    v_heads: Positive = V_HEADS
+    head_dim: Positive = HEAD_DIM
     conv_size: Positive = 4
     dtypes: tuple[DType, ...] = ("bfloat16",)
     packed_dtypes: tuple[DType, ...] | None = None  # the packed cases' dtypes, some of dtypes (None: all)
@@ -156,6 +151,7 @@ class CPLayerSuite(Suite):
         "GatedDeltaNet layer under Ulysses / P2P / AllGather CP vs the no-CP layer (accuracy, time, memory)"
     )
     params_model = CPLayerParams
+    run_module = "workers.suites.cp_layer.run"
     min_world_size = 1  # p2p_emulated runs on one device; the distributed modes need >= 2 ranks
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU, gloo, world size 2, 4 or 8: tiny layer, fp64 and fp32 eager, every mode, a padding
@@ -193,18 +189,6 @@ class CPLayerSuite(Suite):
 
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)
-
-    def not_applicable(self, case: Case, world_size: int) -> str | None:
-        p = case.params
-        if world_size == 1 or p.get("mode") not in ("ulysses", "all_gather"):
-            return None
-        from gdn.cp.config import packed_shard_misfit, ulysses_misfit
-
-        if p["mode"] == "ulysses":
-            return ulysses_misfit(p["qk_heads"], p["v_heads"], world_size)
-        if p.get("packed") and p["seq_len"] % world_size == 0:  # else the layer names the misfit
-            return packed_shard_misfit(_offsets(p), p["seq_len"] // world_size, world_size, "all_gather")
-        return None
 
     def backends(self, params: SuiteParams) -> tuple[str, ...]:
         assert isinstance(params, CPLayerParams)
@@ -262,234 +246,5 @@ class CPLayerSuite(Suite):
                              "hold two packings of the same length and sequence count; drop one")  # fmt: skip
         return out
 
-    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        yield from _run_case(ctx, case)
-
 
 SUITE = CPLayerSuite()
-
-
-def _offsets(p: dict[str, Any]) -> list[int]:
-    """A packed case's `cu_seqlens` offsets [0, ..., seq_len]."""
-    return [0, *accumulate(p["packed"])]
-
-
-def _aligned(p: dict[str, Any], shards: int) -> bool:
-    """A packed case whose every shard boundary (of `shards` equal shards) is a sequence boundary:
-    the sequence-sharded modes then run each shard alone, with no state or halo message."""
-    from gdn.cp.config import packed_shard_misfit
-
-    if not p.get("packed"):
-        return False
-    return packed_shard_misfit(_offsets(p), p["seq_len"] // shards, shards, "p2p") is None
-
-
-# ------------------------------------------------------------------------------------------------
-# Rank side: torch is imported inside the functions.
-# ------------------------------------------------------------------------------------------------
-def _layer_case(ctx: RankContext, p: dict[str, Any]) -> Any:
-    import torch
-
-    from gdn.layer import GDNLayerConfig
-    from workers.harness.cp_compare import LayerCase
-
-    cfg = GDNLayerConfig(
-        hidden_size=p["hidden_size"], num_qk_heads=p["qk_heads"], num_v_heads=p["v_heads"],
-        head_dim=p["head_dim"], conv_size=p["conv_size"],
-    )  # fmt: skip
-    dtype = getattr(torch, p["dtype"])
-    ref_dtype = dtype if p["ref_dtype"] == "same" else getattr(torch, p["ref_dtype"])
-    return LayerCase(
-        cfg, p["mode"], backend=p["backend"], ref_backend=p["ref_backend"], dtype=dtype, ref_dtype=ref_dtype,
-        batch=p["batch"], seq_len=p["seq_len"], valid_len=p["valid_len"], seed=ctx.seed,
-        packed=tuple(p["packed"]) if p.get("packed") else None,
-    )  # fmt: skip
-
-
-def expected_hops(mode: str, rank: int, size: int, aligned: bool = False) -> dict[str, int]:
-    """Messages (sent + received) one fwd+bwd makes on `rank` of `size`, per kind; `aligned`: a
-    packing whose rank boundaries are sequence boundaries (see `_aligned`)."""
-    if size == 1 or mode in ("ulysses", "none") or aligned:
-        return {"state_fwd": 0, "state_bwd": 0, "halo": 0}
-    neighbours = (rank > 0) + (rank < size - 1)
-    state = neighbours if mode == "p2p" else 0
-    return {"state_fwd": state, "state_bwd": state, "halo": 2 * neighbours}
-
-
-def _run_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    from datetime import timedelta
-
-    from gdn import device as devices
-    from gdn.cp import CPConfig, CPError
-
-    p = dict(case.params)
-    lc = _layer_case(ctx, p)
-    if p["mode"] in ("p2p_emulated", "none"):  # in this process, whatever the world size
-        yield from list(_in_process(ctx, case.name, p, lc))
-        devices.empty_cache(ctx.device)
-        if p["seq_len"] <= p["accuracy_max_seq_len"]:
-            from workers.harness.cp_compare import compare_emulated, compare_no_cp
-
-            cmp = (compare_no_cp(lc, ctx.device) if p["mode"] == "none"
-                   else compare_emulated(lc, p["shards"], ctx.device))  # fmt: skip
-            yield from _accuracy_samples(ctx, case.name, lc, cmp)
-        return
-    if not ctx.distributed:
-        raise CPError(
-            f"CP mode {p['mode']!r} needs a job with world size >= 2 (got {ctx.world_size}); "
-            "on one device use the 'p2p_emulated' candidate"
-        )
-    timeout = timedelta(seconds=p["transfer_timeout_s"])
-    cp = CPConfig(p["mode"], ctx.group, timeout=timeout, early_state=p["p2p_early_state"])
-    cp.check_world_size(ctx.world_size)
-    yield from list(_candidate(ctx, case.name, p, lc, cp))  # its tensors are freed on return
-    devices.empty_cache(ctx.device)
-    if p["seq_len"] <= p["accuracy_max_seq_len"]:
-        yield from _accuracy(ctx, case.name, lc, cp)
-
-
-def _candidate(ctx: RankContext, name: str, p: dict[str, Any], lc: Any, cp: Any) -> Iterator[Sample]:
-    """Chain counts of one fwd+bwd, then timing and memory of the candidate layer alone."""
-    from gdn import device as devices
-    from gdn.cp.config import shard_sequence
-    from workers.harness.cp_compare import build_layer, make_inputs
-
-    layer = build_layer(lc, cp, lc.backend, ctx.device)
-    x, mask, dy = make_inputs(lc, ctx.device)
-    x_loc = shard_sequence(x, cp, 1).clone().requires_grad_(True)
-    m_loc = None if mask is None else shard_sequence(mask, cp, 1)
-    dy_loc = shard_sequence(dy, cp, 1).clone()
-    cu = lc.cu_seqlens(ctx.device)
-    del x, mask, dy
-
-    def fwd() -> None:
-        layer(x_loc, m_loc, cu)
-
-    def reset() -> None:
-        layer.zero_grad(set_to_none=True)
-        x_loc.grad = None
-
-    def fwd_bwd() -> None:
-        layer(x_loc, m_loc, cu).backward(dy_loc)
-
-    # The first call (shape check, Triton compile) makes a rank wait for its peer's compile: the
-    # counters and the chain wait come from a second call with fresh counters.
-    fwd_bwd()
-    devices.synchronize(ctx.device)
-    cp.stats.reset()
-    reset()
-    fwd_bwd()
-    devices.synchronize(ctx.device)
-    s, r = cp.stats.sent, cp.stats.received
-    got = {
-        "state_fwd": s.get("state_fwd", 0) + r.get("state_fwd", 0),
-        "state_bwd": s.get("state_bwd", 0) + r.get("state_bwd", 0),
-        "halo": sum(s.get(k, 0) + r.get(k, 0) for k in ("halo_fwd", "halo_bwd")),
-    }
-    yield Sample(name, "hops_state_fwd", got["state_fwd"], rank=ctx.rank)
-    yield Sample(name, "hops_state_bwd", got["state_bwd"], rank=ctx.rank)
-    yield Sample(name, "hops_halo", got["halo"], rank=ctx.rank)
-    ok = got == expected_hops(p["mode"], cp.rank, cp.world_size, _aligned(p, cp.world_size))
-    yield Sample(name, "hop_counts_ok", 1.0 if ok else 0.0, rank=ctx.rank)
-    yield Sample(name, "order_checks", cp.stats.order_checks, rank=ctx.rank)
-    wait = cp.stats.wait_ms.get("state_fwd", 0.0) + cp.stats.wait_ms.get("state_bwd", 0.0)
-    yield Sample(name, "chain_wait_ms", wait, rank=ctx.rank)
-    if p["timing"]:
-        yield from _timing(ctx, name, p, fwd, fwd_bwd, reset)
-
-
-def _timing(
-    ctx: RankContext, name: str, p: dict[str, Any], fwd: Any, fwd_bwd: Any, reset: Any
-) -> Iterator[Sample]:
-    """fwd and fwd+bwd repetitions (`reset` drops the gradients between them, untimed) and the
-    full-process peak memory of one fwd+bwd."""
-    import torch
-
-    from workers.measure import measure_peak_memory, time_repeats, time_samples
-
-    with torch.enable_grad():
-        t_fwd = time_repeats(ctx, fwd, warmup=p["warmup"], repeat=p["repeat"])
-        t_fb = time_repeats(ctx, fwd_bwd, warmup=p["warmup"], repeat=p["repeat"], before=reset)
-        reset()
-        mem = measure_peak_memory(ctx, fwd_bwd, incremental=False)
-    yield from time_samples(ctx, name, "fwd_ms", t_fwd)
-    yield from time_samples(ctx, name, "fwd_bwd_ms", t_fb)
-    yield Sample(name, "bwd_est_ms", statistics.median(t_fb) - statistics.median(t_fwd), rank=ctx.rank)
-    if mem.tracked:
-        yield Sample(name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
-        yield Sample(name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
-
-
-def _in_process(ctx: RankContext, name: str, p: dict[str, Any], lc: Any) -> Iterator[Sample]:
-    """Hops and timing of the single-process P2P emulation (serial: not a CP speed, a regression
-    series for the summary and chain kernels), or timing of the no-CP layer (mode `none`)."""
-    from gdn import device as devices
-    from gdn.cp.emulation import EmulationStats, emulated_p2p_layer
-    from workers.harness.cp_compare import build_layer, make_inputs
-
-    layer = build_layer(lc, None, lc.backend, ctx.device)
-    x, mask, dy = make_inputs(lc, ctx.device)
-    cu = lc.cu_seqlens(ctx.device)
-    x.requires_grad_(True)
-    stats = EmulationStats()
-    emulated = p["mode"] == "p2p_emulated"
-
-    def forward(counted: EmulationStats | None = None) -> Any:
-        if emulated:
-            return emulated_p2p_layer(layer, x, mask, num_shards=p["shards"], stats=counted, cu_seqlens=cu)
-        return layer(x, mask, cu)
-
-    def fwd() -> None:
-        forward()
-
-    def reset() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-
-    def fwd_bwd() -> None:
-        forward().backward(dy)
-
-    if emulated:
-        layer.zero_grad(set_to_none=True)
-        forward(stats).backward(dy)
-        devices.synchronize(ctx.device)
-        hops = 0 if _aligned(p, p["shards"]) else p["shards"] - 1
-        yield Sample(name, "hops_state_fwd", stats.forward_hops, rank=ctx.rank)
-        yield Sample(name, "hop_counts_ok", 1.0 if stats.forward_hops == hops else 0.0, rank=ctx.rank)
-    if p["timing"]:
-        yield from _timing(ctx, name, p, fwd, fwd_bwd, reset)
-
-
-def _accuracy(ctx: RankContext, name: str, lc: Any, cp: Any) -> Iterator[Sample]:
-    from workers.harness.cp_compare import compare_layer
-
-    yield from _accuracy_samples(ctx, name, lc, compare_layer(lc, cp, ctx.device))
-
-
-def _accuracy_samples(ctx: RankContext, name: str, lc: Any, cmp: Any) -> Iterator[Sample]:
-    import torch
-
-    from workers.measure import error_samples, tensor_error, worst_rel_l2
-    from workers.verdict import relative_l2
-
-    yield from error_samples(ctx, name, "output", tensor_error(*cmp.output))
-    yield from error_samples(ctx, name, "input_grad", tensor_error(*cmp.input_grad))
-    names = sorted(cmp.param_grads)
-    if tuple(names) != LAYER_PARAMS:
-        raise RuntimeError(f"the layer's parameters changed: {names}; update LAYER_PARAMS to match")
-    flat_a = torch.cat([cmp.param_grads[n][0].double().flatten() for n in names])
-    flat_b = torch.cat([cmp.param_grads[n][1].double().flatten() for n in names])
-    yield from error_samples(ctx, name, "param_grad", tensor_error(flat_a, flat_b))
-    errs = worst_rel_l2(cmp)  # output, input_grad and param:<name>, each against the reference
-    each = [errs[f"param:{n}"] for n in names]
-    for idx, err in enumerate(each):
-        yield Sample(name, "param_grad_rel_l2_by_param", err, rank=ctx.rank, idx=idx)
-    worst = max(each)
-    yield Sample(name, "param_grad_worst_rel_l2", worst, rank=ctx.rank)
-    own = errs if cmp.plain is None else worst_rel_l2(cmp.plain)
-    yield Sample(name, "cp_worst_rel_l2", max(own.values()), rank=ctx.rank)
-    if lc.dtype == torch.float64 and (lc.ref_dtype or lc.dtype) == torch.float64:
-        yield Sample(name, "fp64_worst_rel_l2", max(errs.values()), rank=ctx.rank)
-    g_cp, g_ref = cmp.grad_norm
-    yield Sample(name, "grad_norm_rel_err", relative_l2(abs(g_cp - g_ref), abs(g_ref)), rank=ctx.rank)
-    yield Sample(name, "padding_output_max_abs", cmp.padding_max_abs, rank=ctx.rank)

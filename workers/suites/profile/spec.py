@@ -8,46 +8,15 @@ was written and how many events it holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from workers.context import RankContext
-from workers.suite import (
-    CPU_GATE_PRESETS,
-    Case,
-    DType,
-    Metric,
-    Positive,
-    Sample,
-    Suite,
-    SuiteParams,
-    cp_misfit,
-)
-from workers.suites._model_training import (
-    CP_MODES,
-    MODEL_OVERRIDES_FIELD,
-    ModelOverrides,
-    case_base,
-    case_trainer,
-    check_modes_and_dtype,
-)
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Suite, SuiteParams, cp_misfit
+from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 
-class ProfileParams(SuiteParams):
-    model: str = "tiny"
-    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
-    seq_len: Positive = 128
-    batch_size: Positive = 1
-    valid_lengths: tuple[int, ...] | None = None
-    dtype: DType = "float32"
-    backend: str = "eager"
-    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
-    fsdp: bool = True
+class ProfileParams(ModelParams):
     checkpoint: str = "off"
     warmup: int = 1
-    seed: int = 0
-    token_file: str | None = None
-    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class ProfileSuite(Suite):
@@ -55,6 +24,7 @@ class ProfileSuite(Suite):
     gate_presets = CPU_GATE_PRESETS
     description = "one torch.profiler trace per CP mode (forward+backward), kept as a job artifact"
     params_model = ProfileParams
+    run_module = "workers.suites.profile.run"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
         # one CPU-sized trace per mode: the no-CP network on one rank, the CP modes from 2 ranks
@@ -83,41 +53,6 @@ class ProfileSuite(Suite):
         check_modes_and_dtype(params.modes, CP_MODES, params.dtype)
         base = case_base(params, {"modes"})
         return [Case(self.name, f"trace/{m}", {**base, "mode": m}) for m in params.modes]
-
-    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        yield from run_profile_case(ctx, case)
-
-
-def run_profile_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    import gzip
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from gdn import device as devices
-    p = case.params
-    trainer = case_trainer(ctx, p)
-    batch = trainer.batch(0)
-
-    def fwd_bwd() -> None:
-        trainer.forward_backward(batch)
-
-    for _ in range(p["warmup"]):
-        fwd_bwd()
-    devices.synchronize(ctx.device)
-    with devices.DeviceProfiler(ctx.device_kind) as prof:  # torch_npu's profiler on Ascend
-        fwd_bwd()
-        devices.synchronize(ctx.device)
-    out_dir = ctx.artifacts_dir or Path(tempfile.mkdtemp(prefix="gdnval-profile-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{case.name.replace('/', '-')}.trace.json.gz"  # Perfetto/chrome://tracing read .gz
-    prof.export(path)
-    with gzip.open(path, "rt") as f:
-        events = json.load(f).get("traceEvents", [])
-    written = path.is_file() and ctx.artifacts_dir is not None
-    yield Sample(case.name, "trace_written", float(written), rank=ctx.rank)
-    yield Sample(case.name, "trace_events", float(len(events)), rank=ctx.rank)
-    yield Sample(case.name, "trace_bytes", float(path.stat().st_size), rank=ctx.rank)
 
 
 SUITE = ProfileSuite()

@@ -40,60 +40,27 @@ device commands, the first computing and storing the reference, the second reusi
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from workers.context import RankContext
-from workers.suite import (
-    CPU_GATE_PRESETS,
-    Case,
-    DType,
-    Metric,
-    NonNegative,
-    Positive,
-    Sample,
-    Suite,
-    SuiteParams,
-    cp_misfit,
-)
-from workers.suites._model_training import (
-    CP_MODES,
-    MODEL_OVERRIDES_FIELD,
-    PRECISION,
-    ModelOverrides,
-    case_base,
-    case_trainer,
-    check_modes_and_dtype,
-    token_file_for,
-    trajectory_config,
-    ulysses_misfit_of_model,
-)
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, NonNegative, Positive, Suite, SuiteParams, cp_misfit
+from workers.suites.shared.spec import CHUNK, CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 CHECKPOINTS = ("off", "full")
 # (loss rel, grad-norm rel) per precision: the CPU acceptance (fp32) and the report's GPU figures.
 BOUNDS = {"fp32": (1e-5, 1e-4), "bf16": (4e-4, 4e-3)}
 
 
-class NetworkParams(SuiteParams):
-    model: str = "tiny"  # a name in gdn.model.MODEL_CONFIGS
-    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
-    seq_len: Positive = 128  # global sequence length (split over the CP ranks)
+class NetworkParams(ModelParams):
     batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (128, 77)  # tail padding per batch row; None = none
-    dtype: DType = "float32"  # float32 | bfloat16 (autocast over fp32 master weights)
-    backend: str = "eager"  # candidate backend
     reference_backend: str = "eager"
     reference_checkpoint: str = "off"  # "full": the reference in less memory, same numbers
     # the candidate's GDN chunk length; with backend "eager" and another value (e.g. 32) the
     # candidate differs from the reference only in rounding: the floor of the trajectory errors
-    candidate_chunk_size: int = 64
-    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
+    candidate_chunk_size: int = CHUNK
     checkpoints: tuple[str, ...] = CHECKPOINTS
-    fsdp: bool = True
     steps: Positive = 20
     lr: float = 1e-3
-    seed: int = 0
     trajectory: bool = True
     speed: bool = True
     warmup: NonNegative = 5
@@ -101,8 +68,6 @@ class NetworkParams(SuiteParams):
     determinism: bool = True
     determinism_modes: tuple[str, ...] = ("p2p",)
     determinism_steps: int = 10
-    token_file: str | None = None
-    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
     # JSON file of the reference trajectory: read when it exists and its key matches, else written
     # once the reference is computed (see workers.harness.trajectory); not part of the cases' parameters
     reference_file: str | None = None
@@ -156,10 +121,10 @@ def _metrics() -> tuple[Metric, ...]:
 def _check(params: NetworkParams) -> None:
     check_modes_and_dtype((*params.modes, *params.determinism_modes), CP_MODES, params.dtype)
     bad = sorted(set(params.checkpoints) - set(CHECKPOINTS))
-    if params.backend == "triton" and params.candidate_chunk_size != 64:
+    if params.backend == "triton" and params.candidate_chunk_size != CHUNK:
         raise ValueError(
             f"candidate_chunk_size={params.candidate_chunk_size} needs backend 'eager' "
-            "(the Triton kernels use chunk 64 only)"
+            f"(the Triton kernels use chunk {CHUNK} only)"
         )
     if params.candidate_chunk_size < 1:
         raise ValueError(f"candidate_chunk_size must be >= 1, got {params.candidate_chunk_size}")
@@ -181,6 +146,7 @@ class NetworkSuite(Suite):
         "hybrid GDN/attention network, FSDP over the CP group: trajectories, speed, memory, determinism"
     )
     params_model = NetworkParams
+    run_module = "workers.suites.network.run"
     min_world_size = 1
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # CPU/CI on 2 gloo ranks: tiny model, fp32, eager, 20 steps, tail padding in one row.
@@ -209,9 +175,6 @@ class NetworkSuite(Suite):
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)
 
-    def not_applicable(self, case: Case, world_size: int) -> str | None:
-        return ulysses_misfit_of_model(case, world_size)
-
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, NetworkParams)
         return params.repeat if params.speed else 0
@@ -237,117 +200,6 @@ class NetworkSuite(Suite):
                 p = {**base, "mode": mode, "checkpoint": "off", "kind": "determinism"}
                 out.append(Case(self.name, f"determinism/{mode}", p))
         return out
-
-    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        kind = case.params["kind"]
-        if kind == "trajectory":
-            yield from run_trajectory_case(ctx, case)
-        elif kind == "speed":
-            yield from run_speed_case(ctx, case)
-        else:
-            yield from run_determinism_case(ctx, case)
-
-
-# ------------------------------------------------------------------------------------------------
-# Rank side: torch is imported inside the functions.
-# ------------------------------------------------------------------------------------------------
-def reference_file_for(ctx: RankContext, params: dict[str, Any]) -> str | None:
-    """The job's `reference_file` (kept out of the case parameters, so it never changes a case's
-    fingerprint: reading the reference from a file measures the same thing)."""
-    return params.get("reference_file") or (ctx.extras.get("params") or {}).get("reference_file")
-
-
-def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    """Samples stream per step: the reference steps while the reference runs (after its broadcast
-    on ranks other than 0), then each candidate step with its errors; the maxima and `finite` at
-    the end. A NaN/Inf raises NonFiniteTrajectory after the steps before it were yielded."""
-    from workers.harness.trajectory import iter_trajectory, step_error
-
-    p = case.params
-    cfg = trajectory_config(ctx, p)
-    prec = PRECISION[cfg.dtype]
-    name, r = case.name, ctx.rank
-    errors: dict[str, tuple[list[float], list[float]]] = {"loss": ([], []), "grad_norm": ([], [])}
-    group = ctx.group if cfg.cp_mode != "none" else None
-    steps = iter_trajectory(
-        cfg, token_file_for(p), ctx.device, group, reference_file=reference_file_for(ctx, p)
-    )
-    for ev in steps:
-        i = ev.step
-        if ev.candidate is None:
-            yield Sample(name, "ref_loss", ev.reference.loss, rank=r, idx=i)
-            yield Sample(name, "ref_grad_norm", ev.reference.grad_norm, rank=r, idx=i)
-            continue
-        yield Sample(name, "cand_loss", ev.candidate.loss, rank=r, idx=i)
-        yield Sample(name, "cand_grad_norm", ev.candidate.grad_norm, rank=r, idx=i)
-        for what, (abs_err, rel_err) in errors.items():
-            a, b = step_error(getattr(ev.candidate, what), getattr(ev.reference, what))
-            abs_err.append(a)
-            rel_err.append(b)
-            yield Sample(name, f"{prec}_{what}_abs_err", a, rank=r, idx=i)
-            yield Sample(name, f"{prec}_{what}_rel_err", b, rank=r, idx=i)
-    for what, (abs_err, rel_err) in errors.items():
-        yield Sample(name, f"{prec}_{what}_max_abs", max(abs_err), rank=r)
-        yield Sample(name, f"{prec}_{what}_max_rel", max(rel_err), rank=r)
-    yield Sample(name, "finite", 1.0, rank=r)  # a NaN/Inf raises NonFiniteTrajectory instead
-
-
-def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    from workers.measure import measure_peak_memory, time_repeats, time_samples
-
-    p = case.params
-    trainer = case_trainer(ctx, p)
-    batch = trainer.batch(0)
-
-    def fwd() -> None:
-        trainer.forward_loss(batch)
-
-    def fwd_bwd() -> None:
-        trainer.forward_backward(batch)
-
-    def step() -> None:
-        trainer.forward_backward(batch)
-        trainer.optimizer.step()
-
-    w, n = p["warmup"], p["repeat"]
-    t_fwd = time_repeats(ctx, fwd, warmup=w, repeat=n)
-    t_fb = time_repeats(ctx, fwd_bwd, warmup=w, repeat=n)
-    t_step = time_repeats(ctx, step, warmup=w, repeat=n)
-    yield from time_samples(ctx, case.name, "fwd_ms", t_fwd)
-    yield from time_samples(ctx, case.name, "fwd_bwd_ms", t_fb)
-    yield from time_samples(ctx, case.name, "step_ms", t_step)
-    bwd = statistics.median(t_fb) - statistics.median(t_fwd)
-    yield Sample(case.name, "bwd_estimate_ms", bwd, rank=ctx.rank)
-    mem = measure_peak_memory(ctx, step, incremental=False)
-    if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
-        yield Sample(case.name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
-        yield Sample(case.name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)
-
-
-def run_determinism_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    import torch
-
-    from gdn.device import set_deterministic
-    from workers.harness.trajectory import run_determinism_pair
-
-    p = case.params
-    cfg = trajectory_config(ctx, p, steps=p["determinism_steps"])
-    was_on = torch.are_deterministic_algorithms_enabled()
-    set_deterministic(ctx.device_kind, True)
-    try:
-        res = run_determinism_pair(
-            cfg, token_file_for(p), ctx.device, ctx.group if cfg.cp_mode != "none" else None
-        )
-    finally:
-        set_deterministic(ctx.device_kind, was_on)
-    r = ctx.rank
-    yield Sample(case.name, "det_loss_identical", float(res.losses_identical), rank=r)
-    yield Sample(case.name, "det_grad_norm_identical", float(res.grad_norms_identical), rank=r)
-    yield Sample(case.name, "det_params_identical", float(res.params_identical), rank=r)
-    yield Sample(case.name, "det_max_param_diff", res.max_param_diff, rank=r)
-    for i, (a, b) in enumerate(zip(res.off, res.full, strict=True)):
-        yield Sample(case.name, "ref_loss", a.loss, rank=r, idx=i)
-        yield Sample(case.name, "cand_loss", b.loss, rank=r, idx=i)
 
 
 SUITE = NetworkSuite()

@@ -10,50 +10,21 @@ so the case fails with the reason instead of stalling the job.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from workers.context import RankContext
-from workers.suite import (
-    CPU_GATE_PRESETS,
-    Case,
-    DType,
-    Metric,
-    Positive,
-    Sample,
-    Suite,
-    SuiteParams,
-    cp_misfit,
-)
-from workers.suites._model_training import (
-    CP_MODES,
-    MODEL_OVERRIDES_FIELD,
-    ModelOverrides,
-    case_base,
-    case_trainer,
-    check_modes_and_dtype,
-    ulysses_misfit_of_model,
-)
+from workers.suite import CPU_GATE_PRESETS, Case, Metric, Positive, Suite, SuiteParams, cp_misfit
+from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 MIB = 1 << 20
 
 
-class StabilityParams(SuiteParams):
-    model: str = "tiny"
-    model_overrides: ModelOverrides = MODEL_OVERRIDES_FIELD
+class StabilityParams(ModelParams):
     seq_len: Positive = 64
     batch_size: Positive = 2
     valid_lengths: tuple[int, ...] | None = (64, 45)  # the padding boundary inside rank 1's shard
-    dtype: DType = "float32"
-    backend: str = "eager"
-    modes: tuple[str, ...] = ("ulysses", "p2p", "all_gather")
-    fsdp: bool = True
     checkpoint: str = "off"
     passes: Positive = 20
     timeout_s: float = 120.0
-    seed: int = 0
-    token_file: str | None = None
-    corpus: str = "sample"  # without token_file: a gdn.data.CORPORA name ("sample", "package", "stdlib")
 
 
 class StabilitySuite(Suite):
@@ -61,6 +32,7 @@ class StabilitySuite(Suite):
     gate_presets = CPU_GATE_PRESETS
     description = "consecutive fwd+bwd passes per CP mode: order, deadlock, NaN/Inf and memory growth"
     params_model = StabilityParams
+    run_module = "workers.suites.stability.run"
     min_world_size = 2
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {},
@@ -89,9 +61,6 @@ class StabilitySuite(Suite):
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)
 
-    def not_applicable(self, case: Case, world_size: int) -> str | None:
-        return ulysses_misfit_of_model(case, world_size)
-
     def time_repeats(self, params: SuiteParams) -> int:
         assert isinstance(params, StabilityParams)
         return params.passes
@@ -107,54 +76,6 @@ class StabilitySuite(Suite):
             raise ValueError(f"passes must be >= 2 (growth is measured from pass 2), got {params.passes}")
         base = case_base(params, {"modes"})
         return [Case(self.name, f"passes/{m}", {**base, "mode": m}) for m in params.modes]
-
-    def run(self, ctx: RankContext, case: Case) -> Iterator[Sample]:
-        yield from run_stability_case(ctx, case)
-
-
-def run_stability_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    import math
-    import time
-
-    from gdn import device as devices
-    p = case.params
-    trainer = case_trainer(ctx, p)
-    cps = {id(m.cp): m.cp for m in trainer.model.modules() if getattr(m, "cp", None) is not None}
-    for cp in cps.values():
-        cp.timeout = replace_timeout(cp.timeout, p["timeout_s"])
-    name, r = case.name, ctx.rank
-    peaks: list[int] = []
-    for i in range(p["passes"]):
-        devices.synchronize(ctx.device)
-        devices.reset_peak_memory(ctx.device)
-        t0 = time.perf_counter()
-        loss = trainer.forward_backward(trainer.batch(i))
-        devices.synchronize(ctx.device)
-        dt = (time.perf_counter() - t0) * 1e3
-        value, gn = trainer.global_loss(loss), trainer.grad_norm()
-        del loss
-        mem = devices.memory_stats(ctx.device)
-        peaks.append(mem.peak_allocated)
-        finite = math.isfinite(value) and math.isfinite(gn)
-        yield Sample(name, "loss", value, rank=r, idx=i)
-        yield Sample(name, "finite", float(finite), rank=r, idx=i)
-        yield Sample(name, "pass_ms", dt, rank=r, idx=i)
-        if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
-            yield Sample(name, "peak_allocated_bytes", float(peaks[-1]), rank=r, idx=i)
-        if not finite:
-            break  # the finite sample fails the case; further passes would only repeat it
-    yield Sample(name, "passes_done", float(len(peaks)), rank=r)
-    if devices.memory_stats(ctx.device).tracked:
-        yield Sample(name, "memory_growth_bytes", float(peaks[-1] - peaks[min(1, len(peaks) - 1)]), rank=r)
-    checks = sum(cp.stats.order_checks for cp in cps.values())
-    yield Sample(name, "order_checks", float(checks), rank=r)
-
-
-def replace_timeout(current: Any, seconds: float) -> Any:
-    """A timedelta of `seconds` (the CP config keeps its limit as a timedelta)."""
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds) if isinstance(current, timedelta) else seconds
 
 
 SUITE = StabilitySuite()

@@ -1,0 +1,1 @@
+"""The `cp-layer` suite: `spec` (cases, metrics, presets, parameters; no torch) and `run` (the ranks)."""

@@ -1,0 +1,1 @@
+"""The `network` suite: `spec` (cases, metrics, presets, parameters; no torch) and `run` (the ranks)."""

@@ -1,0 +1,42 @@
+"""`profile` on the ranks: one traced forward+backward of the network in one CP mode, written into
+the rank's artifacts (what each metric means: `workers.suites.profile.spec`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gdn import device as devices
+from workers.context import RankContext
+from workers.suite import Case, Sample
+from workers.suites.shared.run import case_trainer
+
+
+def run(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    p = case.params
+    trainer = case_trainer(ctx, p)
+    batch = trainer.batch(0)
+
+    def fwd_bwd() -> None:
+        trainer.forward_backward(batch)
+
+    for _ in range(p["warmup"]):
+        fwd_bwd()
+    devices.synchronize(ctx.device)
+    with devices.DeviceProfiler(ctx.device_kind) as prof:  # torch_npu's profiler on Ascend
+        fwd_bwd()
+        devices.synchronize(ctx.device)
+    out_dir = ctx.artifacts_dir or Path(tempfile.mkdtemp(prefix="gdnval-profile-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{case.name.replace('/', '-')}.trace.json.gz"  # Perfetto/chrome://tracing read .gz
+    prof.export(path)
+    with gzip.open(path, "rt") as f:
+        events: list[dict[str, Any]] = json.load(f).get("traceEvents", [])
+    written = path.is_file() and ctx.artifacts_dir is not None
+    yield Sample(case.name, "trace_written", float(written), rank=ctx.rank)
+    yield Sample(case.name, "trace_events", float(len(events)), rank=ctx.rank)
+    yield Sample(case.name, "trace_bytes", float(path.stat().st_size), rank=ctx.rank)

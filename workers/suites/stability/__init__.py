@@ -1,0 +1,1 @@
+"""The `stability` suite: `spec` (cases, metrics, presets, parameters; no torch) and `run` (the ranks)."""
