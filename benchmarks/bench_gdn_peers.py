@@ -113,7 +113,7 @@ def caller(backend: str) -> Any:
         return gated_delta_rule(
             x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
             cu_seqlens=x.get("cu"), backend="triton" if backend == "ours" else backend,
-        )  # fmt: skip
+        )
 
     return call
 
@@ -148,7 +148,7 @@ def rel_l2(a: Any, b: Any) -> float:
 
 
 def wall_ms(fn: Any, warmup: int = 0, rep: int = 0, grad_to_none: list[Any] | None = None,
-            return_mode: str = "") -> float:  # fmt: skip
+            return_mode: str = "") -> float:
     """The dry run's stand-in for do_bench (same arguments): one call's wall-clock time (the CPU
     has no events)."""
     for t in grad_to_none or []:
@@ -162,7 +162,7 @@ def compare(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     """rel-L2 of each tensor against another run's, and the names of those that are bit-equal."""
     errs = {n: rel_l2(got[n].to(want[n].device), want[n]) for n in TENSORS}
     return {"rel_l2": errs, "worst_rel_l2": max(errs.values()),
-            "equal": sorted(n for n in TENSORS if torch_equal(got[n], want[n]))}  # fmt: skip
+            "equal": sorted(n for n in TENSORS if torch_equal(got[n], want[n]))}
 
 
 def torch_equal(a: Any, b: Any) -> bool:
@@ -321,7 +321,7 @@ def main() -> int:
         int(s) for s in args.variant_accuracy_seeds.split(",") if s]
     packs = [[int(n) for n in item.split(",")] for item in args.packed]
     result: dict[str, Any] = {"backend": args.backend, "versions": versions, "command": " ".join(sys.argv),
-                              "runs": []}  # fmt: skip
+                              "runs": []}
     variants: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for item in args.variant:
         name, _, raw = item.partition("=")
@@ -361,7 +361,7 @@ def main() -> int:
                         default = default_results(T, hqk, ls)
                     with settings(over):
                         r = measure(call, T, hqk, seeds if vname == "default" else vseeds, dev, args.warmup,
-                                    args.rep, args.repro, ls, default)  # fmt: skip
+                                    args.rep, args.repro, ls, default)
                 except Exception as exc:  # one failing shape is recorded and the run goes on
                     r = {"T": T, "hqk": hqk, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 r["variant"] = vname
@@ -376,7 +376,7 @@ def main() -> int:
                       f"differ={r.get('differ_between_runs', '-')} "
                       f"vs_default={r['vs_default']['worst_rel_l2'] if 'vs_default' in r else '-'} "
                       f"{r.get('error', '')}",
-                      flush=True)  # fmt: skip
+                      flush=True)
     if args.profile:
         with settings({}):
             rows = profile(call, args.profile, dev)

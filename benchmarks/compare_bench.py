@@ -111,7 +111,7 @@ def store_roundtrip(base: JobSide, head: JobSide, repeat: int) -> dict[str, list
             case_ids = np.array([cids[fp] for fp in t.case_keys])[t.case]
             metric_ids = np.array([mids[m] for m in t.metric_keys])[t.metric]
             rows = list(zip(case_ids.tolist(), metric_ids.tolist(), t.rank.tolist(), t.idx.tolist(),
-                            t.value.tolist(), strict=True))  # fmt: skip
+                            t.value.tolist(), strict=True))
             sample_store.insert_samples(engine, ids[-1], rows)
             if kind == "reduced":
                 finish_summary(engine, ids[-1], 1)

@@ -49,7 +49,7 @@ def core_run(inputs: dict[str, torch.Tensor], do: torch.Tensor, dht: torch.Tenso
     o, ht = gated_delta_rule(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
         initial_state=leaves["h0"], output_final_state=True, backend="triton",
-    )  # fmt: skip
+    )
     torch.autograd.backward([o, ht], [do, dht])
     out = {"o": o.detach(), "ht": ht.detach()}
     out.update({f"d{n}": t.grad for n, t in leaves.items()})

@@ -122,14 +122,14 @@ def run_layout(args: argparse.Namespace, layout: str) -> bool:
     procs = []
     for rank in range(args.nprocs):
         env = {**os.environ, **NVLS_OFF, "RANK": str(rank), "WORLD_SIZE": str(args.nprocs),
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         if args.device == "cuda" and layout == "isolated":
             parent = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
             env["CUDA_VISIBLE_DEVICES"] = parent[rank] if rank < len(parent) else str(rank)
         if args.nccl_debug and args.device == "cuda":
             env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,SHM,NET")
         cmd = [sys.executable, __file__, "--rank-main", "--layout", layout, "--device", args.device,
-               "--seconds", str(args.seconds), "--mib", str(args.mib)]  # fmt: skip
+               "--seconds", str(args.seconds), "--mib", str(args.mib)]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )

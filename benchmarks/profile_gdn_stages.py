@@ -83,7 +83,7 @@ def main() -> None:
     ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps)
     stride = 8  # the states at a stride: the walk keeping group states, the re-walks from them
     sb, *_ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=False, store_final=True,
-                             stride=stride)  # fmt: skip
+                             stride=stride)
     dsb, *_ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, stride=stride)
     ug = u.clone()  # the group backward writes Vn over U: its own copy (the values drift, the work does not)
     fresh: dict[str, object] = {}
@@ -91,7 +91,7 @@ def main() -> None:
     def state_both() -> None:
         """Both passes as the autograd wiring runs them (segment maps from the forward)."""
         _, _, _, mp = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
-                                      store_final=True, keep_maps=True)  # fmt: skip
+                                      store_final=True, keep_maps=True)
         K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=mp)
 
     def wy() -> None:
@@ -125,7 +125,7 @@ def main() -> None:
         "group_bwd": lambda: group_backward(q, k, w, ug, do, dvn, gamma, sb, dsb, Hv, scale, stride=stride),
         "bwd_wy": wy,
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
-    }  # fmt: skip
+    }
 
     def bench(fn) -> float:
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -179,7 +179,7 @@ def main() -> None:
             if res:
                 best[knob] = min(res)[1]
             print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res)
-                  + f"  -> {best.get(knob, getattr(K.kernel_config(bf), knob))}", flush=True)  # fmt: skip
+                  + f"  -> {best.get(knob, getattr(K.kernel_config(bf), knob))}", flush=True)
         with K.config_overrides(**best):
             print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {best}")
         if args.write_tuning:

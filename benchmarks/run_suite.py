@@ -34,7 +34,7 @@ from workers.suite import Suite
 COLUMNS = [
     ("fwd_ms", "fwd"), ("fwd_bwd_ms", "f+b"), ("ratio_to_baseline", "/base"), ("tflops", "TF/s"),
     ("peak_bytes", "GiB"), ("peak_ratio_to_baseline", "mem/base"),
-]  # fmt: skip
+]
 
 
 def _direction(suite: Suite, metric: str) -> str:
@@ -88,7 +88,7 @@ def main() -> int:
     info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
     result: dict[str, object] = {"suite": args.suite, "preset": args.preset, "params": params.model_dump(),
                                  "info": info, "command": " ".join(sys.argv), "tuning": tuning,
-                                 "cases": {}}  # fmt: skip
+                                 "cases": {}}
     rows = []
     for case in cases:
         t0 = time.time()
@@ -112,7 +112,7 @@ def main() -> int:
         result["cases"][case.name] = {  # type: ignore[index]
             "params": dict(case.params), "error": error, "seconds": time.time() - t0,
             "samples": [[s.metric, s.idx, s.value] for s in samples], "median": med, "worst_rel_l2": worst,
-        }  # fmt: skip
+        }
         rows.append((case.name, med, worst, error))
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
         print(f"[{time.time() - t0:6.1f}s] {case.name} {'ERROR ' + error if error else ''}", flush=True)

@@ -32,14 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 OPS = ("HGMMA", "HMMA", "BAR", "WARPGROUP", "LDGSTS", "LDG", "STG", "LDS", "LDSM", "STS", "STL", "LDL",
-       "MUFU", "FMUL", "FFMA", "F2FP", "BRA")  # fmt: skip
+       "MUFU", "FMUL", "FFMA", "F2FP", "BRA")
 
 
 def loop_census(sass: str) -> tuple[str, int, collections.Counter]:
     """Instructions of the longest loop of a cuobjdump -sass listing and their opcodes, or of the
     whole listing when it has no loop (a chunk-parallel stage runs it once per program)."""
     ins = [(int(m.group(1), 16), m.group(2).strip())
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]  # fmt: skip
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, text in ins:
         target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
@@ -74,7 +74,7 @@ def main() -> None:
     overrides = K.config_overrides(**json.loads(args.set))
     overrides.__enter__()  # for the whole run: the launches are recorded as the loop below asks
     want = {k: bool(int(v)) if v in "01" else (int(v) if v.isdigit() else v)
-            for k, v in (kv.split("=") for kv in args.where.split(",") if kv)}  # fmt: skip
+            for k, v in (kv.split("=") for kv in args.where.split(",") if kv)}
     target = tc._target()
     for fn, signature, constexprs, attrs, options in tc._distinct_launches(
         getattr(torch, args.dtype), False, make_backend(target)
@@ -92,7 +92,7 @@ def main() -> None:
             cubin.write(ck.asm["cubin"])
             cubin.flush()
             sass = subprocess.run([str(tool), "-sass", cubin.name], capture_output=True, text=True,
-                                  check=True).stdout  # fmt: skip
+                                  check=True).stdout
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def main() -> None:
         regs, stack = tc._resources(ck.asm["cubin"])
         print(f"{args.kernel} Triton {triton.__version__} sm_90 {args.dtype} {ce}")
         print(f"  warps={options.num_warps} stages={options.num_stages} shared={ck.metadata.shared} "
-              f"regs={regs} stack={stack}")  # fmt: skip
+              f"regs={regs} stack={stack}")
         print(f"  {scope}: {n} instructions; " + ", ".join(f"{op} {ops[op]}" for op in OPS if ops[op]))
         return
     raise SystemExit(f"no launch of {args.kernel} matched {want}")

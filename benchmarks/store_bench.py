@@ -35,7 +35,7 @@ def _time_case_summaries(Session: Any, job_id: int, what: str, runs: int = 3) ->
             summary = case_summaries(s, job_id)
         dt = time.perf_counter() - t0
         print(f"case_summaries {what} [{attempt}]: {len(summary)} cases x "
-              f"{len(summary[0].metrics)} metrics in {dt:.3f} s")  # fmt: skip
+              f"{len(summary[0].metrics)} metrics in {dt:.3f} s")
 
 
 def main() -> None:
@@ -140,7 +140,7 @@ def sink_ingest(engine, ranks: int, batch: int, n: int) -> None:
 
     with session_factory(engine).begin() as s:
         job = JobRow(suite="bench-sink", preset="quick", device="cpu", world_size=ranks, status="running",
-                  attempts=1)  # fmt: skip
+                  attempts=1)
         s.add(job)
     sink = StoreSink(engine, job, Path(tempfile.gettempdir()))
     # the order a suite reports in: case by case, metric by metric, idx by idx, every rank

@@ -61,13 +61,13 @@ def grow(engine: Any, first: int, last: int, rng: np.random.Generator) -> tuple[
     for n in range(first, last):
         suite = SUITES[n % len(SUITES)]
         cases = [Case(suite, f"T{1024 * (i + 1)}", {"seq_len": 1024 * (i + 1), "mode": "p2p"})
-                 for i in range(CASES)]  # fmt: skip
+                 for i in range(CASES)]
         t0 = time.perf_counter()
         with db.write_tx(engine) as s:
             commit = commits.ensure_commit(s, f"{n:040x}")
             job = JobRow(suite=suite, preset="quick", params={}, device="cuda", world_size=RANKS,
                       status="running", attempts=1, commit=commit, progress_total=CASES,
-                      info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
+                      info={"torch": "2.13.0", "device_name": "bench"})
             s.add(job)
             s.flush()
             job_id = job.id
@@ -76,7 +76,7 @@ def grow(engine: Any, first: int, last: int, rng: np.random.Generator) -> tuple[
         vals = rng.normal(10.0, 0.2, (CASES, len(METRICS), RANKS, REPS))
         rows = [(cids[c.name], mids[m.name], r, i, float(vals[ci, mi, r, i]))
                 for ci, c in enumerate(cases) for mi, m in enumerate(METRICS)
-                for r in range(RANKS) for i in range(REPS)]  # fmt: skip
+                for r in range(RANKS) for i in range(REPS)]
         t1 = time.perf_counter()
         sample_store.insert_samples(engine, job_id, rows)
         inserting += time.perf_counter() - t1

@@ -51,7 +51,7 @@ def suite_median(backend: str, T: int, args: argparse.Namespace) -> float:
         "batch": 1, "head_dim": args.head_dim, "dtype": args.dtype, "backends": (backend,),
         "baseline": backend, "timed_backends": None, "warmup": warmup, "repeat": repeat,
         "eager_warmup": warmup, "eager_repeat": repeat, "accuracy_max_seq_len": 0,
-    })  # fmt: skip
+    })
     (case,) = suite.cases(params)
     dev = devices.get_device(args.device)
     ctx = RankContext(rank=0, world_size=1, device=dev, device_kind=args.device)
@@ -177,7 +177,7 @@ def verdict(row: dict[str, Any]) -> str:
 def table(rows: Sequence[dict[str, Any]], tolerance: float) -> str:
     """T × backend: suite median, do_bench median, the suite's call under do_bench, ratio, verdict."""
     lines = [f"{'T':>6}  {'backend':<9} {'suite ms':>9} {'do_bench':>9} {'suite call':>10} {'ratio':>6}  "
-             f"within {tolerance:.0%}"]  # fmt: skip
+             f"within {tolerance:.0%}"]
     order = {b: i for i, b in enumerate(PEER_NAMES)}
 
     def num(r: dict[str, Any], key: str, width: int, digits: int = 3) -> str:

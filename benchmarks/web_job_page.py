@@ -54,12 +54,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss_max_rel", "", "trajectory", bound=4e-4),
     Metric("grad_norm_max_rel", "", "trajectory", bound=1e-2),
     Metric("one_lane_ms", "ms", "time"),
-)  # fmt: skip
+)
 
 
 def _job(s: Session, world: int, status: str) -> JobRow:
     job = JobRow(suite=SUITE, preset="full", params={}, device="cuda", world_size=world, status=status,
-              attempts=1, info={"torch": "2.13.0", "device_name": "bench"})  # fmt: skip
+              attempts=1, info={"torch": "2.13.0", "device_name": "bench"})
     s.add(job)
     s.flush()
     return job
@@ -70,7 +70,7 @@ def ingest_cp_job(engine, *, cases: int = 16, ranks: int = 8, reps: int = 100, s
     per-tensor errors x ranks, memory per rank."""
     rng = np.random.default_rng(0)
     suite_cases = [Case(SUITE, f"T{16 * (i + 1)}k", {"seq_len": 16384 * (i + 1), "mode": "p2p"})
-                   for i in range(cases)]  # fmt: skip
+                   for i in range(cases)]
     with Session(engine) as s, s.begin():
         job = _job(s, ranks, "running")
         mids = sample_store.ensure_metrics(s, SUITE, METRICS)

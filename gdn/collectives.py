@@ -108,7 +108,7 @@ def check_reduce(
     if t.dtype not in HCCL_REDUCE_DTYPES:
         allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in HCCL_REDUCE_DTYPES))
         _refuse(kind, what, f"HCCL reduces no {str(t.dtype).removeprefix('torch.')} (it reduces {allowed}); "
-                            "reduce in fp32, or gather and sum locally (collectives.sum_over)")  # fmt: skip
+                            "reduce in fp32, or gather and sum locally (collectives.sum_over)")
     if op not in HCCL_REDUCE_OPS:
         _refuse(kind, what, f"HCCL has no reduce op {op}; it has {', '.join(HCCL_REDUCE_OPS.values())}")
     if op == dist.ReduceOp.PRODUCT and t.dtype in HCCL_NO_PROD_DTYPES:
@@ -206,7 +206,7 @@ def wait(work: Any, timeout: timedelta, what: str, group: dist.ProcessGroup | No
 def all_reduce(
     t: torch.Tensor, group: dist.ProcessGroup | None, what: str, *, op: Any = dist.ReduceOp.SUM,
     async_op: bool = False,
-) -> Any:  # fmt: skip
+) -> Any:
     """In-place all-reduce of `t` (a work handle when `async_op`)."""
     check_reduce(t, op, group, what)
     return _handle(dist.all_reduce(t, op=op, group=group, async_op=async_op), group, what)

@@ -366,4 +366,4 @@ def npu_versions() -> dict[str, str | None]:
         except (ImportError, AttributeError, RuntimeError):
             cann = None
     return {"cann": cann, "torch_npu": _distribution_version("torch_npu"),
-            "triton_ascend": _distribution_version("triton-ascend")}  # fmt: skip
+            "triton_ascend": _distribution_version("triton-ascend")}

@@ -128,7 +128,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(
             c.conv_dim, c.conv_dim, kernel_size=c.conv_size, groups=c.conv_dim, bias=False,
             padding=c.conv_size - 1,
-        )  # fmt: skip
+        )
         self.A_log = nn.Parameter(torch.empty(c.num_v_heads))
         self.dt_bias = nn.Parameter(torch.empty(c.num_v_heads))
         self.norm = GatedRMSNorm(c.head_dim, eps=c.norm_eps)
@@ -217,13 +217,13 @@ class GatedDeltaNet(nn.Module):
     def packed_conv(
         self, qkv: torch.Tensor, cu: list[int] | None, channels: torch.Tensor | None = None,
         halo: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """`conv` restarted at every packed sequence (`cu`: offsets; None: one sequence), so no
         sequence sees the tokens of the one before it; `halo` goes before the first one only."""
         if cu is None or len(cu) == 2:
             return self.conv(qkv, halo, channels)
         return torch.cat([self.conv(qkv[:, a:b], halo if a == 0 else None, channels)
-                          for a, b in pairwise(cu)], dim=1)  # fmt: skip
+                          for a, b in pairwise(cu)], dim=1)
 
     def shard_conv(
         self, qkv: torch.Tensor, halo: torch.Tensor | None, cu: list[int] | None, lo: int
@@ -243,7 +243,7 @@ class GatedDeltaNet(nn.Module):
     def core(
         self, q, k, v, g, beta, *, initial_state: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         o, _ = gated_delta_rule(
             q,
             k,
@@ -315,7 +315,7 @@ class GatedDeltaNet(nn.Module):
             o = p2p_gated_delta_rule(
                 q, k, v, g, beta, cp, backend=self.backend, chunk_size=self.chunk_size,
                 pending=pending, pending_bwd=pending_bwd, segments=segments, continues=continues,
-            )  # fmt: skip
+            )
         else:
             o = all_gather_gated_delta_rule(
                 q, k, v, g, beta, cp, backend=self.backend, chunk_size=self.chunk_size
@@ -334,7 +334,7 @@ class GatedDeltaNet(nn.Module):
             torch.arange(r * hq * D, (r + 1) * hq * D, device=dev),
             c.key_dim + torch.arange(r * hq * D, (r + 1) * hq * D, device=dev),
             2 * c.key_dim + torch.arange(r * hv * D, (r + 1) * hv * D, device=dev),
-        ])  # fmt: skip
+        ])
         return hq, hv, r, idx
 
     def _forward_ulysses(
@@ -352,7 +352,7 @@ class GatedDeltaNet(nn.Module):
         packed = torch.cat(
             [q.reshape(B, Tl, P, hq * D), k.reshape(B, Tl, P, hq * D), v.reshape(B, Tl, P, hv * D),
              b.reshape(B, Tl, P, hv), a.reshape(B, Tl, P, hv)], dim=-1,
-        )  # fmt: skip
+        )
         heads = seq_to_head(packed, cp)  # [B, T, F] with this rank's heads, every token
         qkv_h, b_h, a_h = torch.split(heads, [(2 * hq + hv) * D, hv, hv], dim=-1)
         m_full = None

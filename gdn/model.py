@@ -123,7 +123,7 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
         linear_num_qk_heads=2, linear_num_v_heads=4, linear_head_dim=128,
         num_attention_heads=2, num_kv_heads=1, attn_head_dim=128, name="small-128",
     ),
-}  # fmt: skip
+}
 
 
 def model_config(name: str, **overrides: object) -> ModelConfig:

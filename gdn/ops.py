@@ -201,4 +201,4 @@ def gated_delta_rule(
     return impl.fn(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra,
-    )  # fmt: skip
+    )

@@ -63,7 +63,7 @@ def per_sequence(
         o, ht = fn(
             q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b],
             initial_state=h0, output_final_state=output_final_state, **kwargs,
-        )  # fmt: skip
+        )
         outs.append(o)
         if output_final_state:
             finals.append(ht)

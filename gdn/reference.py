@@ -27,7 +27,7 @@ def _grouped(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
 def _head_major(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     initial_state: torch.Tensor | None, dtype: torch.dtype,
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+) -> tuple[torch.Tensor, ...]:
     """(q, k, v, g, β) as [B, Hv, T, ...] in `dtype` and the starting state (zeros when None)."""
     B, _, Hv, Dv = v.shape
     Dk = q.shape[-1]
@@ -63,7 +63,7 @@ def recurrent_gated_delta_rule(
         return per_sequence(
             recurrent_gated_delta_rule, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale,
             initial_state=initial_state, output_final_state=output_final_state,
-        )  # fmt: skip
+        )
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
         T = v.shape[1]
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -106,7 +106,7 @@ def chunk_gated_delta_rule_eager(
         return per_sequence(
             chunk_gated_delta_rule_eager, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale,
             initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size,
-        )  # fmt: skip
+        )
     with autocast_off(v.device):  # fp32 math even inside a bf16 autocast region
         B, T, Hv, Dv = v.shape
         out_dtype = v.dtype

@@ -84,12 +84,12 @@ class RecordedRun:
         if isinstance(doc, dict) and doc.get("format") == RUN_FORMAT:
             return cls(path, doc["suite"], doc["preset"], doc.get("overrides") or {}, doc["device"],
                        int(doc["world_size"]), doc.get("commit"), doc["status"], doc.get("error"),
-                       doc.get("info") or {}, doc.get("cases") or [], doc.get("samples") or [])  # fmt: skip
+                       doc.get("info") or {}, doc.get("cases") or [], doc.get("samples") or [])
         if isinstance(doc, dict) and doc.get("backend") in PEER_BACKENDS and "runs" in doc:
             return cls.from_peers(path, doc)
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"{path}: format {found!r}; expected a {RUN_FORMAT!r} document (gdnval run "
-                         "SUITE --json FILE) or a benchmarks/bench_gdn_peers.py result")  # fmt: skip
+                         "SUITE --json FILE) or a benchmarks/bench_gdn_peers.py result")
 
     @classmethod
     def from_peers(cls, path: Path, doc: Mapping[str, Any]) -> RecordedRun:
@@ -105,19 +105,19 @@ class RecordedRun:
         lens = sorted({int(r["T"]) for r in runs})
         heads = sorted({int(r["hqk"]) for r in runs}, reverse=True)
         overrides = {"seq_lens": lens, "qk_heads": heads, "v_heads": hv, "modes": ["stateful"],
-                     "backends": [backend], "baseline": backend}  # fmt: skip
+                     "backends": [backend], "baseline": backend}
         samples: list[dict[str, Any]] = []
         for r in runs:
             case = f"T{r['T']}_stateful_hqk{r['hqk']}_hv{hv}_b1_{backend}"
             times = [float(r[k]) for k in ("fwd_bwd_ms", "fwd_bwd_ms_again") if r.get(k) is not None]
             values = {"fwd_ms": r.get("fwd_ms"), "fwd_bwd_ms": min(times) if times else None,
                       "peak_bytes": float(r["peak_mib"]) * 2**20 if r.get("peak_mib") is not None else None,
-                      **{f"{t}_rel_l2": v for t, v in (r.get("rel_l2") or {}).items()}}  # fmt: skip
+                      **{f"{t}_rel_l2": v for t, v in (r.get("rel_l2") or {}).items()}}
             samples += [{"case": case, "metric": m, "value": v} for m, v in values.items() if v is not None]
         versions = dict(doc.get("versions") or {})
         info = {"device_name": versions.get("gpu"), "torch": versions.get("torch"),
                 "triton": versions.get("triton"), "versions": versions,
-                "command": doc.get("command")}  # fmt: skip
+                "command": doc.get("command")}
         return cls(path, "gdn-op", "full", overrides, "cuda", 1, None, "succeeded", None, info, [], samples)
 
 
@@ -137,7 +137,7 @@ def map_samples(run: RecordedRun) -> tuple[dict[str, list[Sample]], Counter[str]
     baseline = getattr(params, "baseline", None)
     others = [b for b in backends if b != baseline]
     ratios = {f"ratio_to_{baseline}": "ratio_to_baseline",
-              f"peak_ratio_to_{baseline}": "peak_ratio_to_baseline"}  # fmt: skip
+              f"peak_ratio_to_{baseline}": "peak_ratio_to_baseline"}
     out: dict[str, list[Sample]] = {}
     left_out: Counter[str] = Counter()
     for s in run.samples:
@@ -168,7 +168,7 @@ def case_outcomes(run: RecordedRun, samples: Mapping[str, list[Sample]]) -> dict
     out: dict[str, tuple[str, str | None]] = {}
     for case in cases:
         rec = recorded.get(case.name) or next(
-            (c for n, c in recorded.items() if case.name.startswith(f"{n}_")), None)  # fmt: skip
+            (c for n, c in recorded.items() if case.name.startswith(f"{n}_")), None)
         if rec is None and case.name not in samples:
             continue  # not in this recording: the job's verdict counts it as not run
         if rec is not None and rec.get("status") in ("error", "skipped", "expected_error"):
@@ -203,12 +203,12 @@ class RecordedRunExecutor(Executor):
         with self._lock:
             for i, r in enumerate(self.runs):
                 same = (r.suite, r.preset, dict(r.overrides), r.device, r.world_size) == (
-                    spec.suite, spec.preset, dict(spec.params), spec.device, spec.world_size)  # fmt: skip
+                    spec.suite, spec.preset, dict(spec.params), spec.device, spec.world_size)
                 if same and i not in self._replayed:
                     self._replayed.add(i)
                     return r
         raise LookupError(f"no recorded run left for job {spec.job_id} ({spec.suite} {spec.preset} "
-                          f"{dict(spec.params)} on {spec.device} x{spec.world_size})")  # fmt: skip
+                          f"{dict(spec.params)} on {spec.device} x{spec.world_size})")
 
     def run(self, spec: JobSpec, sink: JobSink, cancel: threading.Event) -> JobOutcome:
         try:
@@ -253,11 +253,11 @@ def serving(runs: Sequence[Path], workdir: Path, token: str, timeout: float = 60
     from service.settings import Settings
 
     settings = Settings(db_url=f"sqlite:///{workdir / 'gdnval.db'}", executor=EXECUTOR, api_token=token,
-                        artifacts_dir=workdir / "artifacts", poll_interval_s=0.2)  # fmt: skip
+                        artifacts_dir=workdir / "artifacts", poll_interval_s=0.2)
     before = os.environ.get(RUNS_ENV)
     os.environ[RUNS_ENV] = json.dumps([str(p.resolve()) for p in runs])  # read by the executor factory
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=_free_port(),
-                                           log_level="warning", lifespan="on"))  # fmt: skip
+                                           log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="gdnval-figures-server", daemon=True)
     thread.start()
     try:
@@ -284,7 +284,7 @@ def submit_and_wait(base: str, token: str, run: RecordedRun, timeout: float = 12
 
     body = {"suite": run.suite, "preset": run.preset, "params": dict(run.overrides),
             "device": run.device, "world_size": run.world_size, "commit": run.commit,
-            "labels": {"replayed_from": run.path.name}}  # fmt: skip
+            "labels": {"replayed_from": run.path.name}}
     r = httpx.post(f"{base}/api/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     if r.status_code not in (200, 201):
         raise RuntimeError(f"submitting {run.path.name} failed: {r.status_code} {r.text[:1000]}")
@@ -296,7 +296,7 @@ def submit_and_wait(base: str, token: str, run: RecordedRun, timeout: float = 12
             return job
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} ({run.path.name}) is still {job['status']} "
-                               f"after {timeout:.0f} s")  # fmt: skip
+                               f"after {timeout:.0f} s")
         time.sleep(0.2)
 
 
@@ -310,7 +310,7 @@ def sweep_series(cases: Sequence[Mapping[str, Any]], metric: str = TIME_METRIC) 
 
     rows = [c for c in cases if metric in c["metrics"] and c["metrics"][metric]["median"] is not None
             and "backend" in c["params"] and "seq_len" in c["params"]
-            and not c["params"].get("packed")]  # fmt: skip
+            and not c["params"].get("packed")]
     modes = {c["params"].get("mode") for c in rows}
     heads = {(c["params"].get("qk_heads"), c["params"].get("v_heads")) for c in rows}
     lines: dict[str, list[tuple[float, float, float, float]]] = {}
@@ -326,7 +326,7 @@ def sweep_series(cases: Sequence[Mapping[str, Any]], metric: str = TIME_METRIC) 
     for name, pts in lines.items():
         pts.sort()
         out.append(SweepSeries(name, [a for a, *_ in pts], [b for _, b, _, _ in pts],
-                               lo=[lo for *_, lo, _ in pts], hi=[hi for *_, hi in pts]))  # fmt: skip
+                               lo=[lo for *_, lo, _ in pts], hi=[hi for *_, hi in pts]))
     return out
 
 
@@ -337,7 +337,7 @@ def standalone_svg(chart: str) -> str:
     rules = [line.strip() for line in css.splitlines() if line.startswith("svg")]
     rules.append("svg.chart { background: #fff; }")
     return re.sub(r"(<svg[^>]*>)", lambda m: m.group(1) + "<style>" + " ".join(rules) + "</style>",
-                  chart, count=1)  # fmt: skip
+                  chart, count=1)
 
 
 def plot_title(jobs: Sequence[Mapping[str, Any]]) -> str:
@@ -373,7 +373,7 @@ def make_figures(results: Sequence[Path], out: Path) -> tuple[Path, Path]:
         _, left_out = map_samples(r)
         if left_out:
             print(f"{r.path.name}: {sum(left_out.values())} sample(s) not replayed, no declared case and "
-                  f"metric today: {dict(left_out)}")  # fmt: skip
+                  f"metric today: {dict(left_out)}")
     out.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="gdnval-figures-") as tmp, \
@@ -390,7 +390,7 @@ def make_figures(results: Sequence[Path], out: Path) -> tuple[Path, Path]:
         screenshot(f"{base}/jobs/{jobs[0]['id']}", shot)
     for j in jobs:
         print(f"job {j['id']}: {j['suite']} {j['preset']} on {j['device']}, {j['status']}, "
-              f"verdict {j.get('verdict')}")  # fmt: skip
+              f"verdict {j.get('verdict')}")
     return plot, shot
 
 

@@ -89,7 +89,7 @@ class BodyLimit:
         await send({
             "type": "http.response.start", "status": 413,
             "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
-        })  # fmt: skip
+        })
         await send({"type": "http.response.body", "body": body})
 
 

@@ -98,7 +98,7 @@ class StoreSink:
             self.case_ids.update(
                 case_store.ensure_cases(s, [Case(self.suite, name, {"undeclared": name})], self.device,
                                    self.world_size)
-            )  # fmt: skip
+            )
             job_store.add_event(
                 s, self.job_id, "log", f"case {name!r} is not in the suite's matrix; stored anyway"
             )
@@ -321,7 +321,7 @@ class Dispatcher:
             claimed[job.device] = claimed.get(job.device, 0) + job.world_size
             cancel = threading.Event()
             thread = threading.Thread(target=self._run_job, args=(job, cancel), name=f"gdnval-job-{job.id}",
-                                      daemon=True)  # fmt: skip
+                                      daemon=True)
             with self._lock:
                 self._running[job.id] = (thread, cancel)
             thread.start()
@@ -353,7 +353,7 @@ class Dispatcher:
     def _execute(self, job: JobRow, cancel: threading.Event) -> JobOutcome:
         try:
             deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
-                                      self.settings.job_deadline_s)  # fmt: skip
+                                      self.settings.job_deadline_s)
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir))
             if sink.all_kept:  # interrupted after its last case: only the job's end is left
                 sink.progress(0, 0, "every case finished in an earlier run")
@@ -363,11 +363,11 @@ class Dispatcher:
                 device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
                 cases=tuple(job.cases) if job.cases else None, placement=queue.job_placement(job),
                 backend_source=queue.job_backend_source(job), skip_cases=tuple(sink.kept),
-            )  # fmt: skip
+            )
             sink.info({
                 "commit": job.commit_sha or source_commit(), "gdnval": installed_version(),
                 "executor": self.executor.kind, "attempt": sink.attempt, "deadline_s": deadline,
-            })  # fmt: skip
+            })
             return self.executor.run(spec, sink, cancel)
         except Exception as exc:
             return JobOutcome(

@@ -34,7 +34,7 @@ def build_executor(settings: Settings) -> Executor:
         options = {"address": settings.ray_address, "placement_strategy": settings.placement,
                    "cpu_node_resource": settings.ray_cpu_resource,
                    "max_nodes": settings.ray_max_resources,
-                   "node_wait_s": settings.ray_node_wait_s}  # fmt: skip
+                   "node_wait_s": settings.ray_node_wait_s}
     return make_executor(kind, **options)
 
 

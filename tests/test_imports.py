@@ -129,7 +129,7 @@ SERVICE_LAYERS: dict[str, int] = {
     "service.dispatcher": 5,
     "service.api": 6, "service.web": 6,
     "service.app": 7, "service.cli": 7, "service.__main__": 7, "service": 7,
-}  # fmt: skip
+}
 LAYER_NAMES = {0: "shared", 1: "models", 2: "persistence", 3: "domain", 4: "presentation", 5: "dispatcher",
                6: "api/web", 7: "entry"}
 # What the SQL-free layers (api, web, domain) may take from SQLAlchemy: types to pass along.
@@ -298,7 +298,7 @@ def test_the_cycle_check_finds_one_behind_a_function_level_import():
         "gdn.ops": "def f():\n    from gdn.backends import get_backend\n",
         "gdn.backends": "from gdn.ops import GDNShape\n",
         "gdn.capability": "",
-    })  # fmt: skip
+    })
     assert found is not None and set(found) == {"gdn.ops", "gdn.backends"}
     assert import_cycle({"gdn.ops": "from gdn.backends import get_backend\n", "gdn.backends": ""}) is None
 
@@ -357,7 +357,7 @@ def test_no_suite_imports_another():
     bad = [
         v for module, path in _suite_modules()
         for v in suite_violations(module, path.read_text(), path.name == "__init__.py")
-    ]  # fmt: skip
+    ]
     assert not bad, "suites importing one another:\n" + "\n".join(bad)
 
 

@@ -48,7 +48,7 @@ def test_the_ray_cluster_autoscales_a_gpu_group_from_zero_with_auth_on() -> None
 def test_the_service_declares_what_the_worker_groups_may_grow_to() -> None:
     kinds = [(d["kind"], d["metadata"]["name"]) for d in _docs("service.yaml")]
     assert kinds == [("StatefulSet", "gdnval-postgres"), ("Service", "gdnval-postgres"),
-                     ("Deployment", "gdnval"), ("Service", "gdnval")]  # fmt: skip
+                     ("Deployment", "gdnval"), ("Service", "gdnval")]
     deployment = next(d for d in _docs("service.yaml") if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = _env(container)

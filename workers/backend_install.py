@@ -59,9 +59,9 @@ def _command(python: str, target: Path, what: list[str]) -> list[str]:
         uv = find_uv(python)
         assert uv is not None
         return [uv, "pip", "install", "--quiet", "--python", python, "--no-deps",
-                "--target", str(target), *what]  # fmt: skip
+                "--target", str(target), *what]
     return [python, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
-            "--target", str(target), *what]  # fmt: skip
+            "--target", str(target), *what]
 
 
 def _run_install(python: str, target: Path, what: list[str]) -> None:
@@ -108,7 +108,7 @@ print(json.dumps(out))
 def _requirements(python: str, target: Path) -> list[tuple[str, str, str | None, bool, bool]]:
     try:
         out = subprocess.run([python, "-c", _CHECK, str(target)], capture_output=True, text=True,
-                             timeout=120, check=False, env=job_environment(install=True))  # fmt: skip
+                             timeout=120, check=False, env=job_environment(install=True))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(f"cannot read the requirements of the packages in {target}: {exc}") from exc
     if out.returncode != 0:
@@ -125,10 +125,10 @@ def install_package(target: Path, what: str, python: str) -> None:
     for _ in range(MAX_DEPENDENCY_ROUNDS):
         rows = _requirements(python, target)
         conflicts = [f"{req} (required by {dist}; the environment has {found})"
-                     for req, dist, found, ok, in_folder in rows if found is not None and not ok]  # fmt: skip
+                     for req, dist, found, ok, in_folder in rows if found is not None and not ok]
         if conflicts:
             raise InstallError(f"{what}: requirement(s) the job's environment holds at another version: "
-                               f"{'; '.join(conflicts)}")  # fmt: skip
+                               f"{'; '.join(conflicts)}")
         missing = sorted({req for req, _, found, _, _ in rows if found is None})
         if not missing:
             return

@@ -95,7 +95,7 @@ def entry_point_names(repo: str | Path, commit: str) -> list[str]:
 
     try:
         out = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:pyproject.toml"],
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                             capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendSourceError(f"cannot read pyproject.toml of {repo} at {commit}: {exc}") from exc
     if out.returncode != 0:
@@ -178,7 +178,7 @@ def install_backend_source(
 def install_backend_tree(
     source: BackendSource | str, key: str, tree: Path | None, cache_dir: str | Path | None = None,
     python: str = sys.executable,
-) -> tuple[Path, bool]:  # fmt: skip
+) -> tuple[Path, bool]:
     """Build and install `source` (from `tree`, its extracted commit, for a git source) into
     `<cache>/<key>/` for `python`, unless a finished install is there: (the folder, whether this
     call built it). Callers on one machine that race for one key build it once (a file lock)."""
@@ -198,7 +198,7 @@ def install_backend_tree(
 
 
 def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree: Path | None,
-                python: str) -> None:  # fmt: skip
+                python: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache))
     try:
         site = tmp / "site"

@@ -26,15 +26,15 @@ NAMES = frozenset({
     "CUBLAS_WORKSPACE_CONFIG", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
     # the runtime's own, non-secret settings
     "GDNVAL_COLLECTIVES", "GDNVAL_SNAPSHOT_CACHE", "FLA_FLASH_QLA",
-})  # fmt: skip
+})
 # Accelerator stacks, collectives, rendezvous, Triton, torch and OpenMP.
 PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "ASCEND_", "HCCL_", "NCCL_", "GLOO_", "MASTER_", "TRITON_",
-            "TORCH_", "PYTORCH_", "OMP_", "KMP_")  # fmt: skip
+            "TORCH_", "PYTORCH_", "OMP_", "KMP_")
 # What pip and git need to fetch a backend source (proxies, indexes, certificates, ssh agent).
 INSTALL_NAMES = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "SSH_AUTH_SOCK",
-})  # fmt: skip
+})
 INSTALL_PREFIXES = ("PIP_", "GIT_", "UV_")
 
 
@@ -54,4 +54,4 @@ def job_environment(
     return {
         k: v for k, v in source.items()
         if k not in SECRETS and (k in names or k.startswith(prefixes))
-    }  # fmt: skip
+    }

@@ -82,7 +82,7 @@ def build_wheel(
         [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
          "-w", str(dist), str(src)],
         timeout,
-    )  # fmt: skip
+    )
     wheels = sorted(dist.glob("gdnval-*.whl"))
     if out.returncode != 0 or not wheels:
         detail = _tail(out.stderr or out.stdout)
@@ -120,7 +120,7 @@ def check_wheel(
         [python, "-m", "pip", "--python", str(vpy), "install", "--no-deps", "--no-index", "-q",
          str(result.wheel)],
         timeout,
-    )  # fmt: skip
+    )
     if out.returncode != 0:
         result.problems.append(f"installing {result.wheel.name} into the venv failed: {_tail(out.stderr)}")
         return result

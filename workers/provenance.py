@@ -41,7 +41,7 @@ def source_modified(root: Path = SOURCE_ROOT) -> bool | None:
         out = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bool(out.stdout.strip()) if out.returncode == 0 else None
@@ -60,7 +60,7 @@ def content_hash(paths: list[Path]) -> str | None:
     for top in paths:
         files = [top] if top.is_file() else sorted(
             f for f in top.rglob("*") if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
-        )  # fmt: skip
+        )
         for f in files:
             rel = f.name if f == top else f"{top.name}/{f.relative_to(top).as_posix()}"
             digest.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -146,15 +146,15 @@ def backend_provenance(name: str) -> dict[str, str | None]:
     top = (backend.module or getattr(backend.fn, "__module__", "") or "").split(".")[0]
     if top in ("gdn", "kernels"):
         return {"backend": name, "distribution": "gdnval", "version": installed_version(),
-                "commit": source_commit(), "content_hash": source_content_hash()}  # fmt: skip
+                "commit": source_commit(), "content_hash": source_content_hash()}
     content = module_content_hash(top) if top else None
     dist = backend.distribution or _distribution_of(top)
     if dist is None:
         return {"backend": name, "distribution": None, "version": None, "commit": None, "module": top,
-                "content_hash": content}  # fmt: skip
+                "content_hash": content}
     try:
         ver = version(dist)
     except PackageNotFoundError:
         ver = None
     return {"backend": name, "distribution": dist, "version": ver, "commit": _dist_commit(dist),
-            "content_hash": content}  # fmt: skip
+            "content_hash": content}

@@ -148,11 +148,11 @@ class GroupStats:
     def records(
         self, about: Sequence[tuple[str, str, str, str, float | None]], samples: Sequence[int],
         ranks: Sequence[int],
-    ) -> list[MetricStats]:  # fmt: skip
+    ) -> list[MetricStats]:
         """Every group as a record, built positionally (the compare engine builds thousands at
         once): `about[g]` is group g's (metric, unit, kind, direction, bound)."""
         cols = zip(about, samples, ranks, self.count, self.median, self.p90, self.min, self.max, self.mean,
-                   self.nonfinite, self.worst, self.first_nonfinite_idx, strict=True)  # fmt: skip
+                   self.nonfinite, self.worst, self.first_nonfinite_idx, strict=True)
         return [
             MetricStats(m, u, k, d, b, n, s, r, med, p90, lo, hi, mean, None, bad, worst, first)
             for (m, u, k, d, b), s, r, n, med, p90, lo, hi, mean, bad, worst, first in cols
@@ -164,7 +164,7 @@ class GroupStats:
             count=self.count[g], nonfinite=self.nonfinite[g], median=self.median[g], p90=self.p90[g],
             min=self.min[g], max=self.max[g], mean=self.mean[g], worst=self.worst[g],
             first_nonfinite_idx=self.first_nonfinite_idx[g], **about,
-        )  # fmt: skip
+        )
 
 
 def _quantile(sorted_vals: np.ndarray, first: np.ndarray, n: np.ndarray, q: float | np.ndarray) -> np.ndarray:
@@ -228,7 +228,7 @@ def group_stats(
         median=_quantile(sorted_vals, first, nfin, 0.5).tolist(),
         p90=_quantile(sorted_vals, first, nfin, 0.9).tolist(), min=vmin.tolist(), max=vmax.tolist(),
         mean=mean.tolist(), worst=worst.tolist(), first_nonfinite_idx=first_bad,
-    )  # fmt: skip
+    )
 
 
 def summarise(values: Iterable[float] | np.ndarray, direction: str, **about: Any) -> MetricStats:

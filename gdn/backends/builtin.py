@@ -58,7 +58,7 @@ def _triton(
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     cu_seqlens: torch.Tensor | None, chunk_size: int = 64, on_final_state: Any = None,
     on_initial_state_grad: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     reason = _triton_reason(GDNShape.of(q, v), q.device, v.dtype, chunk_size, triton_interpreter_on())
     if reason is not None:
         raise UnsupportedGDNRequest(reason)
@@ -73,20 +73,20 @@ def _triton(
         return gated_delta_rule_triton_varlen(
             q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state,
-        )  # fmt: skip
+        )
     from kernels.gdn import gated_delta_rule_triton
 
     return gated_delta_rule_triton(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad,
-    )  # fmt: skip
+    )
 
 
 def _peer_check(name: str, module: str, extra: str, shape: GDNShape, dtype: torch.dtype,
-                device: torch.device) -> str | None:  # fmt: skip
+                device: torch.device) -> str | None:
     if importlib.util.find_spec(module) is None:
         return (f"backend {name!r} is not installed: the module {module!r} is not importable "
-                f"(pip install 'gdnval[{extra}]')")  # fmt: skip
+                f"(pip install 'gdnval[{extra}]')")
     if device.type != "cuda":
         return f"backend {name!r} needs CUDA tensors, got {device.type!r} tensors"
     if dtype not in PEER_DTYPES:
@@ -100,7 +100,7 @@ def pure_fla_reason() -> str | None:
     value = os.environ[FLA_FLASH_QLA_ENV]
     if value != "0":
         return (f"backend 'fla' is pure FLA, but {FLA_FLASH_QLA_ENV}={value!r} lets FLA dispatch to "
-                f"FlashQLA; set {FLA_FLASH_QLA_ENV}=0 (or unset it), or name backend 'flashqla'")  # fmt: skip
+                f"FlashQLA; set {FLA_FLASH_QLA_ENV}=0 (or unset it), or name backend 'flashqla'")
     return None
 
 
@@ -124,14 +124,14 @@ def _fla(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     reason = pure_fla_reason()  # before the first `import fla` of the process, and every call
     if reason is not None:
         raise UnsupportedGDNRequest(reason)
     return _fla_fn()(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-    )  # fmt: skip
+    )
 
 
 def _flashqla_check(shape: GDNShape, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -150,11 +150,11 @@ def _flashqla(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     return _flashqla_fn()(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-    )  # fmt: skip
+    )
 
 
 BUILTINS: dict[str, Backend] = {
@@ -167,4 +167,4 @@ BUILTINS: dict[str, Backend] = {
                    description=f"flash-linear-attention's chunk_gated_delta_rule, {FLA_FLASH_QLA_ENV}=0"),
     "flashqla": Backend("flashqla", _flashqla, _flashqla_check, module="flash_qla",
                         description="FlashQLA's chunk_gated_delta_rule (TileLang)"),
-}  # fmt: skip
+}

@@ -29,4 +29,4 @@ def eager_core(
     return chunk_gated_delta_rule_eager(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
-    )  # fmt: skip
+    )

@@ -54,7 +54,7 @@ def as_backend(name: str, obj: Any, *, module: str | None, distribution: str | N
         )
     check = getattr(obj, "gdnval_check", supports_everything)
     return Backend(name, obj, check, module=module, distribution=distribution,
-                   description=(obj.__doc__ or "").strip().split("\n")[0])  # fmt: skip
+                   description=(obj.__doc__ or "").strip().split("\n")[0])
 
 
 def _one_off(name: str) -> Backend:

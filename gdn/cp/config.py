@@ -150,7 +150,7 @@ def packed_shard_misfit(cu_seqlens: list[int], local_len: int, world_size: int, 
                         f"crosses the boundary at token {edge} between rank {r - 1} and rank {r} "
                         f"(T_local={local_len}); this mode does not carry one sequence's state across "
                         f"ranks: pack so that every boundary k·{local_len} is a cu_seqlens offset, or "
-                        f"use mode 'p2p' or 'ulysses'")  # fmt: skip
+                        f"use mode 'p2p' or 'ulysses'")
     return None
 
 

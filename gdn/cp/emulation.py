@@ -60,7 +60,7 @@ def emulated_p2p_gated_delta_rule(
         return gated_delta_rule(
             piece(q, r), piece(k, r), piece(v, r), piece(g, r), piece(beta, r),
             initial_state=s0, output_final_state=final, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
 
     # 1. every shard's summary "at once" (no dependence on the chain)
     summaries = []
@@ -111,7 +111,7 @@ def emulated_p2p_layer(
     if cu is not None and packed_shard_misfit(cu, bounds[0][1], num_shards, "p2p") is None:
         # every shard boundary is a sequence boundary: each shard alone, no state crosses
         return torch.cat([layer(x[:, s:e], None if mask is None else mask[:, s:e], _offsets(cu, s, e - s))
-                          for s, e in bounds], dim=1)  # fmt: skip
+                          for s, e in bounds], dim=1)
     qkv, z, b, a = layer.project(x, m)
     conv = [  # the halo from the shard before
         layer.shard_conv(qkv[:, s:e], qkv[:, s - width : s] if s > 0 else None, cu, s) for s, e in bounds
@@ -122,7 +122,7 @@ def emulated_p2p_layer(
         o, _ = emulated_p2p_gated_delta_rule(
             q, k, v, g, beta, num_shards=num_shards, backend=layer.backend, chunk_size=layer.chunk_size,
             stats=stats,
-        )  # fmt: skip
+        )
     else:
         o = _emulated_packed_core(q, k, v, g, beta, cu, bounds, layer.backend, layer.chunk_size, stats)
     return layer.finish(o, z, m)
@@ -135,7 +135,7 @@ def _offsets(cu: list[int], lo: int, length: int) -> torch.Tensor:
 def _emulated_packed_core(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu: list[int],
     bounds: list[tuple[int, int]], backend: str, chunk_size: int, stats: EmulationStats | None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """The packed P2P core over `bounds` (a sequence crosses at least one): a middle shard that is
     one sequence's middle keeps its summary (M, S_ext); any other shard's end state is its last
     segment's final state from zero (M = 0); a shard starting a sequence multiplies the state it
@@ -164,7 +164,7 @@ def _emulated_packed_core(
             maps[r] = (torch.zeros(1, Hv, dk, dk, dtype=sdt, device=v.device), ext)
     # 2. shard 0 (its first token starts a sequence) and the chain
     o0, finals = gated_delta_rule(*(piece(t, 0) for t in (q, k, v, g, beta)), output_final_state=True,
-                                  cu_seqlens=local_cu(0), **kw)  # type: ignore[arg-type]  # fmt: skip
+                                  cu_seqlens=local_cu(0), **kw)  # type: ignore[arg-type]
     s, states_in = finals[-1:], []
     for r in range(1, P):
         states_in.append(s)
@@ -180,6 +180,6 @@ def _emulated_packed_core(
         first = states_in[r - 1] if continues else states_in[r - 1] * 0.0
         h0 = torch.cat([first, first.new_zeros(len(segs) - 2, Hv, dk, dv)]) if len(segs) > 2 else first
         o, _ = gated_delta_rule(*(piece(t, r) for t in (q, k, v, g, beta)), initial_state=h0,
-                                cu_seqlens=local_cu(r), **kw)  # type: ignore[arg-type]  # fmt: skip
+                                cu_seqlens=local_cu(r), **kw)  # type: ignore[arg-type]
         outs.append(o)
     return torch.cat(outs, dim=1)

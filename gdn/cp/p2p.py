@@ -146,7 +146,7 @@ def p2p_gated_delta_rule(
     """
     if segments is not None:
         return _p2p_packed(q, k, v, g, beta, cp, backend, chunk_size, pending, pending_bwd, segments,
-                           continues)  # fmt: skip
+                           continues)
     size, rank = cp.world_size, cp.rank
     if size == 1:
         o, _ = gated_delta_rule(q, k, v, g, beta, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
@@ -166,7 +166,7 @@ def p2p_gated_delta_rule(
             q, k, v, g, beta,
             output_final_state=True, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
             on_final_state=send_end_state if early else None,
-        )  # fmt: skip
+        )
         pending.extend(sent)
         o = _ChainHead.apply(o, s_out, cp, pending, not sent)
     else:
@@ -180,7 +180,7 @@ def p2p_gated_delta_rule(
             q, k, v, g, beta,
             initial_state=s_in, backend=backend, chunk_size=chunk_size,  # type: ignore[arg-type]
             on_initial_state_grad=chain.on_state_grad if early else None,
-        )  # fmt: skip
+        )
     if own_pending:
         wait_sends(pending, cp)
     return o
@@ -190,7 +190,7 @@ def _p2p_packed(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cp: CPConfig,
     backend: str, chunk_size: int, pending: list[PendingSend] | None, pending_bwd: list[PendingSend] | None,
     segments: list[int], continues: bool,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """P2P over packed sequences (see the module docstring); no early-state hooks."""
     size, rank = cp.world_size, cp.rank
     own_pending = pending is None
@@ -210,7 +210,7 @@ def _p2p_packed(
             else:  # the end state is the last segment's, whatever arrives
                 a = segments[-2]
                 _, ext = gated_delta_rule(q[:, a:], k[:, a:], v[:, a:], g[:, a:], beta[:, a:],
-                                          output_final_state=True, **kw)  # type: ignore[arg-type]  # fmt: skip
+                                          output_final_state=True, **kw)  # type: ignore[arg-type]
                 m = torch.zeros(1, Hv, dk, dk, dtype=sdt, device=v.device)
         like = torch.empty(1, Hv, dk, dv, dtype=sdt, device=v.device)
         chain = _BackwardChain(cp, has_next=rank + 1 < size)

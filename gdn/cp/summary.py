@@ -59,7 +59,7 @@ def state_summary(
         _, s = gated_delta_rule(
             q, k, v_cat, g, beta, initial_state=s0, output_final_state=True, backend=backend,
             chunk_size=chunk_size,
-        )  # fmt: skip
+        )
         return s[..., :dk], s[..., dk:]
     if dk != dv:
         raise ValueError(f"the transition summary needs dk == dv on backend {backend!r}, got {dk} and {dv}")
@@ -69,7 +69,7 @@ def state_summary(
     _, m = gated_delta_rule(
         q, k, v.new_zeros(v.shape), g, beta, initial_state=eye, output_final_state=True,
         backend=backend, chunk_size=chunk_size,
-    )  # fmt: skip
+    )
     _, ext = gated_delta_rule(
         q, k, v, g, beta, output_final_state=True, backend=backend, chunk_size=chunk_size
     )
@@ -102,7 +102,7 @@ class _TritonSummary(torch.autograd.Function):
             _, m = gated_delta_rule(
                 qi, ki, vi.new_zeros(vi.shape), gi, bi, initial_state=eye, output_final_state=True,
                 backend="triton", chunk_size=cs,
-            )  # fmt: skip
+            )
             _, ext = gated_delta_rule(
                 qi, ki, vi, gi, bi, output_final_state=True, backend="triton", chunk_size=cs
             )

@@ -56,4 +56,4 @@ __all__ = [
     "state_forward",
     "state_segments",
     "state_summary",
-]  # fmt: skip
+]

@@ -16,7 +16,7 @@ def _bwd_dqk_kernel(
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, scale,
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk, from the per-chunk S and dS'."""
     c = tl.program_id(0)
     ik = tl.program_id(1)
@@ -26,7 +26,7 @@ def _bwd_dqk_kernel(
         q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + (bh * NT + c) * D * D, ds_ptr + (bh * NT + c) * D * D,
         gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2), t0, t1, T,
         HQK, HV, R, DQ_HEADS, BT, D, BK, BV,
-    )  # fmt: skip
+    )
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def dqk_chunk(
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
     HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """bwd_dqk's work for the chunk at rows t0 .. t1 of head bh (of NBH), key columns
     [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
     stride D; per-chunk tensors, or a group program's own scratch). Every γ-gradient term is
@@ -123,7 +123,7 @@ def bwd_dqk(
     q: torch.Tensor, k: torch.Tensor, num_v_heads: int, gamma: torch.Tensor, s: torch.Tensor,
     ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
     (fp32, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
     `intra_solve`."""
@@ -138,5 +138,5 @@ def bwd_dqk(
         spans_ptr=spans if spans is not None else dq, scale=scale,
         T=T, NT=NT, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2], VARLEN=spans is not None, BT=BT, D=D,
         BK=BK, BV=cfg.dqk_bv, num_warps=cfg.dqk_warps,
-    )  # fmt: skip
+    )
     return dq, dkp, dw, dgam

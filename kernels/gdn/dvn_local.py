@@ -16,7 +16,7 @@ def _dvn_local_kernel(
     q_ptr, k_ptr, do_ptr, gamma_ptr, dvl_ptr, spans_ptr, scale,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
+):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
@@ -54,5 +54,5 @@ def dvn_local(
         spans_ptr=spans if spans is not None else dvl,
         scale=scale, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, VARLEN=spans is not None, BT=BT, D=D,
         num_warps=cfg.dvl_warps,
-    )  # fmt: skip
+    )
     return dvl

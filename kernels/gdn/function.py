@@ -31,7 +31,7 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
     cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
     backward; with the states at a stride (cfg.state_stride = k > 0) and cfg.stride_recompute
     (Wk, T, the fp32 state entering every group of k chunks, U, segment maps or None) instead,
@@ -92,7 +92,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
         on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
         table: ChunkTable | None = None, cfg: KernelConfig | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = cfg or kernel_config(q.dtype, q.device)
         gamma = gate_cumsum(g, table_parts(table)[0])
         keep = not _saved_tensors_hook_active()
@@ -150,13 +150,13 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         grp = groups[0] if groups is not None else None
         if on_chip:
             dq, dkp, dw, dgam = group_backward(q, k, w, vn, do, dvn, gamma, s, ds, Hv, ctx.scale,
-                                               stride=stride, spans=spans, groups=grp, cfg=cfg)  # fmt: skip
+                                               stride=stride, spans=spans, groups=grp, cfg=cfg)
             del w, s, ds, vn
         else:
             if strided:
                 _, s, vn = state_groups(None, k, w, vn, gamma, s, Hv, ctx.scale, stride=stride,
                                         out_dtype=None, store_states=True, spans=spans, groups=grp,
-                                        cfg=cfg)  # fmt: skip
+                                        cfg=cfg)
             del w
             dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
             del s, ds, vn
@@ -196,7 +196,7 @@ def gated_delta_rule_triton(
     return run_chunked(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad, config=config,
-    )  # fmt: skip
+    )
 
 
 def check_heads(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -212,7 +212,7 @@ def run_chunked(
     scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
     on_final_state: StateCallback | None = None, on_initial_state_grad: StateCallback | None = None,
     table: ChunkTable | None = None, config: KernelConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The stages on checked inputs, through the autograd Function when a backward can follow.
     `table`: the chunk table of packed sequences (`varlen`), one state each."""
     cfg = config or kernel_config(q.dtype, q.device)
@@ -225,10 +225,10 @@ def run_chunked(
             q.contiguous(), k.contiguous(), v.contiguous(),
             gate_cumsum(g.contiguous(), table_parts(table)[0]), beta.contiguous(),
             scale, h0, output_final_state, keep=False, cfg=cfg, on_final_state=on_final_state, table=table,
-        )  # fmt: skip
+        )
         return o, ht
     o, ht = GatedDeltaRuleFunction.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         scale, h0, output_final_state, on_final_state, on_initial_state_grad, table, cfg,
-    )  # fmt: skip
+    )
     return o, ht

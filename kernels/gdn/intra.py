@@ -46,7 +46,7 @@ def _intra_kernel(
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     STORE_U: tl.constexpr, STORE_T: tl.constexpr, PREC: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
+):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
@@ -177,5 +177,5 @@ def intra_solve(
         spans_ptr=spans if spans is not None else w, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
         STORE_U=v is not None, STORE_T=tm is not None, PREC=dot_precision(cfg, k.dtype, "wu"),
         VARLEN=spans is not None, BT=BT, D=D, num_warps=cfg.intra_warps,
-    )  # fmt: skip
+    )
     return w, u, tm

@@ -15,7 +15,7 @@ def _output_kernel(
     q_ptr, k_ptr, vn_ptr, s_ptr, gamma_ptr, o_ptr, spans_ptr, scale,
     T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     c = tl.program_id(0)
     iv = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -45,7 +45,7 @@ def output(
     q: torch.Tensor, k: torch.Tensor, vn: torch.Tensor, s: torch.Tensor, gamma: torch.Tensor,
     num_v_heads: int, scale: float, out_dtype: torch.dtype, spans: torch.Tensor | None = None,
     *, cfg: KernelConfig | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """o [B, T, Hv, D] in out_dtype from per-chunk states and Vn; `spans` as in `intra_solve`."""
     cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
@@ -57,5 +57,5 @@ def output(
         spans_ptr=spans if spans is not None else o,
         scale=scale, T=T, NT=nt, HQK=Hqk, HV=Hv, R=Hv // Hqk, VARLEN=spans is not None, BT=BT, D=D, BV=BV,
         num_warps=cfg.output_warps,
-    )  # fmt: skip
+    )
     return o

@@ -17,7 +17,7 @@ def _segment_fwd_summary_kernel(
     k_ptr, w_ptr, u_ptr, gamma_ptr, m_ptr, e_ptr,
     T, NT, CPS, NSEG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_U: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """Segment seg's affine map S_out = M·S_in + E (columns dv of both): E from S_in = 0 with U,
     M from S_in = I with V = 0, walked together so each chunk's Wk and K are loaded once.
     Written to m/e [B·Hv, NSEG, D, D] fp32 (the last segment's is never needed)."""
@@ -57,7 +57,7 @@ def _segment_fwd_summary_kernel(
 def _segment_scan_kernel(
     m_ptr, e_ptr, x0_ptr, xs_ptr, NSEG,
     HAS_X0: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """Sequential scan over segments of the affine maps, columns dv of the state.
     Forward (REVERSE = 0): X_0 = x0, X_{j+1} = M_j·X_j + E_j (states entering each segment).
     Reverse (REVERSE = 1): X_{NSEG−1} = x0, X_{j−1} = M_jᵀ·X_j + E_j (state gradients leaving
@@ -136,7 +136,7 @@ def segment_forward_summary(
             k_ptr=k, w_ptr=w, u_ptr=u if u is not None else w, gamma_ptr=gamma, m_ptr=mm, e_ptr=ee,
             T=T, NT=NT, CPS=triton.cdiv(NT, nseg), NSEG=nseg, HQK=Hqk, HV=Hv, R=Hv // Hqk,
             HAS_U=u is not None, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps, num_stages=cfg.state_stages,
-        )  # fmt: skip
+        )
     return mm, ee
 
 
@@ -154,5 +154,5 @@ def segment_scan(
         m_ptr=mm, e_ptr=ee, x0_ptr=x0 if x0 is not None else mm, xs_ptr=xs, NSEG=nseg,
         HAS_X0=x0 is not None, REVERSE=reverse, PREC=dot_precision(cfg, mm.dtype, "scan"), D=D, BV=BV,
         num_warps=cfg.state_warps,
-    )  # fmt: skip
+    )
     return xs

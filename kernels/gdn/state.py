@@ -22,7 +22,7 @@ def _state_fwd_kernel(
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
     STORE_HT: tl.constexpr, VARLEN: tl.constexpr, STRIDE: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
     segment's chunks; the last segment writes the final state. One segment = the whole sequence.
     VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1] at the
@@ -96,7 +96,7 @@ def _state_bwd_kernel(
     grp_ptr, scale, T, NT, NG, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
     VARLEN: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
     STORE: write dVn and, with STRIDE = 0, every chunk's dS' in w's dtype [B·Hv, NT, D, D]; with
     STRIDE = k only the fp32 dS' leaving each group of k chunks, [B·Hv, NG, D, D] (groups as in
@@ -229,7 +229,7 @@ def state_forward(
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
         STORE_HT=store_final, VARLEN=seq_chunks is not None, STRIDE=stride, BT=BT, D=D, BV=BV,
         num_warps=cfg.state_warps, num_stages=cfg.state_stages,
-    )  # fmt: skip
+    )
     return s, vn, ht, mm
 
 
@@ -238,7 +238,7 @@ def state_backward(
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
     seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None, stride: int = 0,
     groups: tuple[torch.Tensor, torch.Tensor] | None = None, cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
     With `stride` > 0 the fp32 dS' leaving every group of `stride` chunks [B·Hv, NG, D, D] instead
     of the per-chunk dS (packed sequences: with their `groups`, as `state_forward`).
@@ -268,14 +268,14 @@ def state_backward(
     operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma, grp_ptr=seq_groups,
                     scale=scale, T=T, NT=NT, NG=ng, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
                     STRIDE=stride, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
-                    num_stages=cfg.state_stages)  # fmt: skip
+                    num_stages=cfg.state_stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
         _state_bwd_kernel[(D // BV, B * Hv, nseg - 1)](
             dht_ptr=w, ds_ptr=w, dvn_ptr=w, dh0_ptr=dext, seq_ptr=w, spans_ptr=w, SEG0=1,
             HAS_DHT=False, STORE=False, STORE_DH0=False, ALL_DH0=True, VARLEN=False, **operands,
-        )  # fmt: skip
+        )
         dend = segment_scan(maps, dext, dht, reverse=True, cfg=cfg)
         del dext
     _state_bwd_kernel[(D // BV, B * Hv, nseg)](
@@ -284,5 +284,5 @@ def state_backward(
         spans_ptr=spans if spans is not None else w, SEG0=0,
         HAS_DHT=dend is not None, STORE=True, STORE_DH0=want_dh0, ALL_DH0=False,
         VARLEN=seq_chunks is not None, **operands,
-    )  # fmt: skip
+    )
     return ds, dvn, dh0

@@ -27,7 +27,7 @@ def _state_group_kernel(
     T, NT, NG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STRIDE: tl.constexpr,
     WANT_O: tl.constexpr, STORE: tl.constexpr, VARLEN: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-):  # fmt: skip
+):
     """Group g (program_id 0) of value slice iv (1) of head bh (2): from sb[bh, g] through the
     group's chunks (dense: g·STRIDE .. +STRIDE, cut at NT; VARLEN: groups_ptr[g], chunk rows from
     the chunk table). WANT_O: write O of every chunk; STORE: write every chunk's incoming S (w's
@@ -100,7 +100,7 @@ def _group_bwd_kernel(
     T, NT, NG, NBH, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
     STRIDE: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
     BK: tl.constexpr, BVQ: tl.constexpr,
-):  # fmt: skip
+):
     """bwd_dqk's work for every chunk of the (group, head) items pid, pid + P, ... (P programs,
     persistent). Per item and value slice of BV columns: S re-walked forward from sb[bh, g] (each
     chunk's S into this program's scratch, Vn over U in place), then dS' re-walked back from
@@ -150,7 +150,7 @@ def _group_bwd_kernel(
                 gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
                 q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
                 do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None],
-                             other=0.0)  # fmt: skip
+                             other=0.0)
                 wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
                 dvn = tl.load(dvn_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
                 dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
@@ -162,7 +162,7 @@ def _group_bwd_kernel(
                     q_ptr, k_ptr, u_ptr, do_ptr, dvn_ptr, scr_s + (c - c0) * D * D, scr_g + (c - c0) * D * D,
                     gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
                     HQK, HV, R, DQ_HEADS, BT, D, BK, BVQ,
-                )  # fmt: skip
+                )
         tl.debug_barrier()  # every read of the scratch done before the next item overwrites it
 
 
@@ -171,7 +171,7 @@ def state_groups(
     sb: torch.Tensor, num_v_heads: int, scale: float, *, stride: int, out_dtype: torch.dtype | None,
     store_states: bool, spans: torch.Tensor | None = None, groups: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """From the group-entry states `sb` [B·Hv, NG, D, D] fp32 (`state_forward(stride=...)`): o
     [B, T, Hv, D] in `out_dtype` (None: no output, q unread) and, when `store_states`, per-chunk
     incoming S [B·Hv, NT, D, D] and Vn [B·Hv, T, D] in k's dtype. Packed sequences: `spans` and
@@ -181,7 +181,7 @@ def state_groups(
         raise ValueError(f"stride = {stride}: the states at a stride need a group of at least 1 chunk")
     if (spans is None) != (groups is None):
         raise ValueError("packed sequences need both spans and groups (ChunkTable.groups), "
-                         f"got spans={spans is not None}, groups={groups is not None}")  # fmt: skip
+                         f"got spans={spans is not None}, groups={groups is not None}")
     B, T, Hqk, _ = k.shape
     Hv, NT, NG = num_v_heads, num_chunks(T, spans), sb.shape[1]
     want_o = out_dtype is not None
@@ -198,7 +198,7 @@ def state_groups(
         scale=scale, T=T, NT=NT, NG=NG, HQK=Hqk, HV=Hv, R=Hv // Hqk, STRIDE=stride, WANT_O=want_o,
         STORE=store_states, VARLEN=spans is not None, BT=BT, D=D, BV=BV,
         num_warps=cfg.stride_warps, num_stages=cfg.stride_stages,
-    )  # fmt: skip
+    )
     return o, s, vn
 
 
@@ -217,7 +217,7 @@ def group_backward(
     dvn: torch.Tensor, gamma: torch.Tensor, sb: torch.Tensor, dsb: torch.Tensor, num_v_heads: int,
     scale: float, *, stride: int, spans: torch.Tensor | None = None, groups: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`bwd_dqk`'s results (dq, dk partial, dWk, dγ partials) from the group states instead of
     per-chunk ones: `sb` the fp32 state entering each group (`state_forward(stride=...)`), `dsb`
     the fp32 dS' leaving it (`state_backward(stride=...)`), `u` U, overwritten with Vn. No per-chunk
@@ -228,12 +228,12 @@ def group_backward(
         raise ValueError(f"stride = {stride}: the group backward needs a group of at least 1 chunk")
     if (spans is None) != (groups is None):
         raise ValueError("packed sequences need both spans and groups (ChunkTable.groups), "
-                         f"got spans={spans is not None}, groups={groups is not None}")  # fmt: skip
+                         f"got spans={spans is not None}, groups={groups is not None}")
     B, T, Hqk, _ = q.shape
     Hv, NT, NG = num_v_heads, num_chunks(T, spans), sb.shape[1]
     if dsb.shape != sb.shape:
         raise ValueError(f"group gradients {tuple(dsb.shape)} do not match the group states "
-                         f"{tuple(sb.shape)}")  # fmt: skip
+                         f"{tuple(sb.shape)}")
     dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, cfg.stride_bwd_bk)
     programs = group_programs(NG * B * Hv, k.device, cfg)
     scratch = torch.empty(programs, 2, stride, D, D, device=k.device, dtype=w.dtype)
@@ -245,5 +245,5 @@ def group_backward(
         STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D, BV=cfg.state_bv, BK=cfg.stride_bwd_bk,
         BVQ=cfg.stride_bwd_bv,
         num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages,
-    )  # fmt: skip
+    )
     return dq, dkp, dw, dgam

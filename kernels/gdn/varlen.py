@@ -25,7 +25,7 @@ from kernels.gdn.function import check_heads, run_chunked
 def _boundaries(cu_seqlens: torch.Tensor, total: int) -> list[int]:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor of N+1 offsets, got "
-                         f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")  # fmt: skip
+                         f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
     cu = [int(x) for x in cu_seqlens.tolist()]
     if cu[0] != 0 or cu[-1] != total or any(b < a for a, b in pairwise(cu)):
         raise ValueError(f"cu_seqlens must rise from 0 to T={total} without decreasing, got {cu}")
@@ -55,14 +55,14 @@ def gated_delta_rule_triton_varlen(
     n, hv = len(cu) - 1, v.shape[2]
     if initial_state is not None and tuple(initial_state.shape) != (n, hv, v.shape[3], v.shape[3]):
         raise ValueError(f"initial_state must be [N={n}, Hv={hv}, 128, 128] for {n} sequences, "
-                         f"got {tuple(initial_state.shape)}")  # fmt: skip
+                         f"got {tuple(initial_state.shape)}")
     check_heads(q, v)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, config=config)
     if cu[-1] == 0:  # nothing to run: every final state is its initial state
         ht = None
         if output_final_state:
             ht = (initial_state.to(torch.float32, copy=True) if initial_state is not None
-                  else v.new_zeros(n, hv, v.shape[3], v.shape[3], dtype=torch.float32))  # fmt: skip
+                  else v.new_zeros(n, hv, v.shape[3], v.shape[3], dtype=torch.float32))
         return v * 0, ht  # empty, and still in v's graph as the output was before
     if n == 1:  # one sequence is the dense case (which may also split it into parallel segments)
         return run_chunked(q, k, v, g, beta, **kw)

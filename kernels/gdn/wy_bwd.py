@@ -17,7 +17,7 @@ def _bwd_wy_kernel(
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DK_HEADS: tl.constexpr,
     DK_ROW_F32: tl.constexpr, PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
-):  # fmt: skip
+):
     """Two passes over D slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums
     over D), the second applies Tᵀ and writes dk, dv slice by slice."""
     c = tl.program_id(0)
@@ -79,12 +79,12 @@ def _bwd_wy_kernel(
         dgam += tl.sum(dxk * ks, axis=1) * bg
         if DK_HEADS == HQK:
             tl.store(dk_ptr + ((b * T + t[:, None]) * HQK + hk) * D + d[None, :],
-                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])
         else:
             tl.store(dk_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
-                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+                     dks.to(dk_ptr.dtype.element_ty), mask=m[:, None])
         tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + d[None, :],
-                 (dxv * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
+                 (dxv * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
     dgam = tl.where(m, dgam, 0.0)
     dg = tl.cumsum(dgam, axis=0, reverse=True)
     tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
@@ -95,7 +95,7 @@ def bwd_wy(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype, gamma: torch.Tensor,
     tm: torch.Tensor, dw: torch.Tensor, dvn: torch.Tensor, dkp: torch.Tensor, dgam: torch.Tensor,
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dk (per value head fp32 when Hv > Hqk), dv, dβ and dg through the WY representation;
     `spans` as in `intra_solve`."""
     cfg = cfg or kernel_config(k.dtype, k.device)
@@ -115,5 +115,5 @@ def bwd_wy(
         PREC_DT=dot_precision(cfg, k.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, k.dtype, "wy_da"),
         PREC_DX=dot_precision(cfg, k.dtype, "wy_dx"), VARLEN=spans is not None, BT=BT, D=D, BD=cfg.wy_bd,
         NK=dgam.shape[0], num_warps=cfg.wy_warps, num_stages=cfg.wy_stages,
-    )  # fmt: skip
+    )
     return dk, dv, dbeta, dg

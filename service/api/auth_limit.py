@@ -21,7 +21,7 @@ _MAX_CLIENTS = 10_000  # forget the oldest beyond this, so a flood of addresses 
 
 class FailureLimiter:
     def __init__(self, max_failures: int = MAX_FAILURES, window_s: float = WINDOW_S,
-                 lockout_s: float = LOCKOUT_S) -> None:  # fmt: skip
+                 lockout_s: float = LOCKOUT_S) -> None:
         self.max_failures, self.window_s, self.lockout_s = max_failures, window_s, lockout_s
         self._lock = threading.Lock()
         self._failures: dict[str, list[float]] = {}
@@ -65,7 +65,7 @@ def refuse_if_locked(request: Request) -> None:
     wait = limiter_of(request).retry_after(client_of(request))
     if wait:
         raise HTTPException(429, f"too many wrong tokens from this client; retry in {wait} s",
-                            headers={"Retry-After": str(wait)})  # fmt: skip
+                            headers={"Retry-After": str(wait)})
 
 
 def record_failure(request: Request) -> None:

@@ -182,5 +182,5 @@ async def _reject(send: Send, status: int, detail: str) -> None:
     await send({
         "type": "http.response.start", "status": status,
         "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
-    })  # fmt: skip
+    })
     await send({"type": "http.response.body", "body": body})

@@ -64,9 +64,9 @@ def problem_body(status: int, detail: str, errors: list[dict[str, Any]] | None =
 
 
 def problem(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
-            headers: dict[str, str] | None = None) -> Response:  # fmt: skip
+            headers: dict[str, str] | None = None) -> Response:
     return Response(problem_body(status, detail, errors), status_code=status, media_type=MEDIA_TYPE,
-                    headers=headers)  # fmt: skip
+                    headers=headers)
 
 
 def _first_line(exc: Exception) -> str:
@@ -143,7 +143,7 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)  # fmt: skip
+                                 routes=app.routes)
             declare(schema, app.routes, protect_reads=bool(app.state.settings.protect_reads))
             app.openapi_schema = schema
         return app.openapi_schema
@@ -177,7 +177,7 @@ def _statuses(route: Any, method: str, protect_reads: bool) -> dict[int, str]:
         out[404] = "no such resource"
     if method in ("POST", "PUT", "PATCH"):
         out |= {400: "the body cannot be parsed", 409: "the request conflicts with the resource's state",
-                413: "the body is over the size limit"}  # fmt: skip
+                413: "the body is over the size limit"}
     if route.dependant.path_params or route.dependant.query_params or route.dependant.body_params:
         out[422] = "the request is invalid (the problem names the value and what was expected)"
     if route.path.startswith("/api/"):
@@ -196,7 +196,7 @@ def declare(schema: dict[str, Any], routes: Iterable[Any], *, protect_reads: boo
         schemas.pop(name, None)
     components.setdefault("securitySchemes", {})["bearer"] = {
         "type": "http", "scheme": "bearer", "description": "the service's API token (GDNVAL_API_TOKEN)",
-    }  # fmt: skip
+    }
     paths = schema.get("paths", {})
     for route in iter_route_contexts(list(routes)):  # the routes of included routers, as mounted
         if not isinstance(route.original_route, APIRoute) or not route.include_in_schema:

@@ -65,5 +65,5 @@ async def _busy(send: Send, body: bytes) -> None:
         "type": "http.response.start", "status": 503,
         "headers": [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode()),
                     (b"retry-after", str(math.ceil(RETRY_AFTER_S)).encode())],
-    })  # fmt: skip
+    })
     await send({"type": "http.response.body", "body": body})

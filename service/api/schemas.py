@@ -49,7 +49,7 @@ class JobOut(BaseModel):
     code_commit: str | None = Field(
         None, description="the commit of the code under test: a backend's from another repository "
         "(label backend_source) when the job runs one, else `commit`; what pages show and lookups find",
-    )  # fmt: skip
+    )
     device: Device
     world_size: int
     priority: int
@@ -59,7 +59,7 @@ class JobOut(BaseModel):
     waiting_for: str | None = Field(
         None, description="what a queued job already claimed by a dispatcher waits for before its ranks "
         "start (resources, nodes asked of the autoscaler); null for every other job",
-    )  # fmt: skip
+    )
     error: str | None
     info: dict[str, Any]
     attempts: int
@@ -81,7 +81,7 @@ class JobOut(BaseModel):
             waiting_for=job.waiting_for, error=job.error, info=job.info or {}, attempts=job.attempts,
             cancel_requested=job.cancel_requested, created_at=job.created_at,
             started_at=job.started_at, finished_at=job.finished_at,
-        )  # fmt: skip
+        )
 
 
 class Page(BaseModel, Generic[T]):

@@ -81,7 +81,7 @@ def capability(name: str, shape: Any, dtype: str, device: str) -> str:
 def backends(
     extra: tuple[str, ...], backend_source: str | None, seq_len: int | None, heads: int, v_heads: int | None,
     head_dim: int, batch: int, dtype: str, device: str,
-) -> None:  # fmt: skip
+) -> None:
     """List the core backends that resolve here, where each comes from and, with --seq-len, whether
     each takes that shape."""
     from gdn.backends import registered_backends
@@ -97,7 +97,7 @@ def backends(
     if seq_len is not None:
         shape = GDNShape(batch, seq_len, heads, v_heads or heads, head_dim, head_dim)
         click.echo(f"capability for B={batch} T={seq_len} heads={heads}/{v_heads or heads} "
-                   f"head_dim={head_dim} {dtype} on {device}:")  # fmt: skip
+                   f"head_dim={head_dim} {dtype} on {device}:")
     unresolved = []
     for name in names:
         where, error = origin(name)

@@ -45,7 +45,7 @@ def campaign() -> None:
 def submit(
     plan: str, device: str, world_sizes: str | None, commit: str | None, backends: str | None, priority: int,
     idempotency_key: str | None, wait: bool, timeout: float | None, server: str, token: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Queue every job of PLAN as one campaign; prints its id (and, with --wait, its verdict)."""
     body: dict[str, Any] = {"plan": plan, "device": device, "priority": priority}
     sizes = _sizes(world_sizes)
@@ -77,7 +77,7 @@ def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
 
     start = time.monotonic()
     columns = (TextColumn("{task.description:<16} {task.fields[status]:<10}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+               MofNCompleteColumn(), TimeElapsedColumn())
     live = sys.stdout.isatty()
     seen: dict[str, str] = {}
     with Progress(*columns, transient=False, disable=not live) as bar:
@@ -92,7 +92,7 @@ def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
                 if not live and seen.get(j["key"]) != status:
                     seen[j["key"]] = status
                     click.echo(f"[{time.monotonic() - start:6.0f} s] {c['done']}/{c['total']} jobs ended; "
-                               f"{j['key']} (job {job['id']}): {status}")  # fmt: skip
+                               f"{j['key']} (job {job['id']}): {status}")
             bar.update(whole, completed=c["done"], status=c["status"])
             if c["done"] == c["total"]:
                 return c
@@ -107,14 +107,14 @@ def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
 def _print(c: dict[str, Any], base: str) -> None:
     click.echo(f"campaign {c['id']}: plan {c['plan']} v{c['plan_version']} on {c['device']} at world sizes "
                f"{','.join(map(str, c['world_sizes']))}; {c['status']}, verdict {c['verdict'] or 'pending'} "
-               f"({c['done']}/{c['total']} jobs ended)")  # fmt: skip
+               f"({c['done']}/{c['total']} jobs ended)")
     for j in c.get("jobs", []):
         job = j["job"]
         p = job["progress"]
         counts = ", ".join(f"{n} {s}" for s, n in sorted((job.get("case_counts") or {}).items()) if n)
         cases = f"{p['done']}/{p['total']} cases" + (f" ({counts})" if counts else "")
         click.echo(f"  {j['key']:<16} job {job['id']:<5} {job['status']:<10} {job['verdict'] or '-':<8} "
-                   f"{cases}  {base}/jobs/{job['id']}")  # fmt: skip
+                   f"{cases}  {base}/jobs/{job['id']}")
 
 
 @campaign.command()
@@ -133,7 +133,7 @@ def show(campaign_id: int, server: str, token: str | None) -> None:
 @click.argument("campaign_id", type=click.IntRange(1))
 @click.option("--base", "base_id", default=None, type=click.IntRange(1), help="a campaign to compare with")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write the Markdown here instead of stdout")  # fmt: skip
+              help="write the Markdown here instead of stdout")
 @server_option
 @token_option
 def report(campaign_id: int, base_id: int | None, out: Path | None, server: str, token: str | None) -> None:

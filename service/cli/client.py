@@ -17,7 +17,7 @@ import click
 server_option = click.option(
     "--server", envvar="GDNVAL_SERVER", default="http://127.0.0.1:8000", show_default=True,
     help="base URL of the service [env GDNVAL_SERVER]",
-)  # fmt: skip
+)
 token_option = click.option(
     "--token", envvar="GDNVAL_API_TOKEN", default=None, help="bearer token [env GDNVAL_API_TOKEN]"
 )

@@ -28,7 +28,7 @@ def _check_repo(repo: str) -> None:
 
     try:
         out = subprocess.run(["git", "-C", repo, "rev-parse", "--git-dir"], capture_output=True, text=True,
-                             timeout=30)  # fmt: skip
+                             timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         fail(f"cannot read the git repository {repo!r}: {exc}")
     if out.returncode != 0:
@@ -84,7 +84,7 @@ def _resolve(repo: str, ref: str, what: str) -> str:
               help="with --backend-repo: the entry point (group gdnval.backends) under test; default: "
                    "the package's only one")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write the machine-readable verdict here")  # fmt: skip
+              help="write the machine-readable verdict here")
 @click.option(
     "--timeout", default=6 * 3600.0, show_default=True, type=float, help="seconds before giving up (exit 2)"
 )
@@ -97,7 +97,7 @@ def gate(
     fresh: bool,
     repo: str, backend_repo: str | None, backend: str | None,
     json_path: Path | None, timeout: float, poll: float, server: str, token: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Run or reuse jobs for HEAD and its base, compare them, print the Markdown report."""
     from service.cli.run import parse_params
 
@@ -114,12 +114,12 @@ def gate(
         base_ref = git_rev_parse(repo, f"{head_sha}^")  # None: the service tries the parent it recorded
     if base_ref == head_sha and not fresh:
         fail(f"--base is --head ({head_sha[:12]}): a commit against its own job compares that job "
-                      "with itself; add --fresh to measure it anew, or name another base")  # fmt: skip
+                      "with itself; add --fresh to measure it anew, or name another base")
     body: dict[str, Any] = {
         "head": head_sha, "base": base_ref, "baseline": baseline, "suites": list(suites), "preset": preset,
         "device": device, "world_size": world_size, "params": params, "confirm": confirm,
         "max_rounds": max_rounds, "reuse": not fresh, "run_id": uuid.uuid4().hex[:16],
-    }  # fmt: skip
+    }
     if backend_repo:
         body["backend_repo"] = backend_repo
         body["backend"] = backend or _only_backend(backend_repo, head_sha)
@@ -148,7 +148,7 @@ def _only_backend(repo: str, commit: str) -> str:
         return names[0]
     why = (f"declares the entry points {names}; name one with --backend" if names else
            f"declares no entry point of the group {ENTRY_POINT_GROUP!r} in its pyproject.toml; name the "
-           "backend with --backend")  # fmt: skip
+           "backend with --backend")
     click.echo(f"gate: could not run: the package of {repo} at {commit[:12]} {why}", err=True)
     raise SystemExit(EXIT_INFRA)
 
@@ -159,7 +159,7 @@ def _infra(reason: str, body: dict[str, Any]) -> dict[str, Any]:
         "phase": "done", "exit_code": EXIT_INFRA, "verdict": "error", "reason": reason,
         "head": body["head"], "base": body.get("base"), "base_source": "", "jobs": [], "confirmations": [],
         "comparisons": [], "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- {reason}\n",
-    }  # fmt: skip
+    }
 
 
 def _run(server: str, token: str | None, body: dict[str, Any], timeout: float, poll: float) -> dict[str, Any]:
@@ -171,7 +171,7 @@ def _run(server: str, token: str | None, body: dict[str, Any], timeout: float, p
 
     start = time.monotonic()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[message]}"))  # fmt: skip
+               TextColumn("{task.fields[message]}"))
     tasks: dict[int, Any] = {}
     busy = 0
     with client(server, token) as http, Progress(*columns, console=Console(stderr=True)) as bar:
@@ -201,7 +201,7 @@ def _run(server: str, token: str | None, body: dict[str, Any], timeout: float, p
                 if key not in tasks:
                     tasks[key] = bar.add_task(desc, total=total, message="")
                 bar.update(tasks[key], description=desc, completed=j["progress_done"], total=total,
-                           message=(j.get("message") or "")[:50])  # fmt: skip
+                           message=(j.get("message") or "")[:50])
             if state["phase"] == "done":
                 return state
             if time.monotonic() - start > timeout:

@@ -29,7 +29,7 @@ def _short(commit: str | None) -> str:
 def jobs(
     status: str | None, suite: str | None, commit: str | None, limit: int, as_json: bool, server: str,
     token: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """List jobs with their status and progress; a queued job its executor already holds says
     what it waits for."""
     params = {
@@ -53,5 +53,5 @@ def jobs(
             f"{j['device']}x{j['world_size']}",
             _short(j.get("code_commit") or j["commit"]), progress,
             j["created_at"][:19].replace("T", " "),
-        )  # fmt: skip
+        )
     console().print(table)

@@ -34,7 +34,7 @@ from service.cli.client import fail
 def report(
     jobs: tuple[int, ...], bases: tuple[int, ...], db_url: str | None, server: str | None, token: str | None,
     link_base: str | None, out: Path | None,
-) -> None:  # fmt: skip
+) -> None:
     """Render the test report of JOBS (one per suite), compared with --base jobs when given."""
     if server:
         text = _from_server(server, token, jobs, bases)

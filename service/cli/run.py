@@ -130,7 +130,7 @@ def metric_stats(suite: Suite, samples: Sequence[Sample]) -> dict[tuple[str, str
         except KeyError:
             continue
         st = summarise_samples(metric_rows, metric.direction, metric=name, unit=metric.unit, kind=metric.kind,
-                               bound=metric.bound)  # fmt: skip
+                               bound=metric.bound)
         out[(case, name)] = replace(st, passes=verdict.judge_metric(metric, st).ok)
     return out
 
@@ -184,7 +184,7 @@ class _CaseStats:
 def case_stats(
     cases: Sequence[Any], sink: CollectingSink, stats: Mapping[tuple[str, str], MetricStats], device: str,
     world_size: int,
-) -> list[_CaseStats]:  # fmt: skip
+) -> list[_CaseStats]:
     """The run's cases with their statistics, in the shape the report's pivots take."""
     by_case: dict[str, dict[str, MetricStats]] = defaultdict(dict)
     for (case, name), m in stats.items():
@@ -193,7 +193,7 @@ def case_stats(
     for c in cases:
         status, error = sink.cases.get(c.name, ("not run", None))
         out.append(_CaseStats(c.name, c.fingerprint(device, world_size), dict(c.params), status, error,
-                              c.expected_error, by_case.get(c.name, {})))  # fmt: skip
+                              c.expected_error, by_case.get(c.name, {})))
     return out
 
 
@@ -251,7 +251,7 @@ def _render_cases(
 
 
 def _render_metrics(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink,
-                    summary: Sequence[dict[str, Any]]) -> None:  # fmt: skip
+                    summary: Sequence[dict[str, Any]]) -> None:
     """The full table: one row per (case, metric) with median / p90 / min / n and the bound."""
     by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in summary:
@@ -275,12 +275,12 @@ def _render_metrics(console: Console, suite: Suite, cases: list[Any], sink: Coll
                 case.name if i == 0 else "", styled if i == 0 else "",
                 f"{row['metric']} ({row['unit']})", _fmt(row["median"]), _fmt(row["p90"]), _fmt(row["min"]),
                 str(row["count"]), bound, ok,
-            )  # fmt: skip
+            )
     console.print(table)
 
 
 def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink, device: str,
-            world_size: int, *, view: str) -> None:  # fmt: skip
+            world_size: int, *, view: str) -> None:
     """The run's results: `view` cases (one row per case), failures (only what needs attention)
     or metrics (one row per case and metric); then the errors of the cases that failed."""
     if view == "metrics":
@@ -290,7 +290,7 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
 
         stats = metric_stats(suite, sink.samples_)
         _render_cases(console, suite, case_stats(cases, sink, stats, device, world_size),
-                      failures=view == "failures", tracked=memory_tracked(device))  # fmt: skip
+                      failures=view == "failures", tracked=memory_tracked(device))
     for case in cases:
         status, error = sink.cases.get(case.name, ("not run", None))
         if status in ("failed", "error") and error:
@@ -385,7 +385,7 @@ def run(
         _resolve_backends(suite.backends(params), backend_source)
     if dry_run:
         click.echo(f"{suite_name} --preset {preset} --device {device} --world-size {world_size}: "
-                   f"{len(cases)} case(s)")  # fmt: skip
+                   f"{len(cases)} case(s)")
         for case in cases:
             why = suite.misfit(case, world_size)
             click.echo(f"  {case.name}" + (f" (skipped: {why})" if why else ""))
@@ -395,7 +395,7 @@ def run(
         job_id=0, suite=suite_name, preset=preset, params=overrides, device=device,
         world_size=world_size, commit=commit, deadline_s=deadline, deterministic=deterministic,
         backend_source=backend_source,
-    )  # fmt: skip
+    )
     executor = LocalExecutor(repo=repo)
     cancel = threading.Event()
     started = dt.datetime.now(dt.UTC)

@@ -26,7 +26,7 @@ SWITCH_INTERVAL_S = 0.001
 @click.option("--placement", default=None,
               type=click.Choice(PLACEMENT_STRATEGIES),
               help="how a job's ranks spread over Ray nodes; a job's label `placement` overrides it "
-                   "[env GDNVAL_PLACEMENT; PACK]")  # fmt: skip
+                   "[env GDNVAL_PLACEMENT; PACK]")
 @click.option(
     "--artifacts-dir", default=None, type=click.Path(path_type=Path), help="[env GDNVAL_ARTIFACTS_DIR]"
 )
@@ -37,12 +37,12 @@ SWITCH_INTERVAL_S = 0.001
 @click.option("--demo", is_flag=True,
               help="queue capability, gdn-op and cp-layer quick CPU jobs when the store has no jobs")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(
     host: str, port: int, db_url: str | None, api_token: str | None, executor: str | None,
     ray_address: str | None, placement: str | None, artifacts_dir: Path | None, max_body_bytes: int | None,
     device_limits: tuple[str, ...], no_dispatch: bool, demo: bool, log_level: str,
-) -> None:  # fmt: skip
+) -> None:
     """Serve the API and pages; upgrades the store's schema and starts the dispatcher on start."""
     import uvicorn
     from pydantic import ValidationError
@@ -56,7 +56,7 @@ def serve(
         "placement": placement, "artifacts_dir": artifacts_dir, "max_body_bytes": max_body_bytes,
         "dispatch": False if no_dispatch else None,
         "device_limits": _limits(device_limits) if device_limits else None,
-    }  # fmt: skip
+    }
     try:
         settings = Settings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:

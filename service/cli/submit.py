@@ -32,13 +32,13 @@ def submit(
     suite: str, preset: str, device: str, world_size: int, commit: str | None, params: tuple[str, ...],
     labels: tuple[str, ...], priority: int, idempotency_key: str | None, wait: bool, timeout: float | None,
     server: str, token: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Submit SUITE to the service; prints the job id (and, with --wait, its outcome)."""
     body: dict[str, Any] = {
         "suite": suite, "preset": preset, "device": device, "world_size": world_size,
         "params": parse_pairs(params, "--param", as_json=True),
         "labels": parse_pairs(labels, "--label", as_json=False), "priority": priority,
-    }  # fmt: skip
+    }
     if commit:
         body["commit"] = commit
     if idempotency_key:
@@ -64,7 +64,7 @@ def _wait(http: Any, job: dict[str, Any], timeout: float | None) -> dict[str, An
 
     start = time.monotonic()
     columns = (TextColumn("job {task.fields[job]} {task.fields[status]}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[message]}"))  # fmt: skip
+               TimeElapsedColumn(), TextColumn("{task.fields[message]}"))
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("job", total=None, job=job["id"], status=job["status"], message="")
         while job["status"] not in FINAL:
@@ -76,7 +76,7 @@ def _wait(http: Any, job: dict[str, Any], timeout: float | None) -> dict[str, An
             job = fail_on_error(http.get(f"/api/v1/jobs/{job['id']}"))
             p = job["progress"]
             bar.update(task, completed=p["done"], total=p["total"] or None, status=job["status"],
-                       message=p["message"][:60])  # fmt: skip
+                       message=p["message"][:60])
         p = job["progress"]
         bar.update(task, completed=p["done"], total=p["total"] or None, status=job["status"])
     return job

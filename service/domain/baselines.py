@@ -111,7 +111,7 @@ def load_pooled_side(session: Session, job_ids: list[int]) -> JobSide:
             (t.case_keys[c], t.metric_keys[m], int(r), int(i) + offset, float(v))
             for c, m, r, i, v in zip(t.case.tolist(), t.metric.tolist(), counts.tolist(), t.idx.tolist(),
                                      t.value.tolist(), strict=True)
-        ]  # fmt: skip
+        ]
         if k:
             for fp, info in side.cases.items():
                 if info.status in ("error", "failed") or fp not in cases:

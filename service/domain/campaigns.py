@@ -91,7 +91,7 @@ def campaign_request(body: Any, executor: Executor | None) -> CampaignRequest:
         plan_name=plan.name, plan_version=plan.version, plan=plan.document(), device=req.device,
         world_sizes=sizes, commit=req.commit, backends=tuple(req.backends), jobs=jobs,
         idempotency_key=req.idempotency_key,
-    )  # fmt: skip
+    )
 
 
 def submit_campaign(
@@ -166,7 +166,7 @@ class CampaignComparison:
             "jobs": [{"key": k, "base_job": b, "head_job": h, "passed": c.passed, "comparison": c.to_dict()}
                      for k, b, h, c in self.pairs],
             "only_base": self.only_base, "only_head": self.only_head,
-        }  # fmt: skip
+        }
 
 
 def compare_campaigns(session: Session, base_id: int, head_id: int) -> CampaignComparison:
@@ -196,4 +196,4 @@ def compare_campaigns(session: Session, base_id: int, head_id: int) -> CampaignC
         base=base_id, head=head_id, pairs=pairs,
         only_base=[k for k, _ in base_jobs if k not in head_keys],
         only_head=[k for k, _ in head_jobs if k not in base_by_key],
-    )  # fmt: skip
+    )

@@ -106,21 +106,21 @@ class GateRequest(BaseModel):
         description="head and base are commits of this backend repository (a git path or URL the "
         "service host reads), installed per commit as the jobs' backend source; our code runs as "
         "the service has it. Needs an explicit base commit and `backend`",
-    )  # fmt: skip
+    )
     backend: str | None = Field(
         None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:+-]+$",
         description="the backend under test (an entry point name): the default suites become those "
         "that call it (gdn-op and capability beside eager, both timed; cp-layer under its CP layouts)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _backend_base(self) -> GateRequest:
         if self.backend_repo and (self.base is None or parse_job_ref(self.base) is not None):
             raise ValueError(f"backend_repo {self.backend_repo!r} needs base as a commit of that repository, "
-                             f"got base={self.base!r}")  # fmt: skip
+                             f"got base={self.base!r}")
         if self.backend_repo and not self.backend:
             raise ValueError(f"backend_repo {self.backend_repo!r} needs backend: the name of the entry point "
-                             "(group gdnval.backends) its jobs must call")  # fmt: skip
+                             "(group gdnval.backends) its jobs must call")
         return self
 
     @model_validator(mode="after")
@@ -288,7 +288,7 @@ def validate_gate(req: GateRequest, executor: Any = None) -> list[str]:
             raise GateInputError(str(exc)) from exc
         for commit in commits:
             body = {"suite": suite, "preset": preset_for(req, suite), "params": params_for(req, suite),
-                    "commit": commit, "device": req.device, "world_size": req.world_size}  # fmt: skip
+                    "commit": commit, "device": req.device, "world_size": req.world_size}
             try:
                 submission.validate_request(body, executor)
             except submission.InvalidJob as exc:
@@ -363,11 +363,11 @@ def findings(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
                 continue
             where = {"suite": cmp.suite, "case": c.name, "fingerprint": c.fingerprint,
                      "case_verdict": c.verdict, "head_job": cmp.head.job_id,
-                     "base_job": cmp.base.job_id}  # fmt: skip
+                     "base_job": cmp.base.job_id}
             metrics = [m for m in c.metrics if m.verdict not in ("unchanged", "improved")]
             for m in metrics:
                 out.append({**where, "metric": m.metric, "kind": m.kind, "verdict": m.verdict,
-                            "reason": m.reason})  # fmt: skip
+                            "reason": m.reason})
             if not metrics:
                 out.append({**where, "metric": None, "kind": None, "verdict": c.verdict, "reason": c.reason})
     return out
@@ -382,7 +382,7 @@ def record_gate(engine: Any, req: GateRequest, state: GateState) -> int:
         "phase": state.phase, "verdict": state.verdict, "exit_code": state.exit_code, "reason": state.reason,
         "rounds": state.rounds, "undecided": list(state.undecided), "findings": findings(state.comparisons),
         "confirmations": [c.to_dict() for c in state.confirmations],
-    }  # fmt: skip
+    }
     links = [GateJobLink(j.job_id, j.role, j.suite, j.reused) for j in state.jobs]
     return gate_store.save_gate(engine, req.key(), req.model_dump(mode="json"), fields, links)
 
@@ -397,7 +397,7 @@ def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> Gate
             base = resolve_base(s, req.head, base=req.base, baseline=req.baseline, repo=_service_repo())
         except NotFound as exc:
             return _done(GateState("done", EXIT_INFRA, "error", "", req.head, None, ""), EXIT_INFRA, "error",
-                         f"could not run: {exc}")  # fmt: skip
+                         f"could not run: {exc}")
         except ValueError as exc:  # both --base and --baseline
             raise GateInputError(str(exc)) from exc
         if base.kind == "job" and len(suites) > 1:
@@ -452,7 +452,7 @@ def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> Gate
             engine, state,
             f"could not decide after {state.rounds} re-measurement round(s): time changes beyond the "
             f"minimum effect but not significant in {', '.join(state.undecided[:10])}",
-        )  # fmt: skip
+        )
     return _done(state, EXIT_PASS, "pass", "no regression, every bound holds")
 
 
@@ -472,7 +472,7 @@ def _undecided(
         for c in cmp.cases
         if any(m.verdict == "inconclusive" and m.kind == "time"
                and (reachable is None or _can_reach_significance(m, *reachable)) for m in c.metrics)
-    ]  # fmt: skip
+    ]
 
 
 def _can_reach_significance(m: MetricResult, done: int, allowed: int) -> bool:
@@ -536,7 +536,7 @@ def _measure_pair(
     if kind == "confirm":
         roles = ("confirm-base", "confirm")
     b = _ensure_job(engine, req, suite, roles[0], base.commit or state.base or "", submit,
-                    key_extra=extra, cases=cases, like=base)  # fmt: skip
+                    key_extra=extra, cases=cases, like=base)
     h = _ensure_job(engine, req, suite, roles[1], req.head, submit, key_extra=extra, cases=cases, like=head)
     state.jobs += [b, h]
     return b, h
@@ -653,7 +653,7 @@ def _ensure_job(
                 found = find_commit_job(
                     s, commit, suite, preset=preset, device=req.device, world_size=req.world_size,
                     params=params_for(req, suite), statuses=statuses, backend=bool(req.backend_repo),
-                )  # fmt: skip
+                )
                 if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
         if like is not None:
@@ -718,7 +718,7 @@ def _confirm(
                 first.suite, case.name, case.fingerprint, metric.metric, metric.reason, head_job.job_id,
                 rerun.verdict if rerun else "removed",
                 rerun.reason if rerun else "not measured by the re-run",
-            )  # fmt: skip
+            )
             state.confirmations.append(conf)
             if not conf.confirmed:
                 _unconfirm(case, metric, conf)

@@ -55,7 +55,7 @@ def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRecor
             plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
             device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
             backends=list(req.backends), idempotency_key=req.idempotency_key,
-        )  # fmt: skip
+        )
         s.add(row)
         s.flush()
         for position, (key, job_req) in enumerate(req.jobs):
@@ -69,7 +69,7 @@ def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRecor
         named=lambda row: f"campaign {row.id} (plan {row.plan_name} v{row.plan_version} on {row.device} at "
         f"world sizes {list(row.world_sizes)}) with different settings",
         insert=insert, record=CampaignRecord.of, what="store the campaign",
-    )  # fmt: skip
+    )
 
 
 def get_campaign(session: Session, campaign_id: int) -> CampaignRecord | None:

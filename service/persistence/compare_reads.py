@@ -52,7 +52,7 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
             select(CaseRow.id, CaseRow.fingerprint, CaseRow.name, CaseRow.params)
             .where(CaseRow.id.in_(all_case_ids))
         )
-    }  # fmt: skip
+    }
     missing = set(np.unique(rows.metric_id).tolist()) - set(metric_rows)
     if missing:  # a metric of another suite name (renamed suite): still load its definition
         extra = session.scalars(select(MetricRow).where(MetricRow.id.in_(missing)))
@@ -64,7 +64,7 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
     ).all()
     metrics = {metric_id: metric_of(m) for metric_id, m in metric_rows.items()}
     return StoredJob(JobRecord.of(job), attempt, metrics, rows, [tuple(r) for r in results], case_rows,
-                     [tuple(r) for r in judged])  # type: ignore[misc]  # fmt: skip
+                     [tuple(r) for r in judged])  # type: ignore[misc]
 
 
 def metric_of(row: MetricRow) -> Metric:

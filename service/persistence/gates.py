@@ -15,7 +15,7 @@ from service.persistence.models import GateJobRow, GateRow, JobRow, utcnow
 
 GATE_FIELDS = ("head", "base", "base_source", "backend", "backend_repo", "device", "world_size",
                "phase", "verdict", "exit_code", "reason", "rounds", "confirmations", "findings",
-               "undecided")  # fmt: skip
+               "undecided")
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def step_groups(
                s.metric_id.in_(list(metrics)))
         .group_by(s.case_id, s.metric_id, b)
         .order_by(s.case_id, s.metric_id, b)
-    )  # fmt: skip
+    )
     arr = fetch_array(session, q, 4)
     if arr.size == 0:
         return []
@@ -311,5 +311,5 @@ def series_summaries(session: Session, case_id: int, metric_id: int, *, last: in
         .limit(last)
     )
     out = [SeriesStat(SeriesJob(jid, sha, end), stored_stats(n, med, p90, lo, hi, mean, bad, way or "lower"))
-           for jid, sha, end, n, med, lo, p90, hi, mean, bad, way in session.execute(q)]  # fmt: skip
+           for jid, sha, end, n, med, lo, p90, hi, mean, bad, way in session.execute(q)]
     return out[::-1]

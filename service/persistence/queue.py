@@ -133,7 +133,7 @@ def submit(engine: Engine, req: JobRequest) -> tuple[JobRecord, bool]:
         named=lambda job: f"job {job.id} ({job.suite}/{job.preset} on {job.device}x{job.world_size}) with "
         "different parameters",
         insert=lambda s: insert_job(s, req), record=JobRecord.of, what="submit",
-    )  # fmt: skip
+    )
 
 
 def insert_job(s: Session, req: JobRequest) -> JobRow:
@@ -381,7 +381,7 @@ def _orderly_requeues(s: Any, job_id: int) -> int:
     data = s.scalars(
         select(JobEventRow.data).where(JobEventRow.job_id == job_id, JobEventRow.kind == "status",
                                     JobEventRow.message == "queued")
-    )  # fmt: skip
+    )
     return sum(1 for d in data if isinstance(d, dict) and d.get("orderly") is True)
 
 
@@ -412,7 +412,7 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 add_event(
                     s, job.id, "status", "queued",
                     {"reason": f"re-queued after attempt {job.attempts} was interrupted: {reason}"},
-                )  # fmt: skip
+                )
             else:
                 job.status, job.finished_at = "failed", utcnow()
                 job.error = f"interrupted {crashes} time(s); last: {reason}"

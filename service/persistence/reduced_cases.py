@@ -30,7 +30,7 @@ def store_reduced_cases(session: Session, job_id: int, attempt: int, case_ids: S
     if job is None:
         raise ValueError(f"no job {job_id} in the store; expected the job whose cases are stored reduced")
     rows = worst_rank_rows(session, job_id, attempt, higher_metric_ids(session, job.suite), job.world_size,
-                           case_ids)  # fmt: skip
+                           case_ids)
     p = ReducedCaseRow
     if case_ids is None:
         session.execute(delete(p).where(p.job_id == job_id, p.attempt == attempt))
@@ -49,7 +49,7 @@ def store_reduced_cases(session: Session, job_id: int, attempt: int, case_ids: S
         insert(p),
         [{"job_id": job_id, "attempt": attempt, "case_id": c, "rows": e - s, "data": records[s:e].tobytes()}
          for c, s, e in zip(cases, starts, ends, strict=True)],
-    )  # fmt: skip
+    )
     return len(cases)
 
 

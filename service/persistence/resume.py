@@ -58,7 +58,7 @@ def carry_finished_cases(session: Session, job_id: int, attempt: int) -> dict[st
         session, job_id, "log",
         f"attempt {attempt} keeps {len(kept)} case(s) finished by earlier attempts and skips them",
         {KEPT: kept},
-    )  # fmt: skip
+    )
     return kept
 
 

@@ -270,7 +270,7 @@ class ReducedRows:
         if len(parts) <= 1:
             return parts[0] if parts else cls.empty()
         cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("case_id", "metric_id", "idx",
-                                                                         "ranks", "value")]  # fmt: skip
+                                                                         "ranks", "value")]
         order = np.lexsort((cols[2], cols[1], cols[0]))
         return cls(*(c[order] for c in cols))
 

@@ -51,13 +51,13 @@ def _nan(v: float | None) -> float:
 def stored_stats(
     count: int, median: float | None, p90: float | None, lo: float | None, hi: float | None,
     mean: float | None, nonfinite: int | None, direction: str, **about: Any,
-) -> MetricStats:  # fmt: skip
+) -> MetricStats:
     """A stored summary row's statistics (NULL: NaN) as the record; `about`: its other fields."""
     bad = nonfinite or 0
     lo_, hi_ = _nan(lo), _nan(hi)
     return MetricStats(direction=direction, count=count, median=_nan(median), p90=_nan(p90), min=lo_,
                        max=hi_, mean=_nan(mean), nonfinite=bad, worst=worst_value(direction, lo_, hi_, bad),
-                       **about)  # fmt: skip
+                       **about)
 
 
 def compute_summary(
@@ -195,7 +195,7 @@ def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[in
         out[(r.case_id, r.metric_id)] = _judged(stored_stats(
             r.count, r.median, r.p90, r.min, r.max, r.mean, r.nonfinite, direction, metric=m.name,
             unit=m.unit, kind=kind, bound=bound, samples=r.samples, ranks=r.ranks,
-        ))  # fmt: skip
+        ))
     return out
 
 

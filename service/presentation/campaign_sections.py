@@ -27,7 +27,7 @@ from service.presentation.report_tables import Variant, variants
 GDN_TENSORS: tuple[tuple[str, str], ...] = (
     ("o", "o"), ("ht", "final state"), ("dq", "dq"), ("dk", "dk"), ("dv", "dv"), ("dg", "dg"),
     ("dbeta", "dbeta"), ("dh0", "dh0"),
-)  # fmt: skip
+)
 CP_TENSORS: tuple[tuple[str, str], ...] = (
     ("output", "output"),
     ("input_grad", "input grad"),
@@ -55,7 +55,7 @@ class Table:
         """The table without the columns no row has a value in (a gain against Ulysses in a
         campaign without Ulysses); the first column, which names the row, always stays."""
         keep = [i for i in range(len(self.header))
-                if i == 0 or any(r[i].strip() not in EMPTY_CELLS for r in self.rows)]  # fmt: skip
+                if i == 0 or any(r[i].strip() not in EMPTY_CELLS for r in self.rows)]
         return Table([self.header[i] for i in keep], [[r[i] for i in keep] for r in self.rows])
 
 
@@ -163,7 +163,7 @@ def _timing_cells(fwd: Any, both: Any) -> list[str]:
     return [
         _ms(_median(fwd)), _ms(_median(both)), _ms(None if both is None else both.p90),
         _ms(None if both is None else both.min), _ms(cv.bwd_estimate(_median(fwd), _median(both))),
-    ]  # fmt: skip
+    ]
 
 
 TIMING_HEADER = ["fwd", "fwd+bwd", "fwd+bwd p90", "fwd+bwd min", "bwd estimate"]
@@ -179,7 +179,7 @@ def _cp_timing_cells(
         *_timing_cells(v.metrics.get("fwd_ms"), v.metrics["fwd_bwd_ms"]), *between,
         _memory(v.metrics.get("peak_allocated_bytes"), tracked),
         _memory(v.metrics.get("peak_reserved_bytes"), tracked), gains.get(id(v), "–"),
-    ]  # fmt: skip
+    ]
 
 
 def _memory(m: Any, tracked: bool) -> str:
@@ -220,7 +220,7 @@ def environment(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
             ]
         )
     blocks: list[str | Table] = [Table(["job", "suite", "preset", "device", "software", "commit", "verdict"],
-                                       rows)]  # fmt: skip
+                                       rows)]
     backends: dict[tuple[str, ...], None] = {}
     for j in jobs:
         for b in views.backend_records(j.data.info):
@@ -261,14 +261,14 @@ def capability(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
 
 def gdn_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     rows_in = [(j, v) for j, v in _rows_of(jobs, "gdn-op")
-               if any(f"{t}_rel_l2" in v.metrics for t, _ in GDN_TENSORS)]  # fmt: skip
+               if any(f"{t}_rel_l2" in v.metrics for t, _ in GDN_TENSORS)]
     if not rows_in:
         return None
     dims = _varying([v for _, v in rows_in], ("backend", "mode", "qk_heads", "dtype")) or ["backend"]
     present = [(t, lab) for t, lab in GDN_TENSORS if any(f"{t}_rel_l2" in v.metrics for _, v in rows_in)]
     rows = []
     for j, v in sorted(rows_in, key=lambda r: (*[str(r[1].params.get(k)) for k in dims],
-                                               r[1].params.get("seq_len") or 0)):  # fmt: skip
+                                               r[1].params.get("seq_len") or 0)):
         cells = [link(_length(v.params.get("seq_len")), links.case(j.data.job_id, v.case.fingerprint))]
         cells += [str(v.params.get(k, "–")) for k in dims]
         for t, _ in present:
@@ -283,7 +283,7 @@ def gdn_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
         (m.count for _, v in rows_in for n, m in v.metrics.items() if n.endswith("_rel_l2")), default=0
     )
     bounds = sorted({m.bound for _, v in rows_in for n, m in v.metrics.items()
-                     if n.endswith("_rel_l2") and m.bound is not None})  # fmt: skip
+                     if n.endswith("_rel_l2") and m.bound is not None})
     head = (
         f"Relative-L2 ‖a−b‖/‖b‖ per tensor, worst over {seeds} seed(s) and ranks"
         + (f"; bound {', '.join(fmt(b) for b in bounds)}" if bounds else "")
@@ -298,7 +298,7 @@ def gdn_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
 
 def gdn_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     rows_in = [(j, v) for j, v in _rows_of(jobs, "gdn-op") if "fwd_bwd_ms" in v.metrics
-               and v.metrics["fwd_bwd_ms"].unit == "ms"]  # fmt: skip
+               and v.metrics["fwd_bwd_ms"].unit == "ms"]
     if not rows_in:
         return None
     by_shape = {(j.data.job_id, _shape_key(v, ("backend",)), v.params.get("backend")): v for j, v in rows_in}
@@ -306,7 +306,7 @@ def gdn_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     baselines = sorted({str(v.params.get("baseline") or "eager") for _, v in rows_in})
     rows = []
     for j, v in sorted(rows_in, key=lambda r: (*[str(r[1].params.get(k)) for k in dims],
-                                               r[1].params.get("seq_len") or 0)):  # fmt: skip
+                                               r[1].params.get("seq_len") or 0)):
         tracked = cv.memory_tracked(j.data.device)
         base_name = str(v.params.get("baseline") or "eager")
         base = by_shape.get((j.data.job_id, _shape_key(v, ("backend",)), base_name))
@@ -362,14 +362,14 @@ def _padded(v: Variant) -> bool:
 
 def cp_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     rows_in = [(j, v) for j, v in _rows_of(jobs, "cp-layer")
-               if any(f"{t}_rel_l2" in v.metrics for t, _ in CP_TENSORS)]  # fmt: skip
+               if any(f"{t}_rel_l2" in v.metrics for t, _ in CP_TENSORS)]
     if not rows_in:
         return None
     extra = _varying([v for _, v in rows_in], ("backend", "dtype"))
     rows = []
     order = {m: i for i, m in enumerate(("ulysses", "p2p", "all_gather", "p2p_emulated", "none"))}
     for j, v in sorted(rows_in, key=lambda r: (r[0].data.world_size, order.get(r[1].params.get("mode"), 9),
-                                               r[1].params.get("seq_len") or 0, _padding(r[1]))):  # fmt: skip
+                                               r[1].params.get("seq_len") or 0, _padding(r[1]))):
         cells = [
             _cp_label(j, v),
             link(str(v.params.get("mode")), links.case(j.data.job_id, v.case.fingerprint)),
@@ -384,12 +384,12 @@ def cp_accuracy(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
         rows.append(cells)
     header = ["CP", "mode", *extra, "T", "batch", *(lab for _, lab in CP_TENSORS), "grad-norm rel err"]
     blocks: list[str | Table] = ["Relative-L2 against the layer without CP (eager), worst rank; param grads: "
-                                 "all parameters' gradients together.", Table(header, rows)]  # fmt: skip
+                                 "all parameters' gradients together.", Table(header, rows)]
     pads = [(j, v) for j, v in _rows_of(jobs, "cp-layer") if _padded(v)]
     if pads:
         at = {id(v): v.metrics["padding_output_max_abs"].worst for _, v in pads}
         bad = [f"{_cp_label(j, v)} {v.params.get('mode')} {_padding(v)} ({fmt(at[id(v)])})"
-               for j, v in pads if at[id(v)] != 0.0]  # fmt: skip
+               for j, v in pads if at[id(v)] != 0.0]
         blocks.append(
             f"Padding output exactly 0: {'yes' if not bad else 'NO'} in {len(pads) - len(bad)} of "
             f"{len(pads)} padding case(s)" + (f"; not in {', '.join(bad)}." if bad else ".")
@@ -423,7 +423,7 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
 
     def place(r: tuple[CampaignJob, Variant]) -> tuple[Any, ...]:
         return (r[0].data.world_size, r[1].params.get("seq_len") or 0, _padding(r[1]),
-                order.get(r[1].params.get("mode"), 9))  # fmt: skip
+                order.get(r[1].params.get("mode"), 9))
 
     for j, v in sorted(rows_in, key=place):
         cells = [
@@ -441,7 +441,7 @@ def cp_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
         "against Ulysses on the same backend and shape, (U − P) / U of the fwd+bwd medians."
     )
     header = ["CP", "T", "batch", "mode", *extra, *TIMING_HEADER,
-              "peak allocated", "peak reserved", "gain vs Ulysses"]  # fmt: skip
+              "peak allocated", "peak reserved", "gain vs Ulysses"]
     return Section("cp-speed", "CP layer speed and memory", [head, Table(header, rows)])
 
 
@@ -525,7 +525,7 @@ def _traj_cells(metrics: Mapping[str, Any], prefix: str, what: str) -> list[str]
 
 def trajectories(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
     rows_in = [(j, v) for j, v in _rows_of(jobs, "network") if v.params.get("kind") == "trajectory"
-               and _traj_prefix(v.metrics)]  # fmt: skip
+               and _traj_prefix(v.metrics)]
     if not rows_in:
         return None
     rows = []
@@ -575,7 +575,7 @@ def trajectories(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
 
 def _speed_rows(jobs: Sequence[CampaignJob]) -> list[tuple[CampaignJob, Variant]]:
     return [(j, v) for j, v in _rows_of(jobs, "network") if v.params.get("kind") == "speed"
-            and "fwd_bwd_ms" in v.metrics]  # fmt: skip
+            and "fwd_bwd_ms" in v.metrics]
 
 
 def network_speed(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
@@ -655,7 +655,7 @@ def checkpoint(jobs: Sequence[CampaignJob], links: Links) -> tuple[Section | Non
     g_off, g_full = _gain_against(offs, "fwd_bwd_ms"), _gain_against(fulls, "fwd_bwd_ms")
     rows = []
     for r in sorted(found, key=lambda r: (_layers(r["off"].params.get("model")), r["job"].data.world_size,
-                                          str(r["mode"]))):  # fmt: skip
+                                          str(r["mode"]))):
         j, off, full = r["job"], r["off"], r["full"]
         rows.append(
             [
@@ -742,7 +742,7 @@ def stability(jobs: Sequence[CampaignJob], links: Links) -> Section | None:
                      "–" if order is None else f"{order.worst:.0f}", _ms(_median(ms.get("pass_ms"))),
                      _memory(growth, tracked) + _mark(growth, _worst(growth) if tracked else None),
                      "error: " + (v.case.error or "").strip().splitlines()[-1][:120] if v.case.error else
-                     (v.case.status or "–")])  # fmt: skip
+                     (v.case.status or "–")])
     if not rows:
         return None
     header = [
@@ -859,7 +859,7 @@ def _accuracy_conclusion(label: str, found: Sequence[dict[str, Any]]) -> str | N
     if over:
         first = max(over, key=lambda r: r["value"] / r["bound"] if r["bound"] else math.inf)
         held = (f"{len(over)} value(s) beyond their bound, the furthest {fmt(first['value'])} > "
-                f"{fmt(first['bound'])} ({where(first)}): FAILS")  # fmt: skip
+                f"{fmt(first['bound'])} ({where(first)}): FAILS")
     else:
         held = (
             "every value within its metric's bound"
@@ -956,7 +956,7 @@ def conclusions(
     if (line := _accuracy_conclusion("Single-device GDN", gdn)) is not None:
         items.append(line)
     speeds = [(j, v) for j, v in _rows_of(jobs, "gdn-op") if "fwd_bwd_ms" in v.metrics
-              and v.metrics["fwd_bwd_ms"].unit == "ms"]  # fmt: skip
+              and v.metrics["fwd_bwd_ms"].unit == "ms"]
     by = {(j.data.job_id, _shape_key(v, ("backend",)), v.params.get("backend")): v for j, v in speeds}
     ups: dict[str, list[tuple[float, str]]] = {}
     for j, v in speeds:
@@ -991,7 +991,7 @@ def conclusions(
     items += _gain_ranges(
         "CP layer", layer_rows,
         lambda j, v: f"CP{j.data.world_size} {_padding(v)}" + (f" {v.params.get('dtype')}" if dtypes else ""),
-    )  # fmt: skip
+    )
     net_rows = [(j, v) for j, v in _speed_rows(jobs) if v.params.get("checkpoint", "off") == "off"]
     items += _gain_ranges(
         "Network", net_rows, lambda j, v: f"CP{j.data.world_size}, {_layers(v.params.get('model'))} layers"
@@ -1018,7 +1018,7 @@ def conclusions(
         text = f"Activation checkpoint full vs off (change = (full − off) / off): {time_text}, {peak_text}"
         items.append(text + ".")
     traj = [(j, v) for j, v in _rows_of(jobs, "network") if v.params.get("kind") == "trajectory"
-            and _traj_prefix(v.metrics)]  # fmt: skip
+            and _traj_prefix(v.metrics)]
     for what, label in (("loss", "loss"), ("grad_norm", "grad-norm")):
         found = []
         for _j, v in traj:
@@ -1118,7 +1118,7 @@ def _sweep_of(key: str, title: str, x_label: str, points: Iterable[tuple[str, fl
     for name, at in sorted(by.items()):
         sizes = sorted(at)
         series.append(Series(name, sizes, [at[x].median for x in sizes], [at[x].min for x in sizes],
-                             [at[x].p90 for x in sizes]))  # fmt: skip
+                             [at[x].p90 for x in sizes]))
     return Sweep(key, title, x_label, "ms", series) if series else None
 
 
@@ -1130,19 +1130,19 @@ def sweeps(jobs: Sequence[CampaignJob]) -> list[Sweep]:
          float(v.params["seq_len"]), v.metrics["fwd_bwd_ms"])
         for _, v in _rows_of(jobs, "gdn-op")
         if "fwd_bwd_ms" in v.metrics and v.metrics["fwd_bwd_ms"].unit == "ms" and v.params.get("seq_len")
-    ]  # fmt: skip
+    ]
     cp_rows = [
         (j, v)
         for j, v in _rows_of(jobs, "cp-layer")
         if "fwd_bwd_ms" in v.metrics and v.params.get("seq_len") and v.params.get("valid_len") is None
         and not v.params.get("packed")
-    ]  # fmt: skip
+    ]
     dtypes = len({v.params.get("dtype") for _, v in cp_rows}) > 1
     cp = [
         (f"{_cp_label(j, v)} {v.params.get('mode')}" + (f" {v.params.get('dtype')}" if dtypes else ""),
          float(v.params["seq_len"]), v.metrics["fwd_bwd_ms"])
         for j, v in cp_rows
-    ]  # fmt: skip
+    ]
     _, found = cp_scaling(jobs, Links())
     scaling = []
     for r in found:

@@ -44,7 +44,7 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
             [[j.role, j.suite, link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{short_sha(j.commit)}`",
               j.status, _job_note(j)]
              for j in state.jobs],
-        ))  # fmt: skip
+        ))
         lines.append("")
     if state.confirmations:
         lines += ["### Confirmation re-runs", ""]
@@ -55,7 +55,7 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
               f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
               "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
              for c in state.confirmations],
-        ))  # fmt: skip
+        ))
         lines.append("")
     for cmp in state.comparisons:
         lines.append(comparison_markdown(cmp, base_url))

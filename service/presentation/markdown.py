@@ -79,7 +79,7 @@ def comparison_markdown(
         shown = [m for m in c.metrics if all_rows or m.verdict != "unchanged"]
         if not c.metrics or (not shown and c.verdict != "unchanged"):
             rows.append([link(c.name, hurl if c.head_status else burl), "(case)", VERDICT_MARK[c.verdict],
-                         "–", "–", "–", "–", "–", md_escape(c.reason)])  # fmt: skip
+                         "–", "–", "–", "–", "–", md_escape(c.reason)])
         for m in shown:
             b, hv = _stat(m, "base"), _stat(m, "head")
             has_ci = m.ci_low is not None and m.ci_high is not None
@@ -91,7 +91,7 @@ def comparison_markdown(
                 link(fmt(b, m.unit), burl) if b is not None else "–",
                 link(fmt(hv, m.unit), hurl) if hv is not None else "–",
                 ratio, ci, p, md_escape(m.reason),
-            ])  # fmt: skip
+            ])
     if rows:
         lines.append(table(["case", "metric", "verdict", "base", "head", "ratio", "CI", "p", "why"], rows))
     else:

@@ -68,7 +68,7 @@ def load_job_data(session: Session, job_id: int) -> JobData:
         job.id, job.suite, job.preset, job.status, job.code_commit, job.device, job.world_size, job.error,
         dict(job.info or {}), summary_store.case_summaries(session, job_id), job.started_at, job.finished_at,
         job.verdict,
-    )  # fmt: skip
+    )
 
 
 def _cell(cell: Any, url: str | None) -> str:
@@ -89,7 +89,7 @@ def _env_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
             f"`{short_sha(j.commit or j.info.get('commit'))}`",
             f"{one('device_name', j)} ({j.device} × {j.world_size})", one("driver", j),
             one("torch", j), one("triton", j), one("python", j), md_escape(j.status),
-        ])  # fmt: skip
+        ])
     return rows
 
 
@@ -99,7 +99,7 @@ def _backend_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
     return [[link(f"#{j.job_id}", job_url(base_url, j.job_id)), f"`{md_escape(b['backend'])}`",
              md_escape(b["distribution"]), md_escape(b["version"]),
              f"`{short_sha(b['commit'])}`" if b["commit"] else "–"]
-            for j in jobs for b in views.backend_records(j.info)]  # fmt: skip
+            for j in jobs for b in views.backend_records(j.info)]
 
 
 CP_MODES = frozenset({"ulysses", "p2p", "p2p_emulated", "all_gather"})
@@ -123,7 +123,7 @@ def job_report_markdown(
     lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
     lines += ["## Environment", ""]
     lines.append(table(["job", "suite", "preset", "commit", "device", "driver", "torch", "Triton", "Python",
-                        "status"], _env_rows(jobs, base_url)))  # fmt: skip
+                        "status"], _env_rows(jobs, base_url)))
     lines.append("")
     backend_rows = _backend_rows(jobs, base_url)
     if backend_rows:
@@ -142,13 +142,13 @@ def job_report_markdown(
         case_text = ", ".join(f"{n} {w}" for w, n in sorted(counts.items())) or "no cases"
         vrows.append([link(f"#{j.job_id}", job_url(base_url, j.job_id)), md_escape(j.suite),
                       md_escape(verdict), md_escape(case_text),
-                      md_escape(_first_line(j.error)) if j.error else ""])  # fmt: skip
+                      md_escape(_first_line(j.error)) if j.error else ""])
     lines.append(table(["job", "suite", "verdict", "cases", "job error"], vrows))
     for cmp in comparisons:
         lines.append("")
         lines.append(f"Against base job #{cmp.base.job_id} ({short_sha(cmp.base.commit)}): "
                      + ("**pass**" if cmp.passed else "**FAIL**") + " — "
-                     + ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n))  # fmt: skip
+                     + ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n))
     lines.append("")
 
     # the pivoted tables, section by section (the per-metric detail stays on the job page)
@@ -162,7 +162,7 @@ def job_report_markdown(
         ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)],
                                                     tracked=memory_tracked(j.device)), "_No CP timings._"),
         ("Trajectories", lambda j: tables.trajectory_pivot(j.cases), "_No trajectories._"),
-    )  # fmt: skip
+    )
     for heading, build, empty in sections:
         built = [(j, build(j)) for j in jobs]
         if not empty and not any(p for _, p in built):
@@ -182,7 +182,7 @@ def job_report_markdown(
                 more = f" ({recorded} more values recorded without a bound)" if recorded else ""
                 page = link("job page", job_url(base_url, j.job_id))
                 lines.append(f"All {p.counts['checks']} bounded checks of {len(p.rows)} case(s) hold{more}; "
-                             f"the values are on the {page}.")  # fmt: skip
+                             f"the values are on the {page}.")
             else:
                 lines.append(pivot_markdown(p, j.job_id, base_url) if p else empty)
             lines.append("")

@@ -29,7 +29,7 @@ VARIANT_TOKENS: tuple[str, ...] = ("triton", "eager", "fla", "ulysses", "p2p", "
 DIMENSIONS: tuple[tuple[str, str], ...] = (
     ("mode", "mode"), ("shards", "P"), ("backend", "backend"), ("seq_len", "T"), ("batch", "B"),
     ("valid_len", "valid"), ("dtype", "dtype"), ("qk_heads", "Hqk"), ("v_heads", "Hv"),
-)  # fmt: skip
+)
 # Parameters never shown as dimensions: bookkeeping that varies with the others.
 NOT_DIMENSIONS = frozenset({"undeclared"})
 # Speed and memory columns in the report's order; measures not listed follow, by name.
@@ -38,7 +38,7 @@ TIMING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("peak_bytes", "peak alloc (incr.)"), ("peak_allocated_bytes", "peak alloc"),
     ("peak_allocated", "peak alloc"), ("peak_reserved_bytes", "peak reserved"),
     ("peak_reserved", "peak reserved"),
-)  # fmt: skip
+)
 STORED_ESTIMATES = views.STORED_ESTIMATES  # shown as median(fwd+bwd) − median(fwd) instead
 HEADLINE_TIMES = ("fwd_bwd_ms", "fwd_ms")  # the gain column compares the first one present
 HEADLINE_MEMORY = ("peak_bytes", "peak_allocated_bytes", "peak_allocated")  # and the memory one
@@ -203,7 +203,7 @@ def accuracy_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
                 out[key] = _bad_only(views.judge(m.worst, m))
         if finite_seen:
             out["finite"] = (views.Cell("NO: " + ", ".join(bad_finite), "bad", "✗") if bad_finite
-                             else views.Cell("yes", "ok"))  # fmt: skip
+                             else views.Cell("yes", "ok"))
         return out
 
     def label(key: str) -> str:
@@ -232,7 +232,7 @@ def _plain_keys(cases: Sequence[views.CaseStats]) -> set[str]:
     return {
         (_variant_of(n) or ("", n))[1] for c in cases for n in c.metrics
         if views.split_accuracy_metric(n)[1] is None
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------------------- speed, memory
@@ -314,7 +314,7 @@ def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> P
         if fwd is not None and both is not None and fwd.unit == both.unit:
             est = conventions.bwd_estimate(fwd.median, both.median)
             out["bwd_est_ms"] = views.Cell(fmt(est, views.shown_unit(fwd.unit)), "none", "",
-                                           "median(fwd+bwd) − median(fwd)")  # fmt: skip
+                                           "median(fwd+bwd) − median(fwd)")
         if not out:
             return out
         head, against = _headline(v), _baseline(v, by_params)
@@ -350,7 +350,7 @@ def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> P
     if "speedup" in keys:
         p.notes.append("speed-up: the baseline backend's median fwd+bwd / this row's (same parameters)")
     p.notes.insert(0, "times: median of the slowest rank per repetition; bwd estimate: median(fwd+bwd) − "
-                      "median(fwd); memory: max over ranks")  # fmt: skip
+                      "median(fwd); memory: max over ranks")
     return p
 
 
@@ -372,7 +372,7 @@ def check_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 
     def cells(v: Variant) -> dict[str, views.Cell]:
         checks = [(n, m) for n, m in v.metrics.items()
-                  if m.kind == "check" and not _in_accuracy(n, m, v.metrics)]  # fmt: skip
+                  if m.kind == "check" and not _in_accuracy(n, m, v.metrics)]
         if not checks:
             return {}
         judged = [(m.metric, views.judge(m.worst, m)) for _, m in checks if m.bound is not None]
@@ -402,7 +402,7 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 
     def cells(v: Variant) -> dict[str, views.Cell]:
         return {n: _bad_only(views.judge(m.worst, m))
-                for n, m in v.metrics.items() if m.kind == "trajectory"}  # fmt: skip
+                for n, m in v.metrics.items() if m.kind == "trajectory"}
 
     p = _pivot(variants(cases), cells, label=lambda k: k.replace("_", " "))
     p.notes.append("worst value over steps and ranks; per-step plots on the job page")
@@ -422,12 +422,12 @@ def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Piv
     def cells(v: Variant) -> dict[str, views.Cell]:
         out: dict[str, views.Cell] = {}
         judged = [(m.metric, views.judge(m.worst, m)) for n, m in v.metrics.items()
-                  if m.bound is not None and m.kind in ("check", "accuracy", "trajectory")]  # fmt: skip
+                  if m.bound is not None and m.kind in ("check", "accuracy", "trajectory")]
         if judged:
             held = sum(c.state != "bad" for _, c in judged)
             out["bounds"] = views.Cell(f"{held}/{len(judged)}", "ok" if held == len(judged) else "bad")
         rel = [(m.worst, t, m) for n, m in v.metrics.items()
-               if m.kind == "accuracy" and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]  # fmt: skip
+               if m.kind == "accuracy" and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]
         if rel:
             value, (tensor, _), m = max(rel, key=lambda x: -math.inf if x[0] != x[0] else x[0])
             cell = _bad_only(views.judge(value, m))
@@ -439,7 +439,7 @@ def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Piv
         return out
 
     order = (("bounds", "bounds held"), ("worst_rel_l2", "worst rel-L2"), *TIMING_COLUMNS,
-             ("gain", "gain"), ("speedup", "speed-up"), ("out_of_bound", "out of bound"))  # fmt: skip
+             ("gain", "gain"), ("speedup", "speed-up"), ("out_of_bound", "out of bound"))
     p = _pivot(variants(cases), cells, order, label=_timing_label)
     p.columns = [c for c in p.columns if c[0] != "out_of_bound"] + [
         c for c in p.columns if c[0] == "out_of_bound"
@@ -451,12 +451,12 @@ def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Piv
 
 BACKEND_MEASURES: tuple[tuple[str, str], ...] = (
     ("fwd_bwd", "fwd+bwd"), ("ratio", "speed-up vs {baseline}"), ("rel_l2", "worst rel-L2"), ("peak", "peak"),
-)  # fmt: skip
+)
 
 
 def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
     rel = [(m.worst, views.split_accuracy_metric(n)[0], m) for n, m in metrics.items()
-           if m.kind == "accuracy" and views.split_accuracy_metric(n)[1] == "rel_l2"]  # fmt: skip
+           if m.kind == "accuracy" and views.split_accuracy_metric(n)[1] == "rel_l2"]
     if not rel:
         return None
     value, tensor, m = max(rel, key=lambda x: math.inf if x[0] != x[0] else x[0])
@@ -476,7 +476,7 @@ def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, 
     elif (m := ms.get("ratio_to_baseline")) is not None:
         out["ratio"] = views.Cell(conventions.speedup_text(1.0, m.median), "none", "",
                                   "the baseline's median fwd+bwd / this one's, timed in the same case "
-                                  "on the same inputs")  # fmt: skip
+                                  "on the same inputs")
     if (cell := _worst_rel_l2(ms)) is not None:
         out["rel_l2"] = cell
     peak = next((ms[k] for k in HEADLINE_MEMORY if k in ms), None)
@@ -501,7 +501,7 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         shape = {k: x for k, x in v.params.items() if k != "backend"}
         groups.setdefault(views.params_key(shape), []).append(v)
     shapes = [Variant(vs[0].case, {k: x for k, x in vs[0].params.items() if k != "backend"}, {})
-              for vs in groups.values()]  # fmt: skip
+              for vs in groups.values()]
     dims = dimensions(shapes)
     if dims == [("case", "case")]:
         dims = [("seq_len", "T")] if "seq_len" in shapes[0].params else dims
@@ -515,10 +515,10 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
         out.append(row)
     present = {k for r in out for k in r.cells}
     columns = [(f"{b}|{k}", f"{b}: {label.format(baseline=baseline or 'baseline')}")
-               for b in order for k, label in BACKEND_MEASURES if f"{b}|{k}" in present]  # fmt: skip
+               for b in order for k, label in BACKEND_MEASURES if f"{b}|{k}" in present]
     p = Pivot(dims, columns, out)
     p.notes.append("per backend: median fwd+bwd of the slowest rank, its speed-up over the baseline backend "
                    + (f"'{baseline}' " if baseline else "")
                    + "(timed in the same case), the worst tensor's relative-L2 (worst rank), the peak "
-                   "allocated (max over ranks)")  # fmt: skip
+                   "allocated (max over ranks)")
     return p

@@ -295,7 +295,7 @@ def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
             est = conventions.bwd_estimate(fwd.median, both.median)
             cell = Cell(fmt(est, shown_unit(fwd.unit)), title="median(fwd+bwd) − median(fwd)")
             rows.append(SpeedRow(c.name, c.fingerprint, BWD_ESTIMATE, fwd.unit, cell, "–", "–", "–",
-                                 Cell("–")))  # fmt: skip
+                                 Cell("–")))
         if len(rows) > first:
             rows[first].span = len(rows) - first
     return rows
@@ -513,7 +513,7 @@ def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
                 "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
                 else "–",
                 "p": f"{m.p_value:.2g}" if m.p_value is not None else "–",
-            })  # fmt: skip
+            })
         if len(rows) == first:  # nothing to list: one row that says why
             reason = c.reason or ""
             if hidden:

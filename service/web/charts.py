@@ -442,7 +442,7 @@ def sweep_chart(series: Sequence[SweepSeries], *, title: str, x_label: str = "se
         body.append(_text(left - 6, py + 3, fmt(t), anchor="end", css="lbl small"))
     for s in sizes:
         body.append(_text(xs(math.log2(s)), height - bottom + 14, _size_label(s), anchor="middle",
-                          css="lbl small"))  # fmt: skip
+                          css="lbl small"))
     body.append(_text(width - right, height - bottom + 28, x_label, anchor="end", css="lbl small"))
     body.append(_text(4, top + 8, unit, css="lbl small"))
     desc: list[str] = []

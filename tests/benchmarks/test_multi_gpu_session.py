@@ -38,7 +38,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.
         return subprocess.run(
             ["bash", "benchmarks/multi_gpu_session.sh", *CALLS[i]],
             cwd=ROOT, env={**env, "OUT": out}, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        )
 
     with ThreadPoolExecutor(len(CALLS)) as pool:
         procs = list(pool.map(call, range(len(CALLS))))
@@ -108,7 +108,7 @@ def test_the_cpu_runs_recorded_every_case(session) -> None:  # type: ignore[no-u
         assert len(doc["cases"]) == count and ok, name
     traj = json.loads(_read(out, "traj.json"))
     assert {c["name"] for c in traj["cases"]} == {f"traj/{m}/ckpt-{c}" for m in ("p2p", "ulysses")
-                                                  for c in ("off", "full")}  # fmt: skip
+                                                  for c in ("off", "full")}
     assert traj["params"]["steps"] == 5
     assert (out.parent / "out2" / "reference_traj_T128_S5_eager.json").is_file()  # copied for reuse
     assert json.loads(_read(out, "p2plate.json"))["params"]["p2p_early_state"] is False
@@ -122,7 +122,7 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     job fails for want of a CUDA device, which the summary reports)."""
     out = tmp_path / "out"
     env = {**os.environ, "NGPU": "8", "PYTHON": sys.executable, "OUT": str(out), "BUDGET": "200",
-           "REFS": str(tmp_path / "refs")}  # fmt: skip
+           "REFS": str(tmp_path / "refs")}
     env.pop("DRY_CPU", None)
     # DETERMINISTIC=1 (checked last) runs beside the first call: its own $OUT, nothing shared
     det_env = {**env, "OUT": str(tmp_path / "det"), "DETERMINISTIC": "1"}
@@ -131,7 +131,7 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     proc = subprocess.run(
         ["bash", "benchmarks/multi_gpu_session.sh", "plan", "traj:7:80:32768:\"p2p\""],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     det.wait(timeout=120)
     summary = (out / "summary.txt").read_text()
     assert "plan rc=0 (N=8" in summary
@@ -139,7 +139,7 @@ def test_gpu_mode_plan_and_step_arguments_without_running(tmp_path: Path) -> Non
     assert "cp-layer --preset full --device cuda --world-size 8: 11 case(s)" in log
     traj = next(line for line in log.splitlines() if line.startswith("=== traj"))
     for part in ('modes=["p2p"]', "steps=7", "seq_len=32768", f"{tmp_path}/refs/traj_T32768_S7_eager.json",
-                 "reference_checkpoint=full", "--world-size 8", "--deadline 60"):  # fmt: skip
+                 "reference_checkpoint=full", "--world-size 8", "--deadline 60"):
         assert part in traj
     doc = json.loads((out / "traj.json").read_text())
     assert doc["exit_code"] == 2 and proc.returncode != 0

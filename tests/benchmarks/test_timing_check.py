@@ -13,7 +13,7 @@ from benchmarks.timing_check import main, merge, parse_args, table, verdict
 
 SMALL = ["--device", "cpu", "--seq-lens", "64", "--qk-heads", "1", "--v-heads", "2", "--head-dim", "16",
          "--dtype", "float32", "--warmup", "1", "--repeat", "3", "--warmup-ms", "2",
-         "--rep-ms", "10"]  # fmt: skip
+         "--rep-ms", "10"]
 
 
 def test_cpu_run_measures_the_suite_and_the_reference_method(
@@ -54,9 +54,9 @@ def test_cpu_run_measures_the_suite_and_the_reference_method(
 
 def test_verdicts_table_and_merge() -> None:
     ok = {"T": 16384, "backend": "fla", "suite_ms": 3.7, "do_bench_ms": 3.68, "suite_call_ms": 3.69,
-          "ratio": 3.7 / 3.68, "pass": True}  # fmt: skip
+          "ratio": 3.7 / 3.68, "pass": True}
     slow = {"T": 16384, "backend": "flashqla", "suite_ms": 2.345, "do_bench_ms": 1.39, "suite_call_ms": 1.9,
-            "ratio": 2.345 / 1.39, "pass": False}  # fmt: skip
+            "ratio": 2.345 / 1.39, "pass": False}
     broken = {"T": 65536, "backend": "triton", "error": "RuntimeError: out of memory"}
     assert [verdict(r) for r in (ok, slow, broken)] == ["PASS", "FAIL", "ERROR"]
     text = table([broken, slow, ok], 0.10).splitlines()

@@ -78,7 +78,7 @@ def test_profiles_start_one_device_family_and_workers_cannot_be_scaled() -> None
     assert npu["environment"]["ASCEND_VISIBLE_DEVICES"].startswith("${GDNVAL_NPU_DEVICES")
     mounts = {v.split(":")[0] for v in npu["volumes"]}
     assert mounts == {"/usr/local/dcmi", "/usr/local/bin/npu-smi", "/usr/local/Ascend/driver",
-                      "/etc/ascend_install.info"}  # fmt: skip
+                      "/etc/ascend_install.info"}
 
 
 def test_ray_token_authentication_is_on_for_every_ray_process() -> None:
@@ -100,7 +100,7 @@ def test_docker_compose_config_accepts_every_profile() -> None:
         ["docker", "compose", "-f", str(DOCKER / "compose.yaml"), "--profile", "cuda", "--profile", "npu",
          "--profile", "cpu", "config", "--quiet"],
         capture_output=True, text=True, env={**os.environ, **COMPOSE_ENV}, timeout=60,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -126,5 +126,5 @@ def test_deploy_doc_covers_the_cluster() -> None:
     doc = (ROOT / "docs" / "deploy.md").read_text()
     for needle in ("ray start --head", "ray start --address", "GDNVAL_RAY_ADDRESS", "GDNVAL_DB_URL",
                    "num-gpus", "NPU", "GDNVAL_REPO", "Upgrading", "RAY_AUTH_TOKEN", "cpu_node",
-                   "GDNVAL_PLACEMENT", "postgresql+psycopg", "runtime_env", "docs/npu.md"):  # fmt: skip
+                   "GDNVAL_PLACEMENT", "postgresql+psycopg", "runtime_env", "docs/npu.md"):
         assert needle in doc, needle

@@ -66,7 +66,7 @@ def _install(tmp: Path, *, atb: bool = True, toolkit: str | None = TOOLKIT_ENV) 
 
 def _run(env: dict[str, str], *cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-u", str(ENTRYPOINT), *cmd], capture_output=True, text=True, env=env,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ def make_backend_repo(repo: Path) -> dict[str, str]:
     right = CORE
     shas = {}
     for name, text in (("c1", right), ("c2", right + TWICE), ("c3", right + SCALED),
-                       ("c4", "# the per-token recurrence, unchanged\n" + right)):  # fmt: skip
+                       ("c4", "# the per-token recurrence, unchanged\n" + right)):
         (repo / "extgdn" / "__init__.py").write_text(text)
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", name)
@@ -91,7 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         mp.delenv("GDNVAL_REPO", raising=False)
         close_executors()
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
-                            executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
+                            executor="local", poll_interval_s=0.5, lease_s=120.0)
         try:
             with serve_in_thread(settings) as url:
                 yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp)
@@ -167,7 +167,7 @@ def test_a_backend_repository_is_gated_on_its_backend(server: SimpleNamespace) -
             assert found and {j["code_commit"] for j in found} == {sha}, name
         assert "installed</span>" not in jobs_page
         fingerprint = next(f["fingerprint"] for f in scaled.gate["findings"]
-                           if f["case"] == f"T512_stateful_hqk2_hv4_b1_{BACKEND}")  # fmt: skip
+                           if f["case"] == f"T512_stateful_hqk2_hv4_b1_{BACKEND}")
         history = http.get("/history", params={"fingerprint": fingerprint, "metric": "fwd_rel"}).text
         for name, sha in shas.items():  # each commit's row names it by its own short sha
             assert f'<td class="mono">{sha[:8]}</td>' in history, (name, history[:3000])
@@ -179,5 +179,5 @@ def test_a_backend_repository_is_gated_on_its_backend(server: SimpleNamespace) -
         raw = {m["metric"]: m for m in eager["metrics"] if m["metric"] in ("fwd_ms", "fwd_bwd_ms")}
         assert set(raw) == {"fwd_ms", "fwd_bwd_ms"}, eager["metrics"]
         assert all(m["verdict"] in ("unchanged", "changed") and "not judged" in m["reason"]
-                   for m in raw.values()), raw  # fmt: skip
+                   for m in raw.values()), raw
     print("backend gate wall times (s):", {k: round(v, 1) for k, v in walls.items()})

@@ -48,9 +48,9 @@ def gdnval(command: str, server: Server, cwd: Path, timeout: float) -> subproces
     argv = shlex.split(command)
     assert argv[0] == "gdnval"
     env = {**os.environ, "GDNVAL_SERVER": server.base, "GDNVAL_API_TOKEN": TOKEN,
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "service.cli", *argv[1:]], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.timeout(2400)  # twelve jobs one after another; minutes on a shared 2-core machine

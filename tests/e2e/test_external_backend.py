@@ -70,7 +70,7 @@ extgdn = "extgdn:core"
 
 def _git(repo: Path, *args: str) -> str:
     out = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                         check=True, capture_output=True, text=True)  # fmt: skip
+                         check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
 
@@ -93,7 +93,7 @@ def _job(cache: Path, source: str, params: dict) -> RecordingSink:
     """A gdn-op quick job with this backend source on the real local executor."""
     sink = RecordingSink()
     spec = JobSpec(job_id=1, suite="gdn-op", preset="quick", params=params, deadline_s=300.0,
-                   backend_source=source)  # fmt: skip
+                   backend_source=source)
     sink.outcome = LocalExecutor(cache_dir=cache / "snapshots").run(spec, sink, threading.Event())  # type: ignore[attr-defined]
     return sink
 
@@ -126,7 +126,7 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
     out = tmp_path / "gate.json"
     close_executors()
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'svc.db'}", artifacts_dir=tmp_path / "artifacts",
-                        executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
+                        executor="local", poll_interval_s=0.5, lease_s=120.0)
     try:
         with serve_in_thread(settings) as url:
             result = CliRunner().invoke(main, [
@@ -134,7 +134,7 @@ def test_the_gate_between_its_two_commits_exits_1(ext_repo, tmp_path: Path, monk
                 "--suite", "gdn-op", "--preset", "quick", "--param", 'backends=["eager","extgdn"]',
                 "--param", "baseline=eager", "--param", "timing=false", "--server", url, "--poll", "0.3",
                 "--json", str(out),
-            ], catch_exceptions=False)  # fmt: skip
+            ], catch_exceptions=False)
     finally:
         close_executors()
     assert result.exit_code == 1, result.stdout
@@ -173,9 +173,9 @@ def test_cp_layer_quick_runs_ulysses_and_p2p_over_it_on_two_ranks(ext_repo, tmp_
     repo, right, _ = ext_repo
     sink = RecordingSink()
     params = {"candidates": ["ulysses+extgdn", "p2p+extgdn"], "ref_backend": "extgdn", "dtypes": ["float64"],
-              "seq_lens": [], "padding_cases": [], "timing": False}  # fmt: skip
+              "seq_lens": [], "padding_cases": [], "timing": False}
     spec = JobSpec(job_id=2, suite="cp-layer", preset="quick", params=params, world_size=2, deadline_s=300.0,
-                   backend_source=f"git+{repo}@{right}")  # fmt: skip
+                   backend_source=f"git+{repo}@{right}")
     outcome = LocalExecutor(cache_dir=tmp_path / "snapshots").run(spec, sink, threading.Event())
     assert outcome.status == "succeeded", (outcome, sink.cases)
     names = {"ulysses_extgdn_T160_B1_packed4", "p2p_extgdn_T160_B1_packed4"}
@@ -207,7 +207,7 @@ def test_a_job_request_names_its_backend_source_in_a_label() -> None:
     from service.domain.submission import InvalidJob, validate_request
 
     body = {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager", "extgdn"]},
-            "labels": {"backend_source": "git+../ext-gdn@v1"}}  # fmt: skip
+            "labels": {"backend_source": "git+../ext-gdn@v1"}}
     assert validate_request(body, None).labels["backend_source"].endswith("@v1")
     with pytest.raises(InvalidJob, match=r"label 'backend_source': backend source 'git\+x'"):
         validate_request({**body, "labels": {"backend_source": "git+x"}}, None)
@@ -228,7 +228,7 @@ def test_run_and_backends_take_the_source_and_resolve_it_before_any_rank(
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
-                              env=dict(os.environ), timeout=600)  # fmt: skip
+                              env=dict(os.environ), timeout=600)
 
     run = ("run", "gdn-op", "--param", 'backends=["eager","extgdn"]', "--param", "timing=false")
     missing = cli(*run, "--dry-run")

@@ -96,7 +96,7 @@ def test_a_planted_change_is_what_the_eager_backend_runs(plant: str, tmp_path: P
     text = globals()[plant]
     (tmp_path / EAGER).write_text((tmp_path / EAGER).read_text() + text)
     out = subprocess.run([sys.executable, "-c", PLANT_CHECK], cwd=tmp_path, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)  # fmt: skip
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["doc"] in text
@@ -117,7 +117,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         mp.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp / "snapshots"))
         close_executors()
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
-                            executor="local", poll_interval_s=0.5, lease_s=120.0)  # fmt: skip
+                            executor="local", poll_interval_s=0.5, lease_s=120.0)
         try:
             with serve_in_thread(settings) as url:
                 yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp)
@@ -136,14 +136,14 @@ def gate(server: SimpleNamespace, head: str, base: str, *extra: str) -> SimpleNa
     result = CliRunner().invoke(main, [
         "gate", "--head", head, "--base", base, "--suite", "gdn-op", "--repo", str(server.repo),
         "--server", server.url, "--poll", "0.3", "--json", str(out), *GATE_PARAMS, *extra,
-    ], catch_exceptions=False)  # fmt: skip
+    ], catch_exceptions=False)
     data = json.loads(out.read_text()) if out.exists() else {}
     return SimpleNamespace(code=result.exit_code, stdout=result.stdout, data=data, wall=time.monotonic() - t0)
 
 
 def _metrics(data: dict, verdict: str) -> set[str]:
     return {m["metric"] for cmp in data["comparisons"] for c in cmp["cases"] for m in c["metrics"]
-            if m["verdict"] == verdict}  # fmt: skip
+            if m["verdict"] == verdict}
 
 
 @pytest.mark.slow
@@ -201,7 +201,7 @@ def default_gate(server: SimpleNamespace, head: str) -> SimpleNamespace:
     result = CliRunner().invoke(main, [
         "gate", "--head", head, "--base", f"{head}~1",
         "--repo", str(server.repo), "--server", server.url, "--poll", "0.3", "--json", str(out),
-    ], catch_exceptions=False)  # fmt: skip
+    ], catch_exceptions=False)
     data = json.loads(out.read_text()) if out.exists() else {}
     return SimpleNamespace(code=result.exit_code, stdout=result.stdout, data=data, wall=time.monotonic() - t0)
 
@@ -221,9 +221,9 @@ def test_default_cpu_gate_passes_a_comment_and_fails_a_doubled_forward(server: S
     slow = default_gate(server, shas["C"])
     assert slow.code == 1, slow.stdout
     regressed = {(cmp["suite"], m["metric"]) for cmp in slow.data["comparisons"] for c in cmp["cases"]
-                 for m in c["metrics"] if m["verdict"] == "regressed"}  # fmt: skip
+                 for m in c["metrics"] if m["verdict"] == "regressed"}
     assert ("gdn-op", "fwd_rel") in regressed, slow.stdout
     # raw wall clock on a cpu is shown, never judged
     assert not {metric for _, metric in regressed} - {"fwd_rel", "fwd_bwd_rel"}, regressed
     print("default CPU gate wall times (s):", {"comment-only": round(comment.wall, 1),
-                                                "2x forward": round(slow.wall, 1)})  # fmt: skip
+                                                "2x forward": round(slow.wall, 1)})

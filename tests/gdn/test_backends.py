@@ -25,7 +25,7 @@ def _x():
 def test_unknown_backend_names_the_registered_ones() -> None:
     x = _x()
     with pytest.raises(UnsupportedGDNRequest, match=r"backend='nope' is not supported; registered backends: "
-                       r"'eager', 'triton', 'fla', 'flashqla'"):  # fmt: skip
+                       r"'eager', 'triton', 'fla', 'flashqla'"):
         gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, backend="nope")
     assert registered_backends()[:4] == ("eager", "triton", "fla", "flashqla")
 
@@ -33,7 +33,7 @@ def test_unknown_backend_names_the_registered_ones() -> None:
 def test_module_function_one_off_runs_that_function() -> None:
     x = _x()
     o, ht = gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                             backend="gdn.reference:recurrent_gated_delta_rule")  # fmt: skip
+                             backend="gdn.reference:recurrent_gated_delta_rule")
     o_e, ht_e = gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True)
     assert rel_l2(o, o_e) < 1e-12 and rel_l2(ht, ht_e) < 1e-12
     with pytest.raises(UnsupportedGDNRequest, match=r"module 'gdn.nothing' does not import"):
@@ -113,10 +113,10 @@ def test_p2p_emulation_runs_over_a_named_backend() -> None:
     x = make_inputs(1, 51, 1, 2, 4, stateful=True, seed=9).requires_grad_()
     do, dht = torch.randn(1, 51, 2, 4, dtype=torch.float64), torch.randn(1, 2, 4, 4, dtype=torch.float64)
     o, ht = emulated_p2p_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, num_shards=3, backend=name,
-                                          initial_state=x.h0)  # fmt: skip
+                                          initial_state=x.h0)
     got = torch.autograd.grad([o, ht], x.tensors(), [do, dht])
     o_ref, ht_ref = gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                                     backend=name)  # fmt: skip
+                                     backend=name)
     want = torch.autograd.grad([o_ref, ht_ref], x.tensors(), [do, dht])
     assert rel_l2(o, o_ref) < 1e-12 and rel_l2(ht, ht_ref) < 1e-12
     assert all(rel_l2(a, b) < 1e-12 for a, b in zip(got, want, strict=True))

@@ -38,7 +38,7 @@ NETWORK_RUN = ("network", "--preset", "quick", "--device", "cpu", "--world-size"
                "--param", "model=small-128", "--param", "backend=triton", "--param", 'modes=["p2p"]',
                "--param", 'checkpoints=["off"]', "--param", "seq_len=128", "--param", "speed=false",
                "--param", 'determinism_modes=["p2p"]', "--param", "steps=2", "--param", "determinism_steps=1",
-               "--param", "valid_lengths=null", "--param", "batch_size=1")  # fmt: skip
+               "--param", "valid_lengths=null", "--param", "batch_size=1")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +83,7 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
         out[f"early={early}"] = {
             "o": o.detach(), **{f"d{n}": t.grad for n, t in local.items()},
             "sent": dict(cp.stats.sent), "received": dict(cp.stats.received),
-        }  # fmt: skip
+        }
     return out
 
 
@@ -146,7 +146,7 @@ def test_network_p2p_triton_with_checkpointing(network_job: tuple[subprocess.Pop
     assert doc["params"]["backend"] == "triton" and doc["world_size"] == 2
     assert {c["name"]: c["status"] for c in doc["cases"]} == {
         "traj/p2p/ckpt-off": "passed", "determinism/p2p": "passed",
-    }  # fmt: skip
+    }
     det = {s["metric"]: s["value"] for s in doc["samples"] if s["case"] == "determinism/p2p"}
     assert det["det_loss_identical"] == det["det_params_identical"] == 1.0
     assert det["det_max_param_diff"] == 0.0

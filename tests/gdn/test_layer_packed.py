@@ -70,7 +70,7 @@ def test_a_packed_batch_equals_each_sequence_alone() -> None:
     joined = {
         "y": torch.cat([r["y"] for r in alone], 1), "dx": torch.cat([r["dx"] for r in alone], 1),
         "params": {n: sum(r["params"][n] for r in alone) for n in packed["params"]},
-    }  # fmt: skip
+    }
     diffs = _max_diff(packed, joined)
     assert max(diffs.values()) <= TOL, diffs
     # the restart matters: the same tokens as one sequence give another output
@@ -107,7 +107,7 @@ def _rank(rank: int, world: int, refs: dict[tuple[int, ...], dict[str, Any]]) ->
     x, _ = _inputs(P * T_LOCAL, CFG3)
     try:
         _layer(CPConfig("all_gather"), CFG3)(x[:, rank * T_LOCAL : (rank + 1) * T_LOCAL],
-                                             cu_seqlens=_cu(CROSSING["two_boundaries"]))  # fmt: skip
+                                             cu_seqlens=_cu(CROSSING["two_boundaries"]))
         out["all_gather_crossing"] = "no error"
     except CPError as exc:
         out["all_gather_crossing"] = str(exc)
@@ -125,7 +125,7 @@ def cp3() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("run", ["ulysses/two_boundaries", "p2p/aligned", "all_gather/aligned",
-                                 *(f"p2p/{name}" for name in CROSSING)])  # fmt: skip
+                                 *(f"p2p/{name}" for name in CROSSING)])
 def test_packed_cp_equals_the_packed_layer(cp3: list[dict[str, Any]], run: str) -> None:
     for rank, res in enumerate(cp3):
         assert max(res[run].values()) <= TOL, (rank, res[run])

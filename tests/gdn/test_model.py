@@ -26,7 +26,7 @@ def test_report_configs_are_3_to_1_hybrids() -> None:
 def test_tiny_model_structure_and_shapes() -> None:
     model = build_model("tiny", seed=0)
     kinds = [type(layer.linear_attn if layer.layer_type == "linear_attention" else layer.self_attn).__name__
-             for layer in model.layers]  # fmt: skip
+             for layer in model.layers]
     assert kinds == ["GatedDeltaNet"] * 3 + ["FullAttention"]
     ids = torch.randint(0, 257, (2, 24))
     logits = model(ids)

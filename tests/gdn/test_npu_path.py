@@ -69,7 +69,7 @@ def _rank_rules(rank: int, world: int) -> dict[str, object]:
     out["fp64_sum"] = s64.tolist()
     out["fp64_expected"] = (torch.stack([
         torch.tensor([1.0 + 1e-15 * (r + 1), 1e-300 * (r + 1)], dtype=torch.float64) for r in range(world)
-    ]).sum(0)).tolist()  # fmt: skip
+    ]).sum(0)).tolist()
     # work handles behave like HCCL's: wait(timeout) refused, the bounded wait polls
     peer = 1 - rank
     buf = torch.full((4,), float(rank))
@@ -184,11 +184,11 @@ def _direct_collectives(path: Path) -> list[str]:
     names = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all",
              "all_to_all_single", "broadcast", "broadcast_object_list", "reduce_scatter",
              "reduce_scatter_tensor", "isend", "irecv", "send", "recv", "barrier", "reduce",
-             "gather", "scatter", "batch_isend_irecv", "all_gather_object"}  # fmt: skip
+             "gather", "scatter", "batch_isend_irecv", "all_gather_object"}
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
-                and node.value.id == "dist"):  # fmt: skip
+                and node.value.id == "dist"):
             found.append(f"{path.relative_to(ROOT)}:{node.lineno} dist.{node.attr}")
     return found
 
@@ -213,7 +213,7 @@ def test_hccl_timeouts_derive_from_the_job_limit():
     assert devices.collective_env("cpu", 100) == {} and devices.collective_env("cuda", 100) == {}
     env = devices.collective_env("npu", 930.0)
     assert env == {"HCCL_BLOCKING_WAIT": "1", "TORCH_HCCL_BLOCKING_WAIT": "1",
-                   "HCCL_EXEC_TIMEOUT": "930", "HCCL_CONNECT_TIMEOUT": "930"}  # fmt: skip
+                   "HCCL_EXEC_TIMEOUT": "930", "HCCL_CONNECT_TIMEOUT": "930"}
     assert devices.collective_env("npu", 30)["HCCL_EXEC_TIMEOUT"] == "68"  # HCCL's ranges
     assert devices.collective_env("npu", 30)["HCCL_CONNECT_TIMEOUT"] == "120"
     assert devices.collective_env("npu", 1e6)["HCCL_EXEC_TIMEOUT"] == "17340"
@@ -278,7 +278,7 @@ def test_npu_keeps_triton_and_fails_fast_without_triton_ascend(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: triton-ascend\nVersion: 3.2.0\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", NPU_CAPABILITY, str(tmp_path / "site")], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT, env=env)  # fmt: skip
+                         text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     without, with_ = got["without"], got["with"]
@@ -289,7 +289,7 @@ def test_npu_keeps_triton_and_fails_fast_without_triton_ascend(tmp_path):
     assert with_["check"] is None and with_["refusal"] is None
     # every NPU job's environment names the Ascend software (None: not installed on this machine)
     assert {k: without["info"][k] for k in ("cann", "torch_npu", "triton_ascend")} == {
-        "cann": None, "torch_npu": None, "triton_ascend": None}  # fmt: skip
+        "cann": None, "torch_npu": None, "triton_ascend": None}
     assert with_["info"]["triton_ascend"] == "3.2.0"
 
 
@@ -330,7 +330,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> s
     return subprocess.run(
         [sys.executable, "-m", "service.cli", "run", *args], capture_output=True, text=True, timeout=timeout,
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def test_dry_run_network_gate_on_npu_lists_cases():
@@ -350,7 +350,7 @@ QUICK_RUNS = {
     # preset passes too (docs/npu.md), at ~85 s more than this file's CI share
     "network": ("network", "--preset", "quick", "--param", 'modes=["p2p"]', "--param", "steps=3",
                 "--param", "speed=false", "--param", "determinism=false"),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +367,7 @@ def quick_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         for name in (n for n in QUICK_RUNS if n in wanted):
             out_json, log = tmp / f"{name}.json", tmp / f"{name}.log"
             cmd = [sys.executable, "-m", "service.cli", "run", *QUICK_RUNS[name], "--device", "cpu",
-                   "--world-size", "2", "--json", str(out_json)]  # fmt: skip
+                   "--world-size", "2", "--json", str(out_json)]
             with log.open("w") as f:
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
             runs[name] = (proc, out_json, log)

@@ -34,7 +34,7 @@ def _ctx(rank: int, world: int, artifacts: Path | None = None):  # -> RankContex
     from workers.context import RankContext
 
     return RankContext(rank=rank, world_size=world, device=torch.device("cpu"), device_kind="cpu",
-                       group=dist.group.WORLD, artifacts_dir=artifacts)  # fmt: skip
+                       group=dist.group.WORLD, artifacts_dir=artifacts)
 
 
 def _samples(suite: Any, ctx: Any, case: Any) -> dict[str, list[float]]:
@@ -61,7 +61,7 @@ def _model_equality(rank: int, world: int) -> dict[str, Any]:
     mask[1, 45:] = 0  # the padding boundary falls inside rank 1's shard
     lo, hi = rank * T // world, (rank + 1) * T // world
     variants = {"attention": model_config("tiny", layer_types=("full_attention",) * 2, num_layers=2),
-                "hybrid": model_config("tiny")}  # fmt: skip
+                "hybrid": model_config("tiny")}
     for vname, cfg in variants.items():
         ref = build_model(cfg, seed=3)
         ref_logits = ref(ids, mask)

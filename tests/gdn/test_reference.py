@@ -15,7 +15,7 @@ def _run(fn, inp, *, output_final_state: bool, scale: float | None = None):
     return fn(
         inp.q, inp.k, inp.v, inp.g, inp.beta,
         scale=scale, initial_state=inp.h0, output_final_state=output_final_state,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 300])
@@ -76,7 +76,7 @@ def test_chunk_size_does_not_change_the_result():
         o, s = chunk_gated_delta_rule_eager(
             inp.q, inp.k, inp.v, inp.g, inp.beta,
             initial_state=inp.h0, output_final_state=True, chunk_size=chunk,
-        )  # fmt: skip
+        )
         assert rel_l2(o, base) <= TOL and rel_l2(s, s_base) <= TOL
 
 

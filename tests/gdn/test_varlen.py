@@ -49,13 +49,13 @@ def _oracle_each_sequence_alone(leaves: dict, do: torch.Tensor, dht: torch.Tenso
 
 
 def _backend(leaves: dict, do: torch.Tensor, dht: torch.Tensor, cu: torch.Tensor, backend: str,
-             dtype: torch.dtype) -> dict:  # fmt: skip
+             dtype: torch.dtype) -> dict:
     mine = {nm: t.to(dtype if nm not in ("g", "h0") else torch.float32 if dtype != torch.float64 else dtype)
-            .requires_grad_() for nm, t in leaves.items()}  # fmt: skip
+            .requires_grad_() for nm, t in leaves.items()}
     o, ht = gated_delta_rule(
         *(mine[nm] for nm in NAMES[:5]), initial_state=mine["h0"], output_final_state=True,
         cu_seqlens=cu, backend=backend,
-    )  # fmt: skip
+    )
     assert o.shape == leaves["v"].shape and ht.shape == leaves["h0"].shape
     torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
     return {"o": o.detach(), "ht": ht.detach(), **{f"d{nm}": mine[nm].grad for nm in NAMES}}

@@ -46,7 +46,7 @@ ASCEND_PRECISION = {"tf32": "hf32", "tf32x3": "hf32"}
 
 
 def lower_one(fn: Any, signature: dict, constexprs: dict, backend: Any, stages: dict, options: Any,
-              context_of: Any) -> tuple[str, str | None, list[str]]:  # fmt: skip
+              context_of: Any) -> tuple[str, str | None, list[str]]:
     """(stage reached, construct that stopped it or None, the Linalg ops of a lowered kernel)."""
     from triton.compiler import ASTSource
 
@@ -55,7 +55,7 @@ def lower_one(fn: Any, signature: dict, constexprs: dict, backend: Any, stages: 
     stage = "source"
     try:
         ir_mod = src.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(),
-                             context_of())  # fmt: skip
+                             context_of())
         ttir = stages["ttir"](ir_mod, metadata)
         stage = "ttir"
         linalg = stages["ttadapter"](ttir, metadata)
@@ -71,15 +71,15 @@ def lower(launch: dict[str, Any], backend: Any, stages: dict, options: Any, cont
     with hf32 (`ascend_*` keys), which is what an Ascend variant of the kernel would ask for."""
     fn = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     stage, why, ops = lower_one(fn, launch["signature"], launch["constexprs"], backend, stages, options,
-                                context_of)  # fmt: skip
+                                context_of)
     result = {"kernel": launch["kernel"], "dtype": launch["dtype"], "stage": stage, "construct": why,
-              "linalg_ops": ops, "constexprs": launch["constexprs"]}  # fmt: skip
+              "linalg_ops": ops, "constexprs": launch["constexprs"]}
     swapped = {k: ASCEND_PRECISION.get(v, v) if isinstance(v, str) else v
-               for k, v in launch["constexprs"].items()}  # fmt: skip
+               for k, v in launch["constexprs"].items()}
     if why is not None and swapped != launch["constexprs"]:
         stage, why, ops = lower_one(fn, launch["signature"], swapped, backend, stages, options, context_of)
         result.update(ascend_constexprs={k: v for k, v in swapped.items() if v != launch["constexprs"][k]},
-                      ascend_stage=stage, ascend_construct=why, ascend_linalg_ops=ops)  # fmt: skip
+                      ascend_stage=stage, ascend_construct=why, ascend_linalg_ops=ops)
     return result
 
 

@@ -35,7 +35,7 @@ LOWERS = {
     "_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel", "_dvn_local_kernel",
     "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel",
     "_segment_scan_kernel", "_state_group_kernel", "_group_bwd_kernel",
-}  # fmt: skip
+}
 # Constexprs that are a dot's input precision, per kernel: under the NPU config none is tf32 or
 # tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").
 PRECISION_CONSTEXPRS = {"_intra_kernel": "PREC", "_segment_scan_kernel": "PREC"}
@@ -64,12 +64,12 @@ def recorded_launches() -> list[dict]:
     out = []
     with config_overrides(**NPU_FIELDS):
         launches = [(dtype, launch) for dtype in COMPILED_DTYPES
-                    for launch in _distinct_launches(dtype, False, backend)]  # fmt: skip
+                    for launch in _distinct_launches(dtype, False, backend)]
     for dtype, (fn, signature, constexprs, _attrs, _options) in launches:
         names = list(signature)
         values = {names[p[0]]: v for p, v in constexprs.items()}
         out.append({"module": fn.__module__, "kernel": fn.__name__, "dtype": str(dtype).split(".")[-1],
-                    "signature": signature, "constexprs": values})  # fmt: skip
+                    "signature": signature, "constexprs": values})
     return out
 
 
@@ -80,14 +80,14 @@ def lowered() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     rec = subprocess.run([sys.executable, "-m", "tests.kernels.test_kernels_ascend"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+                         capture_output=True, text=True, timeout=600)
     assert rec.returncode == 0, rec.stderr[-4000:]
     launches = json.loads(rec.stdout.strip().splitlines()[-1])
     runs = []
     for w in range(WORKERS):
         proc = subprocess.Popen([str(ASCEND_PYTHON), "-m", "tests.kernels.ascend_lower"], cwd=ROOT, env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+                                text=True)
         runs.append((proc, json.dumps(launches[w::WORKERS])))
     results = []
     for proc, given in runs:
@@ -100,7 +100,7 @@ def lowered() -> list[dict]:
 
 def _failures(results: list[dict]) -> list[str]:
     return sorted({f"{r['kernel']} ({r['dtype']}, stopped after {r['stage']}): {r['construct']}"
-                   for r in results if r["stage"] != "linalg"})  # fmt: skip
+                   for r in results if r["stage"] != "linalg"})
 
 
 def per_kernel(results: list[dict]) -> dict[str, str]:
@@ -115,7 +115,7 @@ def per_kernel(results: list[dict]) -> dict[str, str]:
             verdict = f"fails: {r['construct']}"
         seen = out.get(r["kernel"], "lowers")  # a kernel's verdict is its worst launch's
         out[r["kernel"]] = max(seen, verdict, key=lambda v: ("lowers", "lowers with hf32").index(v)
-                               if not v.startswith("fails") else 2)  # fmt: skip
+                               if not v.startswith("fails") else 2)
     return out
 
 
@@ -144,7 +144,7 @@ def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) 
         seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
     assert seen == {("_intra_kernel", "bfloat16"): {"hf32"}, ("_intra_kernel", "float32"): {"ieee"},
                     ("_segment_scan_kernel", "bfloat16"): {"ieee"},
-                    ("_segment_scan_kernel", "float32"): {"ieee"}}, seen  # fmt: skip
+                    ("_segment_scan_kernel", "float32"): {"ieee"}}, seen
 
 
 if __name__ == "__main__":

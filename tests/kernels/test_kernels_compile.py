@@ -89,7 +89,7 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
         return torch.randn(*shape, dtype=dt).requires_grad_()
 
     return (t(1, T, hq, 128), t(1, T, hq, 128), t(1, T, hv, 128), t(1, T, hv, dt=torch.float32),
-            t(1, T, hv), t(1, hv, 128, 128, dt=torch.float32))  # fmt: skip
+            t(1, T, hv), t(1, hv, 128, 128, dt=torch.float32))
 
 
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
@@ -116,7 +116,7 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     # passes), and a forward without autograd
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()
     o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
-                                              output_final_state=True)  # fmt: skip
+                                              output_final_state=True)
     (o.float().sum() + s.sum()).backward()
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
@@ -126,7 +126,7 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         (o.float().sum() + s.sum()).backward()
         o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
-                                                  output_final_state=True)  # fmt: skip
+                                                  output_final_state=True)
         (o.float().sum() + s.sum()).backward()
     with mod.config_overrides(state_stride=2, stride_recompute=False):  # o, S and Vn in one re-walk
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
@@ -143,7 +143,7 @@ def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
     names = [m.name for m in pkgutil.iter_modules(gdn_kernels.__path__)]
     mods = [importlib.import_module(f"kernels.gdn.{name}") for name in names]
     patched = [(mod, n) for mod in mods for n, f in vars(mod).items()
-               if isinstance(f, JITFunction) and n.endswith("_kernel")]  # fmt: skip
+               if isinstance(f, JITFunction) and n.endswith("_kernel")]
     assert len(patched) >= 11, f"compilable kernels found: {patched} (is TRITON_INTERPRET set?)"
     try:
         for mod, n in patched:
@@ -278,7 +278,7 @@ def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = Tru
         kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
         num_stages=options.num_stages, shared=shared, regs=regs, spill_bytes=stack,
         constexprs={names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()},
-    )  # fmt: skip
+    )
 
 
 def compile_all(dtype: torch.dtype, full: bool = False) -> Iterator[Compiled]:
@@ -337,7 +337,7 @@ def serve_queue(dtypes: tuple[torch.dtype, ...], counter: str) -> dict[str, list
 
 def _row(c: Compiled) -> str:
     return (f"{c.kernel:20s} {c.dtype:8s} warps={c.num_warps} stages={c.num_stages} shared={c.shared:6d} "
-            f"regs={c.regs} stack={c.spill_bytes} {c.constexprs}")  # fmt: skip
+            f"regs={c.regs} stack={c.spill_bytes} {c.constexprs}")
 
 
 COMPILE_WORKERS = 2  # CI's cores; the test run itself is serial
@@ -384,7 +384,7 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     expected = {"_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
                 "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel",
-                "_group_bwd_kernel"}  # fmt: skip
+                "_group_bwd_kernel"}
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
     packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
     assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
@@ -430,7 +430,7 @@ def test_npu_device_gets_the_npu_fields() -> None:
         "    assert kernel_config(torch.bfloat16, npu).f32_dot_scan == 'hf32'\n"
         "assert kernel_config(torch.bfloat16, torch.device('cpu')) == DEFAULT\n"
         "assert kernel_config(torch.bfloat16, torch.device('cuda')) == DEFAULT\n"
-    )  # fmt: skip
+    )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -78,7 +78,7 @@ def test_states_at_a_stride_small_against_fp64_oracle(T: int, stride: int) -> No
     "T,heads,mode",
     [(8192, (32, 32), "stateful"), (32768, (32, 32), "stateful"), (16384, (16, 32), "stateless"),
      (32768, (16, 32), "stateful")],
-)  # fmt: skip
+)
 def test_bf16_long_against_fp32_eager(T: int, heads: tuple[int, int], mode: str) -> None:
     errs = _errors(_case(T, heads[0], heads[1], mode, 0), 0)
     assert {"dg", "dbeta"} <= errs.keys(), f"gradients checked: {sorted(errs)}"
@@ -121,9 +121,9 @@ def test_state_summary_on_gpu() -> None:
     x = make_inputs(1, 8192, 16, 32, 128, dtype=torch.float32, seed=2, device="cuda")
     q, k, v, beta = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v, x.beta))
     _, s = gated_delta_rule(q, k, v, x.g, beta, initial_state=x.h0, output_final_state=True,
-                            backend="triton")  # fmt: skip
+                            backend="triton")
     m = state_summary(k, v, x.g, beta, initial_state=torch.eye(128, device="cuda").expand(1, 32, 128, 128),
-                      zero_values=True)  # fmt: skip
+                      zero_values=True)
     s_ext = state_summary(k, v, x.g, beta)
     composed = torch.einsum("bhij,bhjv->bhiv", m, x.h0) + s_ext
     assert rel_l2(composed, s) < BAR
@@ -146,7 +146,7 @@ def test_triton_available_on_production_shapes() -> None:
      ({"state_stride": 8, "stride_dqk": False}, (32, 32)),
      ({"state_stride": 8, "stride_bwd_programs": 7}, (16, 32))],
     ids=lambda v: _param_id(v),
-)  # fmt: skip
+)
 def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
     """The paths selectable by config fields (the split state passes, the states at a stride with
     the group backward, also over 7 persistent programs, or with per-chunk dS' for bwd_dqk) at 8K
@@ -171,7 +171,7 @@ def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[
 @pytest.mark.parametrize(
     "heads,tuning", [((32, 32), {}), ((16, 32), {}), ((16, 32), {"state_stride": 4})],
     ids=lambda v: _param_id(v),
-)  # fmt: skip
+)
 def test_packed_batch_meets_the_bar_matches_each_sequence_and_reproduces(heads: tuple[int, int],
                                                                          tuning: dict) -> None:
     """The gdn-op full preset's 16K packed batch (8 sequences, boundaries inside, on and next to
@@ -210,12 +210,12 @@ def _packed_batch_checks(heads: tuple[int, int]) -> None:
         o, ht = gated_delta_rule_triton(
             *(alone[n][:, a:b] for n in ("q", "k", "v", "g", "beta")),
             initial_state=alone["h0"][i : i + 1], output_final_state=True,
-        )  # fmt: skip
+        )
         outs.append(o)
         finals.append(ht)
     o, ht = torch.cat(outs, 1), torch.cat(finals, 0)
     torch.autograd.backward([o, ht], [x["do"], x["dht"]])
     each = {"o": o, "ht": ht} | {("dbeta" if n == "beta" else f"d{n}"): alone[n].grad for n in
-                                 ("q", "k", "v", "g", "beta", "h0")}  # fmt: skip
+                                 ("q", "k", "v", "g", "beta", "h0")}
     far = {n: f"{rel_l2(first[n], t):.1e}" for n, t in each.items() if rel_l2(first[n], t) > 1e-5}
     assert not far, f"packed against each sequence alone, over 1e-5: {far}"

@@ -52,7 +52,7 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
      ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False}),
      pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
-)  # fmt: skip
+)
 def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
     """The states kept at a stride (groups of 2 chunks and a short one, or of 1) and re-walked per
     group, S and Vn for the backward recomputed there or written by the forward's re-walk: within
@@ -69,7 +69,7 @@ def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> 
 @pytest.mark.parametrize(
     "over", [{"state_stride": 2}, {"state_stride": 2, "stride_dqk": False}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
-)  # fmt: skip
+)
 @pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
 def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
     """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
@@ -110,7 +110,7 @@ def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:
     o, s = gated_delta_rule(
         low["q"], low["k"], low["v"], g, low["beta"],
         initial_state=h0, output_final_state=final, backend="triton",
-    )  # fmt: skip
+    )
     assert o.dtype == dtype and o.shape == o_ref.shape
     assert (s is None) == (not final)
     tol = TOL[dtype]
@@ -177,7 +177,7 @@ def test_output_only_backward_and_scale() -> None:
     )
     mine = [t.float().requires_grad_() for t in x.tensors()]
     o, s = gated_delta_rule(*mine[:5], scale=0.3, initial_state=mine[5], output_final_state=True,
-                            backend="triton")  # fmt: skip
+                            backend="triton")
     assert s is not None
     o_ref.sum().backward()
     o.sum().backward()
@@ -220,7 +220,7 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stri
             *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
             on_final_state=lambda t: seen.append(("final", t.detach().clone())),
             on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
-        )  # fmt: skip
+        )
     assert [name for name, _ in seen] == ["final"] and torch.equal(seen[0][1], s)
     gen = torch.Generator().manual_seed(3)
     d_o, d_s = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)

@@ -132,7 +132,7 @@ def test_state_forward(x, ref, segments: int) -> None:
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     with config_overrides(seq_segments=segments):
         s, vn, ht, maps = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True,
-                                        store_vn=True, store_final=True, keep_maps=True)  # fmt: skip
+                                        store_vn=True, store_final=True, keep_maps=True)
     assert (maps is None) == (segments == 1)
     for h in range(HV):
         states, vns, final = ref["fwd"][h]
@@ -152,9 +152,9 @@ def test_state_forward_at_a_stride(x, ref, segments: int) -> None:
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     with config_overrides(seq_segments=segments):
         s, _, ht, _ = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True, store_vn=False,
-                                    store_final=True)  # fmt: skip
+                                    store_final=True)
         sb, vn, ht2, _ = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True, store_vn=False,
-                                       store_final=True, stride=2)  # fmt: skip
+                                       store_final=True, stride=2)
     assert vn is None and sb.dtype == torch.float32 and sb.shape == (HV, 2, D, D)
     assert torch.equal(sb, s[:, ::2]) and torch.equal(ht2, ht)
     assert rel_l2(sb[1, 1], ref["fwd"][1][0][2]) <= TOL
@@ -170,21 +170,21 @@ def test_state_groups(x, ref) -> None:
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     sb = torch.stack([torch.stack(ref["fwd"][h][0][::2]) for h in range(HV)]).float()
     o, s, vn = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32,
-                            store_states=True)  # fmt: skip
+                            store_states=True)
     for h in range(HV):
         states, vns, _ = ref["fwd"][h]
         q, k, gam = head(x["q"], h // R), head(x["k"], h // R), ref["gam"][h]
         for i, sl in enumerate(chunks()):
             assert rel_l2(s[h, i], states[i]) <= TOL and rel_l2(vn[h, sl], vns[i]) <= TOL
             want = SCALE * (torch.exp(gam[sl])[:, None] * (q[sl] @ states[i])
-                            + attn(q[sl], k[sl], gam[sl]) @ vns[i])  # fmt: skip
+                            + attn(q[sl], k[sl], gam[sl]) @ vns[i])
             assert rel_l2(o[0, sl, h], want) <= TOL
     walk_s, walk_vn, _, _ = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True, store_vn=True,
-                                          store_final=False)  # fmt: skip
+                                          store_final=False)
     own, *_ = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True, store_vn=False,
-                            store_final=False, stride=2)  # fmt: skip
+                            store_final=False, stride=2)
     none, s2, vn2 = state_groups(None, x["k"], w, u, gamma, own, HV, SCALE, stride=2, out_dtype=None,
-                                 store_states=True)  # fmt: skip
+                                 store_states=True)
     assert none is None and torch.equal(s2, walk_s) and torch.equal(vn2, walk_vn)
 
 
@@ -204,18 +204,18 @@ def test_state_groups_of_packed_sequences(x) -> None:
     gamma = gate_cumsum(x["g"], table.spans)
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV, spans=table.spans)
     s, vn, ht, _ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=True,
-                                 store_final=True, **packed)  # fmt: skip
+                                 store_final=True, **packed)
     sb, _, ht2, _ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=False,
-                                  store_final=True, stride=2, groups=groups, **packed)  # fmt: skip
+                                  store_final=True, stride=2, groups=groups, **packed)
     assert torch.equal(sb, s[:, [0, 1, 3]].float()) and torch.equal(ht2, ht)
     o, s2, vn2 = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32,
-                              store_states=True, spans=table.spans, groups=groups[0])  # fmt: skip
+                              store_states=True, spans=table.spans, groups=groups[0])
     assert torch.equal(s2, s) and torch.equal(vn2, vn)
     want = output(x["q"], x["k"], vn, s, gamma, HV, SCALE, torch.float32, table.spans)
     assert rel_l2(o, want) <= 1e-6
     with pytest.raises(ValueError, match="needs their groups"):
         state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=False, store_final=False,
-                      stride=2, **packed)  # fmt: skip
+                      stride=2, **packed)
 
 
 def test_state_backward_at_a_stride_split(x, ref) -> None:
@@ -228,7 +228,7 @@ def test_state_backward_at_a_stride_split(x, ref) -> None:
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     with config_overrides(seq_segments=3):
         *_, maps = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=False, store_vn=False,
-                                 store_final=False, keep_maps=True)  # fmt: skip
+                                 store_final=False, keep_maps=True)
         args = (x["q"], x["k"], w, x["do"], gamma, x["dht"], SCALE)
         ds, dvn, dh0 = state_backward(*args, want_dh0=True, maps=maps)
         dsb, dvn2, dh02 = state_backward(*args, want_dh0=True, maps=maps, stride=2)
@@ -262,9 +262,9 @@ def _per_chunk_and_strided(x, gamma, stride: int, table=None):
     dht = x["dht"] if table is None else torch.stack([x["dht"][0], 2 * x["dht"][0]])
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV, spans=spans)
     s, vn, *_ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=True,
-                              store_final=False, **packed)  # fmt: skip
+                              store_final=False, **packed)
     sb, *_ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=False, store_final=False,
-                           stride=stride, groups=groups, **packed)  # fmt: skip
+                           stride=stride, groups=groups, **packed)
     args = (x["q"], x["k"], w, x["do"], gamma, dht, SCALE)
     ds, dvn, _ = state_backward(*args, want_dh0=False, **packed)
     dsb, dvn2, _ = state_backward(*args, want_dh0=False, stride=stride, groups=groups, **packed)
@@ -315,13 +315,13 @@ def test_group_backward_of_packed_sequences(x) -> None:
     assert torch.equal(dsb, ds[:, [0, 2, 3]].float())
     want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE, table.spans)
     got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
-                         spans=table.spans, groups=table.groups(2)[0])  # fmt: skip
+                         spans=table.spans, groups=table.groups(2)[0])
     for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
         assert torch.equal(a, b), name
     assert torch.equal(u, vn)
     with pytest.raises(ValueError, match="need both spans and groups"):
         group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
-                       spans=table.spans)  # fmt: skip
+                       spans=table.spans)
 
 
 def test_segment_maps_compose(x, ref) -> None:
@@ -350,7 +350,7 @@ def test_output(x, ref) -> None:
         q, k, gam = head(x["q"], h // R), head(x["k"], h // R), ref["gam"][h]
         for i, sl in enumerate(chunks()):
             want = SCALE * (torch.exp(gam[sl])[:, None] * (q[sl] @ s[h, i].double())
-                            + attn(q[sl], k[sl], gam[sl]) @ vn[h, sl].double())  # fmt: skip
+                            + attn(q[sl], k[sl], gam[sl]) @ vn[h, sl].double())
             assert rel_l2(o[0, sl, h], want) <= TOL
 
 
@@ -388,9 +388,9 @@ def test_state_backward(x, ref, segments: int) -> None:
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     with config_overrides(seq_segments=segments):
         *_, maps = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=False, store_vn=False,
-                                 store_final=False, keep_maps=True)  # fmt: skip
+                                 store_final=False, keep_maps=True)
         ds, dvn, dh0 = state_backward(x["q"], x["k"], w, x["do"], gamma, x["dht"], SCALE, want_dh0=True,
-                                      maps=maps)  # fmt: skip
+                                      maps=maps)
     for h in range(HV):
         dss, dvns, d0 = _ref_state_backward(x, ref, h)
         for i, sl in enumerate(chunks()):
@@ -468,12 +468,12 @@ def test_end_to_end_split_matches_the_unsplit_op(x) -> None:
         with config_overrides(seq_segments=segments):
             y = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
             o, s = gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"], initial_state=y["h0"],
-                                    output_final_state=True, backend="triton")  # fmt: skip
+                                    output_final_state=True, backend="triton")
             torch.autograd.backward([o, s], [x["do"], x["dht"]])
         results.append({"o": o, "s": s, **{f"d{n}": y[n].grad for n in y}})
     with torch.no_grad(), config_overrides(seq_segments=3):
         o, s = gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
-                                output_final_state=True, backend="triton")  # fmt: skip
+                                output_final_state=True, backend="triton")
     for name, want in results[0].items():
         assert rel_l2(results[1][name], want) <= 1e-5, name
     assert rel_l2(o, results[0]["o"]) <= 1e-5 and rel_l2(s, results[0]["s"]) <= 1e-5

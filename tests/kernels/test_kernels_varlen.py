@@ -64,7 +64,7 @@ def _packed(p: dict) -> Callable:
 
     def fn(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return gated_delta_rule_triton_varlen(*(x[n] for n in NAMES[:5]), cu_seqlens=p["cu"],
-                                              initial_state=x["h0"], output_final_state=True)  # fmt: skip
+                                              initial_state=x["h0"], output_final_state=True)
 
     return fn
 
@@ -166,7 +166,7 @@ def test_packed_fp16(over: dict) -> None:
         o, ht, grads = _run(p, _packed(p), torch.float16)
         with torch.no_grad():  # nothing kept for a backward: same numbers
             o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
-                                      for n, t in p["leaves"].items()})  # fmt: skip
+                                      for n, t in p["leaves"].items()})
     errs = {"o": rel_l2(o, o_ref), "ht": rel_l2(ht, ht_ref)}
     errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
     bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
@@ -202,7 +202,7 @@ def test_bad_offsets_are_refused() -> None:
         gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0.0, 8.0]))
     with pytest.raises(ValueError, match="initial_state must be"):
         gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0, 8]),
-                                       initial_state=torch.zeros(2, HV, D, D))  # fmt: skip
+                                       initial_state=torch.zeros(2, HV, D, D))
     with pytest.raises(ValueError, match="batch 1"):
         gated_delta_rule_triton_varlen(*(torch.cat([t, t]) for t in args), cu_seqlens=torch.tensor([0, 8]))
 
@@ -213,7 +213,7 @@ def test_only_empty_sequences_pass_every_state_through() -> None:
     x = make_inputs(1, 0, HQ, HV, D, dtype=torch.float32, stateful=False, seed=1)
     h0 = torch.randn(2, HV, D, D).requires_grad_()
     o, ht = gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 0, 0]),
-                                           initial_state=h0, output_final_state=True)  # fmt: skip
+                                           initial_state=h0, output_final_state=True)
     assert o.shape == (1, 0, HV, D) and torch.equal(ht, h0.detach())
     ht.backward(torch.full_like(ht, 3.0))
     assert torch.equal(h0.grad, torch.full_like(h0, 3.0))

@@ -27,14 +27,14 @@ def _recorded_run(path: Path) -> dict[str, list[float]]:
         name = f"T{t}_stateless_hqk1_hv2_b1_{backend}"
         times[name] = [ms * (1 + 0.01 * i) for i in (3, 0, 4, 1, 2)]  # median ms * 1.02
         samples += [{"case": name, "metric": "fwd_bwd_ms", "rank": 0, "idx": i, "value": v}
-                    for i, v in enumerate(times[name])]  # fmt: skip
+                    for i, v in enumerate(times[name])]
         samples.append({"case": name, "metric": "o_rel_l2", "rank": 0, "idx": 0, "value": 1e-7})
     doc = {
         "format": "gdnval-run/1", "suite": "gdn-op", "preset": "quick", "device": "cpu", "world_size": 1,
         "overrides": {"seq_lens": [65, 130], "modes": ["stateless"], "backends": ["eager", "triton"]},
         "commit": None, "status": "succeeded", "error": None, "info": {"device_name": "test cpu"},
         "cases": [{"name": n, "status": "passed", "error": None} for n in times], "samples": samples,
-    }  # fmt: skip
+    }
     path.write_text(json.dumps(doc))
     return times
 
@@ -76,7 +76,7 @@ def test_a_recording_with_one_case_per_shape_maps_onto_todays_cases(tmp_path: Pa
                       "backends": ["triton", "fla"]},
         "commit": None, "status": "succeeded", "error": None, "info": {}, "cases": [],
         "samples": [{"case": shape, "metric": m, "rank": 0, "idx": 0, "value": v} for m, v in recorded],
-    }  # fmt: skip
+    }
     path = tmp_path / "legacy.json"
     path.write_text(json.dumps(doc))
     samples, left_out = map_samples(RecordedRun.load(path))
@@ -95,7 +95,7 @@ def test_a_peers_benchmark_result_becomes_the_gdn_op_job_it_measured(tmp_path: P
            "runs": [{"T": 8192, "hqk": 32, "fwd_ms": 0.66, "fwd_bwd_ms": 1.81, "fwd_bwd_ms_again": 1.80,
                      "peak_mib": 774.0, "rel_l2": {"o": 3e-3}, "variant": "default"},
                     {"T": 8192, "hqk": 32, "fwd_ms": 0.5, "fwd_bwd_ms": 1.5,
-                     "variant": "swept"}]}  # fmt: skip
+                     "variant": "swept"}]}
     path = tmp_path / "peers.json"
     path.write_text(json.dumps(doc))
     run = RecordedRun.load(path)

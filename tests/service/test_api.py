@@ -602,5 +602,5 @@ def test_demo_queues_the_quick_jobs_into_an_empty_store(tmp_path: Path) -> None:
     got = sorted((j["suite"], j["preset"], j["device"], j["world_size"], j["labels"]) for j in jobs)
     assert got == [("capability", "quick", "cpu", 1, {"demo": "true"}),
                    ("cp-layer", "quick", "cpu", 2, {"demo": "true"}),
-                   ("gdn-op", "quick", "cpu", 1, {"demo": "true"})]  # fmt: skip
+                   ("gdn-op", "quick", "cpu", 1, {"demo": "true"})]
     assert next(j for j in jobs if j["suite"] == "gdn-op")["params"] == {"backends": ["eager"]}

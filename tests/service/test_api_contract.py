@@ -33,7 +33,7 @@ JSON = {**AUTH, "content-type": "application/json"}
 def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("contract")
     settings = Settings(db_url=f"sqlite:///{tmp / 'c.db'}", api_token=TOKEN, dispatch=False,
-                        executor=FAKE_EXECUTOR, artifacts_dir=tmp / "a")  # fmt: skip
+                        executor=FAKE_EXECUTOR, artifacts_dir=tmp / "a")
     with TestClient(create_app(settings)) as http:
         yield http
 
@@ -76,7 +76,7 @@ def test_openapi_declares_problems_and_the_bearer_scheme(client: TestClient) -> 
     doc = client.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["bearer"] == {
         "type": "http", "scheme": "bearer", "description": "the service's API token (GDNVAL_API_TOKEN)"
-    }  # fmt: skip
+    }
     assert "HTTPValidationError" not in doc["components"]["schemas"]
     api = {p: item for p, item in doc["paths"].items() if p.startswith("/api/v1")}
     ops = [(p, m, op) for p, item in api.items() for m, op in item.items()]
@@ -105,7 +105,7 @@ def test_the_token_is_checked_before_the_request(client: TestClient, tmp_path: P
         for kw in ({"json": {"unknown": 1}}, {"content": b"{not json"}, {"json": []}):
             _problem(client.request(method.upper(), url, **kw), 401)
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'p.db'}", api_token=TOKEN, protect_reads=True,
-                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")  # fmt: skip
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")
     with TestClient(create_app(settings)) as protected:
         for url in ("/api/v1/jobs?limit=0", "/api/v1/jobs/0", "/api/v1/compare?base=x", "/api/v1/suites"):
             _problem(protected.get(url), 401)
@@ -135,7 +135,7 @@ def _failures(stdout: str) -> set[tuple[str, str]]:
 @pytest.mark.slow  # about a minute per store: a server subprocess and 45 s of schemathesis
 @pytest.mark.parametrize("store", STORES)
 def test_schemathesis_finds_no_contract_failure(store: str, request: pytest.FixtureRequest,
-                                                tmp_path: Path) -> None:  # fmt: skip
+                                                tmp_path: Path) -> None:
     """`st run --checks all` against a real server (uvicorn subprocess, a SQLite file or a
     PostgreSQL database; no dispatcher, so accepted jobs stay queued), bounded to 10 examples per
     operation and 45 s."""
@@ -152,7 +152,7 @@ def _schemathesis(tmp_path: Path, url: str) -> None:
         st = [str(Path(sys.executable).parent / "st"), "--config-file", config, "run", schema,
               "--checks", "all", "--max-examples", "10", "--max-time", "45", "--seed", "1", "--workers", "1",
               "--generation-database", "none", "--no-color", "--header", f"Authorization: Bearer {TOKEN}",
-              "--request-timeout", "20"]  # fmt: skip
+              "--request-timeout", "20"]
         out = subprocess.run(st, cwd=tmp_path, capture_output=True, text=True, timeout=110)
         tail = out.stdout[-6000:] + out.stderr[-2000:]
         assert "Test cases:" in out.stdout and "generated" in out.stdout, tail  # it really ran

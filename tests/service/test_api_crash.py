@@ -125,7 +125,7 @@ def _resumed_job(server, db: Path, job_id: int, attempts: int, samples: int, cas
     names = [f"c{i}" for i in range(cases)]
     assert _results(db, job_id) == {n: [(attempts, "passed")] for n in names}
     latest = _per_case(db, job_id, "SELECT case_id, idx FROM sample WHERE job_id = ? AND attempt = "
-                                   f"{attempts}")  # fmt: skip
+                                   f"{attempts}")
     assert {n: len(v) for n, v in latest.items()} == dict.fromkeys(names, 2 * samples)
     shown = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/cases").json()["items"]
     assert {c["name"]: c["metrics"]["time_ms"]["count"] for c in shown} == dict.fromkeys(names, samples)
@@ -139,7 +139,7 @@ def test_kill9_after_the_last_case_only_completes_the_job(tmp_path: Path) -> Non
     server.start()
     try:
         r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params},
-                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                       headers={"Authorization": f"Bearer {TOKEN}"})
         job_id = r.json()["id"]
         _wait(lambda: len(_results(db, job_id)) == 2)
         server.kill9()
@@ -156,13 +156,13 @@ def test_kill9_after_the_last_case_only_completes_the_job(tmp_path: Path) -> Non
 @pytest.mark.slow  # a real server, killed twice mid-job
 def test_kill9_mid_job_twice_never_reruns_a_finished_case(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor",
-                         GDNVAL_MAX_ATTEMPTS="3")  # fmt: skip
+                         GDNVAL_MAX_ATTEMPTS="3")
     db = tmp_path / "gdnval.db"
     params = {"cases": 3, "samples": 100, "batch": 50, "pause_s": 0.4}
     server.start()
     try:
         r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params},
-                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                       headers={"Authorization": f"Bearer {TOKEN}"})
         job_id = r.json()["id"]
         for attempt, case in ((1, "c0"), (2, "c1")):
             _wait(lambda a=attempt, c=case: (a, "passed") in _results(db, job_id).get(c, []))

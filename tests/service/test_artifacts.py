@@ -17,7 +17,7 @@ from service.settings import Settings
 
 def _app(tmp_path: Path, name: str, artifacts: Path, **kw: object) -> TestClient:
     settings = Settings(db_url=f"sqlite:///{tmp_path / name}", api_token="t", dispatch=False,
-                        executor="local", artifacts_dir=artifacts, **kw)  # fmt: skip
+                        executor="local", artifacts_dir=artifacts, **kw)
     return TestClient(create_app(settings))
 
 
@@ -25,7 +25,7 @@ def _job_with(http: TestClient, artifacts: Path, files: dict[str, bytes]) -> int
     engine = http.app.state.engine
     with Session(engine) as s, s.begin():
         job = JobRow(suite="capability", preset="quick", params={}, device="cpu", world_size=1,
-                  status="succeeded")  # fmt: skip
+                  status="succeeded")
         s.add(job)
         s.flush()
         for name, data in files.items():

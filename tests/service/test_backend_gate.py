@@ -79,10 +79,10 @@ def test_the_cli_names_the_backend_from_the_package_or_refuses_with_the_names(tm
     assert entry_point_names(two, sha) == ["fast", "slow"]
     assert entry_point_names(two, "HEAD:nothing") == []
     result = CliRunner().invoke(main, ["gate", "--backend-repo", str(two), "--head", "HEAD", "--base", "HEAD",
-                                       "--fresh", "--server", "http://127.0.0.1:9"])  # fmt: skip
+                                       "--fresh", "--server", "http://127.0.0.1:9"])
     assert result.exit_code == 2
     assert "declares the entry points ['fast', 'slow']; name one with --backend" in result.stderr
     result = CliRunner().invoke(main, ["gate", "--backend", "fast", "--head", "HEAD", "--base", "HEAD",
                                        "--fresh", "--repo", str(two),
-                                       "--server", "http://127.0.0.1:9"])  # fmt: skip
+                                       "--server", "http://127.0.0.1:9"])
     assert result.exit_code == 2 and "--backend 'fast' names the backend of --backend-repo" in result.stderr

@@ -92,11 +92,11 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     assert [r["T"].split("]")[0].lstrip("[") for r in rows] == ["65", "129"]  # one row per shape
     for row in rows:
         by_backend = {c["params"]["backend"]: name for name, c in cases.items()
-                      if str(c["params"]["seq_len"]) in row["T"]}  # fmt: skip
+                      if str(c["params"]["seq_len"]) in row["T"]}
         for b, name in by_backend.items():
             assert row[f"{b}: fwd+bwd"] == fmt(med[(name, "fwd_bwd_ms")], "ms")
             worst = max((v, m.removesuffix("_rel_l2")) for (c, m), v in med.items()
-                        if c == name and m.endswith("_rel_l2"))  # fmt: skip
+                        if c == name and m.endswith("_rel_l2"))
             assert row[f"{b}: worst rel-L2"] == f"{fmt(worst[0])} ({worst[1]})"
         assert row[f"{ONE_OFF}: speed-up vs {ONE_OFF}"] == "1 (baseline)"
         ratio = med[(by_backend["eager"], "ratio_to_baseline")]  # this / the baseline, timed in the case
@@ -111,12 +111,12 @@ def test_the_report_puts_the_backends_side_by_side(stored: dict[str, Any]) -> No
     for row in rows:
         backend = row["backend"].split("]")[0].lstrip("[")
         name = next(n for n, c in cases.items() if c["params"]["backend"] == backend
-                    and str(c["params"]["seq_len"]) == row["T"])  # fmt: skip
+                    and str(c["params"]["seq_len"]) == row["T"])
         if backend == ONE_OFF:
             assert row[header[-1]] == "–"  # the baseline itself
             continue
         base = next(n for n, c in cases.items() if c["params"]["backend"] == ONE_OFF
-                    and c["params"]["seq_len"] == cases[name]["params"]["seq_len"])  # fmt: skip
+                    and c["params"]["seq_len"] == cases[name]["params"]["seq_len"])
         assert row[header[-1]] == f"{med[(base, 'fwd_bwd_ms')] / med[(name, 'fwd_bwd_ms')]:.2f}×"
 
 
@@ -146,8 +146,8 @@ def test_the_pages_label_every_row_with_its_backend(stored: dict[str, Any]) -> N
     against = re.findall(r'<td class="hide-narrow small">([^<]*)</td>', speed)
     eager_cases = sorted(n for n, b in backend_of.items() if b == "eager")
     assert {a for a in against if a} == {f"vs {ONE_OFF} ({n.replace('_eager', '_' + ONE_OFF)})"
-                                         for n in eager_cases}, against  # fmt: skip
+                                         for n in eager_cases}, against
 
     cells = re.findall(r'<td rowspan="\d+" class="casecell"><strong>([^<]+)</strong> '
-                       r'<span class="backend-tag" data-backend="([^"]+)"', cmp.text)  # fmt: skip
+                       r'<span class="backend-tag" data-backend="([^"]+)"', cmp.text)
     assert sorted(cells) == sorted(backend_of.items())

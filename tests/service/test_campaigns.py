@@ -66,7 +66,7 @@ def test_campaign_is_stored_with_its_queued_jobs_and_state_from_them(engine: Any
 
 def test_list_campaigns_pages_newest_first(engine: Any) -> None:
     made = [store.create_campaign(engine, campaign_request({**BODY, "world_sizes": [n]}, None))[0].id
-            for n in (4, 8, 4)]  # fmt: skip
+            for n in (4, 8, 4)]
     with Session(engine) as s:
         first, nxt = store.list_campaigns(s, limit=2)
         assert [c.id for c in first] == made[::-1][:2] and nxt == made[1]

@@ -58,7 +58,7 @@ def _client(engine: Any, tmp_path: Path) -> TestClient:
     from service.app import create_app
 
     return TestClient(create_app(Settings(db_url=str(engine.url), dispatch=False, executor="local",
-                                          artifacts_dir=tmp_path / "artifacts")))  # fmt: skip
+                                          artifacts_dir=tmp_path / "artifacts")))
 
 
 def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def _shown(client: TestClient, engine: Any, job_id: int) -> dict[str, Any]:
         verdict = views.job_verdict(job.status, job.verdict, listed)[0]
     rows = client.get("/jobs").text
     return {"api": api, "page": badges, "list": listed, "verdict": verdict, "compare": compared,
-            "list_page": rows}  # fmt: skip
+            "list_page": rows}
 
 
 def _rows(engine: Any, job_id: int) -> list[tuple[int, str, str]]:

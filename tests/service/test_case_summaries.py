@@ -32,7 +32,7 @@ WORLD = 2
 def _running_job(engine, attempts: int = 1) -> JobRow:
     with Session(engine, expire_on_commit=False) as s, s.begin():
         job = JobRow(suite=FAKE, preset="quick", params={"cases": 3}, device="cpu", world_size=WORLD,
-                  status="running", attempts=attempts)  # fmt: skip
+                  status="running", attempts=attempts)
         s.add(job)
     return job
 
@@ -110,7 +110,7 @@ def create_app_for(engine, tmp_path: Path):
     from service.app import create_app
 
     return create_app(Settings(db_url=str(engine.url), dispatch=False, executor="local",
-                               artifacts_dir=tmp_path / "artifacts"))  # fmt: skip
+                               artifacts_dir=tmp_path / "artifacts"))
 
 
 def test_samples_after_a_case_end_reopen_its_summary(engine, tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_dispatcher_run_stores_each_case_as_it_ends(engine, tmp_path: Path, monk
 
     monkeypatch.setattr(summary_store, "finish_summary", finish_spy)
     settings = Settings(db_url=str(engine.url), executor="local", poll_interval_s=0.05,
-                        artifacts_dir=tmp_path / "artifacts")  # fmt: skip
+                        artifacts_dir=tmp_path / "artifacts")
     executor = FakeExecutor()
     body = {"suite": FAKE, "params": {"cases": 3, "samples": 25, "ranks": 2}, "world_size": 2}
     job = submission.submit_job(engine, settings, body, executor)
@@ -231,7 +231,7 @@ def test_migration_tags_existing_summaries_with_their_jobs_attempt(tmp_path: Pat
         conn.execute(text("INSERT INTO job (id, suite, preset, params, device, world_size, status, "
                           "priority, labels, progress_done, progress_total, progress_message, info, "
                           "attempts, cancel_requested, created_at) VALUES (1, 's', 'q', '{}', 'cpu', 1, "
-                          "'succeeded', 0, '{}', 0, 0, '', '{}', 2, 0, '2026-01-01')"))  # fmt: skip
+                          "'succeeded', 0, '{}', 0, 0, '', '{}', 2, 0, '2026-01-01')"))
         conn.execute(text("INSERT INTO \"case\" (id, fingerprint, suite, name, params, device, world_size) "
                           "VALUES (1, 'fp', 's', 'c', '{}', 'cpu', 1)"))
         conn.execute(text("INSERT INTO metric (id, suite, name, unit, kind, direction, description, "

@@ -22,7 +22,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT)}
     full.pop("GDNVAL_DB_URL", None)
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
-                          env=full, timeout=120)  # fmt: skip
+                          env=full, timeout=120)
 
 
 def _one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:

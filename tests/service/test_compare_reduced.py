@@ -49,7 +49,7 @@ def drop_reduced_of(engine, job_id: int, case_ids: list[int] | None = None) -> N
 def _running_job(engine) -> JobRow:
     with Session(engine, expire_on_commit=False) as s, s.begin():
         job = JobRow(suite=FAKE, preset="quick", params={"cases": 2}, device="cpu", world_size=2,
-                     status="running", attempts=1)  # fmt: skip
+                     status="running", attempts=1)
         s.add(job)
     return job
 
@@ -75,7 +75,7 @@ def test_a_stored_cp_job_loads_the_same_reduced_from_samples_or_mixed(engine, tm
     for x in doc["samples"]:
         expected[(x["case"], x["metric"], x["idx"])].append(x["value"])
     got = {(cases[c], names[m][0], i): (v, n) for c, m, i, n, v in
-           zip(*(getattr(reduced, col).tolist() for col in COLUMNS), strict=True)}  # fmt: skip
+           zip(*(getattr(reduced, col).tolist() for col in COLUMNS), strict=True)}
     worst_of = {name: min if d == "higher" else max for name, d in names.values()}
     assert got == {k: (worst_of[k[1]](v), len(v)) for k, v in expected.items()}
 

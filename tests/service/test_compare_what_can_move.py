@@ -24,7 +24,7 @@ METRICS = {m.name: m for m in (RAW, REL, ACC)}
 def _side(job_id: int, scale: float, device: str, code: str | None, seed: int, err: float = 1e-4) -> JobSide:
     rng = np.random.default_rng(seed)
     rows = [("c", name, 0, i, float(base * scale * (1 + 0.01 * rng.standard_normal())))
-            for name, base in (("fwd_ms", 30.0), ("fwd_rel", 2.0)) for i in range(20)]  # fmt: skip
+            for name, base in (("fwd_ms", 30.0), ("fwd_rel", 2.0)) for i in range(20)]
     rows.append(("c", "o_rel_l2", 0, 0, err))
     ref = JobRef(job_id, "synthetic", "gate-cpu", device=device, code=code)
     return JobSide(ref, {"c": CaseInfo("c", "case")}, METRICS, SampleTable.from_records(rows))
@@ -74,7 +74,7 @@ def test_unknown_code_on_either_side_is_never_identical() -> None:
 
 def test_code_identity_is_the_runtime_and_every_backend(tmp_path: Path) -> None:
     info = {"code_hash": "a", "backends": [{"backend": "eager", "content_hash": "a"},
-                                           {"backend": "mine", "content_hash": "m1"}]}  # fmt: skip
+                                           {"backend": "mine", "content_hash": "m1"}]}
     same = code_identity(info)
     assert same is not None and same == code_identity(dict(info))
     other = {**info, "backends": [info["backends"][0], {"backend": "mine", "content_hash": "m2"}]}

@@ -71,13 +71,13 @@ class FakeRunner:
             mids = sample_store.ensure_metrics(s, SUITE.name, SUITE.metrics)
             cid = case_store.ensure_cases(s, [case], job.device, job.world_size)[case.name]
             case_store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
-                                  "Traceback: boom" if sha in ERRORS else None)  # fmt: skip
+                                  "Traceback: boom" if sha in ERRORS else None)
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
         noise = 0.3 if sha in NOISY else 0.01
         rng = np.random.default_rng(job_id)
         rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
-                for i in range(params.repeats)]  # fmt: skip
+                for i in range(params.repeats)]
         rows.append((cid, mids["err"], 0, 0, 1e-4))
         sample_store.insert_samples(self.engine, job_id, rows)
 

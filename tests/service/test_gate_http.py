@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         mp.setenv("GDNVAL_SNAPSHOT_CACHE", str(tmp / "snapshots"))
         close_executors()  # an executor cached by another test would not know this repository
         settings = Settings(db_url=f"sqlite:///{tmp / 'svc.db'}", artifacts_dir=tmp / "artifacts",
-                            executor="local", poll_interval_s=0.3, lease_s=60.0)  # fmt: skip
+                            executor="local", poll_interval_s=0.3, lease_s=60.0)
         try:
             with serve_in_thread(settings) as url:
                 yield SimpleNamespace(url=url, repo=repo, shas=shas, tmp=tmp, mp=mp)
@@ -62,7 +62,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     verdict = server.tmp / "slow.json"
     # HEAD is D (timing as B); gate C against its parent B, found by the CLI in --repo
     slow = cli("gate", "--head", "HEAD~1", "--suite", "gatetime", "--repo", repo, "--server", url,
-               "--poll", "0.2", "--json", str(verdict))  # fmt: skip
+               "--poll", "0.2", "--json", str(verdict))
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "❌ FAIL" in slow.stdout and "regressed" in slow.stdout
     data = json.loads(verdict.read_text())
@@ -79,7 +79,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     server.mp.setenv(EXTRA_ENV, NOISE_ENV)  # named for the ranks: they get an allow-listed environment
     noisy_json = server.tmp / "noisy.json"
     noisy = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
-                "--server", url, "--poll", "0.2", "--confirm", "--json", str(noisy_json))  # fmt: skip
+                "--server", url, "--poll", "0.2", "--confirm", "--json", str(noisy_json))
     assert not flag.exists()  # the head's first run consumed it
     assert noisy.returncode == 0, noisy.stdout + noisy.stderr
     # D's code under test is byte-identical to B's (the runtime's and the suite module's bytes):
@@ -87,19 +87,19 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     noisy_data = json.loads(noisy_json.read_text())
     assert noisy_data["confirmations"] == []
     (noisy_metric,) = [m for c in noisy_data["comparisons"][0]["cases"] for m in c["metrics"]
-                       if m["metric"] == "sleep_ms"]  # fmt: skip
+                       if m["metric"] == "sleep_ms"]
     assert noisy_metric["verdict"] == "changed" and "byte-identical" in noisy_metric["reason"], noisy_metric
 
     # the unchanged pair: D against B, without --confirm; both jobs are reused (D's newest job
     # is the re-run), so the gate costs no run
     same = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
-               "--server", url, "--poll", "0.2")  # fmt: skip
+               "--server", url, "--poll", "0.2")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "✅ PASS" in same.stdout and same.stdout.count("| reused |") == 2
 
     # the executor can never give 64 CPU ranks: refused at once, exit 2
     never = cli("gate", "--head", "HEAD", "--suite", "gatetime", "--repo", repo, "--server", url,
-                "--world-size", "64")  # fmt: skip
+                "--world-size", "64")
     assert never.returncode == 2, never.stdout + never.stderr
     assert "world_size 64" in never.stdout
 
@@ -109,7 +109,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     rep = cli("report", str(head_job), "--base", str(base_job), "--server", url)
     assert rep.returncode == 0, rep.stderr
     for section in ("## Environment", "## Verdicts", "## GDN accuracy matrix", "## Speed and memory",
-                    "## Trajectories", "## Comparison with the base"):  # fmt: skip
+                    "## Trajectories", "## Comparison with the base"):
         assert section in rep.stdout, section
     assert f"[#{head_job}]({url}/jobs/{head_job})" in rep.stdout
     assert "sleep_ms" in rep.stdout and "🔴 regressed" in rep.stdout
@@ -126,7 +126,7 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
 def test_gate_cli_with_the_server_down_exits_2(server: SimpleNamespace) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     down = cli("gate", "--head", "HEAD", "--base", "HEAD~1", "--repo", str(server.repo), "--server", dead,
-               "--json", str(server.tmp / "down.json"))  # fmt: skip
+               "--json", str(server.tmp / "down.json"))
     assert down.returncode == 2, down.stdout + down.stderr
     assert "unreachable" in down.stdout
     assert json.loads((server.tmp / "down.json").read_text())["verdict"] == "error"
@@ -154,7 +154,7 @@ def test_report_of_real_quick_jobs(server: SimpleNamespace) -> None:
 
     ids = []
     for body in ({"suite": "capability", "preset": "quick", "params": {"process_checks": False}},
-                 {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager"]}}):  # fmt: skip
+                 {"suite": "gdn-op", "preset": "quick", "params": {"backends": ["eager"]}}):
         resp = httpx.post(f"{server.url}/api/v1/jobs", json=body)
         assert resp.status_code == 201, resp.text
         ids.append(resp.json()["id"])

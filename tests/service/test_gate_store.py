@@ -109,7 +109,7 @@ def test_a_backend_jobs_commit_is_the_backends_shown_and_found(store) -> None:
         sink = StoreSink(engine, s.get(JobRow, branch.id), Path(url.removeprefix("sqlite:///")).parent)
     resolved = "ab" * 20
     sink.info({"backends": [{"backend": "eager", "distribution": "gdnval", "commit": "f" * 40},
-                            {"backend": "mk", "distribution": "mykernel", "commit": resolved}]})  # fmt: skip
+                            {"backend": "mk", "distribution": "mykernel", "commit": resolved}]})
     with Session(engine) as s:
         assert s.get(JobRow, branch.id).code_commit == resolved
     with TestClient(create_app(Settings(db_url=url, dispatch=False, executor="local"))) as client:
@@ -122,7 +122,7 @@ def test_a_backend_jobs_commit_is_the_backends_shown_and_found(store) -> None:
 
 def test_gate_pages_and_api_are_read_protected_like_the_others(tmp_path: Path) -> None:
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'web.db'}", api_token="s3cret", protect_reads=True,
-                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")  # fmt: skip
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a")
     with TestClient(create_app(settings), follow_redirects=False) as client:
         for path in ("/gates", "/gates/1"):
             assert client.get(path).status_code == 303, path  # to the login page

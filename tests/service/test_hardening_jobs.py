@@ -98,7 +98,7 @@ def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None
         assert set(_job_processes(server_pid)) >= {rank, child}
         server.kill9()
         _wait(lambda: not _alive(rank) and not _alive(child) and _job_processes(server_pid) == [], 5.0,
-              "no process of the job alive 5 s after the kill")  # fmt: skip
+              "no process of the job alive 5 s after the kill")
     finally:
         server.stop()
 

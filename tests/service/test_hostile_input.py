@@ -31,7 +31,7 @@ def client(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp("hostile")
     with store_url(request, request.param, tmp / "h.db") as url:
         settings = Settings(db_url=url, api_token=TOKEN, dispatch=False, artifacts_dir=tmp / "a",
-                            executor="tests.support.api_support:make_fake_executor")  # fmt: skip
+                            executor="tests.support.api_support:make_fake_executor")
         with TestClient(create_app(settings), raise_server_exceptions=False) as http:
             job = http.post("/api/v1/jobs", json={"suite": FAKE, "labels": {"team": "a"}}, headers=AUTH)
             assert job.status_code == 201, job.text
@@ -136,7 +136,7 @@ def test_hostile_writes_are_refused_and_store_nothing(
 
 def test_a_refusal_names_the_bad_value(client: Any) -> None:
     r = client.post("/api/v1/jobs", content=json.dumps({"suite": FAKE, "labels": {"k": "a\u0000b"}}),
-                    headers=JSON)  # fmt: skip
+                    headers=JSON)
     assert "U+0000" in r.json()["detail"] and "labels.k" in r.json()["detail"]
     r = client.post("/api/v1/jobs", content='{"suite": "a", "suite": "b"}', headers=JSON)
     assert "duplicate JSON key 'suite'" in r.json()["detail"]
@@ -189,7 +189,7 @@ def test_without_credentials_the_401_comes_first(tmp_path: Path) -> None:
     is still checked (it names a file or nothing)."""
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'p.db'}", api_token=TOKEN, protect_reads=True,
                         dispatch=False, executor="tests.support.api_support:make_fake_executor",
-                        artifacts_dir=tmp_path / "a")  # fmt: skip
+                        artifacts_dir=tmp_path / "a")
     with TestClient(create_app(settings), raise_server_exceptions=False) as http:
         assert http.get("/api/v1/jobs?suite=%00").status_code == 401
         assert http.get(f"/api/v1/jobs/{HUGE}").status_code == 401

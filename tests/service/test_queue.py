@@ -105,7 +105,7 @@ def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blockin
     """Submitted while the cluster was larger: claimed (the executor fails it with the reason),
     so the jobs of its kind behind it run."""
     settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),
-                        device_limits={"cpu": 4})  # fmt: skip
+                        device_limits={"cpu": 4})
     d = Dispatcher(settings, engine, CapacityExecutor({"cpu": 2}))
     d.start()
     try:
@@ -119,7 +119,7 @@ def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blockin
 
 def test_dispatcher_leaves_what_does_not_fit_queued_and_never_stalls(engine) -> None:
     settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),
-                        device_limits={"cpu": 4, "cuda": 4})  # fmt: skip
+                        device_limits={"cpu": 4, "cuda": 4})
     ex = CapacityExecutor({"cpu": 1})
     d = Dispatcher(settings, engine, ex)
     d.start()
@@ -292,7 +292,7 @@ def test_two_dispatcher_processes_never_run_a_job_twice(engine, tmp_path: Path) 
         subprocess.Popen([sys.executable, "-c", DISPATCHER, str(engine.url), str(tmp_path), "60"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
-    ]  # fmt: skip
+    ]
     outs = [p.communicate(timeout=90) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     owners = {o[0].strip() for o in outs}

@@ -95,7 +95,7 @@ def _burst_during_jobs(base: str, store: str) -> None:
         prober = threading.Thread(target=probe, daemon=True)
         prober.start()
         urls = [u for _ in range(READS // 3)
-                for u in ("/api/v1/jobs", f"/jobs/{real['id']}", f"/api/v1/jobs/{fake['id']}")]  # fmt: skip
+                for u in ("/api/v1/jobs", f"/jobs/{real['id']}", f"/api/v1/jobs/{fake['id']}")]
         t0 = time.monotonic()
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = pool.submit(burst_in_process, base, urls).result(timeout=300)
@@ -109,7 +109,7 @@ def _burst_during_jobs(base: str, store: str) -> None:
         print(f"\n[{store}] {READS} reads in {wall:.1f} s: {dict(statuses)}; the 200s: p50 "
               f"{statistics.median(ok):.2f} s, p99 {_p(ok, 0.99):.2f} s; /healthz: {len(probes)} probes, "
               f"p50 {statistics.median(health) * 1000:.0f} ms, p99 {_p(health, 0.99) * 1000:.0f} ms, "
-              f"max {max(health) * 1000:.0f} ms")  # fmt: skip
+              f"max {max(health) * 1000:.0f} ms")
         assert statuses[500] == 0, statuses
         assert all(s == 200 or (s == 503 and ra) for s, ra, _ in results), statuses
         assert statuses[200] > 0, statuses

@@ -20,7 +20,7 @@ SHA = "ab" * 20
 def test_a_job_record_reads_every_field_from_its_row(engine) -> None:
     labels = {"backend_source": f"git+https://example.invalid/b.git@{'cd' * 20}"}
     req = queue.JobRequest(suite="s", preset="quick", params={"n": 2}, commit=SHA, world_size=2,
-                           priority=3, labels=labels, idempotency_key="k", cases=("a", "b"))  # fmt: skip
+                           priority=3, labels=labels, idempotency_key="k", cases=("a", "b"))
     made, created = queue.submit(engine, req)
     assert created and isinstance(made, JobRecord)
     again, created_again = queue.submit(engine, req)
@@ -41,7 +41,7 @@ def test_a_job_record_reads_every_field_from_its_row(engine) -> None:
 
 def test_campaign_and_baseline_records(engine) -> None:
     req = campaigns.CampaignRequest("plan", 1, {"name": "plan"}, "cpu", (1, 2), SHA, ("fla",),
-                                    [("a@1", queue.JobRequest(suite="s"))], idempotency_key="c")  # fmt: skip
+                                    [("a@1", queue.JobRequest(suite="s"))], idempotency_key="c")
     made, created = campaigns.create_campaign(engine, req)
     again, created_again = campaigns.create_campaign(engine, req)
     assert created and not created_again and isinstance(made, CampaignRecord) and again == made

@@ -49,7 +49,7 @@ CASES = {
     "train": Case(SUITE, "net4_p2p_train", {"layers": 4, "mode": "p2p", "steps": 10}),
 }
 INFO = {"device_name": "NVIDIA H200", "driver": "cuda 12.8", "torch": "2.13.0", "triton": "3.9.0",
-        "python": "3.11.7"}  # fmt: skip
+        "python": "3.11.7"}
 
 
 def add_job(
@@ -58,7 +58,7 @@ def add_job(
     with Session(engine) as s, s.begin():
         commit = commits.ensure_commit(s, sha)
         job = JobRow(suite=SUITE, preset="full", params={}, commit_id=commit.id, device="cuda", world_size=4,
-                  status="succeeded", info={**INFO, "commit": sha})  # fmt: skip
+                  status="succeeded", info={**INFO, "commit": sha})
         s.add(job)
         s.flush()
         mids = sample_store.ensure_metrics(s, SUITE, METRICS)
@@ -159,7 +159,7 @@ def test_report_errors_name_the_job(engine) -> None:
     with Session(engine) as s, pytest.raises(ValueError, match="ran suite"):
         with Session(engine) as s2, s2.begin():
             other = JobRow(suite="other", preset="quick", params={}, device="cpu", world_size=1,
-                        status="succeeded")  # fmt: skip
+                        status="succeeded")
             s2.add(other)
             s2.flush()
             other_id = other.id

@@ -59,7 +59,7 @@ def test_cp_tables_pivot_a_real_h200_job(engine, tmp_path: Path) -> None:
     job, md = report(engine, H200, tmp_path)
     head, rows = table(section(md, "CP tables"))
     assert head == ["mode", "backend", "T", "B", "valid", "fwd", "fwd+bwd", "bwd estimate", "peak alloc",
-                    "peak reserved", "chain wait", "gain vs ulysses", "peak alloc vs ulysses"]  # fmt: skip
+                    "peak reserved", "chain wait", "gain vs ulysses", "peak alloc vs ulysses"]
     assert len(rows) == 8  # one row per case: mode x length x padding case
     col = {h: i for i, h in enumerate(head)}
     by = {(r[col["mode"]].split("]")[0].lstrip("["), r[col["T"]], r[col["valid"]]): r for r in rows}
@@ -120,7 +120,7 @@ def _metric(name: str, kind: str, median: float, unit: str = "ms", bound: float 
     from workers.stats import MetricStats
 
     return MetricStats(name, unit, kind, "lower", bound, 5, 5, 1, median, median, median, median, median,
-                       None)  # fmt: skip
+                       None)
 
 
 def _case(name: str, params: dict[str, Any], metrics: list[Any]) -> Any:
@@ -140,17 +140,17 @@ def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() ->
         _metric("triton_o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2),
         _metric("eager_o_rel_l2", "accuracy", 1e-6, "ratio"),
         _metric("speedup_vs_eager", "time", 12.65, "x"),
-    ])]  # fmt: skip
+    ])]
     in_cases = [
         _case("T8192_eager", {**t, "backend": "eager"}, [
             _metric("fwd_bwd_ms", "time", 126.5), _metric("o_rel_l2", "accuracy", 1e-6, "ratio")]),
         _case("T8192_triton", {**t, "backend": "triton"}, [
             _metric("fwd_bwd_ms", "time", 10.0), _metric("o_rel_l2", "accuracy", 5e-3, "ratio", 1e-2)]),
-    ]  # fmt: skip
+    ]
 
     def shape(p: Any) -> list[tuple[Any, ...]]:
         return [(r.dims.get("backend"), *(r.cells[k].text for k, _ in p.columns if k in r.cells))
-                for r in p.rows]  # fmt: skip
+                for r in p.rows]
 
     for build in (timing_pivot, accuracy_pivot):
         a, b = build(in_names), build(in_cases)

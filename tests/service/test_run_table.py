@@ -22,7 +22,7 @@ def rendered(view: str, failed: str | None = None) -> str:
     cases = suite.cases(suite.resolve_params("quick"))
     sink = CollectingSink()
     sink.samples([Sample(s["case"], s["metric"], float("nan") if s["value"] is None else s["value"],
-                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]])  # fmt: skip
+                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]])
     for c in doc["cases"]:
         sink.case_result(c["name"], "failed" if c["name"] == failed else c["status"], c["error"])
     console = Console(record=True, width=400, color_system=None)
@@ -65,7 +65,7 @@ def _with_samples(extra: list[Sample], device: str) -> str:
     cases = suite.cases(suite.resolve_params("quick"))
     sink = CollectingSink()
     sink.samples([Sample(s["case"], s["metric"], float("nan") if s["value"] is None else s["value"],
-                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]] + extra)  # fmt: skip
+                         rank=s["rank"], idx=s["idx"]) for s in doc["samples"]] + extra)
     for c in doc["cases"]:
         sink.case_result(c["name"], c["status"], c["error"])
     console = Console(record=True, width=400, color_system=None)
@@ -100,7 +100,7 @@ def test_job_page_memory_rows_read_not_tracked_on_a_cpu() -> None:
     sink = CollectingSink()
     sink.samples([Sample(s["case"], s["metric"], s["value"] or 0.0, rank=s["rank"], idx=s["idx"])
                   for s in doc["samples"]]
-                 + [Sample(case, "peak_allocated_bytes", 0.0, rank=r) for r in (0, 1)])  # fmt: skip
+                 + [Sample(case, "peak_allocated_bytes", 0.0, rank=r) for r in (0, 1)])
     stats = case_stats(cases, sink, metric_stats(suite, sink.samples_), "cpu", 2)
     rows = views.memory_rows(stats, tracked=memory_tracked("cpu"))
     assert rows and all(r.value.text == "not tracked" for r in rows)

@@ -26,7 +26,7 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
     goes on to the next case."""
     report = tmp_path / "probe.json"
     args = ["run", "probe", "--world-size", "2", "--param", "bound_violation=true", "--param", "repeats=2",
-            "--param", "fault=case_error", "--json", str(report)]  # fmt: skip
+            "--param", "fault=case_error", "--json", str(report)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1, result.output
     assert "bounded" in result.output
@@ -45,7 +45,7 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
     assert cases["after_fault"]["status"] == "passed"
     def reduced(case: str) -> list[tuple[int, int, float]]:
         return sorted((s["rank"], s["idx"], s["value"]) for s in doc["samples"]
-                      if s["metric"] == "allreduce_sum" and s["case"] == case)  # fmt: skip
+                      if s["metric"] == "allreduce_sum" and s["case"] == case)
 
     assert reduced("collective") == [(0, 0, 3.0), (0, 1, 3.0), (1, 0, 3.0), (1, 1, 3.0)]
     assert reduced("after_fault") == [(0, 0, 3.0), (1, 0, 3.0)]  # both ranks in step after the fault
@@ -58,7 +58,7 @@ def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sampl
 def test_dry_run_lists_the_cases_of_a_gpu_job_without_starting_ranks(tmp_path: Path) -> None:
     report = tmp_path / "never.json"
     args = ["run", "cp-layer", "--preset", "full", "--device", "cuda", "--world-size", "8",
-            "--param", "seq_lens=[65536,131072]", "--json", str(report), "--dry-run"]  # fmt: skip
+            "--param", "seq_lens=[65536,131072]", "--json", str(report), "--dry-run"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -103,7 +103,7 @@ def test_sigterm_cancels_the_run_and_still_writes_what_finished(tmp_path: Path) 
          "fault_rank=0", "--json", str(report)],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
     seen = ""

@@ -46,9 +46,9 @@ def _store(engine, world_size: int) -> tuple[int, dict[tuple[int, int], list[tup
     with Session(engine) as s, s.begin():
         mids = sample_store.ensure_metrics(s, "s", METRICS)
         cids = case_store.ensure_cases(s, [Case("s", name, {"series": name}) for name in SERIES], "cpu",
-                                       world_size)  # fmt: skip
+                                       world_size)
         job = JobRow(suite="s", preset="quick", device="cpu", world_size=world_size, status="running",
-                     attempts=1)  # fmt: skip
+                     attempts=1)
         s.add(job)
         s.flush()
         job_id = job.id

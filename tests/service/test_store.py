@@ -77,17 +77,17 @@ def test_migration_tags_existing_case_results_with_their_jobs_attempt(db_url: st
     eng = db.make_engine(db_url)
     db.upgrade(eng, "0002")
     job_cols = ("suite, preset, params, device, world_size, status, priority, labels, progress_done, "
-                "progress_total, progress_message, info, cancel_requested, created_at")  # fmt: skip
+                "progress_total, progress_message, info, cancel_requested, created_at")
     job_vals = "'s', 'q', '{}', 'cpu', 1, 'succeeded', 0, '{}', 0, 0, '', '{}', false, '2026-01-01'"
     with eng.begin() as conn:
         for job_id, attempts in ((1, 2), (2, 0)):  # a retried job; one stored without being claimed
             conn.execute(text(f"INSERT INTO job (id, attempts, {job_cols}) "
-                              f"VALUES ({job_id}, {attempts}, {job_vals})"))  # fmt: skip
+                              f"VALUES ({job_id}, {attempts}, {job_vals})"))
         conn.execute(text("INSERT INTO \"case\" (id, fingerprint, suite, name, params, device, world_size) "
-                          "VALUES (1, 'fp', 's', 'c', '{}', 'cpu', 1)"))  # fmt: skip
+                          "VALUES (1, 'fp', 's', 'c', '{}', 'cpu', 1)"))
         conn.execute(text("INSERT INTO case_result (job_id, case_id, status, error, at) VALUES "
                           "(1, 1, 'failed', 'bound', '2026-01-01'), "
-                          "(2, 1, 'passed', NULL, '2026-01-01')"))  # fmt: skip
+                          "(2, 1, 'passed', NULL, '2026-01-01')"))
     db.upgrade(eng)
     with Session(eng) as s:
         r = CaseResultRow

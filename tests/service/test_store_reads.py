@@ -34,7 +34,7 @@ def add_job(engine, sha: str, status: str = "succeeded", value: float = 1.0) -> 
     with db.write_tx(engine) as s:
         commit = commits.ensure_commit(s, sha)
         job = JobRow(suite=SUITE, preset="quick", params={}, device="cpu", world_size=1, status="running",
-                  attempts=1, commit=commit)  # fmt: skip
+                  attempts=1, commit=commit)
         s.add(job)
         s.flush()
         mids = sample_store.ensure_metrics(s, SUITE, METRICS)

@@ -60,7 +60,7 @@ GDN_PARAMS = {"seq_lens": [8192, 16384], "packed": [], "modes": ["stateful"], "q
 TRITON_MS = {8192: 9.8, 16384: 17.0}
 EAGER_X = {8192: 12.65, 16384: 22.37}
 REL_L2 = {"o": 2.1e-3, "ht": 1.2e-3, "dq": 3.3e-3, "dk": 4.1e-3, "dv": 2.2e-3, "dg": 3.9e-3,
-          "dbeta": 2.8e-3, "dh0": 1.6e-3}  # fmt: skip
+          "dbeta": 2.8e-3, "dh0": 1.6e-3}
 BROKEN = (16384, "dk", 7.2e-3)  # head only: Triton dk out of its 5e-3 bound
 SLOW = 1.3  # head only: Triton fwd+bwd 30% slower (the planted time regression)
 
@@ -112,7 +112,7 @@ def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_
                   info={"device_name": "NVIDIA H200", "driver": "570.86", "torch": "2.13.0",
                         "triton": "3.9.0", "python": "3.11.7"},
                   created_at=now - timedelta(minutes=4), started_at=now - timedelta(minutes=3),
-                  finished_at=now if status in ("succeeded", "failed") else None)  # fmt: skip
+                  finished_at=now if status in ("succeeded", "failed") else None)
         s.add(job)
         s.flush()
         metric_ids = sample_store.ensure_metrics(s, suite, metrics)
@@ -129,7 +129,7 @@ def _gdn_job(engine: Any, *, commit: str, status: str, minutes_ago: int, rng: np
 
     cases = _gdn_cases()
     broken = {c.name: "failed" for c in cases
-              if head and c.params["seq_len"] == BROKEN[0] and c.params["backend"] == "triton"}  # fmt: skip
+              if head and c.params["seq_len"] == BROKEN[0] and c.params["backend"] == "triton"}
     job_id, mids, cids = _job(engine, GDN, 1, commit, status, minutes_ago, get_suite(GDN).metrics, cases,
                               broken)
     rows: list[tuple[int, int, int, int, float]] = []
@@ -152,7 +152,7 @@ def _gdn_job(engine: Any, *, commit: str, status: str, minutes_ago: int, rng: np
                 rows += [(cid, mids[f"{t}_rel_l2"], 0, seed, v),
                          (cid, mids[f"{t}_max_abs"], 0, seed, v * 4.0),
                          (cid, mids[f"{t}_max_rel"], 0, seed, v * 30.0),
-                         (cid, mids[f"{t}_finite"], 0, seed, 1.0)]  # fmt: skip
+                         (cid, mids[f"{t}_finite"], 0, seed, 1.0)]
         if b != "fla":  # the baseline: the ratios are the other backends'
             rows.append((cid, mids["ratio_to_baseline"], 0, 0, fwd_bwd / (TRITON_MS[T] * 1.12)))
             rows.append((cid, mids["peak_ratio_to_baseline"], 0, 0, peaks[b] / 1.05))
@@ -239,7 +239,7 @@ def _serving(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", script, db_url, TOKEN, str(port), str(artifacts)],
                             cwd=artifacts.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+                            stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -293,7 +293,7 @@ def browser() -> Iterator[Browser]:
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])  # fmt: skip
+            "--disable-sync", "--no-first-run"])
         yield b
         b.close()
 
@@ -424,12 +424,12 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
     suite, ranks, reps, steps = "web-size", 8, 100, 200
     metrics = (*(Metric(f"{b}_{k}_ms", "ms", "time") for b in ("ulysses", "p2p") for k in ("fwd", "fwd_bwd")),
                Metric("loss_max_rel", "", "trajectory", bound=4e-4),
-               Metric("grad_norm_max_rel", "", "trajectory", bound=1e-2))  # fmt: skip
+               Metric("grad_norm_max_rel", "", "trajectory", bound=1e-2))
     cases = [Case(suite, f"T{16 * (i + 1)}k", {"seq_len": 16384 * (i + 1)}) for i in range(16)]
     rng = np.random.default_rng(0)
     with db.write_tx(engine) as s:
         job = JobRow(suite=suite, preset="full", params={}, device="cuda", world_size=ranks, status="running",
-                  attempts=1)  # fmt: skip
+                  attempts=1)
         s.add(job)
         s.flush()
         mids = sample_store.ensure_metrics(s, suite, metrics)
@@ -443,7 +443,7 @@ def _ingest_big_cp_job(engine: Any) -> tuple[int, list[str], int]:
             n = reps if m.kind == "time" else steps
             vals = rng.normal(100, 2, (ranks, n)) if m.kind == "time" else rng.random((ranks, n)) * 1e-4
             rows += [(cids[c.name], mids[m.name], r, i, float(vals[r, i]))
-                     for r in range(ranks) for i in range(n)]  # fmt: skip
+                     for r in range(ranks) for i in range(n)]
     sample_store.insert_samples(engine, job_id, rows)
     summary_store.finish_summary(engine, job_id, 1)
     with db.write_tx(engine) as s:

@@ -77,7 +77,7 @@ def test_protected_downloads_need_a_login_and_work_with_it(client: TestClient, t
         mid = sample_store.ensure_metrics(s, "s", [Metric("t_ms", "ms", "time")])["t_ms"]
         cid = cases.ensure_cases(s, [Case("s", "c0", {})], "cpu", 1)["c0"]
         artifact_store.save_artifact(s, job.id, "trace.json", "application/json", b'{"traceEvents": []}',
-                            tmp_path / "a")  # fmt: skip
+                            tmp_path / "a")
         job_id = job.id
     sample_store.insert_samples(engine, job_id, [(cid, mid, 0, i, 1.5 + i) for i in range(7)])
     csv_url = f"/api/v1/jobs/{job_id}/samples?format=csv"

@@ -17,7 +17,7 @@ TOKEN = "s3cret"
 
 def _client(tmp_path: Path, **kw: object) -> TestClient:
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'web.db'}", api_token=TOKEN, protect_reads=True,
-                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a", **kw)  # fmt: skip
+                        dispatch=False, executor="local", artifacts_dir=tmp_path / "a", **kw)
     return TestClient(create_app(settings), follow_redirects=False)
 
 

@@ -48,7 +48,7 @@ def test_accuracy_rows_group_tensors_and_judge_by_worst_rank() -> None:
         "dq_rel_l2": M("dq_rel_l2", "accuracy", 5e-3, 4e-3, 2e-2, 1e-2, bound=1e-2),  # worst rank breaks it
         "dq_finite": _acc("dq_finite", 0.0, 1.0, "higher"),
         "drift": _acc("drift", 0.5),
-    })  # fmt: skip
+    })
     rows = views.accuracy_rows([case])
     by_tensor = {r.tensor: r for r in rows}
     assert set(by_tensor) == {"o", "dq", "drift"}
@@ -88,7 +88,7 @@ def test_one_case_with_every_backend_compares_metrics_by_prefix() -> None:
         "triton_o_rel_l2": _acc("triton_o_rel_l2", 1e-3, 5e-3),
         "triton_o_finite": M("triton_o_finite", "check", 1.0, 1.0, 1.0, direction="higher", bound=1.0),
         "import_ok": M("import_ok", "check", 1.0, 1.0, 1.0, direction="higher", bound=1.0),
-    })  # fmt: skip
+    })
     speed = {r.metric: r for r in views.speed_rows([case])}
     assert speed["triton_fwd_bwd_ms"].speedup.text == "12.65×"
     assert speed["triton_fwd_bwd_ms"].baseline == "vs eager_fwd_bwd_ms"
@@ -211,7 +211,7 @@ def test_the_page_shows_the_backward_estimate_of_its_medians_not_a_stored_one() 
         "fwd_ms": M("fwd_ms", "time", 55.7, unit="ms"),
         "fwd_bwd_ms": M("fwd_bwd_ms", "time", 72.81, unit="ms"),
         "bwd_est_ms": M("bwd_est_ms", "time", 23.04, unit="ms"),  # a per-rank difference, reduced afterwards
-    })  # fmt: skip
+    })
     rows = {r.metric: r for r in views.speed_rows([case])}
     assert list(rows) == ["fwd_ms", "fwd_bwd_ms", views.BWD_ESTIMATE]
     assert rows[views.BWD_ESTIMATE].median.text == fmt(72.81 - 55.7, "ms") == "17.11 ms"
@@ -221,7 +221,7 @@ def test_untracked_peak_memory_is_not_zero() -> None:
     case = C("cpu", {}, {
         "peak_allocated_bytes": M("peak_allocated_bytes", "memory", 0.0, unit="bytes"),
         "trace_bytes": M("trace_bytes", "memory", 2048.0, 2048.0, 2048.0, unit="bytes"),
-    })  # fmt: skip
+    })
     rows = {r.metric: r for r in views.memory_rows([case], tracked=False)}
     assert rows["peak_allocated_bytes"].value.text == "not tracked"
     assert rows["trace_bytes"].value.text == "2.0 KiB"  # a file's size is a reading on any device

@@ -172,7 +172,7 @@ class Server:
             [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "warning"],
             cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -71,7 +71,7 @@ def git(repo: Path, *args: str) -> str:
     out = subprocess.run(
         ["git", "-C", str(repo), "-c", "user.email=gate@example.com", "-c", "user.name=gate", *args],
         capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    )
     return out.stdout.strip()
 
 

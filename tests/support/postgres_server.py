@@ -67,7 +67,7 @@ class PostgresServer:
         import psycopg
 
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
-                             autocommit=True) as conn:  # fmt: skip
+                             autocommit=True) as conn:
             conn.execute(sql)
 
     def create_database(self) -> str:
@@ -81,7 +81,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         _as_postgres([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop"],
-                     check=False)  # fmt: skip
+                     check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -115,12 +115,12 @@ def start_server() -> PostgresServer:
     server = PostgresServer(bindir, root, port)
     try:
         _as_postgres([str(bindir / "initdb"), "-D", str(server.datadir), "-U", "postgres", "-A", "trust",
-                      "-E", "UTF8", "--no-sync", "--no-instructions"])  # fmt: skip
+                      "-E", "UTF8", "--no-sync", "--no-instructions"])
         opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-                "-c shared_buffers=32MB")  # fmt: skip
+                "-c shared_buffers=32MB")
         _as_postgres([str(bindir / "pg_ctl"), "-D", str(server.datadir), "-l", str(root / "server.log"),
-                      "-o", opts, "-w", "-t", "60", "start"])  # fmt: skip
+                      "-o", opts, "-w", "-t", "60", "start"])
         _wait_ready(server)
     except BaseException:
         server.stop()

@@ -26,14 +26,14 @@ def store_run(engine: Engine, path: Path, artifacts: Path, *, commit: str | None
         row = commits.ensure_commit(s, commit or doc.get("commit"))
         job = JobRow(suite=doc["suite"], preset=doc["preset"], params=doc.get("overrides") or {},
                   device=doc["device"], world_size=doc["world_size"], status="running", attempts=1,
-                  commit=row, info=doc.get("info") or {}, progress_total=len(doc["cases"]))  # fmt: skip
+                  commit=row, info=doc.get("info") or {}, progress_total=len(doc["cases"]))
         s.add(job)
         s.flush()
         s.expunge(job)
     sink = StoreSink(engine, job, artifacts)
     nan = float("nan")
     sink.samples([Sample(x["case"], x["metric"], nan if x["value"] is None else x["value"], rank=x["rank"],
-                         idx=x["idx"]) for x in doc["samples"]])  # fmt: skip
+                         idx=x["idx"]) for x in doc["samples"]])
     for c in doc["cases"]:
         if c["status"] != "not run":
             sink.case_result(c["name"], c["status"], c.get("error"))

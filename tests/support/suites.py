@@ -164,7 +164,7 @@ def make_marker_repo(root: Path) -> tuple[Path, list[str]]:
         return subprocess.run(
             ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e", *args],
             check=True, capture_output=True, text=True,
-        ).stdout.strip()  # fmt: skip
+        ).stdout.strip()
 
     git("init", "-q")
     shas = []

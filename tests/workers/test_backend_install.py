@@ -91,7 +91,7 @@ def _hatch(repo: Path, deps: list[str]) -> str:
 
 def _imports(site: Path, code: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=site.parent,
-                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)  # fmt: skip
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
     return out.stdout.strip()
 
 
@@ -108,7 +108,7 @@ def test_a_compiled_scikit_build_core_package_installs(tmp_path: Path) -> None:
     repo = tmp_path / "skb"
     init = "from skbgdn._native import twice\n\n\ndef core(*a, **k):\n    raise NotImplementedError\n"
     files = {"pyproject.toml": SKBUILD, "CMakeLists.txt": CMAKE, "src/native.c": NATIVE_C,
-             "src/skbgdn/__init__.py": init}  # fmt: skip
+             "src/skbgdn/__init__.py": init}
     sha = _commit(repo, files)
     site = install_backend_source(f"git+{repo}@{sha}", tmp_path / "cache")
     assert list((site / "skbgdn").glob("_native*.so")), list(site.rglob("*"))

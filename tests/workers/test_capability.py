@@ -37,7 +37,7 @@ def test_capability_metadata_imports_no_torch() -> None:
                           'gate': [c['name'] for c in d['presets']['gate']['cases']]}))
     """
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=120, cwd=SOURCE_ROOT, check=True)  # fmt: skip
+                         timeout=120, cwd=SOURCE_ROOT, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["torch"] is False
     assert "triton_available_T65536_hqk32" in got["quick"] and "failfast_backend_auto" in got["quick"]

@@ -30,14 +30,14 @@ def crashes_on_fp64(q, k, v, g, beta, *, scale, initial_state, output_final_stat
     if v.dtype == torch.float64:
         raise RuntimeError("kernel launch failed: no fp64 path")
     return eager_core(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)  # fmt: skip
+                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
 def drops_h0_grad(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens):
     """Runs, but the initial state reaches the core detached: no gradient for it."""
     h0 = None if initial_state is None else initial_state.detach()
     return eager_core(q, k, v, g, beta, scale=scale, initial_state=h0,
-                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)  # fmt: skip
+                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
 def test_each_backend_keeps_its_capability_contract(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_each_backend_keeps_its_capability_contract(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, [
         "run", "capability", "--preset", "quick", "--json", str(out), "--param", "process_checks=false",
         "--param", f"backends={json.dumps(backends)}", "--param", 'contract_dtypes=["float32","float64"]',
-    ])  # fmt: skip
+    ])
     doc = json.loads(out.read_text())
     assert res.exit_code == 1 and doc["verdict"] == "failed", res.output  # broken contracts fail the job
     got: dict[str, dict[str, float]] = {}

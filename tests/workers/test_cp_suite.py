@@ -33,11 +33,11 @@ def test_case_matrix_of_the_presets() -> None:
     assert {n for n in full if n.startswith("all_gather")} == {
         "all_gather_eager_T8192_B1", "all_gather_eager_T16384_B1", "all_gather_eager_T32768_B1",
         "all_gather_eager_T8192_B2_valid7777", "all_gather_eager_T16384_B1_packed8",
-    }  # fmt: skip
+    }
     # one packed 16K batch (8 sequences) under every mode; the no-CP layer on packed batches only
     packed = {n: p for n, p in full.items() if "packed" in p}
     assert set(packed) == {f"{m}_T16384_B1_packed8" for m in
-                           ("ulysses_triton", "p2p_triton", "all_gather_eager", "none_triton")}  # fmt: skip
+                           ("ulysses_triton", "p2p_triton", "all_gather_eager", "none_triton")}
     assert all(sum(p["packed"]) == p["seq_len"] == 16384 and p["batch"] == 1 for p in packed.values())
     assert [n for n in full if n.startswith("none")] == ["none_triton_T16384_B1_packed8"]
     assert "packed" not in full["p2p_triton_T8192_B1"]  # unpacked cases keep their parameters
@@ -47,7 +47,7 @@ def test_case_matrix_of_the_presets() -> None:
         "p2p_emulated4_triton_T8192_B2_valid7777", "p2p_emulated8_triton_T8192_B2_valid7777",
         "p2p_emulated4_triton_T8192_B1_packed7", "p2p_emulated8_triton_T8192_B1_packed7",
         "none_triton_T8192_B1_packed7",
-    ]  # fmt: skip
+    ]
     quick = suite.cases(suite.resolve_params("quick"))
     assert len(quick) == 21 and {c.params["dtype"] for c in quick} == {"float64", "float32"}
     packed = [c for c in quick if "packed" in c.params]  # 5 candidates, fp64 only (packed_dtypes)
@@ -80,7 +80,7 @@ def test_all_gather_over_a_packing_crossing_a_rank_boundary_is_not_applicable() 
     for name in ("p2p_eager_T160_B1_packed4_float64", "ulysses_eager_T160_B1_packed4_float64"):
         assert suite.not_applicable(cases[name], 4) is None
     aligned = suite.cases(suite.resolve_params("quick", {"packed_cases": [[40, 40, 20, 20, 40]],
-                                                         "candidates": ["all_gather+eager"]}))  # fmt: skip
+                                                         "candidates": ["all_gather+eager"]}))
     assert [suite.not_applicable(c, 4) for c in aligned if "packed" in c.params] == [None]
 
 
@@ -128,7 +128,7 @@ def test_cp_share_is_measured_against_the_candidates_own_layer(one_torch_thread:
     cfg = GDNLayerConfig(hidden_size=32, num_qk_heads=2, num_v_heads=4, head_dim=8)
     cpu = torch.device("cpu")
     case = LayerCase(cfg, "p2p_emulated", dtype=torch.float32, ref_dtype=torch.float64, batch=2,
-                     seq_len=128, valid_len=101, seed=5)  # fmt: skip
+                     seq_len=128, valid_len=101, seed=5)
     cmp = compare_emulated(case, 4, cpu)
     assert cmp.plain is not None and cmp.output[1].dtype == torch.float64
     _, y32, dx32, _ = reference_layer_step(replace(case, ref_dtype=None), cpu)
@@ -182,7 +182,7 @@ def test_quick_cases_pass_on_two_ranks() -> None:
     """Quick cases on 2 gloo ranks (Ulysses and P2P over a backend from elsewhere, found by its
     entry point: tests/e2e/test_external_backend.py)."""
     names = ["p2p_eager_T160_B2_valid151_float64", "ulysses_eager_T128_B1_float64",
-             "p2p_eager_T160_B1_packed4_float64"]  # fmt: skip
+             "p2p_eager_T160_B1_packed4_float64"]
     per_rank = run_distributed(_rank_suite, 2, (names,), timeout_s=180)
     for rank, samples in enumerate(per_rank):
         failed = [s for s in samples if not s[3]]

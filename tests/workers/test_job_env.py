@@ -26,7 +26,7 @@ SERVICE_ENV = {
     "GDNVAL_EXECUTOR": "local", "AWS_SECRET_ACCESS_KEY": "aws-9e1b", "PATH": "/usr/bin:/bin",
     "HOME": "/home/svc", "LC_ALL": "C.UTF-8", "CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "WARN",
     "PIP_INDEX_URL": "http://127.0.0.1:1/simple", "GDNVAL_COLLECTIVES": "native",
-}  # fmt: skip
+}
 SECRET_VALUES = (TOKEN, DB_URL, "pg-pass-77c1", SECRET, "aws-9e1b")
 
 
@@ -41,14 +41,14 @@ def test_the_allow_list_keeps_what_ranks_need_and_drops_the_rest() -> None:
     assert _leaks(env) == []
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/svc", "LC_ALL": "C.UTF-8",
                    "CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "WARN",
-                   "GDNVAL_COLLECTIVES": "native"}  # fmt: skip
+                   "GDNVAL_COLLECTIVES": "native"}
     install = job_environment(SERVICE_ENV, install=True)
     assert install["PIP_INDEX_URL"] == "http://127.0.0.1:1/simple" and _leaks(install) == []
 
 
 def test_the_operator_may_name_more_variables_but_never_a_secret() -> None:
     source = {**SERVICE_ENV, "LICENSE_SERVER": "lic:27000",
-              EXTRA_ENV: "LICENSE_SERVER, GDNVAL_API_TOKEN,GDNVAL_DB_URL"}  # fmt: skip
+              EXTRA_ENV: "LICENSE_SERVER, GDNVAL_API_TOKEN,GDNVAL_DB_URL"}
     env = job_environment(source)
     assert env["LICENSE_SERVER"] == "lic:27000" and _leaks(env) == []
     assert _leaks(job_environment(source, extra=["GDNVAL_SESSION_SECRET"])) == []
@@ -57,7 +57,7 @@ def test_the_operator_may_name_more_variables_but_never_a_secret() -> None:
 def test_a_ray_ranks_environment_holds_no_secret_of_the_actor() -> None:
     """The actor inherits the environment of the service that started the cluster."""
     env = actor_rank_env("cpu", {"world_size": 2}, {"RANK": "1", "MASTER_ADDR": "10.0.0.2"}, {},
-                         ["/snap/abc"], base={**SERVICE_ENV, "PYTHONPATH": "/opt/extra"})  # fmt: skip
+                         ["/snap/abc"], base={**SERVICE_ENV, "PYTHONPATH": "/opt/extra"})
     assert _leaks(env) == []
     assert env["RANK"] == "1" and env["MASTER_ADDR"] == "10.0.0.2" and env["HOME"] == "/home/svc"
     assert env["PYTHONPATH"] == "/snap/abc:/opt/extra" and env["TRITON_INTERPRET"] == "1"

@@ -104,7 +104,7 @@ def test_a_backend_that_refuses_packed_input_leaves_the_later_cases_passing() ->
     timeout): the case does not pass, and the cases after it run on a group in step."""
     backend = "tests.support.refusing_backend:no_packed"
     names = tuple(f"p2p_{backend}_{shape}" for shape in
-                  ("T160_B1_packed4_float64", "T128_B1_float32", "T160_B2_valid151_float32"))  # fmt: skip
+                  ("T160_B1_packed4_float64", "T128_B1_float32", "T160_B2_valid151_float32"))
     params = {"candidates": [f"p2p+{backend}"], "transfer_timeout_s": 5.0}
     outcome, sink, _ = _run(LocalExecutor(), params=params, world_size=2, cases=names, suite_="cp-layer")
     assert outcome.status == "succeeded", outcome.error

@@ -41,7 +41,7 @@ def test_repetitions_are_issued_back_to_back_and_read_after_the_last() -> None:
     times = time_repeats(
         CPU, lambda: log.append(("call", 0)), warmup=3, repeat=4,
         before=lambda: log.append(("reset", 0)), timer=lambda: RecordingTimer(log),
-    )  # fmt: skip
+    )
     assert times == [1.0, 2.0, 3.0, 4.0]  # one sample per repetition, in order
     kinds = [k for k, _ in log]
     # warm-up: three untimed calls, each after its reset

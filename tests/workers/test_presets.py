@@ -68,7 +68,7 @@ def test_cp_layer_quick_passes_on_four_cpu_ranks(tmp_path) -> None:
 
     out = tmp_path / "cp4.json"
     cmd = [sys.executable, "-m", "service.cli", "run", "cp-layer", "--preset", "quick", "--device", "cpu",
-           "--world-size", "4", "--json", str(out)]  # fmt: skip
+           "--world-size", "4", "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -98,7 +98,7 @@ def test_a_case_that_cannot_apply_at_the_world_size_is_skipped_with_its_reason(t
     out = tmp_path / "misfit.json"
     cmd = [sys.executable, "-m", "service.cli", "run", "cp-layer", "--world-size", "2",
            "--param", "qk_heads=3", "--param", "v_heads=3", "--param", 'dtypes=["float64"]',
-           "--param", 'candidates=["ulysses+eager","p2p+eager"]', "--json", str(out)]  # fmt: skip
+           "--param", 'candidates=["ulysses+eager","p2p+eager"]', "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())

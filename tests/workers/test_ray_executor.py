@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 DEADLINE_S = 20.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
 HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
-          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}  # fmt: skip
+          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 HEARTBEAT_TIMEOUT_S = 3.0  # period x failure threshold: when the GCS declares a silent node dead
 
 
@@ -37,7 +37,7 @@ def cluster():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": True, "_system_config": HEALTH,
-    })  # fmt: skip
+    })
     nodes = {
         "cpu_a": c.add_node(num_cpus=2, resources={"cpu_node": 1}),
         "cpu_b": c.add_node(num_cpus=2, resources={"cpu_node": 1}),
@@ -138,7 +138,7 @@ def test_fake_accelerators_place_one_actor_per_bundle(executor, cluster, device:
 
 def test_spread_cp_layer_job_runs_on_two_nodes(executor, cluster, one_torch_thread) -> None:
     params = {"candidates": ["p2p+eager"], "seq_lens": [256], "padding_cases": [], "packed_cases": [],
-              "dtypes": ["float32"], "warmup": 0, "repeat": 1}  # fmt: skip
+              "dtypes": ["float32"], "warmup": 0, "repeat": 1}
     outcome, sink, _ = _run(executor, suite="cp-layer", params=params, world_size=4, placement="SPREAD")
     assert outcome.status == "succeeded", outcome.error
     assert sink.cases and all(s == "passed" for s, _ in sink.cases.values()), sink.cases
@@ -226,7 +226,7 @@ def test_a_job_runs_its_commit_from_the_shipped_runtime_env(executor, cluster, t
     repo, shas = make_marker_repo(tmp_path)
     ex = RayExecutor(address=cluster[0].address, repo=repo)
     outcome, sink, _ = _run(ex, commit=shas[1], params={"repeats": 2}, world_size=2,
-                            placement="STRICT_SPREAD")  # fmt: skip
+                            placement="STRICT_SPREAD")
     assert outcome.status == "succeeded", outcome.error
     assert sink.values("collective", "marker") == {0: [2.0], 1: [2.0]}  # the commit's code, not ours (1.0)
     assert sink.values("collective", "allreduce_sum") == {0: [3.0, 3.0], 1: [3.0, 3.0]}
@@ -294,9 +294,9 @@ def test_a_job_builds_its_backend_source_on_every_ranks_node(cluster, tmp_path: 
     host, nodes = tmp_path / "host-cache", tmp_path / "node-cache"
     ex = RayExecutor(address=cluster[0].address, backend_cache=host, node_backend_cache=str(nodes))
     params = {"process_checks": False, "backends": ["extray"], "contract_packed": False, "seq_lens": [8192],
-              "qk_heads": [16]}  # fmt: skip
+              "qk_heads": [16]}
     outcome, sink, _ = _run(ex, suite="capability", params=params, world_size=2, placement="STRICT_SPREAD",
-                            backend_source=f"git+{repo}@{sha}")  # fmt: skip
+                            backend_source=f"git+{repo}@{sha}")
     assert outcome.status == "succeeded", outcome.error
     assert sink.values("backend_extray_float64_d64", "backend_contract") == {0: [1.0], 1: [1.0]}
     ranks = _ranks(sink)
@@ -315,7 +315,7 @@ def test_a_job_builds_its_backend_source_on_every_ranks_node(cluster, tmp_path: 
     provenance = next(i["backends"] for i in sink.infos if "backends" in i)
     content = [b.pop("content_hash") for b in provenance]  # the installed package's bytes
     assert provenance == [{"backend": "extray", "distribution": "ext-ray-gdn", "version": "0.3.0",
-                           "commit": sha}]  # fmt: skip
+                           "commit": sha}]
     assert all(isinstance(c, str) and len(c) == 64 for c in content), content
     assert _leftovers() == ([], [])
 
@@ -346,7 +346,7 @@ def test_dispatcher_claims_only_what_fits_now(executor, cluster, tmp_path: Path)
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'q.db'}", poll_interval_s=0.1,
                         device_limits={"cpu": 4, "cuda": 4, "npu": 4},
-                        artifacts_dir=tmp_path / "art")  # fmt: skip
+                        artifacts_dir=tmp_path / "art")
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
 
@@ -405,7 +405,7 @@ def test_a_killed_worker_node_fails_the_job_naming_rank_and_node(executor, clust
     c, nodes = cluster
     sink = RecordingSink()
     spec = JobSpec(job_id=3, suite="probe", params={"fault": "hang", "repeats": 1}, world_size=4,
-                   placement="SPREAD", deadline_s=120)  # fmt: skip
+                   placement="SPREAD", deadline_s=120)
     result: dict = {}
     thread = threading.Thread(
         target=lambda: result.update(outcome=executor.run(spec, sink, threading.Event()))

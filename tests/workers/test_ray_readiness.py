@@ -34,7 +34,7 @@ def test_readyz_follows_the_cluster_and_submit_answers_503_when_it_is_gone(
         c.add_node(num_cpus=2, resources={"cpu_node": 1})
         address = c.address
         settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", executor="ray",
-                            ray_address=address, dispatch=False)  # fmt: skip
+                            ray_address=address, dispatch=False)
         with TestClient(create_app(settings)) as client:
             ready = client.get("/readyz")
             assert ready.status_code == 200, ready.text
@@ -69,7 +69,7 @@ def _requested() -> list[dict]:
 
         state = get_cluster_resource_state(internal_kv_get_gcs_client())
         return [dict(r.resources_bundle) for c in state.cluster_resource_constraints
-                for req in c.resource_requests for r in [req.request] * req.count]  # fmt: skip
+                for req in c.resource_requests for r in [req.request] * req.count]
     from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
     from ray.experimental.internal_kv import _internal_kv_get
 
@@ -165,12 +165,12 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
         c.add_node(num_cpus=2, resources={"cpu_node": 1})
         settings = Settings(db_url=f"sqlite:///{tmp_path / 'w.db'}", executor="ray", ray_address=c.address,
                             ray_max_resources=[node, node], ray_node_wait_s=120, poll_interval_s=0.1,
-                            artifacts_dir=tmp_path / "art")  # fmt: skip
+                            artifacts_dir=tmp_path / "art")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                               log_level="warning"))  # fmt: skip
+                                               log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{port}"
@@ -195,9 +195,9 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
             reason = waiting["waiting_for"]
             assert waiting["status"] == "queued" and waiting["progress"]["message"] == reason
             assert reason.startswith("waiting for 3 x {'CPU': 1.0, 'cpu_node': 0.001} (PACK): more than the "
-                                     "alive nodes hold, requested from the autoscaler")  # fmt: skip
+                                     "alive nodes hold, requested from the autoscaler")
             ids = {st: [j["id"] for j in http.get("/api/v1/jobs", params={"status": st}).json()["items"]]
-                   for st in ("queued", "running")}  # fmt: skip
+                   for st in ("queued", "running")}
             assert ids == {"queued": [job_id], "running": []}
             page = http.get(f"/jobs/{job_id}").text
             assert 'class="badge st-queued"' in page and "requested from the autoscaler" in page

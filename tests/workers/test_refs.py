@@ -16,7 +16,7 @@ from workers.refs import REF_PATTERN, InvalidCommitRef, check_commit, is_commit_
 from workers.snapshot import SnapshotCache, SnapshotError, extract
 
 BAD = ["../x", "$(id)", "HEAD@{1}", "--upload-pack=touch x", "-x", "a..b", "a//b", "a/.b", "x/", "x.",
-       "main\n", "a b", "x^{tree}", "HEAD~1", "", "a" * 201, ".hidden"]  # fmt: skip
+       "main\n", "a b", "x^{tree}", "HEAD~1", "", "a" * 201, ".hidden"]
 GOOD = ["main", "HEAD", "v1.2.3", "feature/cp-2_x", "release/2026.12", "deadbee", "A" * 200]
 
 
@@ -79,7 +79,7 @@ def test_api_refuses_bad_refs_for_jobs_and_baselines(tmp_path: Path) -> None:
     from service.settings import Settings
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'x.db'}", api_token="t", dispatch=False,
-                        executor="local", artifacts_dir=tmp_path / "art")  # fmt: skip
+                        executor="local", artifacts_dir=tmp_path / "art")
     auth = {"Authorization": "Bearer t"}
     with TestClient(create_app(settings)) as http:
         for ref in ("HEAD@{1}", "../x", "--upload-pack=x", "a/.b"):

@@ -272,7 +272,7 @@ def test_summary_takes_the_worst_rank_per_repetition_first() -> None:
         Sample("c", "err", 1.0, rank=0, idx=0), Sample("c", "err", 3.0, rank=1, idx=0),
         Sample("c", "err", 2.0, rank=0, idx=1), Sample("c", "err", 0.5, rank=1, idx=1),
         Sample("c", "speedup", 4.0, rank=0), Sample("c", "speedup", 1.5, rank=1),
-    ]  # fmt: skip
+    ]
     rows = {r["metric"]: r for r in summarise(_VerdictSuite(), samples)}
     assert rows["err"]["count"] == 2 and rows["err"]["min"] == 2.0 and rows["err"]["median"] == 2.5
     assert rows["err"]["passed"] is False

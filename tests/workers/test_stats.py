@@ -66,7 +66,7 @@ def test_grouped_statistics_equal_each_series_alone() -> None:
     built = grouped.records(about, [len(s) for s in series], [1] * len(series))
     for g, rec in enumerate(built):
         one = grouped.record(g, metric=f"m{g}", unit="ms", kind="time", direction=about[g][3],
-                             samples=len(series[g]))  # fmt: skip
+                             samples=len(series[g]))
         assert repr(rec) == repr(one)  # field by field, NaN included
 
 

@@ -30,7 +30,7 @@ def test_4_layer_bf16_triton_matches_eager_over_200_steps(token_file: Path) -> N
     cfg = TrajectoryConfig(
         model="qwen35-4l", steps=200, lr=1e-4, seq_len=8192, batch_size=1, dtype="bfloat16",
         reference_backend="eager", backend="triton", cp_mode="none",
-    )  # fmt: skip
+    )
     cmp = run_trajectory(cfg, token_file, torch.device("cuda"))  # NaN/Inf raises NonFiniteTrajectory
     print(
         f"loss max rel {cmp.max_rel('loss'):.3e} abs {cmp.max_abs('loss'):.3e}; "

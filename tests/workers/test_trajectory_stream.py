@@ -63,7 +63,7 @@ def _case(token_file: Path, **over: Any) -> Case:
         "modes": ["none"], "checkpoints": ["off"], "speed": False, "determinism": False,
         "steps": STEPS, "seq_len": SEQ, "batch_size": 1, "valid_lengths": None,
         "token_file": str(token_file), **over,
-    })  # fmt: skip
+    })
     (case,) = suite.cases(params)
     assert "reference_file" not in case.params  # never part of a case's fingerprint
     return case
@@ -132,7 +132,7 @@ def test_candidate_nan_keeps_reference_and_earlier_steps(
     got = _by_metric([Sample(*row) for row in rows])
     assert sorted(got["ref_loss"]) == sorted(got["ref_grad_norm"]) == list(range(STEPS))
     for metric in ("cand_loss", "cand_grad_norm", "fp32_loss_abs_err", "fp32_loss_rel_err",
-                   "fp32_grad_norm_abs_err", "fp32_grad_norm_rel_err"):  # fmt: skip
+                   "fp32_grad_norm_abs_err", "fp32_grad_norm_rel_err"):
         assert sorted(got[metric]) == list(range(k)), metric
     assert not {"fp32_loss_max_rel", "fp32_loss_max_abs", "finite"} & got.keys()
     # the same path on both sides: the steps before the NaN agree exactly
@@ -158,14 +158,14 @@ def _old_samples(name: str, cmp: TrajectoryComparison, prec: str) -> list[Sample
     for i, (ref, cand) in enumerate(zip(cmp.reference, cmp.candidate, strict=True)):
         out += [Sample(name, "ref_loss", ref.loss, idx=i), Sample(name, "cand_loss", cand.loss, idx=i),
                 Sample(name, "ref_grad_norm", ref.grad_norm, idx=i),
-                Sample(name, "cand_grad_norm", cand.grad_norm, idx=i)]  # fmt: skip
+                Sample(name, "cand_grad_norm", cand.grad_norm, idx=i)]
     for what in ("loss", "grad_norm"):
         abs_err, rel_err = cmp.errors(what)
         for i, (a, b) in enumerate(zip(abs_err, rel_err, strict=True)):
             out += [Sample(name, f"{prec}_{what}_abs_err", a, idx=i),
-                    Sample(name, f"{prec}_{what}_rel_err", b, idx=i)]  # fmt: skip
+                    Sample(name, f"{prec}_{what}_rel_err", b, idx=i)]
         out += [Sample(name, f"{prec}_{what}_max_abs", max(abs_err)),
-                Sample(name, f"{prec}_{what}_max_rel", max(rel_err))]  # fmt: skip
+                Sample(name, f"{prec}_{what}_max_rel", max(rel_err))]
     return [*out, Sample(name, "finite", 1.0)]
 
 
@@ -271,10 +271,10 @@ def _two_ranks(rank: int, world: int, tokens: str, ref_file: str) -> dict[str, A
     out: dict[str, Any] = {}
     for run in ("first", "second"):
         out[run] = [(e.side, e.step, e.source, e.reference, e.candidate)
-                    for e in iter_trajectory(cfg, tokens, CPU, reference_file=ref_file)]  # fmt: skip
+                    for e in iter_trajectory(cfg, tokens, CPU, reference_file=ref_file)]
     try:
         list(iter_trajectory(TrajectoryConfig(cp_mode="p2p", steps=3, seq_len=SEQ, batch_size=1),
-                             tokens, CPU, reference_file=ref_file))  # fmt: skip
+                             tokens, CPU, reference_file=ref_file))
     except ReferenceFileMismatch as exc:
         out["error"] = str(exc)
     return out

@@ -45,7 +45,7 @@ def test_statistics_are_numpys_definitions() -> None:
     values = np.random.default_rng(0).normal(10, 2, 37)
     st = stats.summarise(list(values), "lower")
     want = {"median": np.median(values), "p90": np.percentile(values, 90), "min": values.min(),
-            "max": values.max(), "mean": values.mean(), "worst": values.max()}  # fmt: skip
+            "max": values.max(), "mean": values.mean(), "worst": values.max()}
     for f, v in want.items():
         assert getattr(st, f) == pytest.approx(v, rel=1e-12)
 

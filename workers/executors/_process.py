@@ -170,7 +170,7 @@ class RankProcess:
         life_read, self._life = os.pipe()  # our end is close-on-exec: no other child holds it
         child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd),
                      PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read),
-                     RANK_TMP_ENV: self.tmpdir}  # fmt: skip
+                     RANK_TMP_ENV: self.tmpdir}
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", RANK_BOOT],

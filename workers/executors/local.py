@@ -47,7 +47,7 @@ def _accelerator_count(kind: str, python: str = sys.executable) -> int:
         out = subprocess.run(
             [python, "-c", code], capture_output=True, text=True, timeout=120,
             env={**job_environment(), "PYTHONPATH": path},
-        )  # fmt: skip
+        )
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return 0

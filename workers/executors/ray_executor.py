@@ -166,12 +166,12 @@ class RankActor:
         except BackendSourceError as exc:  # a plain error: Ray wraps it with the actor's traceback
             raise RuntimeError(str(exc)) from None
         return {"path": str(folder), "built": built, "seconds": round(time.monotonic() - t0, 3),
-                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}  # fmt: skip
+                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def start(
         self, rank: int, payload: Mapping[str, Any], env: Mapping[str, str], sha: str | None,
         backend_dir: str | None = None,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Start the rank; with `sha` it runs the snapshot Ray unpacked into this actor's cwd, with
         `backend_dir` the backend source installed on this node (`install_backend`) goes on its
         path."""
@@ -335,7 +335,7 @@ class RayExecutor(Executor):
         return [
             {"node_id": i.node_id.hex(), "resources": dict(i.resources_total)}
             for i in infos.values() if i.state == 0  # GcsNodeState.ALIVE
-        ]  # fmt: skip
+        ]
 
     def cluster(self) -> dict[str, Any]:
         """Alive nodes and resources per kind of the cluster; a local cluster not started yet
@@ -346,7 +346,7 @@ class RayExecutor(Executor):
             nodes = self._probe()
         elif ray.is_initialized():
             nodes = [{"node_id": n["NodeID"], "resources": dict(n.get("Resources") or {})}
-                     for n in ray.nodes() if n.get("Alive")]  # fmt: skip
+                     for n in ray.nodes() if n.get("Alive")]
         else:
             return {"address": "local, started with the first job", "nodes": 0, "resources": {}}
         totals: dict[str, float] = {}
@@ -478,7 +478,7 @@ class RayExecutor(Executor):
                 if time.monotonic() < end:
                     continue
                 free = {k[:12]: {r: v for r, v in res.items() if r in bundle}
-                        for k, res in self.node_resources(free=True).items()}  # fmt: skip
+                        for k, res in self.node_resources(free=True).items()}
                 asked = "; requested from the autoscaler, the nodes never came" if grow else ""
                 raise TimeoutError(
                     f"could not place {world_size} rank(s) of {bundle} with {strategy} within "
@@ -657,7 +657,7 @@ class RayExecutor(Executor):
             backend_dirs: list[str | None] = [None] * len(actors)
             if spec.backend_source:
                 installed = self._install_backend(ray, spec, backend_key, backend_tree_dir, actors, nodes,
-                                                  cancel, sink)  # fmt: skip
+                                                  cancel, sink)
                 if isinstance(installed, JobOutcome):
                     return installed
                 backend_dirs = [i["path"] for i in installed]
@@ -692,7 +692,7 @@ class RayExecutor(Executor):
     def _install_backend(
         self, ray: Any, spec: JobSpec, key: str, tree: str | None, actors: list[Any],
         nodes: list[dict[str, Any]], cancel: threading.Event, sink: JobSink,
-    ) -> list[dict[str, Any]] | JobOutcome:  # fmt: skip
+    ) -> list[dict[str, Any]] | JobOutcome:
         """Every rank's actor installs the backend source on its node (`RankActor.install_backend`):
         what each reported, or the job's outcome when a build fails, is cancelled or outlasts the
         job's deadline."""
@@ -708,7 +708,7 @@ class RayExecutor(Executor):
                 return JobOutcome("cancelled", "cancelled while the backend source was installed")
             if time.monotonic() > end:
                 return JobOutcome("failed", f"installing the backend source {source} on the ranks' nodes "
-                                            f"took longer than {limit:g} s")  # fmt: skip
+                                            f"took longer than {limit:g} s")
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
         installed: list[dict[str, Any]] = []
         for rank, ref in enumerate(refs):
@@ -717,7 +717,7 @@ class RayExecutor(Executor):
             except Exception as exc:
                 why = str(getattr(exc, "cause", None) or exc)
                 return JobOutcome("failed", f"cannot install the backend source for rank {rank}"
-                                            f"{_on(nodes, rank)}: {why[-2000:]}")  # fmt: skip
+                                            f"{_on(nodes, rank)}: {why[-2000:]}")
         sink.info({"backend_install": installed})
         for node in sorted({i["node_id"] for i in installed}):
             mine = [i for i in installed if i["node_id"] == node]
@@ -761,7 +761,7 @@ class RayExecutor(Executor):
                             continue  # Ray says it may come back: ask again next round
                         reported.add(rank)
                         monitor.rank_exited(rank, f"rank {rank}{_on(nodes, rank)} actor died: {_short(exc)}",
-                                            None, "")  # fmt: skip
+                                            None, "")
                         continue
                     for msg in msgs:
                         monitor.handle(rank, msg)

@@ -40,10 +40,10 @@ class LayerCase:
 
     def __post_init__(self) -> None:
         if self.packed is not None and (self.batch != 1 or sum(self.packed) != self.seq_len
-                                        or self.valid_len is not None):  # fmt: skip
+                                        or self.valid_len is not None):
             raise ValueError(f"a packed case needs batch 1, no valid_len and lengths summing to seq_len="
                              f"{self.seq_len}; got batch {self.batch}, valid_len {self.valid_len}, "
-                             f"packed {self.packed} (sum {sum(self.packed)})")  # fmt: skip
+                             f"packed {self.packed} (sum {sum(self.packed)})")
 
     def offsets(self) -> list[int] | None:
         """The packed sequences' offsets [0, ..., seq_len], or None."""
@@ -156,7 +156,7 @@ def grad_norm(layer: torch.nn.Module) -> float:
 def _pair(
     cand: torch.nn.Module, y: torch.Tensor, dx: torch.Tensor, ref: torch.nn.Module, y_ref: torch.Tensor,
     dx_ref: torch.Tensor, cp: CPConfig | None,
-) -> LayerComparison:  # fmt: skip
+) -> LayerComparison:
     """Candidate tensors (this rank's shard) against the reference's (the full sequence)."""
     ref_params = dict(ref.named_parameters())
     return LayerComparison(
@@ -202,7 +202,7 @@ def compare_emulated(case: LayerCase, num_shards: int, device: torch.device) -> 
     from gdn.cp.emulation import emulated_p2p_layer
 
     return _compare_in_process(case, device, lambda layer, x, mask, cu: emulated_p2p_layer(
-        layer, x, mask, num_shards=num_shards, cu_seqlens=cu))  # fmt: skip
+        layer, x, mask, num_shards=num_shards, cu_seqlens=cu))
 
 
 def compare_no_cp(case: LayerCase, device: torch.device) -> LayerComparison:

@@ -238,9 +238,9 @@ def reference_trainer(cfg: TrajectoryConfig, token_file: str | Path, device: tor
     stream = TokenStream(
         token_file, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
         valid_lengths=cfg.valid_lengths, model_vocab_size=mcfg.vocab_size,
-    )  # fmt: skip
+    )
     return Trainer(model, make_optimizer(model, cfg), stream, device, cfg.dtype, None, False,
-                   cfg.valid_lengths is not None)  # fmt: skip
+                   cfg.valid_lengths is not None)
 
 
 def candidate_trainer(
@@ -266,10 +266,10 @@ def candidate_trainer(
     stream = TokenStream(
         token_file, seq_len=cfg.seq_len, batch_size=cfg.batch_size, cp_rank=rank, cp_size=size,
         valid_lengths=cfg.valid_lengths, model_vocab_size=mcfg.vocab_size,
-    )  # fmt: skip
+    )
     cp_group = (group if group is not None else dist.group.WORLD) if distributed else None
     return Trainer(model, make_optimizer(model, cfg), stream, device, cfg.dtype, cp_group,
-                   distributed and not cfg.fsdp, cfg.valid_lengths is not None)  # fmt: skip
+                   distributed and not cfg.fsdp, cfg.valid_lengths is not None)
 
 
 def iter_steps(trainer: Trainer, steps: int, side: str) -> Iterator[StepRecord]:
@@ -444,7 +444,7 @@ def iter_reference(
     if path is not None and path.exists():
         records = read_reference_file(path, key, cfg.steps)
         print(f"reference: {len(records)} step(s) read from the reference file {path.resolve()}",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         for rec in records:
             yield rec, "file"
         return
@@ -486,7 +486,7 @@ def _write_reference(
 ) -> None:
     write_reference_file(path, key, records, device, seconds)
     print(f"reference: {len(records)} step(s) written to the reference file {path.resolve()}",
-          file=sys.stderr, flush=True)  # fmt: skip
+          file=sys.stderr, flush=True)
 
 
 def run_reference(

@@ -147,7 +147,7 @@ class PlannedJob:
         return {
             "suite": self.suite, "preset": self.preset, "params": dict(self.params), "device": self.device,
             "world_size": self.world_size, "labels": dict(self.labels),
-        }  # fmt: skip
+        }
 
 
 def plan_names() -> list[str]:

@@ -28,7 +28,7 @@ def _baseline_out(b: BaselineRecord) -> BaselineOut:
     return BaselineOut(
         name=b.name, commit=b.commit, job_id=b.job_id, note=b.note,
         updated_at=b.updated_at,
-    )  # fmt: skip
+    )
 
 
 @router.get("/baselines", response_model=Page[BaselineOut])

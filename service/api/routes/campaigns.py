@@ -65,7 +65,7 @@ class CampaignOut(BaseModel):
             world_sizes=list(row.world_sizes), commit=row.commit_sha, backends=list(row.backends),
             idempotency_key=row.idempotency_key, created_at=row.created_at, status=st.status,
             verdict=st.verdict, jobs_by_status=st.jobs, done=st.done, total=st.total,
-        )  # fmt: skip
+        )
 
 
 class CampaignDetail(CampaignOut):
@@ -129,7 +129,7 @@ def get_campaign(campaign_id: CampaignId, session: SessionDep) -> CampaignDetail
     return CampaignDetail(
         **base.model_dump(), plan_document=row.plan,
         jobs=[CampaignJobOut(key=k, job=JobOut.of(j)) for k, j in jobs],
-    )  # fmt: skip
+    )
 
 
 @router.get(

@@ -84,7 +84,7 @@ def job_samples(
         rows, nxt = sample_store.list_samples(
             session, job_id, case=case, metric=metric, rank=rank, attempt=attempt,
             after_id=cursor_value(cursor, maximum=INT8_MAX) or 0, limit=limit,
-        )  # fmt: skip
+        )
         return Page[SampleOut](
             items=[SampleOut.model_validate(r, from_attributes=True) for r in rows],
             next=None if nxt is None else str(nxt),
@@ -117,7 +117,7 @@ def job_samples(
                     "value": r.value if math.isfinite(r.value) else None,
                 }) + "\n"
                 for r in chunk
-            )  # fmt: skip
+            )
 
     name = f"job-{job_id}-samples.{format}"
     headers = {"Content-Disposition": f'attachment; filename="{name}"'}

@@ -100,7 +100,7 @@ class GateOut(BaseModel):
         if session is not None:
             jobs = [GateJobOut(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
                                status=job.status, verdict=job.verdict, code_commit=job.code_commit)
-                    for link, job in gate_store.gate_job_rows(session, gate.id)]  # fmt: skip
+                    for link, job in gate_store.gate_job_rows(session, gate.id)]
         return cls(
             id=gate.id, run_id=gate.run_id, head=gate.head, base=gate.base, base_source=gate.base_source,
             backend=gate.backend, backend_repo=gate.backend_repo, device=gate.device,
@@ -109,7 +109,7 @@ class GateOut(BaseModel):
             findings=list(gate.findings or []), undecided=list(gate.undecided or []),
             request=dict(gate.request or {}), created_at=gate.created_at, updated_at=gate.updated_at,
             finished_at=gate.finished_at, jobs=jobs,
-        )  # fmt: skip
+        )
 
 
 @router.get("/gates", response_model=Page[GateOut])

@@ -55,4 +55,4 @@ __all__ = [
     "BOOTSTRAP_ROWS", "FAILING", "MIB", "SEVERITY", "UNIT_BYTES", "VERDICTS", "CaseInfo", "CaseResult",
     "CompareConfig", "Comparison", "JobRef", "JobSide", "MetricResult", "SampleTable", "Series", "Verdict",
     "collector_paused", "compare", "incomparable_reason", "series_of", "to_jsonable", "unit_bytes",
-]  # fmt: skip
+]

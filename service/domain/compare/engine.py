@@ -156,5 +156,5 @@ def _incomparable(base: JobSide, head: JobSide, cfg: CompareConfig, why: str) ->
         info = head.cases.get(fp) or base.cases[fp]
         b, h = base.cases.get(fp), head.cases.get(fp)
         results.append(CaseResult(fp, info.name, dict(info.params), "incomparable", f"not comparable: {why}",
-                                  b.status if b else None, h.status if h else None))  # fmt: skip
+                                  b.status if b else None, h.status if h else None))
     return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, results)

@@ -32,7 +32,7 @@ def _bootstrap_plan(n1: int, n2: int, bootstrap: int, seed: int) -> tuple[np.nda
     out = []
     for r, n in ((rb, n1), (rh, n2)):
         pairs, which = np.unique(np.stack([r[:, (n - 1) // 2], r[:, n // 2]], axis=1), axis=0,
-                                 return_inverse=True)  # fmt: skip
+                                 return_inverse=True)
         out += [pairs, which.reshape(-1)]
     for a in out:
         a.setflags(write=False)  # cached: shared by every comparison

@@ -30,7 +30,7 @@ def _campaign_row(row: CampaignRecord, jobs: list[JobRecord]) -> dict[str, Any]:
         "created": when(row.created_at), "status": st.status, "verdict": st.verdict or "–",
         "verdict_class": VERDICT_CSS.get(st.verdict or "", ""), "progress_done": st.done,
         "progress_total": st.total,
-    }  # fmt: skip
+    }
 
 
 def _job_row(key: str, job: JobRecord, counts: dict[str, int], now: datetime) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def _job_row(key: str, job: JobRecord, counts: dict[str, int], now: datetime) ->
         "world_size": job.world_size, "progress_done": job.progress_done,
         "progress_total": job.progress_total, "verdict": word, "verdict_class": css,
         "duration": views.duration(job.started_at, job.finished_at, now if job.status == "running" else None),
-    }  # fmt: skip
+    }
 
 
 @router.get("/campaigns", response_class=HTMLResponse)
@@ -51,7 +51,7 @@ def campaigns_page(
     jobs = store.jobs_of_campaigns(session, [r.id for r in rows])
     return page(request, "campaigns.html", nav="campaigns",
                 campaigns=[_campaign_row(r, jobs[r.id]) for r in rows],
-                next_url=f"/campaigns?before={nxt}" if nxt else None)  # fmt: skip
+                next_url=f"/campaigns?before={nxt}" if nxt else None)
 
 
 @router.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
@@ -67,4 +67,4 @@ def campaign_page(
     return page(request, "campaign.html", nav="campaigns",
                 c=_campaign_row(row, [j for _, j in jobs]),
                 jobs=[_job_row(k, j, counts.get(j.id, {}), now) for k, j in jobs],
-                active=any(j.status in ("queued", "running") for _, j in jobs))  # fmt: skip
+                active=any(j.status in ("queued", "running") for _, j in jobs))

@@ -100,7 +100,7 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
         metric_counts=list(cmp.metric_counts().items()),
         view_links=[(key, label, "/compare?" + urlencode({**q, "show": key}))
                     for key, label in views.COMPARE_VIEWS.items()],
-    )  # fmt: skip
+    )
     return page(request, "compare.html", **ctx)
 
 

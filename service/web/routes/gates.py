@@ -27,7 +27,7 @@ def _gate_row(g: GateRow) -> dict[str, Any]:
         "backend": g.backend, "backend_repo": g.backend_repo, "device": g.device, "world_size": g.world_size,
         "rounds": g.rounds, "created": when(g.created_at), "finished": when(g.finished_at),
         "duration": views.duration(g.created_at, g.finished_at, None) if g.finished_at else "–",
-    }  # fmt: skip
+    }
 
 
 @router.get("/gates", response_class=HTMLResponse)
@@ -36,7 +36,7 @@ def gates_page(
 ) -> HTMLResponse:
     gates, nxt = gate_store.list_gates(session, before_id=before, limit=50)
     return page(request, "gates.html", nav="gates", gates=[_gate_row(g) for g in gates],
-                next_url=f"/gates?before={nxt}" if nxt else None)  # fmt: skip
+                next_url=f"/gates?before={nxt}" if nxt else None)
 
 
 @router.get("/gates/{gate_id}", response_class=HTMLResponse)
@@ -51,8 +51,8 @@ def gate_page(request: Request, gate_id: int, session: Session = Depends(get_ses
         word, css = views.job_verdict(job.status, job.verdict, counts.get(job.id, {}))
         jobs.append({"id": job.id, "role": link.role, "suite": link.suite, "reused": link.reused,
                      "status": job.status, "verdict": word, "verdict_class": css,
-                     "commit": job.code_commit})  # fmt: skip
+                     "commit": job.code_commit})
     return page(request, "gate.html", nav="gates", gate=_gate_row(gate), jobs=jobs,
                 findings=list(gate.findings or []), confirmations=list(gate.confirmations or []),
                 undecided=list(gate.undecided or []),
-                request_items=sorted((gate.request or {}).items()))  # fmt: skip
+                request_items=sorted((gate.request or {}).items()))

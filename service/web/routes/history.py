@@ -109,6 +109,6 @@ def history_suite(request: Request, suite: str, kind: str = "time", device: str 
             "change": change,
             "spark": charts.sparkline(meds, title=f"{s.case} {s.metric} over the last {len(meds)} jobs",
                                       unit=s.unit),
-        })  # fmt: skip
+        })
     return page(request, "history_suite.html", nav="history", suite=suite, kind=kind, kinds=kinds,
                  device=device, devices=DEVICES, world_size=world_size, last=last, rows=rows)

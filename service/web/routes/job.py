@@ -67,7 +67,7 @@ def _job_facts(job: JobRow, now: datetime) -> dict[str, Any]:
         "run_commit": info.get("commit") if isinstance(info.get("commit"), str) else None,
         "verdict": job.verdict, "case_counts": job.case_counts or {}, "cases": job.cases,
         "backend_commit": job.backend_commit,
-    }  # fmt: skip
+    }
 
 
 PAGE_POINTS = 5000  # repetition dots per job page; more lanes -> each lane subsampled harder
@@ -134,7 +134,7 @@ def _plots(
             "kind": "timing", "svg": svg,
             "caption": f"Dots: {what}. Box: the slowest rank of each repetition shown "
                        "(p25–p75, median line, p90 tick, whiskers min–max); exact statistics in the tables.",
-        })  # fmt: skip
+        })
     per_case = {}
     for g in steps:
         per_case.setdefault(g.case_id, []).append(g)
@@ -157,14 +157,14 @@ def _plots(
                 "kind": "trajectory", "svg": svg,
                 "caption": f"{what.capitalize()}: {len(ug)} series over {n_steps} steps, the worst rank of "
                            "each step; dashed: bound; ✕: a non-finite step.",
-            })  # fmt: skip
+            })
     return out
 
 
 def _plottable(cases: list[summary_store.CaseSummary]) -> set[str]:
     """The cases with a timing lane or a trajectory to draw (their plots load with the case)."""
     return {c.fingerprint for c in cases for m in c.metrics.values()
-            if m.kind == "trajectory" or (m.kind == "time" and m.unit in views.TIME_UNITS)}  # fmt: skip
+            if m.kind == "trajectory" or (m.kind == "time" and m.unit in views.TIME_UNITS)}
 
 
 @router.get("/jobs/{job_id}/plots", response_class=HTMLResponse)
@@ -204,7 +204,7 @@ def job_page(
         {"name": a.name, "url": artifact_url(job_id, a.name),
          "size": views.human_bytes(a.size, "bytes")}
         for a in artifact_store.list_artifacts(session, job_id)
-    ]  # fmt: skip
+    ]
     prev = page_queries.previous_job(session, job)
     plotted = ("time", "memory", "trajectory")
     history_metrics = {
@@ -223,7 +223,7 @@ def job_page(
         gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
-    )  # fmt: skip
+    )
 
 
 def _deadline(settings: Settings, job: JobRow) -> str:
@@ -232,7 +232,7 @@ def _deadline(settings: Settings, job: JobRow) -> str:
     try:
         if seconds is None:
             seconds = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
-                                     settings.job_deadline_s)  # fmt: skip
+                                     settings.job_deadline_s)
     except Exception as exc:  # an unloadable suite: say so instead of hiding the fact
         return f"unknown ({type(exc).__name__}: {exc})"
     origin = "service setting" if settings.job_deadline_s else "suite default"
@@ -276,4 +276,4 @@ def job_progress(job_id: DbId, session: Session = Depends(get_session)) -> JSONR
         {"status": job.status, "done": job.progress_done, "total": job.progress_total,
          "message": job.progress_message, "final": job.status in FINAL_STATUSES},
         headers={"Cache-Control": "no-store"},
-    )  # fmt: skip
+    )

@@ -143,7 +143,7 @@ def submit_job(
             "world_size": world_size, "priority": priority,
             "params": deps.loads(params or "{}", "params"),
             "labels": deps.loads(labels or "{}", "labels"),
-        }  # fmt: skip
+        }
     except deps.BadInput as exc:
         return again(422, f"Parameters and labels must be JSON objects: {exc}")
     from pydantic import ValidationError

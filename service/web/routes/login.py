@@ -40,7 +40,7 @@ def login(request: Request, token: str = Form(""), next: str = Form("/jobs")) ->
     keys = session_keys(request)
     resp = RedirectResponse(target, status_code=303)
     resp.set_cookie(COOKIE, keys.issue(expected), max_age=int(keys.ttl_s), httponly=True, samesite="lax",
-                    secure=request.url.scheme == "https", path="/")  # fmt: skip
+                    secure=request.url.scheme == "https", path="/")
     return resp
 
 

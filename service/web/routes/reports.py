@@ -83,7 +83,7 @@ def _trajectory_plots(session: Session, jobs: list[CampaignJob]) -> list[dict[st
                 if series:
                     title = f"CP{d.world_size} {c.name}: {what} per step"
                     out.append({"key": "trajectory", "caption": title,
-                                "svg": charts.trajectory_chart(series, title=title)})  # fmt: skip
+                                "svg": charts.trajectory_chart(series, title=title)})
     return out
 
 

@@ -119,7 +119,7 @@ def _backend_contract(ctx: RankContext, case: Case) -> Iterator[Sample]:
     else:
         broken = _keeps_refusal(ctx, p, reason) if reason is not None else _keeps_claim(ctx, p)
     print(f"{case.name}: " + (f"refused: {reason}" if reason is not None else "accepted")
-          + (f"; CONTRACT BROKEN: {broken}" if broken else "; contract kept"), file=sys.stderr)  # fmt: skip
+          + (f"; CONTRACT BROKEN: {broken}" if broken else "; contract kept"), file=sys.stderr)
     yield Sample(case.name, "backend_supported", 0.0 if reason is not None else 1.0, rank=ctx.rank)
     yield Sample(case.name, "backend_contract", 0.0 if broken else 1.0, rank=ctx.rank)
 
@@ -161,12 +161,12 @@ def _probe(ctx: RankContext, p: Mapping[str, Any]) -> Probe:
         beta=leaf(torch.sigmoid(rnd(1, T, hv, dtype=sdt)).to(dt)), h0=leaf(0.1 * rnd(n, hv, d, d, dtype=sdt)),
         cu=torch.tensor([0, *torch.tensor(packed).cumsum(0).tolist()], dtype=torch.int32,
                         device=ctx.device) if packed else None,
-    )  # fmt: skip
+    )
 
 
 def _call_backend(p: Mapping[str, Any], x: Probe) -> tuple[torch.Tensor, torch.Tensor | None]:
     return gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                            cu_seqlens=x.cu, backend=p["backend"])  # fmt: skip
+                            cu_seqlens=x.cu, backend=p["backend"])
 
 
 def _keeps_claim(ctx: RankContext, p: Mapping[str, Any]) -> str | None:
@@ -227,7 +227,7 @@ def _fresh_python(code: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, check=False,
-    )  # fmt: skip
+    )
     if out.returncode != 0:
         raise RuntimeError(f"fresh interpreter failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

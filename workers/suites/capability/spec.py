@@ -112,7 +112,7 @@ class CapabilitySuite(Suite):
                description="the backend's capability check accepts the request (recorded, no bound)"),
         Metric("backend_contract", "bool", "check", "higher", bound=1.0,
                description="accepted: runs and meets the protocol; refused: raises its own reason"),
-    )  # fmt: skip
+    )
 
     def cases(self, params: SuiteParams) -> list[Case]:
         assert isinstance(params, CapabilityParams)
@@ -121,7 +121,7 @@ class CapabilitySuite(Suite):
                  {"check": "triton_available", "shape": [params.batch, t, h, params.v_heads,
                                                          params.head_dim, params.head_dim]})
             for t in params.seq_lens for h in params.qk_heads
-        ]  # fmt: skip
+        ]
         failfast = [
             ("failfast_backend_auto", {"backend": "auto"}, "backend='auto'"),
             ("failfast_head_dim_64_triton", {"backend": "triton", "head_dim": 64}, "head_dim"),
@@ -157,7 +157,7 @@ class CapabilitySuite(Suite):
             Case(self.name, f"backend_{b}_{'packed_' if packed else ''}{dt}_d{d}",
                  {"check": "backend_contract", "backend": b, "dtype": dt, "head_dim": d, "packed": packed})
             for b in params.backends for dt, d, packed in probes
-        ]  # fmt: skip
+        ]
 
 
 SUITE = CapabilitySuite()

@@ -49,7 +49,7 @@ def run(ctx: RankContext, case: Case) -> Iterator[Sample]:
         devices.empty_cache(ctx.device)
         if p["seq_len"] <= p["accuracy_max_seq_len"]:
             cmp = (compare_no_cp(lc, ctx.device) if p["mode"] == "none"
-                   else compare_emulated(lc, p["shards"], ctx.device))  # fmt: skip
+                   else compare_emulated(lc, p["shards"], ctx.device))
             yield from _accuracy_samples(ctx, case.name, lc, cmp)
         return
     if not ctx.distributed:
@@ -96,14 +96,14 @@ def _layer_case(ctx: RankContext, p: Mapping[str, Any]) -> LayerCase:
     cfg = GDNLayerConfig(
         hidden_size=p["hidden_size"], num_qk_heads=p["qk_heads"], num_v_heads=p["v_heads"],
         head_dim=p["head_dim"], conv_size=p["conv_size"],
-    )  # fmt: skip
+    )
     dtype: torch.dtype = getattr(torch, p["dtype"])
     ref_dtype: torch.dtype = dtype if p["ref_dtype"] == "same" else getattr(torch, p["ref_dtype"])
     return LayerCase(
         cfg, p["mode"], backend=p["backend"], ref_backend=p["ref_backend"], dtype=dtype, ref_dtype=ref_dtype,
         batch=p["batch"], seq_len=p["seq_len"], valid_len=p["valid_len"], seed=ctx.seed,
         packed=tuple(p["packed"]) if p.get("packed") else None,
-    )  # fmt: skip
+    )
 
 
 def expected_hops(mode: str, rank: int, size: int, aligned: bool = False) -> dict[str, int]:

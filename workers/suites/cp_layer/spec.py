@@ -61,7 +61,7 @@ PACKED_8K = (1, 63, 64, 65, 1000, 3000, 3999)
 LAYER_PARAMS = (
     "A_log", "conv1d.weight", "dt_bias", "in_proj_a.weight", "in_proj_b.weight", "in_proj_qkv.weight",
     "in_proj_z.weight", "norm.weight", "out_proj.weight",
-)  # fmt: skip
+)
 
 
 class CPLayerParams(SuiteParams):
@@ -140,7 +140,7 @@ def _metrics() -> tuple[Metric, ...]:
                description="received messages whose channel sequence number was verified"),
         Metric("chain_wait_ms", "ms", "time", repeated=False,
                description="host time blocked receiving states, one warm fwd+bwd"),
-    ]  # fmt: skip
+    ]
     return tuple(out)
 
 
@@ -184,7 +184,7 @@ class CPLayerSuite(Suite):
                  "packed_cases": (PACKED_8K,), "warmup": 2, "repeat": 5},
         # The report's CP4/CP8 matrix (run with world size 4 or 8).
         "full": {},
-    }  # fmt: skip
+    }
     metrics = _metrics()
 
     def misfit(self, case: Case, world_size: int) -> str | None:
@@ -202,11 +202,11 @@ class CPLayerSuite(Suite):
         assert isinstance(params, CPLayerParams)
         base = params.model_dump()
         drop = ("candidates", "seq_lens", "padding_cases", "packed_cases", "dtypes", "packed_dtypes",
-                "emulated_shards")  # fmt: skip
+                "emulated_shards")
         packed_dtypes = params.dtypes if params.packed_dtypes is None else params.packed_dtypes
         if params.packed_cases and set(packed_dtypes) - set(params.dtypes):
             raise ValueError(f"packed_dtypes {list(packed_dtypes)} must be some of the dtypes "
-                             f"{list(params.dtypes)}; name some of those or set packed_cases=[]")  # fmt: skip
+                             f"{list(params.dtypes)}; name some of those or set packed_cases=[]")
         shapes: list[tuple[int, int, int | None, tuple[int, ...] | None]] = [
             *((1, T, None, None) for T in params.seq_lens),
             *((b, T, valid, None) for b, T, valid in params.padding_cases),
@@ -218,7 +218,7 @@ class CPLayerSuite(Suite):
             if mode not in MODES or not BACKEND_NAME.fullmatch(backend):
                 raise ValueError(f"bad candidate {cand!r}; expected '<mode>+<backend>' with mode in "
                                  f"{MODES} and a backend name (gdn.backends: {BACKENDS}, an entry point "
-                                 "or 'module:function')")  # fmt: skip
+                                 "or 'module:function')")
             shard_counts = params.emulated_shards if mode == "p2p_emulated" else (None,)
             for dtype in params.dtypes:
                 for batch, T, valid, lens in shapes:
@@ -231,7 +231,7 @@ class CPLayerSuite(Suite):
                     for shards in shard_counts:
                         p = {k: v for k, v in base.items() if k not in drop}
                         p.update(mode=mode, backend=backend, dtype=dtype, batch=batch, seq_len=T,
-                                 valid_len=valid, shards=shards)  # fmt: skip
+                                 valid_len=valid, shards=shards)
                         if lens is not None:
                             p["packed"] = list(lens)
                         pad = f"_valid{valid}" if valid is not None else ""
@@ -243,7 +243,7 @@ class CPLayerSuite(Suite):
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"cases {twice} are named twice: packed_cases {list(params.packed_cases)} "
-                             "hold two packings of the same length and sequence count; drop one")  # fmt: skip
+                             "hold two packings of the same length and sequence count; drop one")
         return out
 
 

@@ -99,7 +99,7 @@ def _call(backend: str, x: Tensors, final: bool) -> tuple[torch.Tensor, torch.Te
     return gated_delta_rule(
         x["q"], x["k"], x["v"], x["g"], x["beta"],
         initial_state=x["h0"], output_final_state=final, cu_seqlens=x.get("cu"), backend=backend,
-    )  # fmt: skip
+    )
 
 
 _LEAVES = ("q", "k", "v", "g", "beta", "h0")
@@ -146,7 +146,7 @@ def _reference(x: Tensors, p: Mapping[str, Any], final: bool) -> Tensors:
         o, ht = recurrent_gated_delta_rule(
             r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["h0"], output_final_state=final,
             cu_seqlens=x.get("cu"),
-        )  # fmt: skip
+        )
         outs, grads = [o], [r["do"]]
         if final and r["dht"] is not None:
             outs.append(ht)
@@ -206,11 +206,11 @@ def timed_calls(backend: str, x: Tensors, final: bool) -> tuple[Call, Call, Call
 
     def fwd() -> None:
         gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu,
-                         backend=backend)  # fmt: skip
+                         backend=backend)
 
     def fwd_bwd() -> None:
         o, ht = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final,
-                                 cu_seqlens=cu, backend=backend)  # fmt: skip
+                                 cu_seqlens=cu, backend=backend)
         backward([o, ht] if len(grads) == 2 else [o], grads)
 
     def reset() -> None:

@@ -86,7 +86,7 @@ def _metrics() -> tuple[Metric, ...]:
         Metric("fwd_bwd_rel", "x ref", "time", min_effect=REFERENCE_RELATIVE_MIN_EFFECT,
                description="forward + backward over the reference workload (cpu only)"),
         Metric("peak_bytes", "bytes", "memory", description="incremental peak allocated of one fwd+bwd"),
-    ]  # fmt: skip
+    ]
     for t in TENSORS:
         out += [
             Metric(f"{t}_rel_l2", "ratio", "accuracy", bound=ACC_BOUND,
@@ -94,7 +94,7 @@ def _metrics() -> tuple[Metric, ...]:
             Metric(f"{t}_max_abs", "abs", "accuracy", description=f"{t}: max |a-ref|"),
             Metric(f"{t}_max_rel", "ratio", "accuracy", description=f"{t}: max |a-ref|/|ref|"),
             Metric(f"{t}_finite", "bool", "check", "higher", bound=1.0, description=f"{t}: all finite"),
-        ]  # fmt: skip
+        ]
     out += [
         Metric("ratio_to_baseline", "x", "time", "lower", repeated=False,
                description="median fwd+bwd / the baseline's, timed in the same case (triton/fla goal "
@@ -103,7 +103,7 @@ def _metrics() -> tuple[Metric, ...]:
                description="incremental peak allocated / the baseline's"),
         Metric("tflops", "TFLOP/s", "time", "higher", repeated=False,
                description="model FLOPs of the chunked algorithm / median fwd+bwd (not for eager)"),
-    ]  # fmt: skip
+    ]
     return tuple(out)
 
 
@@ -136,7 +136,7 @@ class GDNOpSuite(Suite):
             "accuracy_seeds": (0,), "eager_warmup": 1, "eager_repeat": 5,
         },
         "full": {"packed": (PACKED_16K, PACKED_64K)},
-    }  # fmt: skip
+    }
     metrics = _metrics()
     # 2: one case per backend, metric names without the backend (version 1 had `<backend>_<metric>`
     # in one case per shape): a gate across the change is refused, not passed with nothing paired
@@ -163,7 +163,7 @@ class GDNOpSuite(Suite):
             raise ValueError(f"backends {list(params.backends)} name a backend twice")
         if params.baseline not in params.backends:
             raise ValueError(f"baseline {params.baseline!r} is not one of the backends "
-                             f"{list(params.backends)}; add it or name another")  # fmt: skip
+                             f"{list(params.backends)}; add it or name another")
         bad_modes = sorted(set(params.modes) - {"stateless", "stateful"})
         if bad_modes:
             raise ValueError(f"unknown mode(s) {bad_modes}; expected stateless and/or stateful")

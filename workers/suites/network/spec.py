@@ -86,7 +86,7 @@ def _metrics() -> tuple[Metric, ...]:
                        description=f"max over steps of the {what} rel error ({p} run)"),
                 Metric(f"{p}_{what}_max_abs", "abs", "trajectory",
                        description=f"max over steps of the {what} abs error ({p} run)"),
-            ]  # fmt: skip
+            ]
     for side in ("ref", "cand"):
         out += [
             Metric(f"{side}_loss", "nats", "trajectory", description=f"{side} loss per step"),
@@ -114,7 +114,7 @@ def _metrics() -> tuple[Metric, ...]:
                description="checkpoint off vs full: final parameters bit-identical"),
         Metric("det_max_param_diff", "abs", "accuracy", bound=0.0,
                description="checkpoint off vs full: max |param difference| after the last step"),
-    ]  # fmt: skip
+    ]
     return tuple(out)
 
 
@@ -169,7 +169,7 @@ class NetworkSuite(Suite):
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 200, "lr": NETWORK_GPU_LR,
             "determinism_modes": ("none",), "corpus": "stdlib",
         },
-    }  # fmt: skip
+    }
     metrics = _metrics()
 
     def misfit(self, case: Case, world_size: int) -> str | None:

@@ -33,13 +33,13 @@ class ProfileSuite(Suite):
                  "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
         "full": {"model": "qwen35-4l", "seq_len": 65536, "dtype": "bfloat16", "backend": "triton",
                  "corpus": "package", "modes": ("ulysses", "p2p"), "warmup": 2},
-    }  # fmt: skip
+    }
     metrics = (
         Metric("trace_written", "bool", "check", "higher", bound=1.0,
                description="1 when this rank wrote its trace into the artifacts directory"),
         Metric("trace_events", "count", "check", "higher", description="events in this rank's trace"),
         Metric("trace_bytes", "bytes", "memory", description="size of this rank's trace file"),
-    )  # fmt: skip
+    )
 
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)

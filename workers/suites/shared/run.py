@@ -48,7 +48,7 @@ def trajectory_config(ctx: RankContext, params: Mapping[str, Any], **overrides: 
         candidate_chunk_size=params.get("candidate_chunk_size", 64),
         cp_mode=mode, fsdp=params.get("fsdp", True), checkpoint=params.get("checkpoint", "off"),
         model_overrides=dict(params.get("model_overrides") or {}),
-    )  # fmt: skip
+    )
     fields.update(overrides)
     return TrajectoryConfig(**fields)
 

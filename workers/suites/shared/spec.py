@@ -29,7 +29,7 @@ PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 ModelOverrideKey = Literal[
     "linear_num_qk_heads", "linear_num_v_heads", "linear_head_dim", "num_layers", "hidden_size",
     "intermediate_size", "num_attention_heads", "num_kv_heads", "attn_head_dim",
-]  # fmt: skip
+]
 ModelOverrides = dict[ModelOverrideKey, Positive]
 
 

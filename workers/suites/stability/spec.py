@@ -42,7 +42,7 @@ class StabilitySuite(Suite):
         "full": {"model": "qwen35-4l", "seq_len": 65536, "batch_size": 1, "valid_lengths": None,
                  "dtype": "bfloat16", "backend": "triton", "corpus": "package", "modes": ("ulysses", "p2p"),
                  "passes": 50},
-    }  # fmt: skip
+    }
     metrics = (
         Metric("loss", "nats", "trajectory", description="global loss of each pass"),
         Metric("finite", "bool", "check", "higher", bound=1.0,
@@ -56,7 +56,7 @@ class StabilitySuite(Suite):
                description="point-to-point messages whose sequence number the CP layer checked"),
         Metric("passes_done", "count", "check", "higher",
                description="consecutive passes completed (the case's `passes` when it passes)"),
-    )  # fmt: skip
+    )
 
     def misfit(self, case: Case, world_size: int) -> str | None:
         return cp_misfit(case.params, world_size)
