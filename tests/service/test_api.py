@@ -32,7 +32,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-@pytest.fixture(scope="module", params=STORES)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One server process per store kind for the module; a test's `stores` marker names fewer."""
+    if "server" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("stores")
+        metafunc.parametrize("server", marker.args if marker else STORES, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("api")
     with store_url(request, request.param, workdir / "gdnval.db") as url:
@@ -160,6 +167,9 @@ def test_suite_catalogue(http: httpx.Client) -> None:
     assert len(fake["presets"]["quick"]["cases"]) == 2
 
 
+# The store reads a real job's rows as a fake one's: PostgreSQL keeps the fake jobs and a stored
+# real cp-layer run (test_compare_reduced.py); the rank processes do not depend on the store.
+@pytest.mark.stores("sqlite")
 def test_real_local_executor_runs_a_quick_suite(http: httpx.Client) -> None:
     r = http.post(
         "/api/v1/jobs", json={"suite": "capability", "preset": "quick", "device": "cpu"}, headers=AUTH
@@ -484,6 +494,7 @@ def test_reused_idempotency_key_with_other_parameters_is_a_conflict(http: httpx.
     assert "idempotency key 'conflict-key' already names job" in r.json()["detail"]
 
 
+@pytest.mark.stores("sqlite")  # the CLI speaks HTTP only; the API's reads run on both stores above
 def test_cli_submit_wait_and_jobs(server: Server) -> None:
     env = {**server.env, "GDNVAL_SERVER": server.base}
     cli = [sys.executable, "-m", "service.cli"]

@@ -37,7 +37,7 @@ def test_campaign_is_stored_with_its_queued_jobs_and_state_from_them(engine: Any
     with Session(engine) as s:
         got = store.get_campaign(s, row.id)
         assert got is not None and got.plan_name == "pr-report-cpu" and got.world_sizes == [4, 8]
-        assert got.plan["version"] == got.plan_version == 1
+        assert got.plan["version"] == got.plan_version == 2
         jobs = store.campaign_jobs(s, row.id)
         assert [k for k, _ in jobs] == [k for k, _ in req.jobs]
         assert {j.status for _, j in jobs} == {"queued"}
@@ -147,7 +147,7 @@ def test_pages_show_campaigns_and_their_jobs(client: TestClient) -> None:
     c = client.post("/api/v1/campaigns", json={**BODY, "world_sizes": [8]}, headers=AUTH).json()
     listing = client.get("/campaigns")
     assert listing.status_code == 200
-    assert f'href="/campaigns/{c["id"]}"' in listing.text and "pr-report-cpu v1" in listing.text
+    assert f'href="/campaigns/{c["id"]}"' in listing.text and "pr-report-cpu v2" in listing.text
     detail = client.get(f"/campaigns/{c['id']}")
     assert detail.status_code == 200
     jobs = client.get(f"/api/v1/campaigns/{c['id']}").json()["jobs"]
