@@ -90,7 +90,8 @@ def test_gdn_numbers_are_the_stored_statistics(stored: dict[str, Any]) -> None:
         assert row["bwd estimate"] == f"{fb.median - f.median:.3f}"
         assert row["incr. peak"] == "not tracked"  # a CPU keeps no allocator statistics
     header, _ = table(got["Single-device GDN speed and memory"])
-    assert header[-3:] == ["speed-up vs eager", "incr. peak", "peak vs eager"]
+    # only eager is timed on a CPU: no speed-up or peak ratio has a value, so their columns are left out
+    assert header[-2:] == ["bwd estimate", "incr. peak"] and "speed-up vs eager" not in header
     assert re.search(r"eager warm-up \d+, repeat \d+", got["Single-device GDN speed and memory"])
 
 
