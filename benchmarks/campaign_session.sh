@@ -34,7 +34,11 @@ PY=${PY:-python3}
 cli() { "$PY" -m service.cli "$@"; }
 # a resumed campaign: the store (SQLite with its write-ahead log) and the checkout's git folder
 [ -f .devrun/gdnval.db ] && [ ! -f "$OUT/gdnval.db" ] && cp .devrun/gdnval.db* "$OUT/"
-[ -d .devrun/git ] && { rm -rf .git && cp -r .devrun/git .git; }
+# (the device machine's copy of the tree carries a .git of its own: kept aside, not deleted)
+if [ -d .devrun/git ]; then
+    [ -e .git ] && rm -rf .git.before-devrun && mv .git .git.before-devrun
+    cp -r .devrun/git .git
+fi
 { nvidia-smi -L; "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
     >>"$OUT/summary.txt" 2>&1
 cli db upgrade >>"$OUT/summary.txt" 2>&1 || { echo "db upgrade failed" | tee -a "$OUT/summary.txt"; exit 1; }
