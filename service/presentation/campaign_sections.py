@@ -948,6 +948,41 @@ def _span(values: Sequence[float]) -> str:
     return lo if lo == hi else f"{lo} to {hi}"
 
 
+def _peer_ratios(jobs: Sequence[CampaignJob], speeds: Sequence[tuple[CampaignJob, Variant]]) -> list[str]:
+    """Each of the project's own backends against every other backend timed beside it (same job
+    and shape, the baseline aside): the other's median / this one's for fwd+bwd and fwd, and the
+    other's incremental peak / this one's; above 1 the own backend is faster or smaller."""
+    own = {b["backend"] for j in jobs for b in views.backend_records(j.data.info)
+           if b["distribution"] == "gdnval"}
+    found: dict[tuple[str, str], list[tuple[int, str, str, str]]] = {}
+    rows = {(j.data.job_id, _shape_key(v, ("backend",)), str(v.params.get("backend"))): v for j, v in speeds}
+    for (job_id, shape, name), v in rows.items():
+        base_name = str(v.params.get("baseline") or "eager")
+        if name not in own or name == base_name:
+            continue
+        for (other_job, other_shape, other), w in rows.items():
+            if (other_job, other_shape) != (job_id, shape) or other in own or other == base_name:
+                continue
+            peaks = (w.metrics.get("peak_bytes"), v.metrics.get("peak_bytes"))
+            found.setdefault((name, other), []).append((
+                int(v.params.get("seq_len") or 0),
+                cv.speedup_text(w.metrics["fwd_bwd_ms"].median, v.metrics["fwd_bwd_ms"].median),
+                cv.speedup_text(_median(w.metrics.get("fwd_ms")), _median(v.metrics.get("fwd_ms"))),
+                cv.speedup_text(*(None if p is None else p.worst for p in peaks)),
+            ))
+    out = []
+    for (name, other), xs in sorted(found.items()):
+        xs.sort()
+        parts = [
+            f"{label} " + ", ".join(f"{x[i]} ({_length(x[0])})" for x in xs)
+            for i, label in ((1, "fwd+bwd"), (2, "fwd"), (3, "incremental peak"))
+            if any(x[i] != "–" for x in xs)
+        ]
+        out.append(f"Single-device {name} against {other} ({other}'s median / {name}'s; above 1× {name} "
+                   f"is faster or smaller): {'; '.join(parts)}.")
+    return out
+
+
 def conclusions(
     jobs: Sequence[CampaignJob], scaling: Sequence[dict[str, Any]], ckpt: Sequence[dict[str, Any]]
 ) -> Section | None:
@@ -977,6 +1012,7 @@ def conclusions(
             f"Single-device speed-up {pair} (median fwd+bwd): {lo[0]:.2f}× ({lo[1]}) to {hi[0]:.2f}× "
             f"({hi[1]})."
         )
+    items += _peer_ratios(jobs, speeds)
     cp = _worst_rel([(j, v) for j, v in _rows_of(jobs, "cp-layer") if not v.params.get("shards")], CP_TENSORS)
     if (line := _accuracy_conclusion("CP layer", cp)) is not None:
         items.append(line)

@@ -553,6 +553,23 @@ def test_conclusions_are_computed_with_their_rules() -> None:
     assert "cp-layer #3 p2p_triton_T32768_B1: error (RuntimeError: NCCL timeout)" in text
 
 
+def test_own_backends_against_the_peers_timed_beside_them() -> None:
+    """Each own backend (distribution gdnval) against each peer of the same job and shape: the
+    peer's median / ours for fwd+bwd and fwd, the peer's peak / ours; the baseline is no peer."""
+    gdn = gdn_job()
+    for T, (fwd, fb, mib) in {8192: (4.0, 12.5, 121.0), 16384: (9.0, 16.0, 250.0)}.items():
+        p = {**next(c.params for c in gdn.data.cases if c.params["seq_len"] == T), "backend": "fla"}
+        gdn.data.cases.append(case(f"T{T}_stateful_fla", p, *timed(fwd, fb), memory("peak_bytes", mib)))
+    text = sections(markdown([gdn]))["Conclusions"]
+    # triton at 8K: fwd 10/3 ms, fwd+bwd 10 ms, 100 MiB; at 16K: 20/3, 20 ms, 100 MiB
+    assert (
+        "- Single-device triton against fla (fla's median / triton's; above 1× triton is faster or smaller): "
+        "fwd+bwd 1.25× (8K), 0.80× (16K); fwd 1.20× (8K), 1.35× (16K); incremental peak 1.21× (8K), "
+        "2.50× (16K).\n" in text
+    )
+    assert "against eager" not in text and "fla against" not in text
+
+
 def test_links_only_from_the_public_base_url() -> None:
     with_base = markdown(campaign())
     targets = re.findall(r"\]\(([^)]*)\)", with_base)
