@@ -326,6 +326,7 @@ class Trajectory:
     values: Sequence[float] | np.ndarray
     bound: float | None = None
     per_bin: int = 1  # >1: each value is already the worst of this many steps (binned upstream)
+    width: float = 1.5  # line width: a wider line drawn first stays visible under an equal one
 
 
 def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per step", unit: str = "",
@@ -374,7 +375,8 @@ def trajectory_chart(series: Sequence[Trajectory], *, title: str = "Error per st
         ok = np.isfinite(va)
         px, py = xs.array(st[ok]).tolist(), ys.array(va[ok]).tolist()
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py, strict=True))
-        body.append(f'<polyline class="traj" stroke="{color}" points="{pts}"/>')
+        body.append(f'<polyline class="traj" stroke="{color}" style="stroke-width: {s.width:g}" '
+                    f'points="{pts}"/>')
         marks = st.size <= 60
         for a, b in zip(st, va, strict=True):
             if not math.isfinite(b):
@@ -434,12 +436,16 @@ def sweep_chart(series: Sequence[SweepSeries], *, title: str, x_label: str = "se
     sizes = sorted({float(s) for ser in series for s in ser.sizes if s > 0})
     xs = Scale.fit(np.log2(np.asarray(sizes, dtype=float)) if sizes else np.empty(0), left, width - right)
     vals = [float(v) for ser in series for arr in (ser.values, ser.lo or (), ser.hi or ()) for v in arr]
-    ys = Scale.fit(np.asarray(vals, dtype=float), height - bottom, top, include=[0.0])
+    # from zero on a linear axis, unless the values span more than two decades (an eager baseline
+    # beside fused kernels): then log10, so the fast lines do not lie flat on the axis
+    ys = Scale.fit(np.asarray(vals, dtype=float), height - bottom, top, allow_log=True, include=[0.0])
     body: list[str] = []
     for t in ys.ticks(4):
         py = ys(t)
         body.append(f'<line x1="{left}" x2="{width - right}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
         body.append(_text(left - 6, py + 3, fmt(t), anchor="end", css="lbl small"))
+    if ys.log:
+        body.append(_text(left, top + 8, "log scale", css="lbl small"))
     for s in sizes:
         body.append(_text(xs(math.log2(s)), height - bottom + 14, _size_label(s), anchor="middle",
                           css="lbl small"))

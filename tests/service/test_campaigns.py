@@ -3,6 +3,7 @@ transaction, idempotent, their status and verdict read from their jobs; refusals
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -154,6 +155,10 @@ def test_pages_show_campaigns_and_their_jobs(client: TestClient) -> None:
     for j in jobs:
         assert f'href="/jobs/{j["job"]["id"]}"' in detail.text and j["key"] in detail.text
     assert f'href="/api/v1/campaigns/{c["id"]}/report.md"' in detail.text
+    # the report page of exactly the campaign's jobs, in the plan's order
+    report_href = re.search(r'id="report-page" href="([^"]+)"', detail.text).group(1).replace("&amp;", "&")
+    assert report_href == "/reports/campaign?" + "&".join(f"job={j['job']['id']}" for j in jobs)
+    assert client.get(report_href).status_code == 200
     assert client.get("/campaigns/4242").status_code == 404
     assert client.get("/campaigns/99999999999").status_code == 404
 

@@ -138,12 +138,33 @@ def test_trajectory_bins_long_series_to_their_worst_value_and_marks_nonfinite_st
     vals = np.full(2000, 1e-5)
     vals[1234] = 3e-4
     svg = str(charts.trajectory_chart([charts.Trajectory("loss_max_rel", steps, vals, bound=4e-4)]))
-    pts = re.search(r'class="traj" stroke="[^"]+" points="([^"]+)"', svg).group(1).split()
+    pts = re.search(r'class="traj" stroke="[^"]+" style="[^"]+" points="([^"]+)"', svg).group(1).split()
     assert len(pts) <= charts.MAX_STEPS + 1 and "max per 5 steps" in svg
     assert "worst 3.000e-04" in svg  # the spike survives the binning
     short = np.array([1e-5, np.nan, 2e-5])
     svg = str(charts.trajectory_chart([charts.Trajectory("gn", np.arange(3), short)]))
     assert svg.count('class="step"') == 2 and svg.count('class="nonfinite"') == 1
+
+
+def test_sweep_goes_log_only_when_its_values_span_decades() -> None:
+    """An eager baseline 300× the fused kernels: log10, so the fast lines stay apart; values within
+    two decades keep the linear axis from zero."""
+    sizes = [16384, 65536]
+
+    def y_of(svg: str, name: str) -> list[float]:
+        tips = re.findall(r'cy="([0-9.]+)" r="3"[^>]*><title>' + name, svg)
+        return [float(t) for t in tips]
+
+    wide = str(charts.sweep_chart([charts.SweepSeries("eager", sizes, [830.0, 4650.0]),
+                                   charts.SweepSeries("fla", sizes, [3.7, 14.8]),
+                                   charts.SweepSeries("flashqla", sizes, [1.4, 4.7])], title="t", unit="ms"))
+    assert "log scale" in wide
+    fla, qla = y_of(wide, "fla at"), y_of(wide, "flashqla at")
+    assert all(a < b - 20 for a, b in zip(fla, qla, strict=True))  # SVG y grows downwards: fla above
+    narrow = str(charts.sweep_chart([charts.SweepSeries("fla", sizes, [3.7, 14.8]),
+                                     charts.SweepSeries("flashqla", sizes, [1.4, 4.7])],
+                                    title="t", unit="ms"))
+    assert "log scale" not in narrow and ">0</text>" in narrow
 
 
 def test_history_line_and_sparkline_have_one_mark_per_commit() -> None:

@@ -76,7 +76,9 @@ def _trajectory_plots(session: Session, jobs: list[CampaignJob]) -> list[dict[st
         for c in cases[:MAX_TRAJECTORY_CASES]:
             for what, ref, cand in TRAJECTORY_PAIRS:
                 series = [
-                    charts.Trajectory(side, g.idx, g.worst, per_bin=bins.get(defs[name].id, 1))
+                    # the reference wide, under the candidate: where they agree both stay visible
+                    charts.Trajectory(side, g.idx, g.worst, per_bin=bins.get(defs[name].id, 1),
+                                      width=4.0 if side == "reference" else 1.5)
                     for side, name in (("reference", ref), ("candidate", cand))
                     if (g := by.get((c.case_id, name))) is not None
                 ]
