@@ -36,6 +36,9 @@ def campaign() -> None:
 @click.option("--world-sizes", default=None, help="comma-separated CP sizes, e.g. 4,8 (default: the plan's)")
 @click.option("--commit", default=None, help="sha (7-40 hex) or ref; default: the service's installed code")
 @click.option("--backends", default=None, help="comma-separated peer backends beside the one under test")
+@click.option("--backend-source", default=None, metavar="SRC",
+              help="install the --backends from here for the jobs that run them: git+<repo>@<commit> or a "
+                   "pip requirement (the job label backend_source)")
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.option("--idempotency-key", default=None, help="the same key returns the same campaign")
 @click.option("--wait", is_flag=True, help="wait with progress per job; exit 0 only if every job passed")
@@ -43,8 +46,9 @@ def campaign() -> None:
 @server_option
 @token_option
 def submit(
-    plan: str, device: str, world_sizes: str | None, commit: str | None, backends: str | None, priority: int,
-    idempotency_key: str | None, wait: bool, timeout: float | None, server: str, token: str | None,
+    plan: str, device: str, world_sizes: str | None, commit: str | None, backends: str | None,
+    backend_source: str | None, priority: int, idempotency_key: str | None, wait: bool, timeout: float | None,
+    server: str, token: str | None,
 ) -> None:
     """Queue every job of PLAN as one campaign; prints its id (and, with --wait, its verdict)."""
     body: dict[str, Any] = {"plan": plan, "device": device, "priority": priority}
@@ -55,6 +59,8 @@ def submit(
         body["commit"] = commit
     if backends:
         body["backends"] = [b.strip() for b in backends.split(",") if b.strip()]
+    if backend_source:
+        body["backend_source"] = backend_source
     if idempotency_key:
         body["idempotency_key"] = idempotency_key
     base = server.rstrip("/")

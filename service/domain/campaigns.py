@@ -1,6 +1,7 @@
 """Campaigns: a plan (workers.plans) queued as one stored object, its state read from its jobs.
 
-A submission names a plan, a device, world sizes, a commit and peer backends. The plan expands
+A submission names a plan, a device, world sizes, a commit and peer backends (and where those come
+from: a backend source, installed for the jobs that run them, as a submitted job's label). The plan expands
 into job bodies, and each one is validated exactly as a submitted job is
 (`service.domain.submission.validate_request`) before anything is queued; then the campaign and
 all its jobs are stored in one transaction. Its status and verdict are never stored: they are
@@ -25,6 +26,7 @@ from service.persistence import campaigns as store
 from service.persistence.campaigns import CampaignRequest
 from service.persistence.models import FINAL_STATUSES
 from service.persistence.records import CampaignRecord, JobRecord
+from workers.backend_source import BACKEND_SOURCE_LABEL
 from workers.executors.base import Executor
 from workers.plans import PlanError, load_plan
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
@@ -53,6 +55,11 @@ class CampaignCreate(BaseModel):
     backends: list[BackendName] = Field(
         default_factory=list, max_length=10, description="peer backends timed beside the backend under test"
     )
+    backend_source: str | None = Field(
+        None, min_length=1, max_length=500,
+        description="where the peer backends come from (`git+<repo>@<commit>` or a pip requirement), "
+        "installed per node for the jobs that run the peers; null = already installed",
+    )
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
@@ -76,11 +83,17 @@ def campaign_request(body: Any, executor: Executor | None) -> CampaignRequest:
         planned = plan.expand(req.device, req.world_sizes, req.backends)
     except (PlanError, ValueError) as exc:
         raise InvalidCampaign(str(exc)) from exc
+    if req.backend_source is not None and not req.backends:
+        raise InvalidCampaign(
+            f"backend_source {req.backend_source!r} without backends: name the backends it provides "
+            "(backends, as peers of the backend under test)"
+        )
     jobs = []
     for p in planned:
-        job_body = JobCreate.model_validate(
-            {**p.job_body(), "commit": req.commit, "priority": req.priority}, strict=False
-        )
+        body = {**p.job_body(), "commit": req.commit, "priority": req.priority}
+        if req.backend_source is not None and p.runs_peers:
+            body["labels"] = {**body["labels"], BACKEND_SOURCE_LABEL: req.backend_source}
+        job_body = JobCreate.model_validate(body, strict=False)
         try:
             jobs.append((p.key, validate_request(job_body, executor)))
             p.check_cases()

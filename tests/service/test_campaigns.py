@@ -17,6 +17,7 @@ from service.persistence import campaigns as store
 from service.persistence.models import JobRow
 from service.persistence.queue import JobConflict
 from service.settings import Settings
+from workers.backend_source import BACKEND_SOURCE_LABEL
 
 BODY: dict[str, Any] = {"plan": "pr-report-cpu", "device": "cpu", "world_sizes": [4, 8]}
 
@@ -115,9 +116,28 @@ def test_api_refuses_what_no_campaign_can_run(client: TestClient) -> None:
     assert "not for 2" in problem({**BODY, "world_sizes": [2]})
     assert "bad backend name" in problem({**BODY, "backends": ["no spaces!"]})
     assert "extra" in problem({**BODY, "plan_name": "x"}).lower()
+    assert "without backends" in problem({**BODY, "backend_source": "git+/srv/repo@main"})
+    assert "neither 'git+<repository>@<commit>' nor a pip requirement" in problem(
+        {**BODY, "backends": ["mine"], "backend_source": "not a ** requirement"}
+    )
     assert client.post("/api/v1/campaigns", json=BODY).status_code == 401
     assert client.get("/api/v1/campaigns/5").status_code == 404
     assert client.get("/api/v1/campaigns").json() == {"items": [], "next": None}
+
+
+def test_a_backend_source_goes_to_the_jobs_that_run_the_peers(engine: Any) -> None:
+    """The peers come from the named source in exactly the jobs that time them (gdn-op); the other
+    jobs run our own code and carry no source, so their code under test stays ours."""
+    source = "git+https://example.org/team/kernels.git@0123abc"
+    req = campaign_request({**BODY, "backends": ["teamgdn"], "backend_source": source}, None)
+    row, _ = store.create_campaign(engine, req)
+    with Session(engine) as s:
+        jobs = store.campaign_jobs(s, row.id)
+    sourced = {k for k, j in jobs if j.labels.get(BACKEND_SOURCE_LABEL) == source}
+    assert sourced == {k for k, j in jobs if j.suite == "gdn-op"} and sourced
+    gdn = next(j for _, j in jobs if j.suite == "gdn-op")
+    assert "teamgdn" in gdn.params["backends"]
+    assert all(BACKEND_SOURCE_LABEL not in j.labels for k, j in jobs if k not in sourced)
 
 
 @pytest.mark.stores("sqlite")

@@ -111,7 +111,8 @@ class Plan(BaseModel):
         params = json.loads(json.dumps(params))  # tuples from adapt_preset become JSON lists
         key = f"{entry.name}@{world_size}" if per_size else entry.name
         labels = {PLAN_LABEL: f"{self.name}@v{self.version}", ENTRY_LABEL: key, SECTION_LABEL: entry.section}
-        return PlannedJob(key, entry.section, entry.suite, entry.preset, params, device, world_size, labels)
+        return PlannedJob(key, entry.section, entry.suite, entry.preset, params, device, world_size, labels,
+                          runs_peers=bool(backends and entry.peers_param))
 
     def document(self) -> dict[str, Any]:
         """The plan as stored with a campaign (JSON)."""
@@ -130,6 +131,7 @@ class PlannedJob:
     device: str = "cpu"
     world_size: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
+    runs_peers: bool = False  # the campaign's named peer backends were added to its parameters
 
     def check_cases(self) -> int:
         """How many cases the job expands to; raises naming the reason when it expands to none or
