@@ -94,7 +94,10 @@ def module_is_cli(words: list[str]) -> bool:
 
 
 def _session_steps(script: Path) -> set[str]:
-    return set(re.findall(r"^\s*([a-z][a-z0-9_|]*)\)", script.read_text(), re.M)) - {"*"}
+    """The step kinds of a session script's case labels: `gputest)`, `fla|qla)`,
+    `net200:* | netfloor:*)`."""
+    labels = re.findall(r"^\s*([a-z][a-z0-9_:*| ]*)\)", script.read_text(), re.M)
+    return {k.strip().split(":")[0] for label in labels for k in label.split("|")} - {"*", ""}
 
 
 def _check_bash(words: list[str]) -> None:
@@ -103,7 +106,7 @@ def _check_bash(words: list[str]) -> None:
         return
     assert (ROOT / script).exists(), f"no script {script}"
     if script in SESSION_SCRIPTS:
-        known = {k for label in _session_steps(ROOT / script) for k in label.split("|")}
+        known = _session_steps(ROOT / script)
         for step in words[words.index(script) + 1:]:
             if step.startswith("<") or step.isupper():
                 continue
