@@ -35,10 +35,9 @@ SWEEP: list[tuple[str, str, list[int]]] = [
     ("bwd_dqk", "dqk_warps", [4, 8]),
     ("bwd_wy", "wy_warps", [4, 8]),
     ("bwd_wy", "wy_bd", [32, 64]),
-    ("group_bwd", "stride_bwd_bk", [64, 128]),
-    ("group_bwd", "stride_bwd_bv", [32, 64]),
     ("group_bwd", "stride_bwd_warps", [4, 8]),
-    ("group_bwd", "stride_bwd_per_sm", [1, 2, 4]),
+    ("group_bwd", "stride_bwd_stages", [1, 2, 3]),
+    ("group_bwd", "stride_bwd_wave_per_sm", [4, 8, 16, 32]),
 ]
 
 def main() -> None:

@@ -74,17 +74,20 @@ class KernelConfig:
     stride_bv: int = 32  # value columns per program of the chunk-group re-walk
     stride_warps: int = 4
     stride_stages: int = 2
-    # With a stride and stride_recompute, the backward's group programs (`strided.group_backward`)
-    # re-walk S and dS' per group and do bwd_dqk's work from them: the reverse walk keeps dS' only
-    # at the group ends and no per-chunk S or dS' tensor exists. False: the reverse walk stores
-    # every chunk's dS', the group re-walk every chunk's S and Vn, and bwd_dqk reads them.
+    # With a stride and stride_recompute, the backward re-walks S and dS' per group and does
+    # bwd_dqk's work from them (`strided.group_backward`): the reverse walk keeps dS' only at the
+    # group ends and no per-chunk S or dS' tensor of the sequence exists. False: the reverse walk
+    # stores every chunk's dS', the group re-walk every chunk's S and Vn, and bwd_dqk reads them.
     stride_dqk: bool = True
-    stride_bwd_programs: int = 0  # persistent programs of the group backward; 0 = from the device
-    stride_bwd_per_sm: int = 2  # the automatic choice: this many per multiprocessor
-    stride_bwd_warps: int = 8
-    stride_bwd_stages: int = 1
-    stride_bwd_bk: int = 128  # key columns per step of bwd_dqk's work in the group backward
-    stride_bwd_bv: int = 64  # value columns per step of it (dqk_bk, dqk_bv: bwd_dqk's own)
+    # The group backward goes in waves of groups, each through a scratch of its chunks' S and dS':
+    # stride_bwd_wave groups per wave, 0 = from the device, about stride_bwd_wave_per_sm
+    # (chunk, head) pairs per multiprocessor (132 SMs, B·Hv = 32, k = 8: 4 groups, a 64 MiB bf16
+    # scratch). Its re-walk kernel runs at stride_bwd_warps / stride_bwd_stages; its bwd_dqk
+    # launches at bwd_dqk's own dqk_bk, dqk_bv, dqk_warps.
+    stride_bwd_wave: int = 0
+    stride_bwd_wave_per_sm: int = 8
+    stride_bwd_warps: int = 4
+    stride_bwd_stages: int = 2
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -106,8 +109,7 @@ DEFAULT = KernelConfig()
 # run with Triton 3.6 raised OutOfResources at 409600 B); 3 stages of fp32 tiles would pass the
 # limit in the reverse walk. tests/kernels/test_kernels_compile.py compiles every launch for sm_90
 # and checks the limit.
-DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1,
-                               stride_bwd_bk=64, stride_bwd_bv=32)
+DEFAULT_FP32 = DEFAULT.replace(state_stages=2, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
 # On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32) and the
 # segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). tests/kernels/test_kernels_ascend.py

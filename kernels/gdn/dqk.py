@@ -6,24 +6,38 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, load_gamma, transpose_via
+from kernels.gdn.common import chunk_span, group_chunks, load_gamma, transpose_via
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
 def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, scale,
-    T, NT, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
-    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, groups_ptr, scale,
+    T, NT, NTS, G0, G1, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    VARLEN: tl.constexpr, WAVE: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk, from the per-chunk S and dS'."""
-    c = tl.program_id(0)
+    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk, from the per-chunk S and dS'
+    ([B·Hv, NTS, D, D], NTS = NT). WAVE (the group backward, `strided.group_backward`): program j
+    takes the j-th chunk of groups G0 .. G1 (of STRIDE chunks; VARLEN: `groups_ptr`) if the wave
+    has one (else it stores nothing), its S and dS' at slot j of the wave's scratch
+    [B·Hv, NTS, D, D]."""
+    j = tl.program_id(0)
     ik = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    if WAVE:
+        cw, _cw_end = group_chunks(groups_ptr, G0, NT, STRIDE, VARLEN)
+        _cl, ce = group_chunks(groups_ptr, G1 - 1, NT, STRIDE, VARLEN)
+        # A program past the wave's last chunk (short groups) takes that chunk's end row as its
+        # first: every row masked, nothing stored (a branch around the body costs stack on sm_90).
+        t0, t1 = chunk_span(tl.minimum(cw + j, ce - 1), T, spans_ptr, VARLEN, BT)
+        t0 = tl.where(cw + j < ce, t0, t1)
+    else:
+        t0, t1 = chunk_span(j, T, spans_ptr, VARLEN, BT)
+    slot = (bh * NTS + j) * D * D
     dqk_chunk(
-        q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + (bh * NT + c) * D * D, ds_ptr + (bh * NT + c) * D * D,
+        q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + slot, ds_ptr + slot,
         gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2), t0, t1, T,
         HQK, HV, R, DQ_HEADS, BT, D, BK, BV,
     )
@@ -38,7 +52,7 @@ def dqk_chunk(
 ):
     """bwd_dqk's work for the chunk at rows t0 .. t1 of head bh (of NBH), key columns
     [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
-    stride D; per-chunk tensors, or a group program's own scratch). Every γ-gradient term is
+    stride D; per-chunk tensors, or the group backward's scratch). Every γ-gradient term is
     linear in the column split, so each key slice writes its own dγ partial (summed by the WY
     stage)."""
     b, h = bh // HV, bh % HV
@@ -135,8 +149,9 @@ def bwd_dqk(
     _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
         q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
         dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
-        spans_ptr=spans if spans is not None else dq, scale=scale,
-        T=T, NT=NT, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2], VARLEN=spans is not None, BT=BT, D=D,
-        BK=BK, BV=cfg.dqk_bv, num_warps=cfg.dqk_warps,
+        spans_ptr=spans if spans is not None else dq, groups_ptr=dq, scale=scale,
+        T=T, NT=NT, NTS=NT, G0=0, G1=0, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2],
+        VARLEN=spans is not None, WAVE=False, STRIDE=0, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
+        num_warps=cfg.dqk_warps,
     )
     return dq, dkp, dw, dgam

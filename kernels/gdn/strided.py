@@ -7,7 +7,11 @@ steps through the group's chunks as the walk does (Vn = U − Wk·S, S' = e^{γ_
 same products and roundings, so S and Vn are the walk's bit for bit at the same value-slice width);
 per chunk it forms the output O = scale·(e^γ·Q·S + (Q·Kᵀ ⊙ E)·Vn) on chip (forward), or writes the
 chunk's S and Vn for the backward's bwd_dqk (backward, which recomputes them here instead of
-keeping them from the forward)."""
+keeping them from the forward).
+
+The group backward (`group_backward`, with `stride_dqk`) also re-walks dS' back from the fp32
+gradient leaving each group, and runs bwd_dqk's kernel on S and dS' a wave of groups at a time
+through a scratch sized by the wave: no per-chunk S or dS' tensor of the sequence exists."""
 
 from __future__ import annotations
 
@@ -15,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, load_gamma, load_rows
+from kernels.gdn.common import chunk_span, group_chunks, load_gamma, load_rows
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
-from kernels.gdn.dqk import dqk_buffers, dqk_chunk
+from kernels.gdn.dqk import _bwd_dqk_kernel, dqk_buffers
 from kernels.gdn.state import state_grad_step
 
 
@@ -43,12 +47,7 @@ def _state_group_kernel(
     qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
     cols = dk[:, None] * D + dv[None, :]
-    if VARLEN:
-        c0 = tl.load(groups_ptr + 2 * g)
-        c1 = tl.load(groups_ptr + 2 * g + 1)
-    else:
-        c0 = g * STRIDE
-        c1 = tl.minimum(c0 + STRIDE, NT)
+    c0, c1 = group_chunks(groups_ptr, g, NT, STRIDE, VARLEN)
     S = tl.load(sb_ptr + (bh * NG + g) * D * D + cols)
     causal = i[:, None] >= i[None, :]
     for c in range(c0, c1):
@@ -94,76 +93,59 @@ def group_next(S, vn, kc, gam, g_last):
 
 
 @triton.jit
-def _group_bwd_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, do_ptr, dvn_ptr, gamma_ptr, sb_ptr, dsb_ptr, scr_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, groups_ptr, spans_ptr, scale,
-    T, NT, NG, NBH, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
-    STRIDE: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-    BK: tl.constexpr, BVQ: tl.constexpr,
+def _group_walks_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, do_ptr, dvn_ptr, gamma_ptr, sb_ptr, dsb_ptr, s_ptr, ds_ptr,
+    groups_ptr, spans_ptr, scale, T, NT, NG, G0, NTS, HQK: tl.constexpr, HV: tl.constexpr,
+    R: tl.constexpr, STRIDE: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    BV: tl.constexpr,
 ):
-    """bwd_dqk's work for every chunk of the (group, head) items pid, pid + P, ... (P programs,
-    persistent). Per item and value slice of BV columns: S re-walked forward from sb[bh, g] (each
-    chunk's S into this program's scratch, Vn over U in place), then dS' re-walked back from
-    dsb[bh, g] (each chunk's dS' into the scratch; dVn read as the reverse walk stored it); then
-    `dqk_chunk` per chunk and key slice from the scratch. The scratch, [P, 2, STRIDE, D, D] in w's
-    dtype, is the only memory the per-chunk S and dS' pass through."""
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
+    """The re-walks of one wave of groups, G0 + program_id 0, for head bh (program_id 2). Value
+    slice iv = program_id 1 (of 2·D/BV): iv < D/BV walks S forward from sb[bh, g] (the forward
+    walk's products and roundings), writing each chunk's S (w's dtype) into the wave's scratch
+    s [B·Hv, NTS, D, D] at slot chunk − the wave's first chunk, and Vn over U in place; iv >= D/BV
+    walks dS' back from dsb[bh, g] (the reverse walk's step, dVn read as that walk stored it) over
+    value slice iv − D/BV, writing each chunk's dS' into ds at the same slot."""
+    g = G0 + tl.program_id(0)
+    j = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // HV, bh % HV
+    qk_off = b * T * HQK * D + (h // R) * D
     dk = tl.arange(0, D)
     i = tl.arange(0, BT)
     dt = w_ptr.dtype.element_ty
-    scr_s = scr_ptr + pid.to(tl.int64) * 2 * STRIDE * D * D
-    scr_g = scr_s + STRIDE * D * D
-    for item in range(pid, NG * NBH, P):
-        g = item % NG
-        bh = (item // NG).to(tl.int64)
-        b, h = bh // HV, bh % HV
-        qk_off = b * T * HQK * D + (h // R) * D
-        if VARLEN:
-            c0 = tl.load(groups_ptr + 2 * g)
-            c1 = tl.load(groups_ptr + 2 * g + 1)
-        else:
-            c0 = g * STRIDE
-            c1 = tl.minimum(c0 + STRIDE, NT)
-        for iv in range(D // BV):
-            dv = iv * BV + tl.arange(0, BV)
-            cols = dk[:, None] * D + dv[None, :]
-            S = tl.load(sb_ptr + (bh * NG + g) * D * D + cols)
-            for c in range(c0, c1):
-                t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
-                t = t0 + i
-                m = t < t1
-                tl.store(scr_s + (c - c0) * D * D + cols, S.to(dt))
-                vn = group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D)
-                tl.store(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
-                gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-                kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-                S = group_next(S, vn, kc, gam, g_last)
-            dS = tl.load(dsb_ptr + (bh * NG + g) * D * D + cols)
-            for j in range(c1 - c0):
-                c = c1 - 1 - j
-                t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
-                t = t0 + i
-                m = t < t1
-                rows = (bh * T + t[:, None]) * D
-                tl.store(scr_g + (c - c0) * D * D + cols, dS.to(dt))
-                gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-                q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-                do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None],
-                             other=0.0)
-                wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
-                dvn = tl.load(dvn_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
-                dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
-        tl.debug_barrier()  # every slice's S, dS' and Vn stored before any is read back
+    dv = (j % (D // BV)) * BV + tl.arange(0, BV)
+    cols = dk[:, None] * D + dv[None, :]
+    cw, _cw_end = group_chunks(groups_ptr, G0, NT, STRIDE, VARLEN)
+    c0, c1 = group_chunks(groups_ptr, g, NT, STRIDE, VARLEN)
+    slots = bh * NTS - cw  # chunk c's slot in the scratch is slots + c
+    if j < D // BV:
+        S = tl.load(sb_ptr + (bh * NG + g) * D * D + cols)
         for c in range(c0, c1):
             t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
-            for ik in range(D // BK):
-                dqk_chunk(
-                    q_ptr, k_ptr, u_ptr, do_ptr, dvn_ptr, scr_s + (c - c0) * D * D, scr_g + (c - c0) * D * D,
-                    gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
-                    HQK, HV, R, DQ_HEADS, BT, D, BK, BVQ,
-                )
-        tl.debug_barrier()  # every read of the scratch done before the next item overwrites it
+            t = t0 + i
+            m = t < t1
+            tl.store(s_ptr + (slots + c) * D * D + cols, S.to(dt))
+            vn = group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D)
+            tl.store(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
+            gam, g_last, _m = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
+            S = group_next(S, vn, kc, gam, g_last)
+    else:
+        dS = tl.load(dsb_ptr + (bh * NG + g) * D * D + cols)
+        for jj in range(c1 - c0):
+            c = c1 - 1 - jj
+            t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+            t = t0 + i
+            m = t < t1
+            rows = (bh * T + t[:, None]) * D
+            tl.store(ds_ptr + (slots + c) * D * D + cols, dS.to(dt))
+            gam, g_last, _m = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+            do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None],
+                         other=0.0)
+            wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+            dvn = tl.load(dvn_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
+            dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
 
 
 def state_groups(
@@ -203,13 +185,14 @@ def state_groups(
 
 
 
-def group_programs(items: int, device: torch.device, cfg: KernelConfig) -> int:
-    """Programs of the persistent group backward: cfg.stride_bwd_programs when > 0, else about
-    cfg.stride_bwd_per_sm per multiprocessor (a CPU counts as one), never more than the items."""
-    if cfg.stride_bwd_programs > 0:
-        return min(items, cfg.stride_bwd_programs)
+def wave_groups(groups: int, heads: int, stride: int, device: torch.device, cfg: KernelConfig) -> int:
+    """Groups per wave of the group backward: cfg.stride_bwd_wave when > 0, else as many as give
+    about cfg.stride_bwd_wave_per_sm (chunk, head) pairs per multiprocessor (a CPU counts as one);
+    at least 1, never more than the groups."""
+    if cfg.stride_bwd_wave > 0:
+        return min(groups, cfg.stride_bwd_wave)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return max(1, min(items, cfg.stride_bwd_per_sm * sms))
+    return max(1, min(groups, cfg.stride_bwd_wave_per_sm * sms // (heads * stride)))
 
 
 def group_backward(
@@ -221,8 +204,10 @@ def group_backward(
     """`bwd_dqk`'s results (dq, dk partial, dWk, dγ partials) from the group states instead of
     per-chunk ones: `sb` the fp32 state entering each group (`state_forward(stride=...)`), `dsb`
     the fp32 dS' leaving it (`state_backward(stride=...)`), `u` U, overwritten with Vn. No per-chunk
-    S or dS' tensor exists: each program re-walks its groups through its own scratch of
-    2·stride chunk states. Packed sequences: `spans` and `groups` as in `state_groups`."""
+    S or dS' tensor of the sequence exists: the groups go in waves of W (`wave_groups`), and per
+    wave `_group_walks_kernel` re-walks S and dS' of its groups into a scratch of W·stride chunk
+    states per head, then `_bwd_dqk_kernel` (bwd_dqk's kernel at its own settings) reads them
+    from there. Packed sequences: `spans` and `groups` as in `state_groups`."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the group backward needs a group of at least 1 chunk")
@@ -234,16 +219,24 @@ def group_backward(
     if dsb.shape != sb.shape:
         raise ValueError(f"group gradients {tuple(dsb.shape)} do not match the group states "
                          f"{tuple(sb.shape)}")
-    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, cfg.stride_bwd_bk)
-    programs = group_programs(NG * B * Hv, k.device, cfg)
-    scratch = torch.empty(programs, 2, stride, D, D, device=k.device, dtype=w.dtype)
-    _group_bwd_kernel[(programs,)](
-        q_ptr=q, k_ptr=k, w_ptr=w, u_ptr=u, do_ptr=do, dvn_ptr=dvn, gamma_ptr=gamma, sb_ptr=sb, dsb_ptr=dsb,
-        scr_ptr=scratch, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
-        groups_ptr=groups if groups is not None else w, spans_ptr=spans if spans is not None else w,
-        scale=scale, T=T, NT=NT, NG=NG, NBH=B * Hv, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2],
-        STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D, BV=cfg.state_bv, BK=cfg.stride_bwd_bk,
-        BVQ=cfg.stride_bwd_bv,
-        num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages,
-    )
+    BK, BV = cfg.dqk_bk, cfg.state_bv
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK)
+    wave = wave_groups(NG, B * Hv, stride, k.device, cfg)
+    NTS = wave * stride  # scratch chunks per head: a wave's groups hold at most this many
+    s = torch.empty(B * Hv, NTS, D, D, device=k.device, dtype=w.dtype)
+    ds = torch.empty_like(s)
+    common = dict(q_ptr=q, k_ptr=k, do_ptr=do, dvn_ptr=dvn, gamma_ptr=gamma, s_ptr=s, ds_ptr=ds,
+                  groups_ptr=groups if groups is not None else w,
+                  spans_ptr=spans if spans is not None else w, scale=scale, T=T, NT=NT, NTS=NTS,
+                  HQK=Hqk, HV=Hv, R=Hv // Hqk, STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D)
+    for g0 in range(0, NG, wave):
+        g1 = min(g0 + wave, NG)
+        _group_walks_kernel[(g1 - g0, 2 * (D // BV), B * Hv)](
+            w_ptr=w, u_ptr=u, sb_ptr=sb, dsb_ptr=dsb, NG=NG, G0=g0, BV=BV,
+            num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages, **common,
+        )
+        _bwd_dqk_kernel[((g1 - g0) * stride, D // BK, B * Hv)](
+            vn_ptr=u, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam, G0=g0, G1=g1,
+            DQ_HEADS=dq.shape[2], WAVE=True, BK=BK, BV=cfg.dqk_bv, num_warps=cfg.dqk_warps, **common,
+        )
     return dq, dkp, dw, dgam

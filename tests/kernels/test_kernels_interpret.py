@@ -67,15 +67,18 @@ def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> 
 
 
 @pytest.mark.parametrize(
-    "over", [{"state_stride": 2}, {"state_stride": 2, "stride_dqk": False}],
+    "over",
+    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1},
+     {"state_stride": 2, "stride_dqk": False}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
 )
 @pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
 def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
     """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
-    state: every gradient of the backward at a stride (S and dS' re-walked per group, no per-chunk
-    tensors; or per-chunk dS' and re-walked S, Vn) bit for bit the per-chunk path's, o within fp32
-    rounding (the re-walk forms it over other value slices)."""
+    state: every gradient of the backward at a stride (S and dS' re-walked per group into a wave's
+    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence; or
+    per-chunk dS' and re-walked S, Vn) bit for bit the per-chunk path's, o within fp32 rounding
+    (the re-walk forms it over other value slices)."""
     from kernels.gdn import config_overrides
 
     x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)

@@ -276,14 +276,15 @@ def _per_chunk_and_strided(x, gamma, stride: int, table=None):
     return w, u, (s, vn, ds, dvn), (sb, dsb)
 
 
-@pytest.mark.parametrize("stride,programs,tiles", [(2, 3, (128, 64)), (4, 0, (64, 32))])
-def test_group_backward(x, ref, walks_at, stride: int, programs: int, tiles: tuple[int, int]) -> None:
-    """The group backward (S and dS' re-walked per group, bwd_dqk's work on them) from the walks'
-    group states and group-end gradients: dq, the dk partial, dWk and the dγ partials bit for bit
-    those of bwd_dqk on the per-chunk tensors, Vn left in U's place bit for bit the walk's; groups
-    of 2 chunks and a short one over 3 persistent programs (one takes two of the 4 items), or one
-    group of all 3 chunks at the automatic program count; bwd_dqk's work in key x value tiles of
-    128 x 64 or 64 x 32 (bwd_dqk run with the same)."""
+@pytest.mark.parametrize("stride,wave,tiles", [(2, 1, (128, 64)), (4, 0, (64, 32))])
+def test_group_backward(x, ref, walks_at, stride: int, wave: int, tiles: tuple[int, int]) -> None:
+    """The group backward (S and dS' re-walked per group into a wave's scratch, bwd_dqk's kernel
+    on it) from the walks' group states and group-end gradients: dq, the dk partial, dWk and the
+    dγ partials bit for bit those of bwd_dqk on the per-chunk tensors, Vn left in U's place bit
+    for bit the walk's; groups of 2 chunks and a short one in waves of one group (the second
+    wave's second program past its last chunk), or one group of all 3 chunks at the automatic
+    wave (one group on a CPU; a fourth program past the sequence); bwd_dqk's kernel in key x value
+    tiles of 128 x 64 or 64 x 32 (bwd_dqk run with the same)."""
     from kernels.gdn import bwd_dqk, config_overrides
     from kernels.gdn.strided import group_backward
 
@@ -293,19 +294,34 @@ def test_group_backward(x, ref, walks_at, stride: int, programs: int, tiles: tup
     bk, bv = tiles
     with config_overrides(dqk_bk=bk, dqk_bv=bv):
         want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE)
-    with config_overrides(stride_bwd_programs=programs, stride_bwd_bk=bk, stride_bwd_bv=bv):
+    with config_overrides(stride_bwd_wave=wave, dqk_bk=bk, dqk_bv=bv):
         got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=stride)
     for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
         assert torch.equal(a, b), name
     assert torch.equal(u, vn)
 
 
+def test_wave_groups() -> None:
+    """Groups per wave: forced, or about stride_bwd_wave_per_sm (chunk, head) pairs per SM (a CPU
+    counts as one), at least one group and never more than there are."""
+    from kernels.gdn.config import DEFAULT
+    from kernels.gdn.strided import wave_groups
+
+    cpu = torch.device("cpu")
+    assert wave_groups(10, 32, 8, cpu, DEFAULT.replace(stride_bwd_wave=3)) == 3
+    assert wave_groups(2, 32, 8, cpu, DEFAULT.replace(stride_bwd_wave=3)) == 2
+    assert wave_groups(10, 32, 8, cpu, DEFAULT) == 1
+    assert wave_groups(10, 1, 1, cpu, DEFAULT.replace(stride_bwd_wave_per_sm=4)) == 4
+    assert wave_groups(3, 1, 1, cpu, DEFAULT.replace(stride_bwd_wave_per_sm=8)) == 3
+
+
 @pytest.mark.slow  # four walks and two backward stages of packed sequences (~50 s)
 def test_group_backward_of_packed_sequences(x) -> None:
     """Packed sequences of 1 and 129 rows at a stride of 2 (groups 0 | 1, 2 | 3, never crossing a
     sequence): the reverse walk keeps the per-chunk walk's dS' at the group ends (chunks 0, 2, 3),
-    and the group backward gives bwd_dqk's results bit for bit."""
-    from kernels.gdn import bwd_dqk, gate_cumsum
+    and the group backward gives bwd_dqk's results bit for bit, in waves of one group and of two
+    (the second wave's 4 programs with one chunk, the first's with 3)."""
+    from kernels.gdn import bwd_dqk, config_overrides, gate_cumsum
     from kernels.gdn.chunks import ChunkTable
     from kernels.gdn.strided import group_backward
 
@@ -314,11 +330,14 @@ def test_group_backward_of_packed_sequences(x) -> None:
     w, u, (s, vn, ds, dvn), (sb, dsb) = _per_chunk_and_strided(x, gamma, 2, table)
     assert torch.equal(dsb, ds[:, [0, 2, 3]].float())
     want = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE, table.spans)
-    got = group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
-                         spans=table.spans, groups=table.groups(2)[0])
-    for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
-        assert torch.equal(a, b), name
-    assert torch.equal(u, vn)
+    for wave in (1, 2):  # groups 0 | 1 | 2, or 0, 1 (chunks 0-2 in 4 slots) | 2 (chunk 3 in slot 0 of 4)
+        uw = u.clone()
+        with config_overrides(stride_bwd_wave=wave):
+            got = group_backward(x["q"], x["k"], w, uw, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
+                                 spans=table.spans, groups=table.groups(2)[0])
+        for name, a, b in zip(("dq", "dkp", "dw", "dgam"), got, want, strict=True):
+            assert torch.equal(a, b), (wave, name)
+        assert torch.equal(uw, vn)
     with pytest.raises(ValueError, match="need both spans and groups"):
         group_backward(x["q"], x["k"], w, u, x["do"], dvn, gamma, sb, dsb, HV, SCALE, stride=2,
                        spans=table.spans)

@@ -3,7 +3,7 @@
 one, so boundaries fall inside chunks, on them and between two, every sequence with its own
 initial and final state and every gradient, h0's included; against the dense kernels run on each
 sequence alone (the same numbers, bit for bit); in fp16 at the default settings and with the
-states at a stride."""
+states at a stride (every gradient of the group backward bit for bit the per-chunk path's)."""
 
 from __future__ import annotations
 
@@ -174,6 +174,24 @@ def test_packed_fp16(over: dict) -> None:
     for empty in (0, 3):  # their states pass through unchanged
         assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
     assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
+
+
+@pytest.mark.slow
+def test_packed_strided_backward_gives_the_default_gradients() -> None:
+    """fp16, sequences of 65 and 1 rows between empty ones (chunks 0, 1 | 2), the states at a
+    stride of 2 and the group backward in waves of one group (the first wave's chunks 0, 1; the
+    second's chunk 2 with a program past it): the final states and every gradient bit for bit the
+    per-chunk path's, o within fp16 rounding (the forward's re-walk forms it over other value
+    slices)."""
+    from kernels.gdn import config_overrides
+
+    p = _problem([0, 65, 1, 0], seed=9)
+    o0, ht0, g0 = _run(p, _packed(p), torch.float16)
+    with config_overrides(state_stride=2, stride_bwd_wave=1):
+        o1, ht1, g1 = _run(p, _packed(p), torch.float16)
+    assert rel_l2(o1, o0) <= 1e-3 and torch.equal(ht1, ht0)
+    for name in NAMES:
+        assert torch.equal(g1[name], g0[name]), f"d{name}: {rel_l2(g1[name], g0[name]):.1e}"
 
 
 def test_chunk_table() -> None:
