@@ -370,9 +370,11 @@ def main() -> int:
                 Path(args.out).write_text(json.dumps(result, indent=1))
                 err = r.get("worst_rel_l2")
                 tag = f"T={T:6d}" if ls is None else f"packed{len(ls)}_T{T}"
+                peak = f"{r['peak_mib']:7.0f}MiB" if "peak_mib" in r else "untracked"
                 print(f"{args.backend:8s} {vname:12s} {tag} hqk={hqk:2d} fwd={r.get('fwd_ms', 0):7.3f} "
                       f"fb={r.get('fwd_bwd_ms', 0):7.3f}/{r.get('fwd_bwd_ms_again', 0):7.3f} "
-                      f"peak={r.get('peak_mib', 0):7.0f}MiB worst={err if err is None else f'{err:.2e}'} "
+                      f"peak={peak} "
+                      f"worst={err if err is None else f'{err:.2e}'} "
                       f"differ={r.get('differ_between_runs', '-')} "
                       f"vs_default={r['vs_default']['worst_rel_l2'] if 'vs_default' in r else '-'} "
                       f"{r.get('error', '')}",
