@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import create_engine, select, update
 from sqlalchemy.orm import Session
 
 from service.app import create_app
@@ -163,7 +163,7 @@ def test_api_creates_reads_lists_and_reports(client: TestClient) -> None:
 
 
 @pytest.mark.stores("sqlite")
-def test_pages_show_campaigns_and_their_jobs(client: TestClient) -> None:
+def test_pages_show_campaigns_and_their_jobs(client: TestClient, db_url: str) -> None:
     assert "No campaigns yet" in client.get("/campaigns").text
     c = client.post("/api/v1/campaigns", json={**BODY, "world_sizes": [8]}, headers=AUTH).json()
     listing = client.get("/campaigns")
@@ -179,6 +179,13 @@ def test_pages_show_campaigns_and_their_jobs(client: TestClient) -> None:
     report_href = re.search(r'id="report-page" href="([^"]+)"', detail.text).group(1).replace("&amp;", "&")
     assert report_href == "/reports/campaign?" + "&".join(f"job={j['job']['id']}" for j in jobs)
     assert client.get(report_href).status_code == 200
+    # submitted without a commit: the installed code, and once jobs ran, the commit they recorded
+    assert "commit <span class=\"muted\">installed</span> ·" in " ".join(detail.text.split())
+    eng = create_engine(db_url)
+    with Session(eng) as s, s.begin():
+        s.execute(update(JobRow).where(JobRow.id == jobs[0]["job"]["id"]).values(info={"commit": "ab" * 20}))
+    eng.dispose()
+    assert f'(ran at <span class="mono">{"ab" * 6}</span>)' in client.get(f"/campaigns/{c['id']}").text
     assert client.get("/campaigns/4242").status_code == 404
     assert client.get("/campaigns/99999999999").status_code == 404
 

@@ -27,6 +27,8 @@ def _campaign_row(row: CampaignRecord, jobs: list[JobRecord]) -> dict[str, Any]:
     return {
         "id": row.id, "plan": row.plan_name, "plan_version": row.plan_version, "device": row.device,
         "world_sizes": ", ".join(map(str, row.world_sizes)), "commit": row.commit_sha,
+        # submitted without a commit: the service's installed code, at the commit its jobs recorded
+        "ran_at": sorted({str(c)[:12] for j in jobs if (c := (j.info or {}).get("commit"))}),
         "created": when(row.created_at), "status": st.status, "verdict": st.verdict or "–",
         "verdict_class": VERDICT_CSS.get(st.verdict or "", ""), "progress_done": st.done,
         "progress_total": st.total,
