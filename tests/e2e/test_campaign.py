@@ -27,9 +27,11 @@ ULYSSES_SUITES = ("cp-layer", "network", "stability", "profile")
 
 
 def documented_commands() -> list[str]:
-    """The `gdnval campaign ...` lines of the doc's code blocks, in order."""
-    blocks = re.findall(r"^```\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
-    return [line for b in blocks for line in b.splitlines() if line.startswith("gdnval campaign ")]
+    """The `gdnval campaign ...` lines of the doc's first code block that has them (its
+    "A campaign" section: submit, show, report), in order."""
+    blocks = re.findall(r"^```(?:bash)?\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+    lines = ([ln for ln in b.splitlines() if ln.startswith("gdnval campaign ")] for b in blocks)
+    return next((found for found in lines if found), [])
 
 
 @pytest.fixture(scope="module")
