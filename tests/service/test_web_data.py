@@ -73,7 +73,7 @@ def test_long_lanes_are_subsampled_in_sql_with_the_counts_shown(page_html: tuple
 def test_long_trajectories_keep_the_worst_step_of_each_bin(page_html: tuple[str, int]) -> None:
     html, _ = page_html
     k = -(-STEPS // charts.MAX_STEPS)
-    pts = re.search(r'class="traj" stroke="[^"]+" points="([^"]+)"', html).group(1).split()
+    pts = re.search(r'class="traj" stroke="[^"]+" style="[^"]+" points="([^"]+)"', html).group(1).split()
     assert len(pts) == -(-STEPS // k)
     assert f"max per {k} steps" in html
     assert "worst 7.000e-04" in html  # the one-rank, one-step spike survives rank reduction and binning
