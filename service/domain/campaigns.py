@@ -102,7 +102,8 @@ def campaign_request(body: Any, executor: Executor | None) -> CampaignRequest:
     sizes = tuple(dict.fromkeys(req.world_sizes or plan.world_sizes))
     return CampaignRequest(
         plan_name=plan.name, plan_version=plan.version, plan=plan.document(), device=req.device,
-        world_sizes=sizes, commit=req.commit, backends=tuple(req.backends), jobs=jobs,
+        world_sizes=sizes, commit=req.commit, backends=tuple(req.backends),
+        backend_source=req.backend_source, jobs=jobs,
         idempotency_key=req.idempotency_key,
     )
 

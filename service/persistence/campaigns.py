@@ -30,6 +30,7 @@ class CampaignRequest:
     world_sizes: tuple[int, ...]
     commit: str | None
     backends: tuple[str, ...] = ()
+    backend_source: str | None = None
     jobs: Sequence[tuple[str, JobRequest]] = field(default_factory=tuple)
     idempotency_key: str | None = None
 
@@ -41,6 +42,7 @@ class CampaignRequest:
             and list(row.world_sizes) == list(self.world_sizes)
             and row.commit_sha == self.commit
             and list(row.backends) == list(self.backends)
+            and row.backend_source == self.backend_source
         )
 
 
@@ -48,13 +50,14 @@ def create_campaign(engine: Engine, req: CampaignRequest) -> tuple[CampaignRecor
     """Store the campaign and queue its jobs in one write transaction; returns (campaign, created).
 
     A known idempotency key returns its campaign unchanged, or raises JobConflict when the key
-    named a different campaign (plan, device, world sizes, commit or backends differ)."""
+    named a different campaign (plan, device, world sizes, commit, backends or their source differ)."""
 
     def insert(s: Session) -> CampaignRow:
         row = CampaignRow(
             plan_name=req.plan_name, plan_version=req.plan_version, plan=dict(req.plan),
             device=req.device, world_sizes=list(req.world_sizes), commit=ensure_commit(s, req.commit),
-            backends=list(req.backends), idempotency_key=req.idempotency_key,
+            backends=list(req.backends), backend_source=req.backend_source,
+            idempotency_key=req.idempotency_key,
         )
         s.add(row)
         s.flush()

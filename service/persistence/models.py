@@ -336,6 +336,7 @@ class CampaignRow(Base):
     world_sizes: Mapped[list[int]] = mapped_column(JSON)
     commit_id: Mapped[int | None] = mapped_column(ForeignKey("commit.id", ondelete="SET NULL"))
     backends: Mapped[list[str]] = mapped_column(JSON)
+    backend_source: Mapped[str | None] = mapped_column(String(500))  # where the peers came from
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -77,6 +77,7 @@ class CampaignRecord:
     world_sizes: list[int]
     commit_sha: str | None
     backends: list[str]
+    backend_source: str | None
     idempotency_key: str | None
     created_at: datetime
 

@@ -125,6 +125,13 @@ def test_api_refuses_what_no_campaign_can_run(client: TestClient) -> None:
     assert client.get("/api/v1/campaigns").json() == {"items": [], "next": None}
 
 
+def store_row_source(engine: Any, campaign_id: int) -> str | None:
+    with Session(engine) as s:
+        got = store.get_campaign(s, campaign_id)
+        assert got is not None
+        return got.backend_source
+
+
 def test_a_backend_source_goes_to_the_jobs_that_run_the_peers(engine: Any) -> None:
     """The peers come from the named source in exactly the jobs that time them (gdn-op); the other
     jobs run our own code and carry no source, so their code under test stays ours."""
@@ -135,6 +142,14 @@ def test_a_backend_source_goes_to_the_jobs_that_run_the_peers(engine: Any) -> No
         jobs = store.campaign_jobs(s, row.id)
     sourced = {k for k, j in jobs if j.labels.get(BACKEND_SOURCE_LABEL) == source}
     assert sourced == {k for k, j in jobs if j.suite == "gdn-op"} and sourced
+    assert store_row_source(engine, row.id) == source
+    # the same idempotency key with another source names another campaign: a conflict
+    keyed = {**BODY, "backends": ["teamgdn"], "backend_source": source, "idempotency_key": "src"}
+    first, _ = store.create_campaign(engine, campaign_request(keyed, None))
+    again, created = store.create_campaign(engine, campaign_request(keyed, None))
+    assert again.id == first.id and not created
+    with pytest.raises(JobConflict, match="different settings"):
+        store.create_campaign(engine, campaign_request({**keyed, "backend_source": source + "0"}, None))
     gdn = next(j for _, j in jobs if j.suite == "gdn-op")
     assert "teamgdn" in gdn.params["backends"]
     assert all(BACKEND_SOURCE_LABEL not in j.labels for k, j in jobs if k not in sourced)

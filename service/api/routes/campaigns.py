@@ -49,6 +49,9 @@ class CampaignOut(BaseModel):
     world_sizes: list[int]
     commit: str | None
     backends: list[str]
+    backend_source: str | None = Field(
+        description="where the peer backends were installed from; null = already installed"
+    )
     idempotency_key: str | None
     created_at: datetime
     status: str = Field(description="queued, running, succeeded, failed or cancelled: from its jobs")
@@ -63,8 +66,8 @@ class CampaignOut(BaseModel):
         return cls(
             id=row.id, plan=row.plan_name, plan_version=row.plan_version, device=row.device,
             world_sizes=list(row.world_sizes), commit=row.commit_sha, backends=list(row.backends),
-            idempotency_key=row.idempotency_key, created_at=row.created_at, status=st.status,
-            verdict=st.verdict, jobs_by_status=st.jobs, done=st.done, total=st.total,
+            backend_source=row.backend_source, idempotency_key=row.idempotency_key, created_at=row.created_at,
+            status=st.status, verdict=st.verdict, jobs_by_status=st.jobs, done=st.done, total=st.total,
         )
 
 
