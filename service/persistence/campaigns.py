@@ -30,9 +30,9 @@ class CampaignRequest:
     world_sizes: tuple[int, ...]
     commit: str | None
     backends: tuple[str, ...] = ()
-    backend_source: str | None = None
     jobs: Sequence[tuple[str, JobRequest]] = field(default_factory=tuple)
     idempotency_key: str | None = None
+    backend_source: str | None = None  # where the peers come from (on the jobs that run them too)
 
     def same_as(self, row: CampaignRow) -> bool:
         return (
