@@ -70,8 +70,8 @@ def _resolve(repo: str, ref: str, what: str) -> str:
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cuda", "npu", "cpu"]))
 @click.option("--world-size", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--confirm/--no-confirm", default=None,
-              help="re-measure time regressions on both sides and fail only on confirmed ones "
-                   "[default: on for --device cpu]")
+              help="re-measure time regressions on both sides and fail only on confirmed ones; one "
+                   "the re-run neither confirms nor clears is exit 2 [default: on for --device cpu]")
 @click.option("--fresh", is_flag=True,
               help="measure anew: never reuse a commit's earlier job (e.g. a commit against itself)")
 @click.option(

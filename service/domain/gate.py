@@ -19,8 +19,13 @@ job then a head job each round (interleaved, so drift on a shared device cancels
 what was measured before — until decided; still undecided -> exit 2 naming the cases.
 
 `confirm` (on by default for cpu, where timings shift from one process to the next): the cases
-with time regressions are measured again by a fresh base job and then a fresh head job; a
-regression counts only when that pair regresses too.
+with time regressions are measured again by a fresh base job and then a fresh head job, and that
+pair's verdict of each regressed metric decides it (`confirmation_outcome`): regressed (or
+failed) confirms it; unchanged or improved clears it (shown as `changed`, never failing);
+anything else neither confirms nor clears it. A pair that is beyond the minimum effect but not
+significant gets the same rounds as above (of the pair, pooled with it, never with the first run);
+still undecided, or not measured by the pair at all, the metric is `inconclusive` -> exit 2
+naming the case, never a pass.
 
 The preset: `preset`, or each suite's `gate_presets[device]` (`gate` on cuda/npu, `gate-cpu` on
 cpu). The default suites: every registered suite whose preset has a case that runs on the device
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,7 +49,9 @@ from service.domain import submission
 from service.domain.backend_gate import BACKEND_SUITES, NeverCallsBackend, check_calls_backend, suite_params
 from service.domain.baselines import NotFound, compare_jobs, compare_pooled, parse_job_ref, resolve_base
 from service.domain.compare import (
+    FAILING,
     SEVERITY,
+    VERDICTS,
     CaseResult,
     Comparison,
     MetricResult,
@@ -63,6 +70,9 @@ from workers.suite import UnknownSuiteInput
 from workers.verdict import ALPHA, min_two_sided_p
 
 EXIT_PASS, EXIT_FAIL, EXIT_INFRA = 0, 1, 2
+ConfirmOutcome = Literal["confirmed", "cleared", "undecided"]
+# The confirmation pair's verdicts that clear a time regression: within the minimum effect, or better.
+CLEARS: frozenset[str] = frozenset({"unchanged", "improved"})
 Role = Literal["head", "base", "confirm-base", "confirm", "round-base", "round-head"]
 
 
@@ -167,9 +177,23 @@ class GateJob:
     reused: bool = False  # an existing job (earlier gate or run), not submitted by this gate
 
 
+def confirmation_outcome(rerun_verdict: str) -> ConfirmOutcome:
+    """What a confirmation pair's verdict of a regressed time metric makes of the regression. Only
+    evidence decides: a failing verdict (regressed, or its bound / a non-finite value) confirms it,
+    one within the minimum effect or better clears it; `inconclusive` (beyond the minimum effect,
+    not significant after the pair's rounds) and verdicts that judged nothing (changed, removed:
+    not measured by the pair, ...) leave it undecided, which is exit 2 and never a pass."""
+    if rerun_verdict not in VERDICTS:
+        raise ValueError(f"re-run verdict {rerun_verdict!r} is not a verdict; expected one of {VERDICTS}")
+    if rerun_verdict in FAILING:
+        return "confirmed"
+    return "cleared" if rerun_verdict in CLEARS else "undecided"
+
+
 @dataclass
 class Confirmation:
-    """A time regression of the first head run and what the re-run said about it."""
+    """A time regression of the first head run and what the re-run (its confirmation pair, pooled
+    with that pair's rounds if it had any) said about it."""
 
     suite: str
     case: str
@@ -181,11 +205,15 @@ class Confirmation:
     rerun_reason: str
 
     @property
+    def outcome(self) -> ConfirmOutcome:
+        return confirmation_outcome(self.rerun_verdict)
+
+    @property
     def confirmed(self) -> bool:
-        return self.rerun_verdict == "regressed"
+        return self.outcome == "confirmed"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**to_jsonable(self), "confirmed": self.confirmed}
+        return {**to_jsonable(self), "confirmed": self.confirmed, "outcome": self.outcome}
 
 
 @dataclass
@@ -200,7 +228,7 @@ class GateState:
     jobs: list[GateJob] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     confirmations: list[Confirmation] = field(default_factory=list)
-    rounds: int = 0  # re-measurement rounds run
+    rounds: int = 0  # re-measurement rounds run (of the first pairs and of confirmation pairs)
     undecided: list[str] = field(default_factory=list)  # suite/case names left undecided
     gate_id: int | None = None  # the stored gate (its page is /gates/ID)
 
@@ -424,7 +452,7 @@ def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> Gate
         why = "; ".join(f"{cmp.suite}: {cmp.cases[0].reason}" for cmp in incomparable)
         return _give_up(engine, state, f"could not decide: {why}")
     try:
-        waiting = _measure_again(engine, req, state, pairs, submit)
+        waiting = _measure_again(engine, req, state, pairs, state.comparisons, submit, "round")
     except CannotRun as exc:
         return _give_up(engine, state, f"could not run a re-measurement: {exc}")
     if waiting is not None:
@@ -448,10 +476,13 @@ def _step(engine: Any, req: GateRequest, submit: SubmitFn | None = None) -> Gate
     undecided = _undecided(state.comparisons)
     if undecided:
         state.undecided = [f"{suite}/{case}" for suite, case in undecided]
+        pending = [f"{c.suite}/{c.case}" for c in state.confirmations if c.outcome == "undecided"]
+        unconfirmed = (f"; regressions their confirmation pair neither confirmed nor cleared in "
+                       f"{', '.join(dict.fromkeys(pending[:10]))}" if pending else "")
         return _give_up(
             engine, state,
             f"could not decide after {state.rounds} re-measurement round(s): time changes beyond the "
-            f"minimum effect but not significant in {', '.join(state.undecided[:10])}",
+            f"minimum effect but not significant in {', '.join(state.undecided[:10])}{unconfirmed}",
         )
     return _done(state, EXIT_PASS, "pass", "no regression, every bound holds")
 
@@ -461,16 +492,19 @@ def _errored_both(c: CaseResult) -> bool:
 
 
 def _undecided(
-    comparisons: Sequence[Comparison], reachable: tuple[int, int] | None = None
+    comparisons: Sequence[Comparison],
+    reachable: tuple[int, int] | None = None,
+    only: Container[tuple[str, str, str]] | None = None,
 ) -> list[tuple[str, str]]:
     """(suite, case name) of every case with a time change beyond its minimum effect that is not
     significant yet; with `reachable` (rounds done, rounds allowed), only those that more rounds
-    could still make significant."""
+    could still make significant; with `only`, only these (suite, fingerprint, metric)."""
     return [
         (cmp.suite, c.name)
         for cmp in comparisons
         for c in cmp.cases
         if any(m.verdict == "inconclusive" and m.kind == "time"
+               and (only is None or (cmp.suite, c.fingerprint, m.metric) in only)
                and (reachable is None or _can_reach_significance(m, *reachable)) for m in c.metrics)
     ]
 
@@ -490,18 +524,24 @@ def _measure_again(
     req: GateRequest,
     state: GateState,
     pairs: Sequence[tuple[str, GateJob, GateJob]],
+    comparisons: list[Comparison],
     submit: SubmitFn,
+    kind: Literal["round", "confirm"],
+    only: Container[tuple[str, str, str]] | None = None,
 ) -> GateState | None:
-    """Re-measure the undecided cases, round by round (a base job, then a head job, of just those
-    cases), pooling every round with the first jobs, until decided or `max_rounds` are spent.
-    Returns a waiting/error state while a round runs or broke, else None (the comparisons are
-    the pooled ones)."""
+    """Re-measure the undecided cases of `comparisons` (one per pair; with `only`, undecided in
+    those (suite, fingerprint, metric)), round by round (a base job, then a head job, of just those
+    cases), pooling every round with the pair's jobs, until decided or `max_rounds` are spent.
+    `kind`: rounds of the first pairs, or of confirmation pairs (their jobs' roles). Returns a
+    waiting/error state while a round runs or broke, else None (`comparisons` are then the pooled
+    ones, replaced in place)."""
     from sqlalchemy.orm import Session
 
     pools = {suite: ([base.job_id], [head.job_id]) for suite, head, base in pairs}
+    what = "undecided case(s)" if kind == "round" else "case(s) whose confirmation is undecided"
     for rnd in range(1, req.max_rounds + 1):
         undecided: dict[str, list[str]] = {}
-        for suite, case in _undecided(state.comparisons, reachable=(rnd - 1, req.max_rounds)):
+        for suite, case in _undecided(comparisons, reachable=(rnd - 1, req.max_rounds), only=only):
             undecided.setdefault(suite, []).append(case)
         if not undecided:
             return None
@@ -509,19 +549,19 @@ def _measure_again(
         for suite, names in undecided.items():
             head = next(h for s_, h, _ in pairs if s_ == suite)
             base = next(b for s_, _, b in pairs if s_ == suite)
-            b, h = _measure_pair(engine, req, state, submit, "round", suite, base, head, names, f":r{rnd}")
+            b, h = _measure_pair(engine, req, state, submit, kind, suite, base, head, names, f":r{rnd}")
             round_jobs.append((suite, h, b))
-        waiting = f"re-measuring {sum(map(len, undecided.values()))} undecided case(s), round {rnd}"
+        waiting = f"re-measuring {sum(map(len, undecided.values()))} {what}, round {rnd}"
         jobs = [j for _, h, b in round_jobs for j in (b, h)]
         unsettled = _unsettled(engine, state, jobs, "could not run a re-measurement", waiting)
         if unsettled is not None:
             return unsettled
-        state.rounds = rnd
+        state.rounds += 1
         for suite, h, b in round_jobs:
             pools[suite][0].append(b.job_id)
             pools[suite][1].append(h.job_id)
         with Session(engine) as s:
-            state.comparisons = [compare_pooled(s, *pools[suite]) for suite, _, _ in pairs]
+            comparisons[:] = [compare_pooled(s, *pools[suite]) for suite, _, _ in pairs]
     return None
 
 
@@ -689,9 +729,10 @@ def _confirm(
     submit: SubmitFn,
 ) -> GateState | None:
     """Measure the cases with time regressions again, a fresh base job then a fresh head job
-    (new processes on both sides: an offset of one process's timings cannot repeat), and keep
-    only the regressions that pair shows too. Returns a waiting/error state while re-runs are
-    pending or broken, else None."""
+    (new processes on both sides: an offset of one process's timings cannot repeat), give that
+    pair the rounds an undecided change gets (pooled with the pair only: the first run is what is
+    in question), and settle each regression by the pair's verdict (`confirmation_outcome`).
+    Returns a waiting/error state while re-runs are pending or broken, else None."""
     from sqlalchemy.orm import Session
 
     reruns: list[tuple[int, GateJob, GateJob]] = []
@@ -707,17 +748,26 @@ def _confirm(
     unsettled = _unsettled(engine, state, jobs, "could not run", waiting)
     if unsettled is not None:
         return unsettled
-    for i, base_job, head_job in reruns:
+    confirm_pairs = [(pairs[i][0], h, b) for i, b, h in reruns]
+    with Session(engine) as s:
+        again = [compare_jobs(s, b.job_id, h.job_id) for _, h, b in confirm_pairs]
+    questioned = {(pairs[i][0], c.fingerprint, m.metric)
+                  for i, _, _ in reruns for c, m in state.comparisons[i].time_regressions()}
+    rounds_before = state.rounds
+    waiting_round = _measure_again(engine, req, state, confirm_pairs, again, submit, "confirm", questioned)
+    if waiting_round is not None:
+        return waiting_round
+    extra_rounds = state.rounds - rounds_before
+    pooled_note = f"; the pair pooled with {extra_rounds} round(s)" if extra_rounds else ""
+    for (i, _, head_job), pooled in zip(reruns, again, strict=True):
         first = state.comparisons[i]
-        with Session(engine) as s:
-            again = compare_jobs(s, base_job.job_id, head_job.job_id)
-        again_by = {(c.fingerprint, m.metric): m for c in again.cases for m in c.metrics}
+        again_by = {(c.fingerprint, m.metric): m for c in pooled.cases for m in c.metrics}
         for case, metric in first.time_regressions():
             rerun = again_by.get((case.fingerprint, metric.metric))
             conf = Confirmation(
                 first.suite, case.name, case.fingerprint, metric.metric, metric.reason, head_job.job_id,
                 rerun.verdict if rerun else "removed",
-                rerun.reason if rerun else "not measured by the re-run",
+                (rerun.reason if rerun else "not measured by the re-run") + pooled_note,
             )
             state.confirmations.append(conf)
             if not conf.confirmed:
@@ -726,12 +776,14 @@ def _confirm(
 
 
 def _unconfirm(case: CaseResult, metric: MetricResult, conf: Confirmation) -> None:
-    """A regression the re-run did not reproduce: recorded as `changed` (shown, never failing,
-    never re-measured), with both reasons."""
-    metric.verdict = "changed"
+    """A regression its confirmation pair did not confirm, with both reasons: cleared, it is
+    `changed` (shown, never failing, never re-measured); undecided, it is `inconclusive`, which
+    the gate's undecided path reports (exit 2 naming the case)."""
+    cleared = conf.outcome == "cleared"
+    metric.verdict = "changed" if cleared else "inconclusive"
     metric.reason = (
-        f"not confirmed: first run {conf.first_reason}; re-run job {conf.rerun_job} "
-        f"{conf.rerun_verdict}: {conf.rerun_reason}"
+        f"{'not confirmed' if cleared else 'neither confirmed nor cleared'}: first run {conf.first_reason}; "
+        f"re-run job {conf.rerun_job} {conf.rerun_verdict}: {conf.rerun_reason}"
     )
     if case.verdict == "regressed":
         worst = min(case.metrics, key=lambda m: SEVERITY[m.verdict])

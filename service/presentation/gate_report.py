@@ -4,6 +4,9 @@ module only renders what it decided."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from service.domain.gate import GateJob, GateState
 from service.presentation.markdown import (
     case_url,
@@ -16,6 +19,16 @@ from service.presentation.markdown import (
 )
 
 VERDICT_WORD = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ COULD NOT RUN"}
+# Whether a confirmation pair counted a time regression, per `confirmation_outcome`.
+COUNTED_WORD = {"confirmed": "yes (confirmed)", "cleared": "no (not reproduced)",
+                "undecided": "undecided (neither confirmed nor cleared)"}
+
+
+def counted_word(conf: Mapping[str, Any]) -> str:
+    """The counted column of a stored confirmation; one stored without `outcome` (before a pair
+    could leave a regression undecided) by its `confirmed`."""
+    outcome = conf.get("outcome") or ("confirmed" if conf.get("confirmed") else "cleared")
+    return COUNTED_WORD.get(str(outcome), str(outcome))
 
 
 def _job_note(j: GateJob) -> str:
@@ -53,7 +66,7 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
             [[c.suite, link(c.case, case_url(base_url, c.rerun_job, c.fingerprint)), c.metric,
               md_escape(c.first_reason),
               f"job {c.rerun_job}: {c.rerun_verdict} ({md_escape(c.rerun_reason)})",
-              "yes (confirmed)" if c.confirmed else "no (not reproduced)"]
+              COUNTED_WORD[c.outcome]]
              for c in state.confirmations],
         ))
         lines.append("")

@@ -2,7 +2,9 @@
 synthetic samples at submission (fast; the real executor path is tests/service/test_gate_http.py).
 
 Commit timings are known: `SLOW` commits are 30% slower, `NOISY_ONCE` commits are slow on their
-first run only, `BROKEN` commits fail as a job (a rank died: the infrastructure).
+first run only, `BROKEN` commits fail as a job (a rank died: the infrastructure), and
+`LOADED_ON_CONFIRM` commits are quiet in their first jobs but noisy in their confirmation jobs
+(the machine got busy after the first pair).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from service.domain.compare import VERDICTS
 from service.domain.gate import (
     EXIT_FAIL,
     EXIT_INFRA,
@@ -23,6 +26,7 @@ from service.domain.gate import (
     GateInputError,
     GateRequest,
     GateState,
+    confirmation_outcome,
     evaluate_gate,
 )
 from service.persistence import baselines, queue
@@ -35,11 +39,13 @@ from tests.support.gate_suite import SUITE, SUITE_MODULE
 
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
 N, NB, R = "1" * 40, "3" * 40, "2" * 40
-SLOW = {C, N}
+U, UB = "4" * 40, "5" * 40
+SLOW = {C, N, U}
 NOISY_ONCE = {D}
 BROKEN = {X}
 NOISY = {N, NB}  # 30% noise: a 30% slow-down is not significant from one job of each side
 ERRORS = {R}  # the case raises
+LOADED_ON_CONFIRM = {U, UB}  # 30% noise in the confirmation pair (and its rounds) only
 
 
 class FakeRunner:
@@ -62,6 +68,7 @@ class FakeRunner:
         with Session(self.engine) as s, s.begin():
             job = s.get(JobRow, job_id)
             sha = job.code_commit
+            role = (job.labels or {}).get("role", "")
             n = self.runs[sha] = self.runs.get(sha, 0) + 1
             if sha in BROKEN:
                 job.status, job.error = "failed", "rank 0 died: killed by SIGKILL (out of memory?)"
@@ -74,7 +81,8 @@ class FakeRunner:
                                   "Traceback: boom" if sha in ERRORS else None)
             job.status = "succeeded"
         factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
-        noise = 0.3 if sha in NOISY else 0.01
+        loaded = sha in LOADED_ON_CONFIRM and role.startswith("confirm")
+        noise = 0.3 if sha in NOISY or loaded else 0.01
         rng = np.random.default_rng(job_id)
         rows = [(cid, mids["sleep_ms"], 0, i, 80.0 * factor * (1 + noise * rng.standard_normal()))
                 for i in range(params.repeats)]
@@ -272,3 +280,66 @@ def test_a_time_no_round_could_make_significant_is_not_measured_again(env) -> No
     assert state.rounds == 0 and [j.role for j in state.jobs] == ["head", "base"]
     assert state.exit_code == EXIT_INFRA and state.undecided == ["gatetime/sleep"]
 
+
+
+def test_a_confirmation_verdict_confirms_clears_or_leaves_undecided() -> None:
+    """Every verdict a confirmation pair can give a regressed time metric: only evidence decides."""
+    expected = {
+        "regressed": "confirmed", "failed": "confirmed", "worsened": "confirmed",
+        "unchanged": "cleared", "improved": "cleared",
+        # beyond the minimum effect, not significant: neither confirmed nor cleared
+        "inconclusive": "undecided",
+        # the pair judged nothing: not judged, not measured (on one side or both), not comparable
+        "changed": "undecided", "removed": "undecided", "added": "undecided", "errored": "undecided",
+        "skipped": "undecided", "incomparable": "undecided",
+    }
+    assert set(expected) == set(VERDICTS)  # a new verdict needs a decision here
+    assert {v: confirmation_outcome(v) for v in VERDICTS} == expected
+    with pytest.raises(ValueError, match="re-run verdict 'slower' is not a verdict"):
+        confirmation_outcome("slower")
+
+
+def test_a_confirmation_pair_that_stays_inconclusive_is_exit_2_never_a_pass(env) -> None:
+    """A regression whose confirmation pair is beyond the minimum effect but not significant, with
+    no round allowed: undecided, exit 2 naming the case (before, it was `changed` and passed)."""
+    state = gate(env, head=U, base=UB, confirm=True, max_rounds=0)
+    (conf,) = state.confirmations
+    assert conf.first_reason.startswith("median +3"), gate_markdown(state)  # the quiet first pair regressed
+    assert conf.rerun_verdict == "inconclusive" and conf.outcome == "undecided" and not conf.confirmed
+    assert state.exit_code == EXIT_INFRA and state.verdict == "error", gate_markdown(state)
+    assert state.undecided == ["gatetime/sleep"] and state.rounds == 0
+    assert "neither confirmed nor cleared in gatetime/sleep" in state.reason
+    m = sleep_metric(state)
+    assert m.verdict == "inconclusive"
+    assert m.reason.startswith("neither confirmed nor cleared: first run median +3")
+    assert [j.role for j in state.jobs] == ["head", "base", "confirm-base", "confirm"]
+    assert "undecided (neither confirmed nor cleared)" in gate_markdown(state)
+    assert state.to_dict()["confirmations"][0]["outcome"] == "undecided"
+
+
+def test_an_inconclusive_confirmation_pair_gets_rounds_of_its_own(env) -> None:
+    """The same pair with rounds allowed: re-measured as a base job then a head job per round,
+    pooled with the pair (never with the first run), until the regression is confirmed."""
+    state = gate(env, head=U, base=UB, confirm=True, max_rounds=5)
+    assert state.exit_code == EXIT_FAIL and state.verdict == "fail", gate_markdown(state)
+    (conf,) = state.confirmations
+    assert conf.confirmed and conf.outcome == "confirmed" and state.rounds >= 1
+    assert f"the pair pooled with {state.rounds} round(s)" in conf.rerun_reason
+    roles = [j.role for j in state.jobs]
+    assert roles == ["head", "base"] + ["confirm-base", "confirm"] * (state.rounds + 1)
+    ids = [j.job_id for j in state.jobs]
+    assert all(ids[i] < ids[i + 1] for i in range(2, len(ids) - 1, 2))  # base job queued first
+    m = sleep_metric(state)
+    assert m.verdict == "regressed" and m.head is not None and m.head.count == 10  # the first pair's
+
+
+def test_a_stored_confirmation_shows_whether_it_counted() -> None:
+    """The gate page's counted column: by the stored outcome, or (a row stored before outcomes)
+    by `confirmed`."""
+    from service.presentation.gate_report import counted_word
+
+    undecided = {"outcome": "undecided", "confirmed": False}
+    assert counted_word(undecided) == "undecided (neither confirmed nor cleared)"
+    assert counted_word({"outcome": "cleared", "confirmed": False}) == "no (not reproduced)"
+    assert counted_word({"confirmed": True}) == "yes (confirmed)"
+    assert counted_word({"confirmed": False}) == "no (not reproduced)"

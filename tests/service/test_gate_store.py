@@ -14,13 +14,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from service.app import create_app
-from service.domain.gate import EXIT_FAIL, GateRequest, evaluate_gate
+from service.domain.gate import EXIT_FAIL, EXIT_INFRA, GateRequest, evaluate_gate
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import queue
 from service.persistence.models import GateRow, JobRow
 from service.settings import Settings
-from tests.service.test_gate import B, C, FakeRunner, sleep_metric
+from tests.service.test_gate import UB, B, C, FakeRunner, U, sleep_metric
 from tests.support.gate_suite import SUITE_MODULE
 
 BACKEND_SHA = "c0ffee" + "1" * 34
@@ -85,6 +85,24 @@ def test_a_gate_is_stored_with_its_jobs_confirmations_verdict_and_reasons(store)
         assert jobs_page.count(f'href="/gates/{state.gate_id}"') == len(api["jobs"])
         assert f'href="/gates/{state.gate_id}"' in client.get(f"/jobs/{api['jobs'][0]['job_id']}").text
         assert client.get("/gates/999").status_code == 404
+
+
+def test_a_gate_whose_confirmation_is_undecided_is_stored_and_shown_as_such(store) -> None:
+    url, engine, runner = store
+    req = GateRequest(head=U, base=UB, suites=["gatetime"], max_rounds=0, run_id="undecided-u")
+    state = evaluate_gate(engine, req, runner)
+    assert state.exit_code == EXIT_INFRA, state.reason
+    with Session(engine) as s:
+        row = s.get(GateRow, state.gate_id)
+        assert (row.verdict, row.exit_code, row.undecided) == ("error", 2, ["gatetime/sleep"])
+        (conf,) = row.confirmations
+        assert (conf["rerun_verdict"], conf["outcome"]) == ("inconclusive", "undecided")
+        assert conf["confirmed"] is False
+        (finding,) = [f for f in row.findings if f["metric"] == "sleep_ms"]
+        assert finding["verdict"] == "inconclusive" and "neither confirmed nor cleared" in finding["reason"]
+    with TestClient(create_app(Settings(db_url=url, dispatch=False, executor="local"))) as client:
+        page = client.get(f"/gates/{state.gate_id}").text
+        assert 'data-gate-verdict="error"' in page and "undecided (neither confirmed nor cleared)" in page
 
 
 def test_a_backend_jobs_commit_is_the_backends_shown_and_found(store) -> None:

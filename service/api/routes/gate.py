@@ -84,8 +84,11 @@ class GateOut(BaseModel):
     verdict: str | None = Field(description="pass, fail or error (could not decide or run); null: waiting")
     exit_code: int | None
     reason: str
-    rounds: int = Field(description="re-measurement rounds run")
-    confirmations: list[dict[str, Any]] = Field(description="time regressions re-measured by a fresh pair")
+    rounds: int = Field(description="re-measurement rounds run (of the first pairs and confirmation pairs)")
+    confirmations: list[dict[str, Any]] = Field(
+        description="time regressions re-measured by a fresh pair, each with its outcome: confirmed, "
+        "cleared or undecided (an undecided one makes the gate exit 2)"
+    )
     findings: list[dict[str, Any]] = Field(description="each case that changed, per metric: verdict, reason")
     undecided: list[str]
     request: dict[str, Any]

@@ -14,6 +14,7 @@ from service.persistence import gates as gate_store
 from service.persistence import page_queries
 from service.persistence.models import GateRow
 from service.presentation import views
+from service.presentation.gate_report import counted_word
 from service.presentation.markdown import short_sha
 from service.web.deps import error_page, page, require_page_read, when
 
@@ -53,6 +54,7 @@ def gate_page(request: Request, gate_id: int, session: Session = Depends(get_ses
                      "status": job.status, "verdict": word, "verdict_class": css,
                      "commit": job.code_commit})
     return page(request, "gate.html", nav="gates", gate=_gate_row(gate), jobs=jobs,
-                findings=list(gate.findings or []), confirmations=list(gate.confirmations or []),
+                findings=list(gate.findings or []),
+                confirmations=[{**c, "counted": counted_word(c)} for c in gate.confirmations or []],
                 undecided=list(gate.undecided or []),
                 request_items=sorted((gate.request or {}).items()))
