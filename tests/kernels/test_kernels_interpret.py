@@ -232,10 +232,14 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stri
     assert torch.equal(seen[1][1], inputs[5].grad)
 
 
-def test_activation_checkpoint_does_not_keep_intermediates() -> None:
+@pytest.mark.parametrize("stride", [0, 2])
+def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
     """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
-    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps
+    (at a stride: the group states recomputed by the strided walk, then the group backward)."""
     from torch.utils.checkpoint import checkpoint
+
+    from kernels.gdn import config_overrides
 
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=13)
     d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(1))
@@ -244,7 +248,8 @@ def test_activation_checkpoint_does_not_keep_intermediates() -> None:
         inputs = [t.clone().requires_grad_() for t in x.tensors()]
 
         def core(*t: torch.Tensor) -> torch.Tensor:
-            return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
+            with config_overrides(state_stride=stride):  # also for the checkpoint's re-run
+                return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
 
         o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)
         assert (o.grad_fn.kept is None) == ckpt  # the custom Function's node is its ctx
