@@ -49,14 +49,14 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 @pytest.mark.parametrize(
     "case,over",
     [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
-     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False}),
+     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1}),
      pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
 def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
-    """The states kept at a stride (groups of 2 chunks and a short one, or of 1) and re-walked per
-    group, S and Vn for the backward recomputed there or written by the forward's re-walk: within
-    the oracle's bound, and a second run gives the same bits (o, final state, every gradient)."""
+    """The states kept at a stride (groups of 2 chunks and a short one, of 1, or of 3 and a short
+    one) and re-walked per group, forward and backward: within the oracle's bound, and a second run gives
+    the same bits (o, final state, every gradient)."""
     from kernels.gdn import config_overrides
 
     with config_overrides(**over):
@@ -68,17 +68,16 @@ def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> 
 
 @pytest.mark.parametrize(
     "over",
-    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1},
-     {"state_stride": 2, "stride_dqk": False}],
+    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
 )
 @pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
 def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
     """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
     state: every gradient of the backward at a stride (S and dS' re-walked per group into a wave's
-    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence; or
-    per-chunk dS' and re-walked S, Vn) bit for bit the per-chunk path's, o within fp32 rounding
-    (the re-walk forms it over other value slices)."""
+    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence) bit
+    for bit the per-chunk path's, o within fp32 rounding (the re-walk forms it over other value
+    slices)."""
     from kernels.gdn import config_overrides
 
     x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)
