@@ -62,23 +62,15 @@ class KernelConfig:
     wy_stages: int = 1
     dw_low: bool = True  # bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
     # States at a stride (`strided`): the forward walk stores S only at every state_stride-th
-    # chunk boundary and chunk-group programs re-walk their chunks from it to form O (and, when a
-    # backward follows, the per-chunk S and Vn it reads). 0: the walk stores every chunk's S and
-    # Vn and the output stage reads them.
+    # chunk boundary (fp32) and chunk-group programs re-walk their chunks from it to form O; the
+    # forward keeps those group states and U, and the backward re-walks S and dS' per group and
+    # does bwd_dqk's work from them (`strided.group_backward`), so no per-chunk S or dS' tensor of
+    # the sequence exists. 0: the walk stores every chunk's S and Vn and the output stage reads
+    # them.
     state_stride: int = 0
-    # With a stride and a backward to follow: True, the forward keeps only the group states (and
-    # U) and the backward re-walks the groups for S and Vn (less memory held between the passes);
-    # False, the forward's group programs write every chunk's S and Vn for the backward as they
-    # form O (the old layout's memory, no second re-walk).
-    stride_recompute: bool = True
     stride_bv: int = 32  # value columns per program of the chunk-group re-walk
     stride_warps: int = 4
     stride_stages: int = 2
-    # With a stride and stride_recompute, the backward re-walks S and dS' per group and does
-    # bwd_dqk's work from them (`strided.group_backward`): the reverse walk keeps dS' only at the
-    # group ends and no per-chunk S or dS' tensor of the sequence exists. False: the reverse walk
-    # stores every chunk's dS', the group re-walk every chunk's S and Vn, and bwd_dqk reads them.
-    stride_dqk: bool = True
     # The group backward goes in waves of groups, each through a scratch of its chunks' S and dS':
     # stride_bwd_wave groups per wave, 0 = from the device, about stride_bwd_wave_per_sm
     # (chunk, head) pairs per multiprocessor (132 SMs, B·Hv = 32, k = 8: 4 groups, a 64 MiB bf16

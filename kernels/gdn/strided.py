@@ -5,13 +5,11 @@ With `state_stride` = k the forward walk (`state_forward(stride=k)`) keeps only 
 entering every group of k chunks. One program per (group, value slice, head) loads that state and
 steps through the group's chunks as the walk does (Vn = U − Wk·S, S' = e^{γ_C}·S + Kdᵀ·Vn, the
 same products and roundings, so S and Vn are the walk's bit for bit at the same value-slice width);
-per chunk it forms the output O = scale·(e^γ·Q·S + (Q·Kᵀ ⊙ E)·Vn) on chip (forward), or writes the
-chunk's S and Vn for the backward's bwd_dqk (backward, which recomputes them here instead of
-keeping them from the forward).
+per chunk it forms the output O = scale·(e^γ·Q·S + (Q·Kᵀ ⊙ E)·Vn) on chip.
 
-The group backward (`group_backward`, with `stride_dqk`) also re-walks dS' back from the fp32
-gradient leaving each group, and runs bwd_dqk's kernel on S and dS' a wave of groups at a time
-through a scratch sized by the wave: no per-chunk S or dS' tensor of the sequence exists."""
+The group backward (`group_backward`) re-walks S forward from the same group states and dS' back
+from the fp32 gradient leaving each group, and runs bwd_dqk's kernel on S and dS' a wave of groups
+at a time through a scratch sized by the wave: no per-chunk S or dS' tensor of the sequence exists."""
 
 from __future__ import annotations
 
@@ -27,15 +25,13 @@ from kernels.gdn.state import state_grad_step
 
 @triton.jit
 def _state_group_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, sb_ptr, o_ptr, s_ptr, vn_ptr, groups_ptr, spans_ptr, scale,
+    q_ptr, k_ptr, w_ptr, u_ptr, gamma_ptr, sb_ptr, o_ptr, groups_ptr, spans_ptr, scale,
     T, NT, NG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STRIDE: tl.constexpr,
-    WANT_O: tl.constexpr, STORE: tl.constexpr, VARLEN: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """Group g (program_id 0) of value slice iv (1) of head bh (2): from sb[bh, g] through the
     group's chunks (dense: g·STRIDE .. +STRIDE, cut at NT; VARLEN: groups_ptr[g], chunk rows from
-    the chunk table). WANT_O: write O of every chunk; STORE: write every chunk's incoming S (w's
-    dtype, [B·Hv, NT, D, D]) and Vn."""
+    the chunk table), writing O of every chunk."""
     g = tl.program_id(0)
     iv = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -46,28 +42,22 @@ def _state_group_kernel(
     i = tl.arange(0, BT)
     qk_off = b * T * HQK * D + hk * D
     dt = w_ptr.dtype.element_ty
-    cols = dk[:, None] * D + dv[None, :]
     c0, c1 = group_chunks(groups_ptr, g, NT, STRIDE, VARLEN)
-    S = tl.load(sb_ptr + (bh * NG + g) * D * D + cols)
+    S = tl.load(sb_ptr + (bh * NG + g) * D * D + dk[:, None] * D + dv[None, :])
     causal = i[:, None] >= i[None, :]
     for c in range(c0, c1):
         t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
         t = t0 + i
         m = t < t1
-        if STORE:
-            tl.store(s_ptr + (bh * NT + c) * D * D + cols, S.to(dt))
         vn = group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D)
-        if STORE:
-            tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-        if WANT_O:
-            q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-            p = tl.dot(q, tl.trans(kc))
-            p = tl.where(causal, p * tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
-            o = tl.dot(q, S.to(dt)) * tl.exp(gam)[:, None] + tl.dot(p.to(dt), vn.to(dt))
-            o_off = ((b * T + t[:, None]) * HV + h) * D + dv[None, :]
-            tl.store(o_ptr + o_off, (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
+        q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+        p = tl.dot(q, tl.trans(kc))
+        p = tl.where(causal, p * tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+        o = tl.dot(q, S.to(dt)) * tl.exp(gam)[:, None] + tl.dot(p.to(dt), vn.to(dt))
+        o_off = ((b * T + t[:, None]) * HV + h) * D + dv[None, :]
+        tl.store(o_ptr + o_off, (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
         S = group_next(S, vn, kc, gam, g_last)
 
 
@@ -149,15 +139,14 @@ def _group_walks_kernel(
 
 
 def state_groups(
-    q: torch.Tensor | None, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gamma: torch.Tensor,
-    sb: torch.Tensor, num_v_heads: int, scale: float, *, stride: int, out_dtype: torch.dtype | None,
-    store_states: bool, spans: torch.Tensor | None = None, groups: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gamma: torch.Tensor,
+    sb: torch.Tensor, num_v_heads: int, scale: float, *, stride: int, out_dtype: torch.dtype,
+    spans: torch.Tensor | None = None, groups: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """From the group-entry states `sb` [B·Hv, NG, D, D] fp32 (`state_forward(stride=...)`): o
-    [B, T, Hv, D] in `out_dtype` (None: no output, q unread) and, when `store_states`, per-chunk
-    incoming S [B·Hv, NT, D, D] and Vn [B·Hv, T, D] in k's dtype. Packed sequences: `spans` and
-    `groups` (`ChunkTable.groups`), the groups then never crossing a sequence."""
+) -> torch.Tensor:
+    """o [B, T, Hv, D] in `out_dtype` from the group-entry states `sb` [B·Hv, NG, D, D] fp32
+    (`state_forward(stride=...)`), without per-chunk S or Vn in memory. Packed sequences: `spans`
+    and `groups` (`ChunkTable.groups`), the groups then never crossing a sequence."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the states at a stride need a group of at least 1 chunk")
@@ -166,22 +155,16 @@ def state_groups(
                          f"got spans={spans is not None}, groups={groups is not None}")
     B, T, Hqk, _ = k.shape
     Hv, NT, NG = num_v_heads, num_chunks(T, spans), sb.shape[1]
-    want_o = out_dtype is not None
-    if want_o and q is None:
-        raise ValueError("the output needs q")
-    o = torch.empty(B, T, Hv, D, device=k.device, dtype=out_dtype) if want_o else None
-    s = torch.empty(B * Hv, NT, D, D, device=k.device, dtype=k.dtype) if store_states else None
-    vn = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype) if store_states else None
+    o = torch.empty(B, T, Hv, D, device=k.device, dtype=out_dtype)
     BV = cfg.stride_bv
     _state_group_kernel[(NG, D // BV, B * Hv)](
-        q_ptr=q if q is not None else k, k_ptr=k, w_ptr=w, u_ptr=u, gamma_ptr=gamma, sb_ptr=sb,
-        o_ptr=o if o is not None else w, s_ptr=s if s is not None else w, vn_ptr=vn if vn is not None else w,
+        q_ptr=q, k_ptr=k, w_ptr=w, u_ptr=u, gamma_ptr=gamma, sb_ptr=sb, o_ptr=o,
         groups_ptr=groups if groups is not None else w, spans_ptr=spans if spans is not None else w,
-        scale=scale, T=T, NT=NT, NG=NG, HQK=Hqk, HV=Hv, R=Hv // Hqk, STRIDE=stride, WANT_O=want_o,
-        STORE=store_states, VARLEN=spans is not None, BT=BT, D=D, BV=BV,
+        scale=scale, T=T, NT=NT, NG=NG, HQK=Hqk, HV=Hv, R=Hv // Hqk, STRIDE=stride,
+        VARLEN=spans is not None, BT=BT, D=D, BV=BV,
         num_warps=cfg.stride_warps, num_stages=cfg.stride_stages,
     )
-    return o, s, vn
+    return o
 
 
 

@@ -142,16 +142,13 @@ def test_triton_available_on_production_shapes() -> None:
     [({"seq_segments": 4}, (32, 32)), ({"state_stride": 8}, (32, 32)), ({"state_stride": 4}, (16, 32)),
      ({"state_stride": 2}, (32, 32)), ({"state_stride": 1}, (16, 32)),
      ({"state_stride": 8, "seq_segments": 4}, (32, 32)),
-     ({"state_stride": 8, "stride_recompute": False}, (32, 32)),
-     ({"state_stride": 8, "stride_dqk": False}, (32, 32)),
      ({"state_stride": 8, "stride_bwd_wave": 3}, (16, 32))],
     ids=lambda v: _param_id(v),
 )
 def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
     """The paths selectable by config fields (the split state passes, the states at a stride with
-    the group backward, also in waves of 3 groups with a short last one, or with per-chunk dS' for
-    bwd_dqk) at 8K stateful: every tensor within the bar against the fp32 eager backend, and
-    bit-identical over two runs."""
+    the group backward, also in waves of 3 groups with a short last one) at 8K stateful: every
+    tensor within the bar against the fp32 eager backend, and bit-identical over two runs."""
     from kernels.gdn import config_overrides
     from workers.context import RankContext
     from workers.suites.gdn_op.run import _fwd_bwd, _leaves, _make_inputs

@@ -49,14 +49,14 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 @pytest.mark.parametrize(
     "case,over",
     [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
-     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1, "stride_recompute": False}),
+     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1}),
      pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
 def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
-    """The states kept at a stride (groups of 2 chunks and a short one, or of 1) and re-walked per
-    group, S and Vn for the backward recomputed there or written by the forward's re-walk: within
-    the oracle's bound, and a second run gives the same bits (o, final state, every gradient)."""
+    """The states kept at a stride (groups of 2 chunks and a short one, of 1, or of 3 and a short
+    one) and re-walked per group, forward and backward: within the oracle's bound, and a second run gives
+    the same bits (o, final state, every gradient)."""
     from kernels.gdn import config_overrides
 
     with config_overrides(**over):
@@ -68,17 +68,16 @@ def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> 
 
 @pytest.mark.parametrize(
     "over",
-    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1},
-     {"state_stride": 2, "stride_dqk": False}],
+    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
 )
 @pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
 def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
     """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
     state: every gradient of the backward at a stride (S and dS' re-walked per group into a wave's
-    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence; or
-    per-chunk dS' and re-walked S, Vn) bit for bit the per-chunk path's, o within fp32 rounding
-    (the re-walk forms it over other value slices)."""
+    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence) bit
+    for bit the per-chunk path's, o within fp32 rounding (the re-walk forms it over other value
+    slices)."""
     from kernels.gdn import config_overrides
 
     x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)
@@ -232,10 +231,14 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stri
     assert torch.equal(seen[1][1], inputs[5].grad)
 
 
-def test_activation_checkpoint_does_not_keep_intermediates() -> None:
+@pytest.mark.parametrize("stride", [0, 2])
+def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
     """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
-    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps
+    (at a stride: the group states recomputed by the strided walk, then the group backward)."""
     from torch.utils.checkpoint import checkpoint
+
+    from kernels.gdn import config_overrides
 
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=13)
     d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(1))
@@ -244,7 +247,8 @@ def test_activation_checkpoint_does_not_keep_intermediates() -> None:
         inputs = [t.clone().requires_grad_() for t in x.tensors()]
 
         def core(*t: torch.Tensor) -> torch.Tensor:
-            return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
+            with config_overrides(state_stride=stride):  # also for the checkpoint's re-run
+                return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
 
         o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)
         assert (o.grad_fn.kept is None) == ckpt  # the custom Function's node is its ctx

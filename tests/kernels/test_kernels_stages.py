@@ -161,21 +161,20 @@ def test_state_forward_at_a_stride(x, ref, segments: int) -> None:
 
 
 def test_state_groups(x, ref) -> None:
-    """The chunk-group re-walk from given group states: o, per-chunk S and Vn against the chunk
-    algebra; from the walk's own group states, S and Vn bit for bit the per-chunk walk's."""
-    from kernels.gdn import intra_solve, state_forward
+    """The chunk-group re-walk's o from given group states against the chunk algebra; from the
+    walk's own group states, the output stage's o on the per-chunk walk's S and Vn within fp32
+    rounding (the same re-walk steps give the walk's Vn bit for bit: `test_group_backward`)."""
+    from kernels.gdn import intra_solve, output, state_forward
     from kernels.gdn.strided import state_groups
 
     gamma = ref["gam"].float()
     w, u, _ = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
     sb = torch.stack([torch.stack(ref["fwd"][h][0][::2]) for h in range(HV)]).float()
-    o, s, vn = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32,
-                            store_states=True)
+    o = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32)
     for h in range(HV):
         states, vns, _ = ref["fwd"][h]
         q, k, gam = head(x["q"], h // R), head(x["k"], h // R), ref["gam"][h]
         for i, sl in enumerate(chunks()):
-            assert rel_l2(s[h, i], states[i]) <= TOL and rel_l2(vn[h, sl], vns[i]) <= TOL
             want = SCALE * (torch.exp(gam[sl])[:, None] * (q[sl] @ states[i])
                             + attn(q[sl], k[sl], gam[sl]) @ vns[i])
             assert rel_l2(o[0, sl, h], want) <= TOL
@@ -183,15 +182,14 @@ def test_state_groups(x, ref) -> None:
                                           store_final=False)
     own, *_ = state_forward(x["k"], w, u, gamma, HV, x["h0"], store_states=True, store_vn=False,
                             store_final=False, stride=2)
-    none, s2, vn2 = state_groups(None, x["k"], w, u, gamma, own, HV, SCALE, stride=2, out_dtype=None,
-                                 store_states=True)
-    assert none is None and torch.equal(s2, walk_s) and torch.equal(vn2, walk_vn)
+    o2 = state_groups(x["q"], x["k"], w, u, gamma, own, HV, SCALE, stride=2, out_dtype=torch.float32)
+    assert rel_l2(o2, output(x["q"], x["k"], walk_vn, walk_s, gamma, HV, SCALE, torch.float32)) <= 1e-6
 
 
 def test_state_groups_of_packed_sequences(x) -> None:
     """Packed sequences of 1 and 129 rows at a stride of 2: groups never cross a sequence (chunks
-    0 | 1, 2 | 3), the walk keeps each group's entry state, and the re-walk gives the per-chunk
-    walk's S and Vn bit for bit and the output stage's o."""
+    0 | 1, 2 | 3), the walk keeps each group's entry state, and the re-walk gives the output
+    stage's o on the per-chunk walk's S and Vn."""
     from kernels.gdn import gate_cumsum, intra_solve, output, state_forward
     from kernels.gdn.chunks import ChunkTable
     from kernels.gdn.strided import state_groups
@@ -208,9 +206,8 @@ def test_state_groups_of_packed_sequences(x) -> None:
     sb, _, ht2, _ = state_forward(x["k"], w, u, gamma, HV, h0, store_states=True, store_vn=False,
                                   store_final=True, stride=2, groups=groups, **packed)
     assert torch.equal(sb, s[:, [0, 1, 3]].float()) and torch.equal(ht2, ht)
-    o, s2, vn2 = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32,
-                              store_states=True, spans=table.spans, groups=groups[0])
-    assert torch.equal(s2, s) and torch.equal(vn2, vn)
+    o = state_groups(x["q"], x["k"], w, u, gamma, sb, HV, SCALE, stride=2, out_dtype=torch.float32,
+                     spans=table.spans, groups=groups[0])
     want = output(x["q"], x["k"], vn, s, gamma, HV, SCALE, torch.float32, table.spans)
     assert rel_l2(o, want) <= 1e-6
     with pytest.raises(ValueError, match="needs their groups"):
