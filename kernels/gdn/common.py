@@ -154,3 +154,13 @@ def a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
         return tl.where(low, bi[:, None] * kk * tl.exp(tl.where(low, diff, 0.0)), 0.0)
     else:
         return bi[:, None] * kk * tl.exp(diff)
+
+
+@triton.jit
+def state_next(S, vn, kc, gam, g_last):
+    """The state leaving a chunk (the forward walk's step): e^{γ_C}·S + Kᵀ·(e^{γ_C−γ} ⊙ Vn).
+    The gate scales the [BT, BV] Vn tile rather than the [BT, D] K tile (a quarter of the
+    elementwise work at BV = 32, and K enters the product as loaded); Vn·e^{γ_C−γ} (every factor
+    <= 1) is rounded to K's dtype, which Wk shares."""
+    vg = (vn * tl.exp(g_last - gam)[:, None]).to(kc.dtype)
+    return S * tl.exp(g_last) + tl.dot(tl.trans(kc), vg)

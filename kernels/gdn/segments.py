@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows
+from kernels.gdn.common import load_gamma, load_rows, state_next
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
@@ -44,10 +44,8 @@ def _segment_fwd_summary_kernel(
         vm = -tl.dot(wk, M.to(dt))
         gam, g_last, _ = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
-        kdt = tl.trans((kc * tl.exp(g_last - gam)[:, None]).to(dt))
-        decay = tl.exp(g_last)
-        E = E * decay + tl.dot(kdt, ve.to(dt))
-        M = M * decay + tl.dot(kdt, vm.to(dt))
+        E = state_next(E, ve, kc, gam, g_last)
+        M = state_next(M, vm, kc, gam, g_last)
     off = (bh * NSEG + seg) * D * D + dk[:, None] * D + dv[None, :]
     tl.store(e_ptr + off, E)
     tl.store(m_ptr + off, M)

@@ -9,10 +9,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, state_slot, walk_range, walk_span
+from kernels.gdn.common import load_gamma, load_rows, state_next, state_slot, walk_range, walk_span
 from kernels.gdn.config import BT, D, KernelConfig, chunk_count, kernel_config
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
+
+
+@triton.jit
+def state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale):
+    """The gradient entering a chunk from dS' leaving it (the reverse walk's step):
+    e^{γ_C}·dS' + Qᵀ·(scale·e^γ ⊙ dO) − Wkᵀ·dVn, every operand in Wk's dtype (the gate on the
+    [BT, BV] dO tile, not the [BT, D] Q tile, as `state_next` does)."""
+    dt = wk.dtype
+    dog = (do * (tl.exp(gam) * scale)[:, None]).to(dt)
+    return dS * tl.exp(g_last) + tl.dot(tl.trans(q.to(dt)), dog) - tl.dot(tl.trans(wk), dvn.to(dt))
 
 
 @triton.jit
@@ -72,22 +82,12 @@ def _state_fwd_kernel(
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
-        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-        S = S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
+        S = state_next(S, vn, kc, gam, g_last)
     if STORE_HT:
         if VARLEN:
             tl.store(ht_ptr + st * D * D + dk[:, None] * D + dv[None, :], S)
         elif seg == nseg - 1:
             tl.store(ht_ptr + bh * D * D + dk[:, None] * D + dv[None, :], S)
-
-
-@triton.jit
-def state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale):
-    """The gradient entering a chunk from dS' leaving it (the reverse walk's step):
-    e^{γ_C}·dS' + scale·(e^γ ⊙ Q)ᵀ·dO − Wkᵀ·dVn, every operand in Wk's dtype."""
-    dt = wk.dtype
-    qg = (q * (tl.exp(gam) * scale)[:, None]).to(dt)
-    return dS * tl.exp(g_last) + tl.dot(tl.trans(qg), do.to(dt)) - tl.dot(tl.trans(wk), dvn.to(dt))
 
 
 @triton.jit
@@ -143,8 +143,7 @@ def _state_bwd_kernel(
         rows = (bh * T + t[:, None]) * D
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-        kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-        dvn = tl.dot(kd, dS.to(dt))
+        dvn = tl.dot(kc, dS.to(dt)) * tl.exp(g_last - gam)[:, None]
         dvn += tl.load(dvl_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
         if STORE:
             tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])

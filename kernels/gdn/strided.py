@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, group_chunks, load_gamma, load_rows
+from kernels.gdn.common import chunk_span, group_chunks, load_gamma, load_rows, state_next
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 from kernels.gdn.dqk import _bwd_dqk_kernel, dqk_buffers
 from kernels.gdn.state import state_grad_step
@@ -58,7 +58,7 @@ def _state_group_kernel(
         o = tl.dot(q, S.to(dt)) * tl.exp(gam)[:, None] + tl.dot(p.to(dt), vn.to(dt))
         o_off = ((b * T + t[:, None]) * HV + h) * D + dv[None, :]
         tl.store(o_ptr + o_off, (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
-        S = group_next(S, vn, kc, gam, g_last)
+        S = state_next(S, vn, kc, gam, g_last)
 
 
 @triton.jit
@@ -71,15 +71,6 @@ def group_vn(S, w_ptr, u_ptr, bh, t, m, T, dv, D: tl.constexpr):
     vn = -tl.dot(wk, S.to(wk.dtype))
     vn += tl.load(u_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
     return vn
-
-
-@triton.jit
-def group_next(S, vn, kc, gam, g_last):
-    """The state leaving the chunk, e^{γ_C}·S + (K ⊙ e^{γ_C−γ})ᵀ·Vn, with the walk's roundings
-    (operands in K's dtype, which Wk shares)."""
-    dt = kc.dtype
-    kd = (kc * tl.exp(g_last - gam)[:, None]).to(dt)
-    return S * tl.exp(g_last) + tl.dot(tl.trans(kd), vn.to(dt))
 
 
 @triton.jit
@@ -119,7 +110,7 @@ def _group_walks_kernel(
             tl.store(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
             gam, g_last, _m = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
             kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-            S = group_next(S, vn, kc, gam, g_last)
+            S = state_next(S, vn, kc, gam, g_last)
     else:
         dS = tl.load(dsb_ptr + (bh * NG + g) * D * D + cols)
         for jj in range(c1 - c0):
