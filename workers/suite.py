@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, c
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
-    from workers.runtime import RankContext
+    from workers.context import RankContext
 
 MetricKind = Literal["accuracy", "time", "memory", "trajectory", "check"]
 Direction = Literal["lower", "higher"]
