@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support.gate_outcome import passed_or_undecided
 from tests.support.gate_suite import git, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,18 +144,6 @@ def gate(server: SimpleNamespace, head: str, base: str, *extra: str) -> SimpleNa
     return SimpleNamespace(code=result.exit_code, stdout=result.stdout, data=data, wall=time.monotonic() - t0)
 
 
-def passed_or_undecided(result: SimpleNamespace) -> bool:
-    """Exit 0, or exit 2 only because a time regression's confirmation pair neither confirmed nor
-    cleared it (and none was confirmed): the gate's answer for unchanged code on a machine too
-    noisy to decide, never a failure."""
-    if result.code == 0:
-        return True
-    outcomes = {c.get("outcome") for c in result.data.get("confirmations", [])}
-    return (result.code == 2 and "undecided" in outcomes and "confirmed" not in outcomes
-            and bool(result.data.get("undecided"))
-            and "neither confirmed nor cleared" in result.data.get("reason", ""))
-
-
 def _metrics(data: dict, verdict: str) -> set[str]:
     return {m["metric"] for cmp in data["comparisons"] for c in cmp["cases"] for m in c["metrics"]
             if m["verdict"] == verdict}
@@ -167,7 +156,7 @@ def test_gate_scenario_comment_slowdown_perturbation_and_false_alarms(server: Si
 
     comment = gate(server, shas["B"], shas["A"])
     walls["comment-only"] = comment.wall
-    assert passed_or_undecided(comment), comment.stdout
+    assert passed_or_undecided(comment.code, comment.data), comment.stdout
     assert comment.data["comparisons"][0]["head"]["preset"] == "gate-cpu"  # the CPU gate preset
 
     slow = gate(server, shas["C"], shas["B"])
@@ -225,7 +214,7 @@ def default_gate(server: SimpleNamespace, head: str) -> SimpleNamespace:
 def test_default_cpu_gate_passes_a_comment_and_fails_a_doubled_forward(server: SimpleNamespace) -> None:
     shas = server.shas
     comment = default_gate(server, shas["B"])
-    assert passed_or_undecided(comment), comment.stdout
+    assert passed_or_undecided(comment.code, comment.data), comment.stdout
     suites = {cmp["suite"] for cmp in comment.data["comparisons"]}
     assert suites == {"capability", "cp-layer", "gdn-op", "network", "profile"}, suites
     assert all(cmp["head"]["preset"] == "gate-cpu" for cmp in comment.data["comparisons"])
