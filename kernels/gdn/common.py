@@ -164,3 +164,4 @@ def state_next(S, vn, kc, gam, g_last):
     <= 1) is rounded to K's dtype, which Wk shares."""
     vg = (vn * tl.exp(g_last - gam)[:, None]).to(kc.dtype)
     return S * tl.exp(g_last) + tl.dot(tl.trans(kc), vg)
+

@@ -46,7 +46,13 @@ class KernelConfig:
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
+    # The intra solve: T's kernel (small tiles in a serial chain) at intra_warps, its K·Kᵀ blocks
+    # summed over key slices of intra_bk columns; Wk and U's kernel over intra_wu_bd columns per
+    # program at intra_wu_warps.
     intra_warps: int = 4
+    intra_bk: int = 64
+    intra_wu_bd: int = 64
+    intra_wu_warps: int = 4
     output_warps: int = 4
     out_bv: int = 64
     dvl_warps: int = 4

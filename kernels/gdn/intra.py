@@ -1,5 +1,8 @@
-"""Stage 2: the intra-chunk solve. T = (I + A)⁻¹ from four exact 16×16 inverses and a block
-merge, then Wk = T·(β e^γ K) and U = T·(β V)."""
+"""Stage 2: the intra-chunk solve, in two kernels. `_intra_t_kernel` forms T = (I + A)⁻¹ per
+chunk from four 16×16 inverses by substitution and a block merge, at few warps (its work is
+small tiles in a serial chain: one warp keeps it in registers, without barriers between warps);
+`_intra_wu_kernel` then forms Wk = T·(β e^γ K) and U = T·(β V) with 64-row products, a
+memory-bound pass at more warps."""
 
 from __future__ import annotations
 
@@ -7,68 +10,71 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import a_block, chunk_span, inv_unit_lower16, load_rows, mm
+from kernels.gdn.common import chunk_span, inv_unit_lower16, mm
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
 @triton.jit
-def _lower_block_product(x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, y0, y1, y2, y3, PREC: tl.constexpr):
-    """Rows I of T·Y for the 4×4 block lower-triangular T (16-row blocks): Σ_{J<=I} T_IJ·Y_J."""
-    r0 = mm(x0, y0, PREC)
-    r1 = mm(t10, y0, PREC) + mm(x1, y1, PREC)
-    r2 = (
-        mm(t20, y0, PREC)
-        + mm(t21, y1, PREC)
-        + mm(x2, y2, PREC)
-    )
-    r3 = (
-        mm(t30, y0, PREC)
-        + mm(t31, y1, PREC)
-        + mm(t32, y2, PREC)
-        + mm(x3, y3, PREC)
-    )
-    return r0, r1, r2, r3
+def _kk_blocks(k_base, t0, t1, t2, t3, m0, m1, m2, m3,
+               HQK: tl.constexpr, D: tl.constexpr, BK: tl.constexpr):
+    """The ten lower 16×16 blocks K_I·K_Jᵀ (I >= J) of a chunk's K·Kᵀ, summed over key slices of
+    BK columns (bf16/fp16 products, fp32 sums)."""
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    a00, a11, a22, a33 = z, z, z, z
+    a10, a20, a21, a30, a31, a32 = z, z, z, z, z, z
+    for j in tl.static_range(0, D, BK):
+        cols = j + tl.arange(0, BK)
+        k0 = tl.load(k_base + t0[:, None] * HQK * D + cols[None, :], mask=m0[:, None], other=0.0)
+        k1 = tl.load(k_base + t1[:, None] * HQK * D + cols[None, :], mask=m1[:, None], other=0.0)
+        k2 = tl.load(k_base + t2[:, None] * HQK * D + cols[None, :], mask=m2[:, None], other=0.0)
+        k3 = tl.load(k_base + t3[:, None] * HQK * D + cols[None, :], mask=m3[:, None], other=0.0)
+        a00 = tl.dot(k0, tl.trans(k0), a00)
+        a11 = tl.dot(k1, tl.trans(k1), a11)
+        a22 = tl.dot(k2, tl.trans(k2), a22)
+        a33 = tl.dot(k3, tl.trans(k3), a33)
+        a10 = tl.dot(k1, tl.trans(k0), a10)
+        a20 = tl.dot(k2, tl.trans(k0), a20)
+        a21 = tl.dot(k2, tl.trans(k1), a21)
+        a30 = tl.dot(k3, tl.trans(k0), a30)
+        a31 = tl.dot(k3, tl.trans(k1), a31)
+        a32 = tl.dot(k3, tl.trans(k2), a32)
+    return a00, a11, a22, a33, a10, a20, a21, a30, a31, a32
 
 
 @triton.jit
-def _store_row_blocks(base, r0, r1, r2, r3, t0, t1, t2, t3, m0, m1, m2, m3, d, D: tl.constexpr):
-    """Store four 16-row blocks of a [T, D] head-major tensor in its element type."""
-    ty = base.dtype.element_ty
-    tl.store(base + t0[:, None] * D + d[None, :], r0.to(ty), mask=m0[:, None])
-    tl.store(base + t1[:, None] * D + d[None, :], r1.to(ty), mask=m1[:, None])
-    tl.store(base + t2[:, None] * D + d[None, :], r2.to(ty), mask=m2[:, None])
-    tl.store(base + t3[:, None] * D + d[None, :], r3.to(ty), mask=m3[:, None])
+def _gated(kk, bi, gi, gj, DIAG: tl.constexpr):
+    """A block from its K_I·K_Jᵀ: β_i·(k_i·k_j)·e^{γ_i−γ_j}, strictly lower when DIAG."""
+    diff = gi[:, None] - gj[None, :]
+    if DIAG:
+        r = tl.arange(0, 16)
+        low = r[:, None] > r[None, :]
+        return tl.where(low, bi[:, None] * kk * tl.exp(tl.where(low, diff, 0.0)), 0.0)
+    else:
+        return bi[:, None] * kk * tl.exp(diff)
 
 
 @triton.jit
-def _intra_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, w_ptr, u_ptr, tm_ptr, spans_ptr,
-    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    STORE_U: tl.constexpr, STORE_T: tl.constexpr, PREC: tl.constexpr,
-    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+def _intra_t_kernel(
+    k_ptr, beta_ptr, gamma_ptr, tm_ptr, spans_ptr,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
 ):
+    """T of one chunk into tm [B·Hv, T, 64] fp32 (row = token, column = position in its chunk;
+    zeros above the diagonal blocks)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
     k_base = k_ptr + b * T * HQK * D + hk * D
-    v_base = v_ptr + b * T * HV * D + h * D
     s = tl.arange(0, 16)
-    d = tl.arange(0, D)
     r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
     last = tl.minimum(r0 + BT - 1, r1 - 1)
     g_last = tl.load(gamma_ptr + bh * T + last)
-
-    # Four 16-row sub-blocks of the chunk.
     t0 = r0 + s
     t1 = t0 + 16
     t2 = t0 + 32
     t3 = t0 + 48
     m0, m1, m2, m3 = t0 < r1, t1 < r1, t2 < r1, t3 < r1
-    k0 = load_rows(k_base, t0, m0, HQK * D, D)
-    k1 = load_rows(k_base, t1, m1, HQK * D, D)
-    k2 = load_rows(k_base, t2, m2, HQK * D, D)
-    k3 = load_rows(k_base, t3, m3, HQK * D, D)
     b0 = tl.load(beta_ptr + (b * T + t0) * HV + h, mask=m0, other=0.0).to(tl.float32)
     b1 = tl.load(beta_ptr + (b * T + t1) * HV + h, mask=m1, other=0.0).to(tl.float32)
     b2 = tl.load(beta_ptr + (b * T + t2) * HV + h, mask=m2, other=0.0).to(tl.float32)
@@ -78,78 +84,79 @@ def _intra_kernel(
     g2 = tl.where(m2, tl.load(gamma_ptr + bh * T + t2, mask=m2, other=0.0), g_last)
     g3 = tl.where(m3, tl.load(gamma_ptr + bh * T + t3, mask=m3, other=0.0), g_last)
 
+    kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = _kk_blocks(
+        k_base, t0, t1, t2, t3, m0, m1, m2, m3, HQK, D, BK
+    )
     # Diagonal inverses, then the block merge: T_IJ = −X_I·Σ_{J<=L<I} A_IL·T_LJ.
-    x0 = inv_unit_lower16(a_block(k0, k0, b0, g0, g0, True))
-    x1 = inv_unit_lower16(a_block(k1, k1, b1, g1, g1, True))
-    x2 = inv_unit_lower16(a_block(k2, k2, b2, g2, g2, True))
-    x3 = inv_unit_lower16(a_block(k3, k3, b3, g3, g3, True))
-    a10 = a_block(k1, k0, b1, g1, g0, False)
-    a20 = a_block(k2, k0, b2, g2, g0, False)
-    a21 = a_block(k2, k1, b2, g2, g1, False)
-    a30 = a_block(k3, k0, b3, g3, g0, False)
-    a31 = a_block(k3, k1, b3, g3, g1, False)
-    a32 = a_block(k3, k2, b3, g3, g2, False)
-    t10 = -tl.dot(tl.dot(x1, a10, input_precision="ieee"), x0, input_precision="ieee")
-    t21 = -tl.dot(tl.dot(x2, a21, input_precision="ieee"), x1, input_precision="ieee")
-    t32 = -tl.dot(tl.dot(x3, a32, input_precision="ieee"), x2, input_precision="ieee")
-    t20 = -tl.dot(
-        x2, tl.dot(a20, x0, input_precision="ieee") + tl.dot(a21, t10, input_precision="ieee"),
-        input_precision="ieee",
-    )
-    t31 = -tl.dot(
-        x3, tl.dot(a31, x1, input_precision="ieee") + tl.dot(a32, t21, input_precision="ieee"),
-        input_precision="ieee",
-    )
-    t30 = -tl.dot(
-        x3,
-        tl.dot(a30, x0, input_precision="ieee")
-        + tl.dot(a31, t10, input_precision="ieee")
-        + tl.dot(a32, t20, input_precision="ieee"),
-        input_precision="ieee",
-    )
+    x0 = inv_unit_lower16(_gated(kk00, b0, g0, g0, True))
+    x1 = inv_unit_lower16(_gated(kk11, b1, g1, g1, True))
+    x2 = inv_unit_lower16(_gated(kk22, b2, g2, g2, True))
+    x3 = inv_unit_lower16(_gated(kk33, b3, g3, g3, True))
+    a10 = _gated(kk10, b1, g1, g0, False)
+    a20 = _gated(kk20, b2, g2, g0, False)
+    a21 = _gated(kk21, b2, g2, g1, False)
+    a30 = _gated(kk30, b3, g3, g0, False)
+    a31 = _gated(kk31, b3, g3, g1, False)
+    a32 = _gated(kk32, b3, g3, g2, False)
+    t10 = -mm(mm(x1, a10, PREC), x0, PREC)
+    t21 = -mm(mm(x2, a21, PREC), x1, PREC)
+    t32 = -mm(mm(x3, a32, PREC), x2, PREC)
+    t20 = -mm(x2, mm(a20, x0, PREC) + mm(a21, t10, PREC), PREC)
+    t31 = -mm(x3, mm(a31, x1, PREC) + mm(a32, t21, PREC), PREC)
+    t30 = -mm(x3, mm(a30, x0, PREC) + mm(a31, t10, PREC) + mm(a32, t20, PREC), PREC)
 
-    if STORE_T:
-        # T as [B·Hv, T, 64] fp32 (row = token, column = position in its chunk); zeros above.
-        tm_base = tm_ptr + bh * T * BT
-        z = tl.zeros([16, 16], dtype=tl.float32)
-        tl.store(tm_base + t0[:, None] * BT + s[None, :], x0, mask=m0[:, None])
-        tl.store(tm_base + t0[:, None] * BT + 16 + s[None, :], z, mask=m0[:, None])
-        tl.store(tm_base + t0[:, None] * BT + 32 + s[None, :], z, mask=m0[:, None])
-        tl.store(tm_base + t0[:, None] * BT + 48 + s[None, :], z, mask=m0[:, None])
-        tl.store(tm_base + t1[:, None] * BT + s[None, :], t10, mask=m1[:, None])
-        tl.store(tm_base + t1[:, None] * BT + 16 + s[None, :], x1, mask=m1[:, None])
-        tl.store(tm_base + t1[:, None] * BT + 32 + s[None, :], z, mask=m1[:, None])
-        tl.store(tm_base + t1[:, None] * BT + 48 + s[None, :], z, mask=m1[:, None])
-        tl.store(tm_base + t2[:, None] * BT + s[None, :], t20, mask=m2[:, None])
-        tl.store(tm_base + t2[:, None] * BT + 16 + s[None, :], t21, mask=m2[:, None])
-        tl.store(tm_base + t2[:, None] * BT + 32 + s[None, :], x2, mask=m2[:, None])
-        tl.store(tm_base + t2[:, None] * BT + 48 + s[None, :], z, mask=m2[:, None])
-        tl.store(tm_base + t3[:, None] * BT + s[None, :], t30, mask=m3[:, None])
-        tl.store(tm_base + t3[:, None] * BT + 16 + s[None, :], t31, mask=m3[:, None])
-        tl.store(tm_base + t3[:, None] * BT + 32 + s[None, :], t32, mask=m3[:, None])
-        tl.store(tm_base + t3[:, None] * BT + 48 + s[None, :], x3, mask=m3[:, None])
+    tm_base = tm_ptr + bh * T * BT
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    tl.store(tm_base + t0[:, None] * BT + s[None, :], x0, mask=m0[:, None])
+    tl.store(tm_base + t0[:, None] * BT + 16 + s[None, :], z, mask=m0[:, None])
+    tl.store(tm_base + t0[:, None] * BT + 32 + s[None, :], z, mask=m0[:, None])
+    tl.store(tm_base + t0[:, None] * BT + 48 + s[None, :], z, mask=m0[:, None])
+    tl.store(tm_base + t1[:, None] * BT + s[None, :], t10, mask=m1[:, None])
+    tl.store(tm_base + t1[:, None] * BT + 16 + s[None, :], x1, mask=m1[:, None])
+    tl.store(tm_base + t1[:, None] * BT + 32 + s[None, :], z, mask=m1[:, None])
+    tl.store(tm_base + t1[:, None] * BT + 48 + s[None, :], z, mask=m1[:, None])
+    tl.store(tm_base + t2[:, None] * BT + s[None, :], t20, mask=m2[:, None])
+    tl.store(tm_base + t2[:, None] * BT + 16 + s[None, :], t21, mask=m2[:, None])
+    tl.store(tm_base + t2[:, None] * BT + 32 + s[None, :], x2, mask=m2[:, None])
+    tl.store(tm_base + t2[:, None] * BT + 48 + s[None, :], z, mask=m2[:, None])
+    tl.store(tm_base + t3[:, None] * BT + s[None, :], t30, mask=m3[:, None])
+    tl.store(tm_base + t3[:, None] * BT + 16 + s[None, :], t31, mask=m3[:, None])
+    tl.store(tm_base + t3[:, None] * BT + 32 + s[None, :], t32, mask=m3[:, None])
+    tl.store(tm_base + t3[:, None] * BT + 48 + s[None, :], x3, mask=m3[:, None])
 
-    # Wk_I = Σ_J T_IJ·(β e^γ K)_J, in fp32 operands.
-    w_base = w_ptr + bh * T * D
-    xk0 = k0.to(tl.float32) * (b0 * tl.exp(g0))[:, None]
-    xk1 = k1.to(tl.float32) * (b1 * tl.exp(g1))[:, None]
-    xk2 = k2.to(tl.float32) * (b2 * tl.exp(g2))[:, None]
-    xk3 = k3.to(tl.float32) * (b3 * tl.exp(g3))[:, None]
-    w0, w1, w2, w3 = _lower_block_product(
-        x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xk0, xk1, xk2, xk3, PREC
-    )
-    _store_row_blocks(w_base, w0, w1, w2, w3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
 
+@triton.jit
+def _intra_wu_kernel(
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr, spans_ptr,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
+    PREC: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+):
+    """Columns dcol of Wk = (T·diag(β e^γ))·K and U = (T·diag(β))·V for one chunk: the factors
+    scale T's 64 columns rather than the [64, BD] K and V tiles."""
+    c = tl.program_id(0)
+    dcol = tl.program_id(1) * BD + tl.arange(0, BD)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
+    last = tl.minimum(r0 + BT - 1, r1 - 1)
+    j = tl.arange(0, BT)
+    t = r0 + j
+    m = t < r1
+    tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + j[None, :], mask=m[:, None], other=0.0)
+    bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+    g_last = tl.load(gamma_ptr + bh * T + last)
+    gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
+    k_rows = (b * T + t[:, None]) * HQK * D + hk * D
+    kt = tl.load(k_ptr + k_rows + dcol[None, :], mask=m[:, None], other=0.0)
+    wk = mm(tmat * (bt * tl.exp(gt))[None, :], kt.to(tl.float32), PREC)
+    out = (bh * T + t[:, None]) * D + dcol[None, :]
+    tl.store(w_ptr + out, wk.to(w_ptr.dtype.element_ty), mask=m[:, None])
     if STORE_U:
-        u_base = u_ptr + bh * T * D
-        xv0 = load_rows(v_base, t0, m0, HV * D, D).to(tl.float32) * b0[:, None]
-        xv1 = load_rows(v_base, t1, m1, HV * D, D).to(tl.float32) * b1[:, None]
-        xv2 = load_rows(v_base, t2, m2, HV * D, D).to(tl.float32) * b2[:, None]
-        xv3 = load_rows(v_base, t3, m3, HV * D, D).to(tl.float32) * b3[:, None]
-        u0, u1, u2, u3 = _lower_block_product(
-            x0, t10, x1, t20, t21, x2, t30, t31, t32, x3, xv0, xv1, xv2, xv3, PREC
-        )
-        _store_row_blocks(u_base, u0, u1, u2, u3, t0, t1, t2, t3, m0, m1, m2, m3, d, D)
+        v_rows = (b * T + t[:, None]) * HV * D + h * D
+        vt = tl.load(v_ptr + v_rows + dcol[None, :], mask=m[:, None], other=0.0)
+        ut = mm(tmat * bt[None, :], vt.to(tl.float32), PREC)
+        tl.store(u_ptr + out, ut.to(u_ptr.dtype.element_ty), mask=m[:, None])
 
 
 def intra_solve(
@@ -163,19 +170,27 @@ def intra_solve(
     spans: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked.
-    `spans`: the chunk table of packed sequences (`chunks.ChunkTable`); rows stay packed."""
+    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked
+    (always formed: the second kernel reads it). `spans`: the chunk table of packed sequences
+    (`chunks.ChunkTable`); rows stay packed."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
+    nc = num_chunks(T, spans)
+    prec = dot_precision(cfg, k.dtype, "wu")
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
-    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32) if store_t else None
-    _intra_kernel[(num_chunks(T, spans), B * Hv)](
-        k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, w_ptr=w,
-        u_ptr=u if u is not None else w, tm_ptr=tm if tm is not None else w,
-        spans_ptr=spans if spans is not None else w, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
-        STORE_U=v is not None, STORE_T=tm is not None, PREC=dot_precision(cfg, k.dtype, "wu"),
-        VARLEN=spans is not None, BT=BT, D=D, num_warps=cfg.intra_warps,
+    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32)
+    table = spans if spans is not None else w
+    _intra_t_kernel[(nc, B * Hv)](
+        k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
+        R=Hv // Hqk, PREC=prec, VARLEN=spans is not None, BT=BT, D=D, BK=cfg.intra_bk,
+        num_warps=cfg.intra_warps,
     )
-    return w, u, tm
+    _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
+        k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
+        u_ptr=u if u is not None else w, spans_ptr=table, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
+        STORE_U=v is not None, PREC=prec, VARLEN=spans is not None, BT=BT, D=D, BD=cfg.intra_wu_bd,
+        num_warps=cfg.intra_wu_warps,
+    )
+    return w, u, tm if store_t else None

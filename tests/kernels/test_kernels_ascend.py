@@ -32,13 +32,14 @@ WORKERS = 2  # CI's cores: the launches are split between two lowering processes
 
 # Kernels every launch of which lowers to Linalg as written, under the NPU launch config.
 LOWERS = {
-    "_gate_cumsum_kernel", "_intra_kernel", "_state_fwd_kernel", "_output_kernel", "_dvn_local_kernel",
+    "_gate_cumsum_kernel", "_intra_t_kernel", "_intra_wu_kernel", "_state_fwd_kernel", "_output_kernel",
+    "_dvn_local_kernel",
     "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel",
     "_segment_scan_kernel", "_state_group_kernel", "_group_walks_kernel",
 }
 # Constexprs that are a dot's input precision, per kernel: under the NPU config none is tf32 or
 # tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").
-PRECISION_CONSTEXPRS = {"_intra_kernel": "PREC", "_segment_scan_kernel": "PREC"}
+PRECISION_CONSTEXPRS = {"_intra_t_kernel": "PREC", "_intra_wu_kernel": "PREC", "_segment_scan_kernel": "PREC"}
 
 
 def _skip_reason() -> str | None:
@@ -142,7 +143,8 @@ def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) 
             assert not {"tf32", "tf32x3"} & set(map(str, r["constexprs"].values())), r
             continue
         seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
-    assert seen == {("_intra_kernel", "bfloat16"): {"hf32"}, ("_intra_kernel", "float32"): {"ieee"},
+    assert seen == {("_intra_t_kernel", "bfloat16"): {"hf32"}, ("_intra_t_kernel", "float32"): {"ieee"},
+                    ("_intra_wu_kernel", "bfloat16"): {"hf32"}, ("_intra_wu_kernel", "float32"): {"ieee"},
                     ("_segment_scan_kernel", "bfloat16"): {"ieee"},
                     ("_segment_scan_kernel", "float32"): {"ieee"}}, seen
 
