@@ -63,6 +63,7 @@ def _bwd_wy_kernel(
     # bdᵀ through this program's dk output rows seen as fp32 (the second pass writes dk there)
     dk_rows = dk_ptr + ((b * T + t0) * DK_HEADS + h // (HV // DK_HEADS)) * D
     bdt = transpose_via(dk_rows.to(tl.pointer_type(tl.float32)), bd, i, m, DK_ROW_F32)
+    bdl = bd + bdt  # strictly lower plus strictly upper: one product with K, no cancellation
     for s0 in range(0, D, BD):
         d = s0 + tl.arange(0, BD)
         ks = tl.load(k_base + t[:, None] * (HQK * D) + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
@@ -74,7 +75,7 @@ def _bwd_wy_kernel(
         dxv = mm(tmt, dus.to(tl.float32), PREC_DX)
         dks = tl.load(dkp_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dks += dxk * bg[:, None]
-        dks += mm(bd, ks, PREC_DX) + mm(bdt, ks, PREC_DX)
+        dks += mm(bdl, ks, PREC_DX)
         dbeta += tl.sum(dxk * ks, axis=1) * eg + tl.sum(dxv * vs, axis=1)
         dgam += tl.sum(dxk * ks, axis=1) * bg
         if DK_HEADS == HQK:
