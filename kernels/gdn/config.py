@@ -48,9 +48,10 @@ class KernelConfig:
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
     # The intra solve: T's kernel (small tiles in a serial chain) at intra_warps, its K·Kᵀ blocks
     # summed over key slices of intra_bk columns; Wk and U's kernel over intra_wu_bd columns per
-    # program at intra_wu_warps.
-    intra_warps: int = 4
-    intra_bk: int = 64
+    # program at intra_wu_warps. One warp: the sm_90 census's fewest warp-instructions (6536 per
+    # program against 12736 at 4 warps), no barriers between warps.
+    intra_warps: int = 1
+    intra_bk: int = 128
     intra_wu_bd: int = 64
     intra_wu_warps: int = 4
     output_warps: int = 4
