@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (stage timed, knob, values). Knobs are tried one after another, each keeping the best so far;
 # state_bv is shared by both sequential passes, so it is judged on state_fwd + state_bwd.
-SWEEP: list[tuple[str, str, list[int]]] = [
+SWEEP: list[tuple[str, str, list[int | str]]] = [
     ("state_both", "seq_segments", [1, 2, 4, 8]),
     ("state_both", "state_bv", [16, 32, 64]),
     ("state_both", "state_warps", [2, 4, 8]),
@@ -33,6 +33,7 @@ SWEEP: list[tuple[str, str, list[int]]] = [
     ("intra", "intra_bk", [32, 64, 128]),
     ("intra", "intra_wu_bd", [64, 128]),
     ("intra", "intra_wu_warps", [4, 8]),
+    ("intra", "f32_dot_inv", ["ieee", "tf32x3"]),
     ("output", "output_warps", [4, 8]),
     ("bwd_dqk", "dqk_bv", [32, 64]),
     ("bwd_dqk", "dqk_warps", [4, 8]),

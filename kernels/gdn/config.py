@@ -37,6 +37,10 @@ class KernelConfig:
     # raised o's error 3.08e-3 -> 3.48e-3 for no time (docs/kernels.md, "Precision").
     f32_dot: str = "tf32x3"
     f32_dot_wu: str = "tf32"
+    # The intra solve's four 16×16 inverses (product form): IEEE fp32 on the CUDA cores, or
+    # tf32x3 on the tensor cores (fp32-level accuracy; 6 barriers instead of 56 at one warp in the
+    # sm_90 census, more spills).
+    f32_dot_inv: str = "ieee"
     f32_dot_wy_dt: str = "low"
     f32_dot_wy_da: str = "low"
     f32_dot_wy_dx: str = "low"

@@ -56,7 +56,7 @@ def _gated(kk, bi, gi, gj, DIAG: tl.constexpr):
 @triton.jit
 def _intra_t_kernel(
     k_ptr, beta_ptr, gamma_ptr, tm_ptr, spans_ptr,
-    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr,
+    T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC_I: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
 ):
     """T of one chunk into tm [B·Hv, T, 64] fp32 (row = token, column = position in its chunk;
@@ -88,10 +88,10 @@ def _intra_t_kernel(
         k_base, t0, t1, t2, t3, m0, m1, m2, m3, HQK, D, BK
     )
     # Diagonal inverses, then the block merge: T_IJ = −X_I·Σ_{J<=L<I} A_IL·T_LJ.
-    x0 = inv_unit_lower16(_gated(kk00, b0, g0, g0, True))
-    x1 = inv_unit_lower16(_gated(kk11, b1, g1, g1, True))
-    x2 = inv_unit_lower16(_gated(kk22, b2, g2, g2, True))
-    x3 = inv_unit_lower16(_gated(kk33, b3, g3, g3, True))
+    x0 = inv_unit_lower16(_gated(kk00, b0, g0, g0, True), PREC_I)
+    x1 = inv_unit_lower16(_gated(kk11, b1, g1, g1, True), PREC_I)
+    x2 = inv_unit_lower16(_gated(kk22, b2, g2, g2, True), PREC_I)
+    x3 = inv_unit_lower16(_gated(kk33, b3, g3, g3, True), PREC_I)
     a10 = _gated(kk10, b1, g1, g0, False)
     a20 = _gated(kk20, b2, g2, g0, False)
     a21 = _gated(kk21, b2, g2, g1, False)
@@ -184,7 +184,8 @@ def intra_solve(
     table = spans if spans is not None else w
     _intra_t_kernel[(nc, B * Hv)](
         k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
-        R=Hv // Hqk, PREC=prec, VARLEN=spans is not None, BT=BT, D=D, BK=cfg.intra_bk,
+        R=Hv // Hqk, PREC=prec, PREC_I=dot_precision(cfg, k.dtype, "inv"), VARLEN=spans is not None,
+        BT=BT, D=D, BK=cfg.intra_bk,
         num_warps=cfg.intra_warps,
     )
     _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
