@@ -1,0 +1,146 @@
+"""Which GDN stage stops repeating bit for bit? Runs one fwd+bwd of the Triton kernels twice on
+the same inputs, records every stage's outputs as `kernels.gdn.function` calls them (in call
+order, cloned at return: the group backward later overwrites U in place) and names the first
+stage whose outputs differ between the runs, then every differing tensor.
+
+    python3 benchmarks/stage_repro_probe.py --packed 1,63,64,65,1000,3000,4096,8095 \
+        --qk-heads 16 --v-heads 32 --set '{"state_stride": 4}'
+
+Dense with --seq-len instead of --packed. Stateful (random h0 and final-state gradient), bf16 on
+a GPU; on a CPU (TRITON_INTERPRET=1) fp16 at whatever small shape is given. Exits 0 when every
+stage repeats, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels.gdn.function as gdn_function
+from kernels.gdn import config_overrides, gated_delta_rule_triton, gated_delta_rule_triton_varlen
+
+STAGES = ("gate_cumsum", "intra_solve", "state_forward", "state_groups", "output", "state_backward",
+          "group_backward", "bwd_dqk", "bwd_wy")
+
+Record = list[tuple[str, list[torch.Tensor | None]]]
+
+
+def _tensors(out: object) -> list[torch.Tensor | None]:
+    """The tensors a stage returned (nested tuples flattened), cloned; anything else as None."""
+    if isinstance(out, torch.Tensor):
+        return [out.detach().clone()]
+    if isinstance(out, (tuple, list)):
+        return [t for x in out for t in _tensors(x)]
+    return [None]
+
+
+@contextmanager
+def recorded_stages(record: Record) -> Iterator[None]:
+    """Every stage `kernels.gdn.function` calls appends (name, its outputs) to `record`."""
+    originals = {name: getattr(gdn_function, name) for name in STAGES}
+
+    def wrap(name: str, fn: Callable) -> Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            out = fn(*args, **kwargs)
+            record.append((name, _tensors(out)))
+            return out
+        return call
+
+    for name, fn in originals.items():
+        setattr(gdn_function, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(gdn_function, name, fn)
+
+
+def make_inputs(total: int, hqk: int, hv: int, states: int, dtype: torch.dtype,
+                dev: torch.device) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=dev)
+
+    return {
+        "q": F.normalize(randn(1, total, hqk, 128), dim=-1).to(dtype),
+        "k": F.normalize(randn(1, total, hqk, 128), dim=-1).to(dtype),
+        "v": randn(1, total, hv, 128).to(dtype),
+        "g": F.logsigmoid(randn(1, total, hv) + 2.0),
+        "beta": torch.sigmoid(randn(1, total, hv)).to(dtype),
+        "h0": randn(states, hv, 128, 128) * 0.1,
+        "do": randn(1, total, hv, 128).to(dtype),
+        "dht": randn(states, hv, 128, 128),
+    }
+
+
+def run_once(x: dict[str, torch.Tensor], cu: torch.Tensor | None) -> Record:
+    """One fwd+bwd; the stages' outputs, then the op's outputs and gradients as a last entry."""
+    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
+    args = [leaves[n] for n in ("q", "k", "v", "g", "beta")]
+    record: Record = []
+    with recorded_stages(record):
+        if cu is None:
+            o, ht = gated_delta_rule_triton(*args, initial_state=leaves["h0"], output_final_state=True)
+        else:
+            o, ht = gated_delta_rule_triton_varlen(*args, cu_seqlens=cu, initial_state=leaves["h0"],
+                                                   output_final_state=True)
+        torch.autograd.backward([o, ht], [x["do"], x["dht"]])
+    record.append(("outputs (o, ht, dq, dk, dv, dg, dbeta, dh0)",
+                   [o.detach(), ht.detach(), *(leaves[n].grad for n in ("q", "k", "v", "g", "beta", "h0"))]))
+    return record
+
+
+def compare(first: Record, second: Record) -> list[str]:
+    """One line per stage call whose outputs differ: the call, which outputs, the largest
+    difference."""
+    if [n for n, _ in first] != [n for n, _ in second]:
+        return [f"the runs called different stages: {[n for n, _ in first]} / {[n for n, _ in second]}"]
+    lines = []
+    for i, ((name, a), (_, b)) in enumerate(zip(first, second, strict=True)):
+        pairs = enumerate(zip(a, b, strict=True))
+        bad = [(j, float((x.double() - y.double()).abs().max())) for j, (x, y) in pairs
+               if x is not None and not torch.equal(x, y)]
+        if bad:
+            lines.append(f"call {i} {name}: outputs " + ", ".join(f"#{j} (max {d:.2e})" for j, d in bad))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seq-len", type=int, default=0, help="one dense sequence of this many rows")
+    ap.add_argument("--packed", default="", help="packed sequence lengths, comma-separated")
+    ap.add_argument("--qk-heads", type=int, default=16)
+    ap.add_argument("--v-heads", type=int, default=32)
+    ap.add_argument("--set", default="", help="KernelConfig overrides (JSON)")
+    args = ap.parse_args()
+    if bool(args.seq_len) == bool(args.packed):
+        ap.error("give exactly one of --seq-len N or --packed L1,L2,...")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    lengths = [int(n) for n in args.packed.split(",")] if args.packed else [args.seq_len]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=dev) if args.packed else None
+    x = make_inputs(sum(lengths), args.qk_heads, args.v_heads, len(lengths), dtype, dev)
+    with config_overrides(**(json.loads(args.set) if args.set else {})):
+        first, second = run_once(x, cu), run_once(x, cu)
+    lines = compare(first, second)
+    what = f"packed {args.packed}" if args.packed else f"T={args.seq_len}"
+    shape = f"{what} {args.qk_heads}/{args.v_heads}"
+    print(f"{shape} {args.set or '{}'}: {len(first)} stage calls, "
+          + ("every one bit-identical" if not lines else f"{len(lines)} differ; first: {lines[0]}"))
+    for line in lines[1:]:
+        print("  " + line)
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

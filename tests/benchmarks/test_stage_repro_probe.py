@@ -1,0 +1,37 @@
+"""benchmarks/stage_repro_probe.py under the interpreter: two runs of the packed path at a stride
+record the same stage calls (the group stages included) with the same bits, and a difference in
+one stage's output is named at that stage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import stage_repro_probe as probe
+from gdn.ops import triton_interpreter_on
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() or not triton_interpreter_on(),
+    reason="interpreter tests run on machines without a GPU (TRITON_INTERPRET=1)",
+)
+
+
+def test_two_runs_of_the_packed_strided_path_repeat_stage_by_stage() -> None:
+    from kernels.gdn import config_overrides
+
+    lengths = [1, 63, 0, 65]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = probe.make_inputs(sum(lengths), 1, 2, len(lengths), torch.float16, torch.device("cpu"))
+    with config_overrides(state_stride=2):
+        first, second = probe.run_once(x, cu), probe.run_once(x, cu)
+    names = [name for name, _ in first]
+    assert names[:-1] == ["gate_cumsum", "intra_solve", "state_forward", "state_groups", "state_backward",
+                          "group_backward", "bwd_wy"]
+    assert probe.compare(first, second) == []
+
+    name, outs = second[-2]  # bwd_wy: dk, dv, dbeta, dg
+    changed = outs[2].clone()
+    changed.view(-1)[0] += 1.0
+    second[-2] = (name, [outs[0], outs[1], changed, outs[3]])
+    (line,) = probe.compare(first, second)
+    assert line.startswith("call 6 bwd_wy: outputs #2 (max 1.0")
