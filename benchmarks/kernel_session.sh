@@ -19,7 +19,12 @@
 #                             cut at its limit with what it has written ($OUT/stride.json, fla.json).
 #                             The same Python on a CPU at a tiny shape (TRITON_INTERPRET=1): add
 #                             --dry-run --dtype float16 --seq-lens 65 --qk-heads 1 --v-heads 2
-#          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz)
+#          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz);
+#                             on a fresh machine FLA autotunes ~2.5 min per head layout (fla: cut at 560 s,
+#                             best alone in its call)
+#          repro[:T]          benchmarks/stage_repro_probe.py twice-run comparison, stage by stage, on the
+#                             gdn-op 16K packed batch (or one dense sequence of T rows), Hqk 16 / Hv 32,
+#                             under SET (e.g. SET='{"state_stride": 4}')
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
 #                             (comma-separated config fields; "-" for none), HEADS = Hqk,Hv
@@ -123,7 +128,14 @@ for step in "$@"; do
                 --variant 'stride4={"state_stride":4}' --variant 'stride2={"state_stride":2}'
             setup_fla
             SEEDS="" FLA_FLASH_QLA=0 bench fla 80 fla /tmp/site_fla --seq-lens "$lens" --qk-heads 32,16 --rep 100 ;;
-        fla) setup_fla; FLA_FLASH_QLA=0 bench fla 300 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
+        fla) setup_fla; FLA_FLASH_QLA=0 bench fla 560 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
+        repro)
+            t0=$SECONDS
+            shape=(--packed 1,63,64,65,1000,3000,4096,8095)
+            [ -n "$a" ] && shape=(--seq-len "$a")
+            PYTHONPATH=$ROOT timeout 200 python3 benchmarks/stage_repro_probe.py "${shape[@]}" --qk-heads 16 --v-heads 32 \
+                ${SET:+--set "$SET"} 2>&1 | tee -a "$OUT/repro.log"
+            echo "$step ${SET:-} rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         qla) setup_qla; bench qla 420 flashqla /tmp/site_qla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         prof)
             path=""
