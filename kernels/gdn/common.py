@@ -144,19 +144,6 @@ def inv_unit_lower16(a, PREC: tl.constexpr = "ieee"):
 
 
 @triton.jit
-def a_block(ki, kj, bi, gi, gj, DIAG: tl.constexpr):
-    """16×16 block of A = β_i·(k_i·k_j)·e^{γ_i−γ_j}; strictly lower when DIAG."""
-    kk = tl.dot(ki, tl.trans(kj))
-    diff = gi[:, None] - gj[None, :]
-    if DIAG:
-        r = tl.arange(0, 16)
-        low = r[:, None] > r[None, :]
-        return tl.where(low, bi[:, None] * kk * tl.exp(tl.where(low, diff, 0.0)), 0.0)
-    else:
-        return bi[:, None] * kk * tl.exp(diff)
-
-
-@triton.jit
 def state_next(S, vn, kc, gam, g_last):
     """The state leaving a chunk (the forward walk's step): e^{γ_C}·S + Kᵀ·(e^{γ_C−γ} ⊙ Vn).
     The gate scales the [BT, BV] Vn tile rather than the [BT, D] K tile (a quarter of the
@@ -164,4 +151,3 @@ def state_next(S, vn, kc, gam, g_last):
     <= 1) is rounded to K's dtype, which Wk shares."""
     vg = (vn * tl.exp(g_last - gam)[:, None]).to(kc.dtype)
     return S * tl.exp(g_last) + tl.dot(tl.trans(kc), vg)
-
