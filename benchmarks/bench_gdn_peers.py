@@ -42,9 +42,13 @@ TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 DTYPE = "bfloat16"  # the inputs' dtype (--dtype)
 
 
-def make_inputs(T: int, hqk: int, seed: int, device: Any, lens: list[int] | None = None) -> dict[str, Any]:
+def make_inputs(
+    T: int, hqk: int, seed: int, device: Any, lens: list[int] | None = None, *, hv: int | None = None,
+    dtype: str | None = None,
+) -> dict[str, Any]:
     """The gdn-op suite's inputs: dO and dHT divided by their element count; with `lens` (a
-    packed batch, sum(lens) = T) one h0 / dHT per sequence and the offsets `cu`."""
+    packed batch, sum(lens) = T) one h0 / dHT per sequence and the offsets `cu`. `hv` and
+    `dtype` (a torch dtype's name) default to the run's (--v-heads, --dtype)."""
     import torch
     import torch.nn.functional as F
 
@@ -53,19 +57,20 @@ def make_inputs(T: int, hqk: int, seed: int, device: Any, lens: list[int] | None
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
-    bf = getattr(torch, DTYPE)
+    bf = getattr(torch, dtype or DTYPE)
+    hv = hv or HV
     n = len(lens) if lens else 1
     x = {
         "q": rnd(1, T, hqk, DH).to(bf),
         "k": F.normalize(rnd(1, T, hqk, DH), dim=-1).to(bf),
-        "v": rnd(1, T, HV, DH).to(bf),
-        "g": F.logsigmoid(rnd(1, T, HV) + 2.0),
-        "beta": torch.sigmoid(rnd(1, T, HV)).to(bf),
-        "h0": rnd(n, HV, DH, DH) * 0.1,
+        "v": rnd(1, T, hv, DH).to(bf),
+        "g": F.logsigmoid(rnd(1, T, hv) + 2.0),
+        "beta": torch.sigmoid(rnd(1, T, hv)).to(bf),
+        "h0": rnd(n, hv, DH, DH) * 0.1,
     }
-    do = rnd(1, T, HV, DH)
+    do = rnd(1, T, hv, DH)
     x["do"] = (do / do.numel()).to(bf)
-    dht = rnd(n, HV, DH, DH)
+    dht = rnd(n, hv, DH, DH)
     x["dht"] = dht / dht.numel()
     if lens:
         x["cu"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)

@@ -6,8 +6,9 @@ stage whose outputs differ between the runs, then every differing tensor.
     python3 benchmarks/stage_repro_probe.py --packed 1,63,64,65,1000,3000,4096,8095 \
         --qk-heads 16 --v-heads 32 --set '{"state_stride": 4}'
 
-Dense with --seq-len instead of --packed. Stateful (random h0 and final-state gradient), bf16 on
-a GPU; on a CPU (TRITON_INTERPRET=1) fp16 at whatever small shape is given. Exits 0 when every
+Dense with --seq-len instead of --packed. The gdn-op suite's stateful inputs (seed 0, as
+`bench_gdn_peers.make_inputs` draws them), bf16 on a GPU; on a CPU (TRITON_INTERPRET=1) fp16 at
+whatever small shape is given. Exits 0 when every
 stage repeats, 1 otherwise.
 """
 
@@ -21,11 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.gdn.function as gdn_function
+from benchmarks.bench_gdn_peers import LEAVES, leaves, make_inputs
 from kernels.gdn import config_overrides, gated_delta_rule_triton, gated_delta_rule_triton_varlen
 
 STAGES = ("gate_cumsum", "intra_solve", "state_forward", "state_groups", "output", "state_backward",
@@ -64,39 +65,22 @@ def recorded_stages(record: Record) -> Iterator[None]:
             setattr(gdn_function, name, fn)
 
 
-def make_inputs(total: int, hqk: int, hv: int, states: int, dtype: torch.dtype,
-                dev: torch.device) -> dict[str, torch.Tensor]:
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=dev)
-
-    return {
-        "q": F.normalize(randn(1, total, hqk, 128), dim=-1).to(dtype),
-        "k": F.normalize(randn(1, total, hqk, 128), dim=-1).to(dtype),
-        "v": randn(1, total, hv, 128).to(dtype),
-        "g": F.logsigmoid(randn(1, total, hv) + 2.0),
-        "beta": torch.sigmoid(randn(1, total, hv)).to(dtype),
-        "h0": randn(states, hv, 128, 128) * 0.1,
-        "do": randn(1, total, hv, 128).to(dtype),
-        "dht": randn(states, hv, 128, 128),
-    }
-
-
-def run_once(x: dict[str, torch.Tensor], cu: torch.Tensor | None) -> Record:
-    """One fwd+bwd; the stages' outputs, then the op's outputs and gradients as a last entry."""
-    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
-    args = [leaves[n] for n in ("q", "k", "v", "g", "beta")]
+def run_once(x: dict[str, torch.Tensor]) -> Record:
+    """One fwd+bwd of the inputs of `make_inputs` (packed when they have offsets `cu`); the
+    stages' outputs, then the op's outputs and gradients as a last entry."""
+    cu = x.get("cu")
+    lv = leaves(x)
+    args = [lv[n] for n in ("q", "k", "v", "g", "beta")]
     record: Record = []
     with recorded_stages(record):
         if cu is None:
-            o, ht = gated_delta_rule_triton(*args, initial_state=leaves["h0"], output_final_state=True)
+            o, ht = gated_delta_rule_triton(*args, initial_state=lv["h0"], output_final_state=True)
         else:
-            o, ht = gated_delta_rule_triton_varlen(*args, cu_seqlens=cu, initial_state=leaves["h0"],
+            o, ht = gated_delta_rule_triton_varlen(*args, cu_seqlens=cu, initial_state=lv["h0"],
                                                    output_final_state=True)
         torch.autograd.backward([o, ht], [x["do"], x["dht"]])
     record.append(("outputs (o, ht, dq, dk, dv, dg, dbeta, dh0)",
-                   [o.detach(), ht.detach(), *(leaves[n].grad for n in ("q", "k", "v", "g", "beta", "h0"))]))
+                   [o.detach(), ht.detach(), *(lv[n].grad for n in LEAVES)]))
     return record
 
 
@@ -126,12 +110,12 @@ def main() -> int:
     if bool(args.seq_len) == bool(args.packed):
         ap.error("give exactly one of --seq-len N or --packed L1,L2,...")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
-    lengths = [int(n) for n in args.packed.split(",")] if args.packed else [args.seq_len]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=dev) if args.packed else None
-    x = make_inputs(sum(lengths), args.qk_heads, args.v_heads, len(lengths), dtype, dev)
+    dtype = "bfloat16" if dev.type == "cuda" else "float16"
+    lens = [int(n) for n in args.packed.split(",")] if args.packed else None
+    x = make_inputs(sum(lens) if lens else args.seq_len, args.qk_heads, 0, dev, lens, hv=args.v_heads,
+                    dtype=dtype)
     with config_overrides(**(json.loads(args.set) if args.set else {})):
-        first, second = run_once(x, cu), run_once(x, cu)
+        first, second = run_once(x), run_once(x)
     lines = compare(first, second)
     what = f"packed {args.packed}" if args.packed else f"T={args.seq_len}"
     shape = f"{what} {args.qk_heads}/{args.v_heads}"

@@ -54,6 +54,16 @@ def _gated(kk, bi, gi, gj, DIAG: tl.constexpr):
 
 
 @triton.jit
+def _store_row(tm_base, ti, mi, c0, c1, c2, c3, BT: tl.constexpr):
+    """Row block ti of T [·, 64]: its four 16×16 blocks, columns 0, 16, 32, 48."""
+    s = tl.arange(0, 16)
+    tl.store(tm_base + ti[:, None] * BT + s[None, :], c0, mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 16 + s[None, :], c1, mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 32 + s[None, :], c2, mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 48 + s[None, :], c3, mask=mi[:, None])
+
+
+@triton.jit
 def _intra_t_kernel(
     k_ptr, beta_ptr, gamma_ptr, tm_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC_I: tl.constexpr,
@@ -107,22 +117,10 @@ def _intra_t_kernel(
 
     tm_base = tm_ptr + bh * T * BT
     z = tl.zeros([16, 16], dtype=tl.float32)
-    tl.store(tm_base + t0[:, None] * BT + s[None, :], x0, mask=m0[:, None])
-    tl.store(tm_base + t0[:, None] * BT + 16 + s[None, :], z, mask=m0[:, None])
-    tl.store(tm_base + t0[:, None] * BT + 32 + s[None, :], z, mask=m0[:, None])
-    tl.store(tm_base + t0[:, None] * BT + 48 + s[None, :], z, mask=m0[:, None])
-    tl.store(tm_base + t1[:, None] * BT + s[None, :], t10, mask=m1[:, None])
-    tl.store(tm_base + t1[:, None] * BT + 16 + s[None, :], x1, mask=m1[:, None])
-    tl.store(tm_base + t1[:, None] * BT + 32 + s[None, :], z, mask=m1[:, None])
-    tl.store(tm_base + t1[:, None] * BT + 48 + s[None, :], z, mask=m1[:, None])
-    tl.store(tm_base + t2[:, None] * BT + s[None, :], t20, mask=m2[:, None])
-    tl.store(tm_base + t2[:, None] * BT + 16 + s[None, :], t21, mask=m2[:, None])
-    tl.store(tm_base + t2[:, None] * BT + 32 + s[None, :], x2, mask=m2[:, None])
-    tl.store(tm_base + t2[:, None] * BT + 48 + s[None, :], z, mask=m2[:, None])
-    tl.store(tm_base + t3[:, None] * BT + s[None, :], t30, mask=m3[:, None])
-    tl.store(tm_base + t3[:, None] * BT + 16 + s[None, :], t31, mask=m3[:, None])
-    tl.store(tm_base + t3[:, None] * BT + 32 + s[None, :], t32, mask=m3[:, None])
-    tl.store(tm_base + t3[:, None] * BT + 48 + s[None, :], x3, mask=m3[:, None])
+    _store_row(tm_base, t0, m0, x0, z, z, z, BT)
+    _store_row(tm_base, t1, m1, t10, x1, z, z, BT)
+    _store_row(tm_base, t2, m2, t20, t21, x2, z, BT)
+    _store_row(tm_base, t3, m3, t30, t31, t32, x3, BT)
 
 
 @triton.jit
