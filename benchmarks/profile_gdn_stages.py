@@ -105,6 +105,7 @@ def main() -> None:
             fresh["dw_low"] = dw_low
             fresh["args"] = K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale)
         _, dkp_, dw_, dgam_ = fresh["args"]
+        # grouped heads: bwd_wy carries dk through dkp_ in place (the values drift, the work does not)
         K.bwd_wy(k, v, beta, g.dtype, gamma, tm, dw_, dvn, dkp_, dgam_)
 
     stages = {

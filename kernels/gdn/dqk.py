@@ -10,22 +10,28 @@ from kernels.gdn.common import chunk_span, group_chunks, load_gamma, transpose_v
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
-@triton.jit
+# r is not specialised (Triton would compile r == 1 apart): one compile serves every head but the
+# first and the last of a group.
+@triton.jit(do_not_specialize=["r"])
 def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, groups_ptr, scale,
-    T, NT, NTS, G0, G1, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    T, NT, NTS, G0, G1, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
     VARLEN: tl.constexpr, WAVE: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk, from the per-chunk S and dS'
-    ([B·Hv, NTS, D, D], NTS = NT). WAVE (the group backward, `strided.group_backward`): program j
-    takes the j-th chunk of groups G0 .. G1 (of STRIDE chunks; VARLEN: `groups_ptr`) if the wave
-    has one (else it stores nothing), its S and dS' at slot j of the wave's scratch
-    [B·Hv, NTS, D, D]."""
+    """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk of value head hk·R + r of q/k head
+    b·Hqk + hk (program_id 2), from the per-chunk S and dS' ([B·Hv, NTS, D, D], NTS = NT). A
+    group's heads run one launch each, r = 0 .. R − 1 in order (`dqk_chunk`: dq's running sum
+    passes from launch to launch, so the sum has a fixed order and is bitwise reproducible).
+    WAVE (the group backward, `strided.group_backward`): program j takes the j-th chunk of groups
+    G0 .. G1 (of STRIDE chunks; VARLEN: `groups_ptr`) if the wave has one (else it stores
+    nothing), its S and dS' at slot j of the wave's scratch [B·Hv, NTS, D, D]."""
     j = tl.program_id(0)
     ik = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
+    bhk = tl.program_id(2).to(tl.int64)
+    b, hk = bhk // HQK, bhk % HQK
     if WAVE:
         cw, _cw_end = group_chunks(groups_ptr, G0, NT, STRIDE, VARLEN)
         _cl, ce = group_chunks(groups_ptr, G1 - 1, NT, STRIDE, VARLEN)
@@ -35,11 +41,12 @@ def _bwd_dqk_kernel(
         t0 = tl.where(cw + j < ce, t0, t1)
     else:
         t0, t1 = chunk_span(j, T, spans_ptr, VARLEN, BT)
+    bh = b * HV + hk * R + (r if R > 1 else 0)  # R == 1: no runtime head offset at all
     slot = (bh * NTS + j) * D * D
     dqk_chunk(
         q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + slot, ds_ptr + slot,
-        gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2), t0, t1, T,
-        HQK, HV, R, DQ_HEADS, BT, D, BK, BV,
+        gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2) * R,
+        t0, t1, T, HQK, HV, R, CARRY_IN, CARRY_OUT, BT, D, BK, BV,
     )
 
 
@@ -47,14 +54,17 @@ def _bwd_dqk_kernel(
 def dqk_chunk(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_base, ds_base, gamma_ptr,
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
-    HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, DQ_HEADS: tl.constexpr,
+    HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """bwd_dqk's work for the chunk at rows t0 .. t1 of head bh (of NBH), key columns
+    """bwd_dqk's work for the chunk at rows t0 .. t1 of value head bh (of NBH), key columns
     [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
-    stride D; per-chunk tensors, or the group backward's scratch). Every γ-gradient term is
-    linear in the column split, so each key slice writes its own dγ partial (summed by the WY
-    stage)."""
+    stride D; per-chunk tensors, or the group backward's scratch). dq of a q/k head sums its
+    value heads' terms, carried from one head's launch to the next through the next head's dk
+    tile (fp32, written by nobody else before that head's launch overwrites it): CARRY_IN adds
+    what the previous head left in this head's tile, CARRY_OUT leaves the sum in the next head's
+    tile instead of storing dq. Every γ-gradient term is linear in the column split, so each key
+    slice writes its own dγ partial (summed by the WY stage)."""
     b, h = bh // HV, bh % HV
     hk = h // R
     dkc = ik * BK + tl.arange(0, BK)
@@ -91,6 +101,15 @@ def dqk_chunk(
     eg = tl.exp(gam)
     ekd = tl.exp(g_last - gam)
     dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
+    dk_tile = dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :]
+    if CARRY_IN:
+        dq += tl.load(dk_tile, mask=m[:, None], other=0.0)
+        tl.debug_barrier()  # every warp has read the carry before the transpose overwrites it
+    if CARRY_OUT:
+        tl.store(dk_tile + T * D, dq, mask=m[:, None])
+    else:
+        dq_off = ((b * T + t[:, None]) * HQK + hk) * D + dkc[None, :]
+        tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
     # dpmᵀ through this program's own dk tile (BK >= BT columns; written with dk below)
     dpmt = transpose_via(dk_ptr + (bh * T + t0) * D + ik * BK, dpm, i, m, D)
     dk = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
@@ -99,13 +118,7 @@ def dqk_chunk(
     dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
     last = tl.minimum(t1 - 1 - t0, BT - 1)
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
-    # dq goes straight to [B, T, Hqk, D] when R == 1, else to a per-value-head fp32 buffer.
-    if DQ_HEADS == HQK:
-        dq_off = ((b * T + t[:, None]) * HQK + hk) * D + dkc[None, :]
-    else:
-        dq_off = ((b * T + t[:, None]) * HV + h) * D + dkc[None, :]
-    tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
-    tl.store(dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :], dk, mask=m[:, None])
+    tl.store(dk_tile, dk, mask=m[:, None])
     dw_off = (bh * T + t[:, None]) * D + dkc[None, :]
     tl.store(dw_ptr + dw_off, (-dw_acc).to(dw_ptr.dtype.element_ty), mask=m[:, None])
     tl.store(dgam_ptr + (ik * NBH + bh) * T + t, dgam, mask=m)
@@ -115,21 +128,18 @@ def dqk_buffers(
     q: torch.Tensor, num_v_heads: int, cfg: KernelConfig, BK: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The outputs of bwd_dqk's work (`dqk_chunk`) in key slices of BK columns, uninitialised: dq
-    ([B, T, Hqk, D] in q's dtype when Hv == Hqk, else per value head fp32), the dk partial (fp32,
-    head-major), dWk (q's dtype with cfg.dw_low, else fp32) and the dγ partials [D/BK, B·Hv, T]."""
-    B, T, Hqk, _ = q.shape
-    Hv = num_v_heads
-    R = Hv // Hqk
-    dev = q.device
-    heads = Hqk if R == 1 else Hv
-    dq = torch.empty(B, T, heads, D, device=dev, dtype=q.dtype if R == 1 else torch.float32)
-    dkp = torch.empty(B * Hv, T, D, device=dev, dtype=torch.float32)
-    low_dw = cfg.dw_low and q.dtype != torch.float32
-    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
+    ([B, T, Hqk, D] in q's dtype, summed over each q/k head's value heads), the dk partial (fp32,
+    per value head, head-major), dWk (q's dtype with cfg.dw_low, else fp32) and the dγ partials
+    [D/BK, B·Hv, T]."""
+    B, T, _, _ = q.shape
     if BK < BT or D % BK:
         raise ValueError(f"key slice of {BK} columns: bwd_dqk's work transposes a {BT}x{BT} tile in its "
                          f"dk columns, so it needs at least {BT} columns, and a divisor of {D}")
-    dgam = torch.empty(D // BK, B * Hv, T, device=dev, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    dkp = torch.empty(B * num_v_heads, T, D, device=q.device, dtype=torch.float32)
+    low_dw = cfg.dw_low and q.dtype != torch.float32
+    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
+    dgam = torch.empty(D // BK, B * num_v_heads, T, device=q.device, dtype=torch.float32)
     return dq, dkp, dw, dgam
 
 
@@ -138,20 +148,23 @@ def bwd_dqk(
     ds: torch.Tensor, vn: torch.Tensor, dvn: torch.Tensor, do: torch.Tensor, scale: float,
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq (final when Hv == Hqk, per value head fp32 otherwise), the state/output part of dk
-    (fp32, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
-    `intra_solve`."""
+    """dq (final: [B, T, Hqk, D] in q's dtype), the state/output part of dk (fp32, per value
+    head, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
+    `intra_solve`. With grouped heads (Hv = R·Hqk) R launches, one per value head of every group
+    (`_bwd_dqk_kernel`)."""
     cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
     BK = cfg.dqk_bk
     dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK)
-    _bwd_dqk_kernel[(NT, D // BK, B * Hv)](
-        q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
-        dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
-        spans_ptr=spans if spans is not None else dq, groups_ptr=dq, scale=scale,
-        T=T, NT=NT, NTS=NT, G0=0, G1=0, HQK=Hqk, HV=Hv, R=Hv // Hqk, DQ_HEADS=dq.shape[2],
-        VARLEN=spans is not None, WAVE=False, STRIDE=0, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
-        num_warps=cfg.dqk_warps,
-    )
+    R = Hv // Hqk
+    for r in range(R):
+        _bwd_dqk_kernel[(NT, D // BK, B * Hqk)](
+            q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
+            dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
+            spans_ptr=spans if spans is not None else dq, groups_ptr=dq, scale=scale,
+            T=T, NT=NT, NTS=NT, G0=0, G1=0, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_IN=r > 0, CARRY_OUT=r < R - 1,
+            VARLEN=spans is not None, WAVE=False, STRIDE=0, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
+            num_warps=cfg.dqk_warps,
+        )
     return dq, dkp, dw, dgam

@@ -111,9 +111,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor | None, dht: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         q, k, v, beta, gamma, h0 = ctx.saved_tensors
-        B, T, Hqk, _ = q.shape
         Hv = v.shape[2]
-        R = Hv // Hqk
         do = torch.zeros_like(v) if do is None else do.contiguous().to(v.dtype)
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
@@ -153,9 +151,6 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         del s, ds, vn
         dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans, cfg=cfg)
         del tm, dw, dvn, dkp, dgam
-        if R > 1:
-            dq = dq.view(B, T, Hqk, R, D).sum(3).to(q.dtype)
-            dk = dk.view(B, T, Hqk, R, D).sum(3).to(k.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0.dtype)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None

@@ -180,8 +180,9 @@ def group_backward(
     the fp32 dS' leaving it (`state_backward(stride=...)`), `u` U, overwritten with Vn. No per-chunk
     S or dS' tensor of the sequence exists: the groups go in waves of W (`wave_groups`), and per
     wave `_group_walks_kernel` re-walks S and dS' of its groups into a scratch of W·stride chunk
-    states per head, then `_bwd_dqk_kernel` (bwd_dqk's kernel at its own settings) reads them
-    from there. Packed sequences: `spans` and `groups` as in `state_groups`."""
+    states per head, then `_bwd_dqk_kernel` (bwd_dqk's kernel at its own settings, one launch per
+    value head of a group as in `bwd_dqk`) reads them from there. Packed sequences: `spans` and
+    `groups` as in `state_groups`."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     if stride < 1:
         raise ValueError(f"stride = {stride}: the group backward needs a group of at least 1 chunk")
@@ -190,6 +191,7 @@ def group_backward(
                          f"got spans={spans is not None}, groups={groups is not None}")
     B, T, Hqk, _ = q.shape
     Hv, NT, NG = num_v_heads, num_chunks(T, spans), sb.shape[1]
+    R = Hv // Hqk
     if dsb.shape != sb.shape:
         raise ValueError(f"group gradients {tuple(dsb.shape)} do not match the group states "
                          f"{tuple(sb.shape)}")
@@ -202,15 +204,17 @@ def group_backward(
     common = dict(q_ptr=q, k_ptr=k, do_ptr=do, dvn_ptr=dvn, gamma_ptr=gamma, s_ptr=s, ds_ptr=ds,
                   groups_ptr=groups if groups is not None else w,
                   spans_ptr=spans if spans is not None else w, scale=scale, T=T, NT=NT, NTS=NTS,
-                  HQK=Hqk, HV=Hv, R=Hv // Hqk, STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D)
+                  HQK=Hqk, HV=Hv, R=R, STRIDE=stride, VARLEN=spans is not None, BT=BT, D=D)
     for g0 in range(0, NG, wave):
         g1 = min(g0 + wave, NG)
         _group_walks_kernel[(g1 - g0, 2 * (D // BV), B * Hv)](
             w_ptr=w, u_ptr=u, sb_ptr=sb, dsb_ptr=dsb, NG=NG, G0=g0, BV=BV,
             num_warps=cfg.stride_bwd_warps, num_stages=cfg.stride_bwd_stages, **common,
         )
-        _bwd_dqk_kernel[((g1 - g0) * stride, D // BK, B * Hv)](
-            vn_ptr=u, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam, G0=g0, G1=g1,
-            DQ_HEADS=dq.shape[2], WAVE=True, BK=BK, BV=cfg.dqk_bv, num_warps=cfg.dqk_warps, **common,
-        )
+        for r in range(R):
+            _bwd_dqk_kernel[((g1 - g0) * stride, D // BK, B * Hqk)](
+                vn_ptr=u, dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam, G0=g0, G1=g1, r=r,
+                CARRY_IN=r > 0, CARRY_OUT=r < R - 1, WAVE=True, BK=BK, BV=cfg.dqk_bv,
+                num_warps=cfg.dqk_warps, **common,
+            )
     return dq, dkp, dw, dgam

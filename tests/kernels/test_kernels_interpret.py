@@ -31,6 +31,7 @@ CASES = [
     (64, (2, 4), torch.float32, False, True),
     (65, (2, 4), torch.float32, True, True),
     (65, (1, 1), torch.float16, False, True),
+    (65, (1, 3), torch.float32, True, True),  # a group's middle value head: dq, dk carried in and out
     pytest.param((200, (2, 4), torch.float16, True, True), marks=pytest.mark.slow),  # the longest
     (200, (1, 1), torch.float32, False, False),
 ]
@@ -50,6 +51,7 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
     "case,over",
     [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
      ((65, (2, 4), torch.float16, True, True), {"state_stride": 1}),
+     ((65, (1, 3), torch.float32, False, True), {"state_stride": 1}),
      pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
