@@ -30,7 +30,6 @@ SWEEP: list[tuple[str, str, list[int | str]]] = [
     ("groups_o", "stride_warps", [4, 8]),
     ("groups_o", "stride_stages", [1, 2, 3]),
     ("intra", "intra_warps", [1, 2, 4, 8]),
-    ("intra", "intra_maxnreg", [0, 128, 168, 200]),
     ("intra", "intra_bk", [32, 64, 128]),
     ("intra", "intra_wu_bd", [64, 128]),
     ("intra", "intra_wu_warps", [4, 8]),

@@ -55,10 +55,6 @@ class KernelConfig:
     # program at intra_wu_warps. One warp: the sm_90 census's fewest warp-instructions (6536 per
     # program against 12736 at 4 warps), no barriers between warps.
     intra_warps: int = 1
-    # A register cap for T's kernel (0: the compiler's choice, 255 at one warp, 8 programs per SM).
-    # Fewer registers admit more programs per SM to hide its chain's latency, at more spills
-    # (sm_90 census: 128 registers spill 1032 B, 168 spill 672 B, against 176 B uncapped).
-    intra_maxnreg: int = 0
     intra_bk: int = 128
     intra_wu_bd: int = 64
     intra_wu_warps: int = 4

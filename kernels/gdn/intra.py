@@ -183,8 +183,7 @@ def intra_solve(
     _intra_t_kernel[(nc, B * Hv)](
         k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
         R=Hv // Hqk, PREC=prec, PREC_I=dot_precision(cfg, k.dtype, "inv"), VARLEN=spans is not None,
-        BT=BT, D=D, BK=cfg.intra_bk,
-        num_warps=cfg.intra_warps, maxnreg=cfg.intra_maxnreg or None,
+        BT=BT, D=D, BK=cfg.intra_bk, num_warps=cfg.intra_warps,
     )
     _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
         k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
