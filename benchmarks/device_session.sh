@@ -40,7 +40,7 @@ for step in "${steps[@]}"; do
         precision)
             # at most 8 files come back from the device: JSON and tuning files stay in /tmp
             for mode in tf32x3 ieee; do
-                echo "{\"f32_dot\": \"$mode\", \"f32_dot_wu\": \"\", \"f32_dot_wy_dt\": \"\", \"f32_dot_wy_da\": \"\", \"f32_dot_wy_dx\": \"\"}" \
+                echo "{\"f32_dot\": \"$mode\", \"f32_dot_tm\": \"\", \"f32_dot_wu\": \"\", \"f32_dot_wy_dt\": \"\", \"f32_dot_wy_da\": \"\", \"f32_dot_wy_dx\": \"\"}" \
                     >"/tmp/tuning_$mode.json"
                 run_step "precision_$mode" 40 python3 benchmarks/run_suite.py --preset full --device cuda \
                     --out "/tmp/precision_$mode.json" --only T8192_stateless_hqk32 --set timing=False \
@@ -108,7 +108,7 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
             for v in wu,wy_dx,wy_dt wy_da wu,wy_dx; do
                 python3 -c 'import json, sys
 tf32 = sys.argv[1].split(",")
-print(json.dumps({f"f32_dot_{g}": "tf32" if g in tf32 else "tf32x3" for g in ("wu", "wy_dt", "wy_da", "wy_dx")}))' \
+print(json.dumps({f"f32_dot_{g}": "tf32" if g in tf32 else "tf32x3" for g in ("tm", "wu", "wy_dt", "wy_da", "wy_dx")}))' \
                     "$v" >"/tmp/tuning_$v.json"
                 LOGDIR=/tmp run_step "prec_$v" 45 python3 benchmarks/run_suite.py --preset full --device cuda \
                     --out "/tmp/prec_$v.json" --only T8192_stateless_hqk32 --set "backends=('triton',)" \

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-GROUPS = ("wu", "wy_dt", "wy_da", "wy_dx")
+GROUPS = ("tm", "wu", "wy_dt", "wy_da", "wy_dx")
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 TRUNCATE = False
 

@@ -29,13 +29,15 @@ class KernelConfig:
     sweeps them."""
 
     # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee" | "hf32": Ascend's
-    # counterpart of tf32 | "low": both operands rounded to the input dtype), per group: intra Wk/U
-    # products (wu), and in the WY
+    # counterpart of tf32 | "low": both operands rounded to the input dtype), per group: intra T's
+    # block merge (tm) and Wk/U products (wu; also "split": T as a high and a low part in the input
+    # dtype, two products with the exact K or V tile), and in the WY
     # backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da) and the Tᵀ/dA applications that give
     # dk, dv (wy_dx); "" = f32_dot. H200, 16K/64K: the three WY groups "low" cut fwd+bwd from
     # 5.58/21.87 to 4.13/16.05 ms with the worst error 3.27e-3/3.65e-3 -> 3.34e-3/3.66e-3; wu "low"
     # raised o's error 3.08e-3 -> 3.48e-3 for no time (docs/kernels.md, "Precision").
     f32_dot: str = "tf32x3"
+    f32_dot_tm: str = "tf32"
     f32_dot_wu: str = "tf32"
     # The intra solve's four 16×16 inverses (product form): tf32x3 on the tensor cores (fp32-level
     # accuracy; 6 barriers instead of 56 at one warp in the sm_90 census) or IEEE fp32 on the CUDA
@@ -52,11 +54,13 @@ class KernelConfig:
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
     # The intra solve: T's kernel (small tiles in a serial chain) at intra_warps, its K·Kᵀ blocks
     # summed over key slices of intra_bk columns; Wk and U's kernel over intra_wu_bd columns per
-    # program at intra_wu_warps. One warp: the sm_90 census's fewest warp-instructions (6536 per
-    # program against 12736 at 4 warps), no barriers between warps.
+    # program (T read once per program) in products of intra_wu_bs columns, at intra_wu_warps.
+    # One warp: the sm_90 census's fewest warp-instructions (6536 per program against 12736 at 4
+    # warps), no barriers between warps.
     intra_warps: int = 1
     intra_bk: int = 128
     intra_wu_bd: int = 64
+    intra_wu_bs: int = 64
     intra_wu_warps: int = 4
     output_warps: int = 4
     out_bv: int = 64
@@ -117,7 +121,7 @@ DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32), the
 # intra inverses and the segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy).
 # tests/kernels/test_kernels_ascend.py lowers every launch with these fields.
-NPU_FIELDS = {"f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee"}
+NPU_FIELDS = {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee"}
 
 _OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 
@@ -153,9 +157,11 @@ def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     prec = str(getattr(cfg, f"f32_dot_{group}") or cfg.f32_dot)
     if prec == "low" and group != "scan":
         return "bf16" if dtype == torch.bfloat16 else "fp16"
+    if prec == "split" and group == "wu":
+        return "bf16x2" if dtype == torch.bfloat16 else "fp16x2"
     if prec not in ("tf32", "tf32x3", "ieee", "hf32"):
         raise ValueError(f"f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee, hf32"
-                         f"{'' if group == 'scan' else ' or low'}")
+                         f"{'' if group == 'scan' else ' or low'}{' or split' if group == 'wu' else ''}")
     return prec
 
 

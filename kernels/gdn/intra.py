@@ -128,11 +128,13 @@ def _intra_wu_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
     PREC: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BS: tl.constexpr,
 ):
-    """Columns dcol of Wk = (T·diag(β e^γ))·K and U = (T·diag(β))·V for one chunk: the factors
-    scale T's 64 columns rather than the [64, BD] K and V tiles."""
+    """Columns [BD·j, BD·j + BD) of Wk = (T·diag(β e^γ))·K and U = (T·diag(β))·V for one chunk, in
+    products of BS columns: T is read once per program, and the factors scale T's 64 columns
+    rather than the [64, BS] K and V tiles."""
     c = tl.program_id(0)
-    dcol = tl.program_id(1) * BD + tl.arange(0, BD)
+    d0 = tl.program_id(1) * BD
     bh = tl.program_id(2).to(tl.int64)
     b, h = bh // HV, bh % HV
     hk = h // R
@@ -145,16 +147,19 @@ def _intra_wu_kernel(
     bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
+    tw = tmat * (bt * tl.exp(gt))[None, :]
+    tu = tmat * bt[None, :]
     k_rows = (b * T + t[:, None]) * HQK * D + hk * D
-    kt = tl.load(k_ptr + k_rows + dcol[None, :], mask=m[:, None], other=0.0)
-    wk = mm(tmat * (bt * tl.exp(gt))[None, :], kt.to(tl.float32), PREC)
-    out = (bh * T + t[:, None]) * D + dcol[None, :]
-    tl.store(w_ptr + out, wk.to(w_ptr.dtype.element_ty), mask=m[:, None])
-    if STORE_U:
-        v_rows = (b * T + t[:, None]) * HV * D + h * D
-        vt = tl.load(v_ptr + v_rows + dcol[None, :], mask=m[:, None], other=0.0)
-        ut = mm(tmat * bt[None, :], vt.to(tl.float32), PREC)
-        tl.store(u_ptr + out, ut.to(u_ptr.dtype.element_ty), mask=m[:, None])
+    v_rows = (b * T + t[:, None]) * HV * D + h * D
+    for s0 in tl.static_range(0, BD, BS):
+        dcol = d0 + s0 + tl.arange(0, BS)
+        out = (bh * T + t[:, None]) * D + dcol[None, :]
+        kt = tl.load(k_ptr + k_rows + dcol[None, :], mask=m[:, None], other=0.0)
+        tl.store(w_ptr + out, mm(tw, kt.to(tl.float32), PREC).to(w_ptr.dtype.element_ty), mask=m[:, None])
+        if STORE_U:
+            vt = tl.load(v_ptr + v_rows + dcol[None, :], mask=m[:, None], other=0.0)
+            tl.store(u_ptr + out, mm(tu, vt.to(tl.float32), PREC).to(u_ptr.dtype.element_ty),
+                     mask=m[:, None])
 
 
 def intra_solve(
@@ -180,15 +185,18 @@ def intra_solve(
     u = torch.empty_like(w) if v is not None else None
     tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32)
     table = spans if spans is not None else w
+    if D % cfg.intra_wu_bd or cfg.intra_wu_bd % cfg.intra_wu_bs:
+        raise ValueError(f"intra_wu_bd = {cfg.intra_wu_bd}, intra_wu_bs = {cfg.intra_wu_bs}: expected "
+                         f"intra_wu_bd to divide D = {D} and intra_wu_bs to divide intra_wu_bd")
     _intra_t_kernel[(nc, B * Hv)](
         k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
-        R=Hv // Hqk, PREC=prec, PREC_I=dot_precision(cfg, k.dtype, "inv"), VARLEN=spans is not None,
-        BT=BT, D=D, BK=cfg.intra_bk, num_warps=cfg.intra_warps,
+        R=Hv // Hqk, PREC=dot_precision(cfg, k.dtype, "tm"), PREC_I=dot_precision(cfg, k.dtype, "inv"),
+        VARLEN=spans is not None, BT=BT, D=D, BK=cfg.intra_bk, num_warps=cfg.intra_warps,
     )
     _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
         k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
         u_ptr=u if u is not None else w, spans_ptr=table, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
         STORE_U=v is not None, PREC=prec, VARLEN=spans is not None, BT=BT, D=D, BD=cfg.intra_wu_bd,
-        num_warps=cfg.intra_wu_warps,
+        BS=cfg.intra_wu_bs, num_warps=cfg.intra_wu_warps,
     )
     return w, u, tm if store_t else None

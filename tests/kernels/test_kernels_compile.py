@@ -433,7 +433,8 @@ def test_npu_device_gets_the_npu_fields() -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert gdn_config.NPU_FIELDS == {"f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee"}
+    assert gdn_config.NPU_FIELDS == {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee",
+                                     "f32_dot_scan": "ieee"}
 
 
 def test_dot_precision_of_the_scan_and_hf32() -> None:
