@@ -150,8 +150,10 @@ def config_overrides(**fields: Any) -> Iterator[None]:
 def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
     half-precision inputs cfg.f32_dot_<group>, else cfg.f32_dot ("tf32" | "tf32x3" | "ieee" |
-    "hf32" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products).
-    The scan group ("scan") multiplies fp32 maps whatever the inputs: always cfg.f32_dot_scan."""
+    "hf32" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products |
+    "split", for "wu" only: the first operand as a high and a low part of the input dtype, the
+    second exact in it). The scan group ("scan") multiplies fp32 maps whatever the inputs: always
+    cfg.f32_dot_scan."""
     if dtype == torch.float32 and group != "scan":
         return "ieee"
     prec = str(getattr(cfg, f"f32_dot_{group}") or cfg.f32_dot)
@@ -160,8 +162,9 @@ def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     if prec == "split" and group == "wu":
         return "bf16x2" if dtype == torch.bfloat16 else "fp16x2"
     if prec not in ("tf32", "tf32x3", "ieee", "hf32"):
-        raise ValueError(f"f32_dot_{group} = {prec!r}; expected tf32, tf32x3, ieee, hf32"
-                         f"{'' if group == 'scan' else ' or low'}{' or split' if group == 'wu' else ''}")
+        accepted = ["tf32", "tf32x3", "ieee", "hf32"]
+        accepted += ["low"] * (group != "scan") + ["split"] * (group == "wu")
+        raise ValueError(f"f32_dot_{group} = {prec!r}; expected {', '.join(accepted[:-1])} or {accepted[-1]}")
     return prec
 
 
