@@ -179,15 +179,14 @@ def intra_solve(
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
+    if D % cfg.intra_wu_bd or cfg.intra_wu_bd % cfg.intra_wu_bs:
+        raise ValueError(f"intra_wu_bd = {cfg.intra_wu_bd}, intra_wu_bs = {cfg.intra_wu_bs}: expected "
+                         f"intra_wu_bd to divide D = {D} and intra_wu_bs to divide intra_wu_bd")
     nc = num_chunks(T, spans)
-    prec = dot_precision(cfg, k.dtype, "wu")
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
     tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32)
     table = spans if spans is not None else w
-    if D % cfg.intra_wu_bd or cfg.intra_wu_bd % cfg.intra_wu_bs:
-        raise ValueError(f"intra_wu_bd = {cfg.intra_wu_bd}, intra_wu_bs = {cfg.intra_wu_bs}: expected "
-                         f"intra_wu_bd to divide D = {D} and intra_wu_bs to divide intra_wu_bd")
     _intra_t_kernel[(nc, B * Hv)](
         k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
         R=Hv // Hqk, PREC=dot_precision(cfg, k.dtype, "tm"), PREC_I=dot_precision(cfg, k.dtype, "inv"),
@@ -196,7 +195,7 @@ def intra_solve(
     _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
         k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
         u_ptr=u if u is not None else w, spans_ptr=table, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
-        STORE_U=v is not None, PREC=prec, VARLEN=spans is not None, BT=BT, D=D, BD=cfg.intra_wu_bd,
-        BS=cfg.intra_wu_bs, num_warps=cfg.intra_wu_warps,
+        STORE_U=v is not None, PREC=dot_precision(cfg, k.dtype, "wu"), VARLEN=spans is not None,
+        BT=BT, D=D, BD=cfg.intra_wu_bd, BS=cfg.intra_wu_bs, num_warps=cfg.intra_wu_warps,
     )
     return w, u, tm if store_t else None
