@@ -73,7 +73,10 @@ def main() -> int:
         import kernels.gdn as kernels_gdn
 
         tuning = json.loads(Path(args.tuning).read_text())
-        kernels_gdn.config_overrides(**tuning).__enter__()  # for every call of this run
+        # for every call of this run; held in a name: a dropped context manager's generator is
+        # closed when collected, which would undo the overrides at once
+        whole_run = kernels_gdn.config_overrides(**tuning)
+        whole_run.__enter__()
 
     from gdn import device as devices
 
