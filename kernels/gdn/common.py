@@ -112,24 +112,11 @@ def transpose_via(base, x, i, m, row_stride):
 
 
 @triton.jit
-def _mm_split(a, b, DT: tl.constexpr):
-    """a·b with a as a high and a low part of type DT and b rounded to DT: two products."""
-    hi = a.to(DT)
-    b_dt = b.to(DT)
-    return tl.dot((a - hi.to(tl.float32)).to(DT), b_dt, tl.dot(hi, b_dt))
-
-
-@triton.jit
 def mm(a, b, PREC: tl.constexpr):
     """a·b of fp32 tiles at one group's precision: "bf16" / "fp16" round both operands to that type
-    (tensor cores, fp32 accumulation); "bf16x2" / "fp16x2" split a into a high and a low part of
-    that type and b rounds to it (two products; for a b that is exact in that type, e.g. an input
-    tile, a is kept to ~16 bits); otherwise Triton's input_precision ("tf32", "tf32x3", "ieee")."""
-    if PREC == "bf16x2":
-        return _mm_split(a, b, tl.bfloat16)
-    elif PREC == "fp16x2":
-        return _mm_split(a, b, tl.float16)
-    elif PREC == "bf16":
+    (tensor cores, fp32 accumulation); otherwise Triton's input_precision ("tf32", "tf32x3",
+    "ieee")."""
+    if PREC == "bf16":
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     elif PREC == "fp16":
         return tl.dot(a.to(tl.float16), b.to(tl.float16))

@@ -30,15 +30,15 @@ class KernelConfig:
 
     # Dots on fp32 operands for half-precision inputs ("tf32" | "tf32x3" | "ieee" | "hf32": Ascend's
     # counterpart of tf32 | "low": both operands rounded to the input dtype), per group: intra T's
-    # block merge (tm) and Wk/U products (wu; also "split": T as a high and a low part in the input
-    # dtype, two products with the exact K or V tile), and in the WY
-    # backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da) and the Tᵀ/dA applications that give
-    # dk, dv (wy_dx); "" = f32_dot. H200, 16K/64K: the three WY groups "low" cut fwd+bwd from
-    # 5.58/21.87 to 4.13/16.05 ms with the worst error 3.27e-3/3.65e-3 -> 3.34e-3/3.66e-3; wu "low"
-    # raised o's error 3.08e-3 -> 3.48e-3 for no time (docs/kernels.md, "Precision").
+    # block merge (tm) and Wk/U products (wu: T·diag rounded to the input dtype times the exact K
+    # or V tile), and in the WY backward the dT sums (wy_dt), dA = -Tᵀ·dT·Tᵀ (wy_da) and the Tᵀ/dA
+    # applications that give dk, dv (wy_dx); "" = f32_dot. H200, 16K/64K: the three WY groups
+    # "low" cut fwd+bwd from 5.58/21.87 to 4.13/16.05 ms with the worst error 3.27e-3/3.65e-3 ->
+    # 3.34e-3/3.66e-3; H200 32K, wu "low" (with intra_wu_bd 128): the intra stage 1.05 -> 0.72 ms,
+    # worst error over 3 seeds 3.40e-3 -> 3.55e-3 (docs/kernels.md, "Precision").
     f32_dot: str = "tf32x3"
     f32_dot_tm: str = "tf32"
-    f32_dot_wu: str = "tf32"
+    f32_dot_wu: str = "low"
     # The intra solve's four 16×16 inverses (product form): tf32x3 on the tensor cores (fp32-level
     # accuracy; 6 barriers instead of 56 at one warp in the sm_90 census) or IEEE fp32 on the CUDA
     # cores. H200 32K: the intra stage 1.093 -> 1.048 ms, worst error unchanged (docs/kernels.md).
@@ -54,13 +54,13 @@ class KernelConfig:
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
     # The intra solve: T's kernel (small tiles in a serial chain) at intra_warps, its K·Kᵀ blocks
     # summed over key slices of intra_bk columns; Wk and U's kernel over intra_wu_bd columns per
-    # program (T read once per program) in products of intra_wu_bs columns, at intra_wu_warps.
+    # program (T read once per program; 128: one program per chunk, 0.752 -> 0.720 ms for the
+    # intra stage at H200 32K) in products of at most 64 columns, at intra_wu_warps.
     # One warp: the sm_90 census's fewest warp-instructions (6536 per program against 12736 at 4
     # warps), no barriers between warps.
     intra_warps: int = 1
     intra_bk: int = 128
-    intra_wu_bd: int = 64
-    intra_wu_bs: int = 64
+    intra_wu_bd: int = 128
     intra_wu_warps: int = 4
     output_warps: int = 4
     out_bv: int = 64
@@ -150,20 +150,17 @@ def config_overrides(**fields: Any) -> Iterator[None]:
 def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
     half-precision inputs cfg.f32_dot_<group>, else cfg.f32_dot ("tf32" | "tf32x3" | "ieee" |
-    "hf32" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products |
-    "split", for "wu" only: the first operand as a high and a low part of the input dtype, the
-    second exact in it). The scan group ("scan") multiplies fp32 maps whatever the inputs: always
+    "hf32" | "low": both operands rounded to the input dtype, as bf16/fp16 tensor-core products).
+    The scan group ("scan") multiplies fp32 maps whatever the inputs: always
     cfg.f32_dot_scan."""
     if dtype == torch.float32 and group != "scan":
         return "ieee"
     prec = str(getattr(cfg, f"f32_dot_{group}") or cfg.f32_dot)
     if prec == "low" and group != "scan":
         return "bf16" if dtype == torch.bfloat16 else "fp16"
-    if prec == "split" and group == "wu":
-        return "bf16x2" if dtype == torch.bfloat16 else "fp16x2"
     if prec not in ("tf32", "tf32x3", "ieee", "hf32"):
         accepted = ["tf32", "tf32x3", "ieee", "hf32"]
-        accepted += ["low"] * (group != "scan") + ["split"] * (group == "wu")
+        accepted += ["low"] * (group != "scan")
         raise ValueError(f"f32_dot_{group} = {prec!r}; expected {', '.join(accepted[:-1])} or {accepted[-1]}")
     return prec
 

@@ -447,10 +447,10 @@ def test_dot_precision_of_the_scan_and_hf32() -> None:
     assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="hf32"), torch.float32, "wu") == "ieee"
     with pytest.raises(ValueError, match=r"f32_dot_scan = 'low'; expected tf32, tf32x3, ieee or hf32$"):
         gdn_config.dot_precision(cfg.replace(f32_dot_scan="low"), torch.bfloat16, "scan")
-    with pytest.raises(ValueError, match=r"f32_dot_tm = 'split'; expected tf32, tf32x3, ieee, hf32 or low$"):
-        gdn_config.dot_precision(cfg.replace(f32_dot_tm="split"), torch.bfloat16, "tm")
-    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="split"), torch.bfloat16, "wu") == "bf16x2"
-    assert gdn_config.dot_precision(cfg.replace(f32_dot_wu="split"), torch.float16, "wu") == "fp16x2"
+    with pytest.raises(ValueError, match=r"f32_dot_wu = 'split'; expected tf32, tf32x3, ieee, hf32 or low$"):
+        gdn_config.dot_precision(cfg.replace(f32_dot_wu="split"), torch.bfloat16, "wu")
+    assert gdn_config.dot_precision(cfg, torch.bfloat16, "wu") == "bf16"
+    assert gdn_config.dot_precision(cfg, torch.float16, "wu") == "fp16"
 
 
 if __name__ == "__main__":
