@@ -65,10 +65,7 @@ def main() -> None:
     from kernels.gdn.strided import group_backward, state_groups
 
     best: dict[str, object] = json.loads(args.set) if args.set else {}
-    # for the whole run (the sweep nests its own inside); held in a name: a dropped context
-    # manager's generator is closed when collected, which would undo the overrides at once
-    whole_run = K.config_overrides(**best)
-    whole_run.__enter__()
+    K.override_for_run(**best)  # for the whole run; the sweep nests its own inside
     torch.manual_seed(0)
     B, T, Hq, Hv, D = 1, args.seq_len, args.qk_heads, args.v_heads, 128
     dev, bf = "cuda", torch.bfloat16

@@ -73,10 +73,7 @@ def main() -> int:
         import kernels.gdn as kernels_gdn
 
         tuning = json.loads(Path(args.tuning).read_text())
-        # for every call of this run; held in a name: a dropped context manager's generator is
-        # closed when collected, which would undo the overrides at once
-        whole_run = kernels_gdn.config_overrides(**tuning)
-        whole_run.__enter__()
+        kernels_gdn.override_for_run(**tuning)  # for every call of this run
 
     from gdn import device as devices
 

@@ -22,7 +22,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
 The algebra and the measurements behind the settings are in docs/kernels.md.
 """
 
-from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config
+from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config, override_for_run
 from kernels.gdn.dqk import bwd_dqk
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.function import GatedDeltaRuleFunction, gated_delta_rule_triton
@@ -50,6 +50,7 @@ __all__ = [
     "intra_solve",
     "kernel_config",
     "output",
+    "override_for_run",
     "segment_forward_summary",
     "segment_scan",
     "state_backward",

@@ -147,6 +147,14 @@ def config_overrides(**fields: Any) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
+def override_for_run(**fields: Any) -> None:
+    """A script's --set: these fields on top of the defaults for every later call in this context,
+    with no undo. (Entering `config_overrides` by hand does not do this: once its context manager
+    is dropped, the generator is closed and the overrides reset.)"""
+    DEFAULT.replace(**fields)
+    _OVERRIDES.set((*_OVERRIDES.get(), *fields.items()))
+
+
 def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
     """Precision of one group's dots on fp32 operands: IEEE fp32 for fp32 inputs; for
     half-precision inputs cfg.f32_dot_<group>, else cfg.f32_dot ("tf32" | "tf32x3" | "ieee" |

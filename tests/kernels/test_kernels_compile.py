@@ -453,6 +453,25 @@ def test_dot_precision_of_the_scan_and_hf32() -> None:
     assert gdn_config.dot_precision(cfg, torch.float16, "wu") == "fp16"
 
 
+def test_override_for_run_lasts_and_stays_in_its_context() -> None:
+    """A script's --set: the fields hold for every later call of the run (also after a garbage
+    collection, which undoes a dropped `config_overrides`), only in the context that set them;
+    an unknown field is refused with its name."""
+    import contextvars
+    import gc
+
+    def run() -> tuple[int, str]:
+        gdn_config.override_for_run(intra_wu_bd=64, f32_dot_wu="tf32")
+        gc.collect()
+        cfg = gdn_config.kernel_config(torch.bfloat16)
+        return cfg.intra_wu_bd, cfg.f32_dot_wu
+
+    assert contextvars.copy_context().run(run) == (64, "tf32")
+    assert gdn_config.kernel_config(torch.bfloat16) == gdn_config.DEFAULT
+    with pytest.raises(ValueError, match="intra_wu_bs"):
+        contextvars.copy_context().run(gdn_config.override_for_run, intra_wu_bs=32)
+
+
 if __name__ == "__main__":
     table = {}
     chosen = DTYPES if "--full" in sys.argv else COMPILED_DTYPES
