@@ -22,7 +22,7 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
 The algebra and the measurements behind the settings are in docs/kernels.md.
 """
 
-from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config, override_for_run
+from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config, override_for_run, t_dtype
 from kernels.gdn.dqk import bwd_dqk
 from kernels.gdn.dvn_local import dvn_local
 from kernels.gdn.function import GatedDeltaRuleFunction, gated_delta_rule_triton
@@ -57,4 +57,5 @@ __all__ = [
     "state_forward",
     "state_segments",
     "state_summary",
+    "t_dtype",
 ]

@@ -76,6 +76,11 @@ class KernelConfig:
     # loaded K tile as both operands of a pipelined product.
     wy_stages: int = 1
     dw_low: bool = True  # bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
+    # T kept in fp16 instead of fp32 for half-precision inputs: half the bytes, and 3 more mantissa
+    # bits than bf16, so Wk/U's products of the scaled T and the WY backward's "low" products
+    # keep the accuracy of an fp32 T (|T| stayed <= 1 for unit keys and β in [0, 1] under an
+    # adversarial search, <= 2 for β up to 2; docs/kernels.md, "Precision").
+    t_fp16: bool = True
     # States at a stride (`strided`): the forward walk stores S only at every state_stride-th
     # chunk boundary (fp32) and chunk-group programs re-walk their chunks from it to form O; the
     # forward keeps those group states and U, and the backward re-walks S and dS' per group and
@@ -171,6 +176,11 @@ def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
         accepted += ["low"] * (group != "scan")
         raise ValueError(f"f32_dot_{group} = {prec!r}; expected {', '.join(accepted[:-1])} or {accepted[-1]}")
     return prec
+
+
+def t_dtype(cfg: KernelConfig, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the intra solve keeps T in for inputs of `dtype` (cfg.t_fp16)."""
+    return torch.float16 if cfg.t_fp16 and dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def num_chunks(T: int, spans: torch.Tensor | None = None) -> int:

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import chunk_span, inv_unit_lower16, mm
-from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks, t_dtype
 
 # Columns per Wk/U product inside a program (H200 32K, intra_wu_bd 128: the intra stage 0.720 ms
 # at 64 columns, 0.847 at 32).
@@ -61,10 +61,11 @@ def _gated(kk, bi, gi, gj, DIAG: tl.constexpr):
 def _store_row(tm_base, ti, mi, c0, c1, c2, c3, BT: tl.constexpr):
     """Row block ti of T [·, 64]: its four 16×16 blocks, columns 0, 16, 32, 48."""
     s = tl.arange(0, 16)
-    tl.store(tm_base + ti[:, None] * BT + s[None, :], c0, mask=mi[:, None])
-    tl.store(tm_base + ti[:, None] * BT + 16 + s[None, :], c1, mask=mi[:, None])
-    tl.store(tm_base + ti[:, None] * BT + 32 + s[None, :], c2, mask=mi[:, None])
-    tl.store(tm_base + ti[:, None] * BT + 48 + s[None, :], c3, mask=mi[:, None])
+    ty = tm_base.dtype.element_ty
+    tl.store(tm_base + ti[:, None] * BT + s[None, :], c0.to(ty), mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 16 + s[None, :], c1.to(ty), mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 32 + s[None, :], c2.to(ty), mask=mi[:, None])
+    tl.store(tm_base + ti[:, None] * BT + 48 + s[None, :], c3.to(ty), mask=mi[:, None])
 
 
 @triton.jit
@@ -73,8 +74,8 @@ def _intra_t_kernel(
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC_I: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
 ):
-    """T of one chunk into tm [B·Hv, T, 64] fp32 (row = token, column = position in its chunk;
-    zeros above the diagonal blocks)."""
+    """T of one chunk into tm [B·Hv, T, 64] in `t_dtype` (row = token, column = position in its
+    chunk; zeros above the diagonal blocks)."""
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HV, bh % HV
@@ -148,6 +149,7 @@ def _intra_wu_kernel(
     t = r0 + j
     m = t < r1
     tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + j[None, :], mask=m[:, None], other=0.0)
+    tmat = tmat.to(tl.float32)
     bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
@@ -177,9 +179,9 @@ def intra_solve(
     spans: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] fp32 if asked
-    (always formed: the second kernel reads it). `spans`: the chunk table of packed sequences
-    (`chunks.ChunkTable`); rows stay packed."""
+    """Wk [B·Hv, T, D] and U (None when v is None) in k's dtype, and T [B·Hv, T, 64] in
+    `t_dtype` if asked (always formed: the second kernel reads it). `spans`: the chunk table of
+    packed sequences (`chunks.ChunkTable`); rows stay packed."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv = num_v_heads
@@ -188,7 +190,7 @@ def intra_solve(
     nc = num_chunks(T, spans)
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
-    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=torch.float32)
+    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=t_dtype(cfg, k.dtype))
     table = spans if spans is not None else w
     _intra_t_kernel[(nc, B * Hv)](
         k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,

@@ -41,7 +41,7 @@ def _bwd_wy_kernel(
     gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     eg = tl.exp(gam)
     bg = beta * eg
-    tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
+    tm = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0).to(tl.float32)
     tmt = tl.trans(tm)
     d_t = tl.zeros([BT, BT], dtype=tl.float32)
     kk = tl.zeros([BT, BT], dtype=tl.float32)

@@ -532,3 +532,32 @@ def test_intra_solve_column_split_is_exact_and_checked(x, ref) -> None:
     refused = pytest.raises(ValueError, match="intra_wu_bd = 48")
     with config_overrides(intra_wu_bd=48), refused:
         intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
+
+
+def test_t_fp16_keeps_t_rounded_and_leaves_the_low_wy_backward_unchanged(x, ref) -> None:
+    """fp16 inputs: with t_fp16, T is kept as the fp16 rounding of the fp32 T (half the bytes); Wk
+    and U scale that rounded T (within a few fp16 roundings of the fp32-T ones); the WY
+    backward's "low" products round T to fp16 anyway, so its gradients are bitwise those of the
+    fp32 T. bf16 inputs keep T in fp16 too, fp32 inputs in fp32."""
+    from kernels.gdn import bwd_wy, config_overrides, intra_solve, kernel_config, t_dtype
+
+    gen = torch.Generator().manual_seed(14)
+    gamma = ref["gam"].float()
+    k, v, beta = x["k"].half(), x["v"].half(), x["beta"].half()
+    dw, du = (torch.randn(HV, T, D, generator=gen).half() for _ in range(2))
+    dkp = torch.randn(HV, T, D, generator=gen)
+    dgam = torch.randn(1, HV, T, generator=gen)
+    out = {}
+    for fp16 in (False, True):
+        with config_overrides(t_fp16=fp16):
+            w, u, tm = intra_solve(k, v, beta, gamma, HV, store_t=True)
+            grads = bwd_wy(k, v, beta, torch.float32, gamma, tm, dw, du, dkp.clone(), dgam)
+        out[fp16] = (w, u, tm, grads)
+    assert out[False][2].dtype == torch.float32 and out[True][2].dtype == torch.float16
+    assert torch.equal(out[True][2], out[False][2].half())
+    err = max(rel_l2(out[True][i].double(), out[False][i].double()) for i in (0, 1))
+    assert err <= 1e-3, err
+    for got, want in zip(out[True][3], out[False][3], strict=True):
+        assert torch.equal(got, want)
+    assert t_dtype(kernel_config(torch.bfloat16), torch.bfloat16) == torch.float16
+    assert intra_solve(x["k"], x["v"], x["beta"], gamma, HV, store_t=True)[2].dtype == torch.float32
