@@ -124,9 +124,11 @@ DEFAULT = KernelConfig()
 DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
 # On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32), the
-# intra inverses and the segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy).
+# intra inverses and the segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). T stays
+# fp32 there: the hf32 Wk/U products would round an fp16 T a second time at the same width.
 # tests/kernels/test_kernels_ascend.py lowers every launch with these fields.
-NPU_FIELDS = {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee"}
+NPU_FIELDS = {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee",
+              "t_fp16": False}
 
 _OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 

@@ -434,7 +434,9 @@ def test_npu_device_gets_the_npu_fields() -> None:
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert gdn_config.NPU_FIELDS == {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee",
-                                     "f32_dot_scan": "ieee"}
+                                     "f32_dot_scan": "ieee", "t_fp16": False}
+    npu_bf16 = gdn_config.DEFAULT.replace(**gdn_config.NPU_FIELDS)
+    assert gdn_config.t_dtype(npu_bf16, torch.bfloat16) == torch.float32
 
 
 def test_dot_precision_of_the_scan_and_hf32() -> None:
