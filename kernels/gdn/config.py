@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,20 +146,20 @@ def kernel_config(dtype: torch.dtype, device: torch.device | None = None) -> Ker
 @contextmanager
 def config_overrides(**fields: Any) -> Iterator[None]:
     """Calls made inside use these fields on top of their dtype's defaults (nested: inner wins)."""
-    DEFAULT.replace(**fields)  # refuse unknown names here, not at the first launch
-    token = _OVERRIDES.set((*_OVERRIDES.get(), *fields.items()))
+    token = override_for_run(**fields)
     try:
         yield
     finally:
         _OVERRIDES.reset(token)
 
 
-def override_for_run(**fields: Any) -> None:
+def override_for_run(**fields: Any) -> Token[tuple[tuple[str, Any], ...]]:
     """A script's --set: these fields on top of the defaults for every later call in this context,
-    with no undo. (Entering `config_overrides` by hand does not do this: once its context manager
-    is dropped, the generator is closed and the overrides reset.)"""
-    DEFAULT.replace(**fields)
-    _OVERRIDES.set((*_OVERRIDES.get(), *fields.items()))
+    with no undo (the token is `config_overrides`' undo). Entering `config_overrides` by hand does
+    not do this: once its context manager is dropped, the generator is closed and the overrides
+    reset."""
+    DEFAULT.replace(**fields)  # refuse unknown names here, not at the first launch
+    return _OVERRIDES.set((*_OVERRIDES.get(), *fields.items()))
 
 
 def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
