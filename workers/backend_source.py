@@ -132,6 +132,13 @@ def _local_repo(repo: str, mirrors: Path) -> Path:
     return mirror
 
 
+def local_repository(repo: str, cache_dir: str | Path | None = None) -> Path:
+    """A backend repository git reads here: `repo` itself when it is a folder, else the mirror
+    of its URL under this machine's backend cache, fetched anew (history orders its commits)."""
+    cache = Path(cache_dir) if cache_dir else default_backend_cache()
+    return _local_repo(repo, cache / "repos")
+
+
 BACKEND_CACHE_ENV = "GDNVAL_BACKEND_CACHE"  # where this machine keeps its installed backends
 
 

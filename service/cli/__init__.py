@@ -17,6 +17,7 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.jobs": "jobs",
     "service.cli.db": "db",
     "service.cli.gate": "gate",
+    "service.cli.gates": "gates",
     "service.cli.report": "report",
     "service.cli.campaign": "campaign",
     "service.cli.backends": "backends",

@@ -36,7 +36,7 @@ def _check_repo(repo: str) -> None:
         fail(f"cannot read the git repository {repo!r}: {why}")
 
 
-def _resolve(repo: str, ref: str, what: str) -> str:
+def resolve_ref(repo: str, ref: str, what: str) -> str:
     """The full sha of commit `ref` in `repo` ('job:N' stays as it is); a ref that breaks the
     ref rule or names no commit there is refused."""
     from service.domain.baselines import git_rev_parse, parse_job_ref
@@ -106,8 +106,8 @@ def gate(
     if base and baseline:
         raise click.UsageError(f"give --base ({base!r}) or --baseline ({baseline!r}), not both")
     _check_repo(repo)
-    head_sha = _resolve(repo, head, "head")
-    base_ref = _resolve(repo, base, "base") if base else None
+    head_sha = resolve_ref(repo, head, "head")
+    base_ref = resolve_ref(repo, base, "base") if base else None
     if not base and not baseline:
         from service.domain.baselines import git_rev_parse
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Select, select
 from sqlalchemy.orm import Session
 
 from service.persistence.db import write_tx
@@ -72,13 +72,40 @@ def gate_jobs(session: Session, gate_id: int) -> list[GateJobRow]:
     )
 
 
+@dataclass(frozen=True)
+class GateFilter:
+    """Which gates a list shows: `head`/`base` a full sha or a prefix of one, `backend` the
+    gated backend's name, `verdict` pass, fail, error, or waiting (no verdict yet)."""
+
+    head: str | None = None
+    base: str | None = None
+    backend: str | None = None
+    verdict: str | None = None
+
+    def where(self, q: Select[Any]) -> Select[Any]:
+        if self.head:
+            q = q.where(GateRow.head.startswith(self.head, autoescape=True))
+        if self.base:
+            q = q.where(GateRow.base.startswith(self.base, autoescape=True))
+        if self.backend:
+            q = q.where(GateRow.backend == self.backend)
+        if self.verdict == "waiting":
+            q = q.where(GateRow.verdict.is_(None))
+        elif self.verdict:
+            q = q.where(GateRow.verdict == self.verdict)
+        return q
+
+
 def list_gates(
-    session: Session, *, before_id: int | None = None, limit: int = 50
+    session: Session, *, before_id: int | None = None, limit: int = 50, where: GateFilter | None = None
 ) -> tuple[list[GateRow], int | None]:
-    """Newest first; returns the page and the cursor (an id) of the next page, or None."""
+    """Newest first, those `where` keeps; returns the page and the cursor (an id) of the next
+    page, or None."""
     q = select(GateRow).order_by(GateRow.id.desc()).limit(limit + 1)
     if before_id is not None:
         q = q.where(GateRow.id < before_id)
+    if where is not None:
+        q = where.where(q)
     rows = list(session.scalars(q))
     nxt = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], nxt
@@ -104,10 +131,21 @@ def gates_of_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, list[Ga
 
 def gate_job_rows(session: Session, gate_id: int) -> list[tuple[GateJobRow, JobRow]]:
     """The gate's jobs with their job rows, in the order the gate recorded them."""
+    return jobs_of_gates(session, [gate_id]).get(gate_id, [])
+
+
+def jobs_of_gates(session: Session, gate_ids: Sequence[int]) -> dict[int, list[tuple[GateJobRow, JobRow]]]:
+    """Per gate id, its jobs with their job rows in the order it recorded them (one query for a
+    whole list page)."""
+    if not gate_ids:
+        return {}
     q = (
         select(GateJobRow, JobRow)
         .join(JobRow, JobRow.id == GateJobRow.job_id)
-        .where(GateJobRow.gate_id == gate_id)
+        .where(GateJobRow.gate_id.in_(list(gate_ids)))
         .order_by(GateJobRow.id)
     )
-    return [(link, job) for link, job in session.execute(q).unique()]
+    out: dict[int, list[tuple[GateJobRow, JobRow]]] = {}
+    for link, job in session.execute(q).unique():
+        out.setdefault(link.gate_id, []).append((link, job))
+    return out

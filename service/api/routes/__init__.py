@@ -12,11 +12,14 @@ from service.api.routes import (
     compare,
     gate,
     health,
+    history,
     jobs,
     report,
     suites,
 )
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
-    m.router for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, report, campaigns)
+    m.router
+    for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, history, report,
+              campaigns)
 )

@@ -1,0 +1,56 @@
+"""`gdnval gates`: list the service's stored gates (newest first), narrowed by head, base,
+backend and verdict, each with its jobs."""
+
+from __future__ import annotations
+
+import click
+
+from service.cli.client import connected, fail_on_error, server_option, token_option
+from service.cli.gate import resolve_ref
+from service.cli.output import console, dumps
+from workers.refs import HEX_SHA
+
+
+def commit_filter(repo: str, ref: str | None, what: str) -> str | None:
+    """A hex sha prefix as it is; any other ref resolved to its full sha in `repo` (one line and
+    exit 2 when it names no commit there)."""
+    if ref is None or HEX_SHA.match(ref):
+        return ref.lower() if ref else None
+    return resolve_ref(repo, ref, what)
+
+
+@click.command()
+@click.option("--head", default=None, help="sha prefix, or a ref resolved in --repo")
+@click.option("--base", default=None, help="sha prefix, or a ref resolved in --repo")
+@click.option("--backend", default=None, help="the gated backend's name")
+@click.option("--verdict", default=None, type=click.Choice(["pass", "fail", "error", "waiting"]))
+@click.option("--repo", default=".", show_default=True, help="git repository that resolves a ref")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--json", "as_json", is_flag=True, help="print the API's JSON")
+@server_option
+@token_option
+def gates(
+    head: str | None, base: str | None, backend: str | None, verdict: str | None, repo: str, limit: int,
+    as_json: bool, server: str, token: str | None,
+) -> None:
+    """List gates with their verdict, commits, backend and jobs."""
+    params = {"head": commit_filter(repo, head, "head"), "base": commit_filter(repo, base, "base"),
+              "backend": backend, "verdict": verdict, "limit": limit}
+    with connected(server, token) as http:
+        page = fail_on_error(http.get("/api/v1/gates", params={k: v for k, v in params.items() if v}))
+    if as_json:
+        click.echo(dumps(page))
+        return
+    from rich.table import Table
+
+    from service.presentation.markdown import short_sha
+
+    table = Table("gate", "verdict", "head", "base", "backend", "device", "jobs", "created", "reason")
+    for g in page["items"]:
+        jobs = ", ".join(f"#{j['job_id']} {j['role']}" for j in g["jobs"])
+        table.add_row(
+            f"{server.rstrip('/')}/gates/{g['id']}", g["verdict"] or g["phase"], short_sha(g["head"]),
+            short_sha(g["base"]), g["backend"] or "ours", f"{g['device']}x{g['world_size']}", jobs,
+            g["created_at"][:19].replace("T", " "), g["reason"],
+        )
+    console().print(table)
