@@ -19,6 +19,8 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.gate": "gate",
     "service.cli.gates": "gates",
     "service.cli.report": "report",
+    "service.cli.compare": "compare",
+    "service.cli.push": "push",
     "service.cli.campaign": "campaign",
     "service.cli.backends": "backends",
 }

@@ -478,6 +478,14 @@ def stat_text(value: float | None, unit: str) -> str:
     return human_bytes(value, unit) if unit.strip().lower() in BYTE_UNITS else fmt(value, shown_unit(unit))
 
 
+def compare_verdict(cmp: Any) -> tuple[str, str]:
+    """The comparison's verdict as the compare page and `gdnval compare` print it, with its
+    badge class."""
+    if cmp.passed:
+        return "PASS: no regression", "v-unchanged"
+    return f"FAIL: {len(cmp.failing_cases())} case(s) regressed or failed", "v-regressed"
+
+
 def compare_rows(cmp: Any, show: str = "changes", history_query: str = "") -> list[dict[str, Any]]:
     """Rows of the compare table: per case and metric the base and head statistic (median for
     time, worst value otherwise), delta, ratio, CI, p, verdict and its reason; each case links

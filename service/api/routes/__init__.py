@@ -15,11 +15,12 @@ from service.api.routes import (
     history,
     jobs,
     report,
+    runs,
     suites,
 )
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
     m.router
-    for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, history, report,
+    for m in (health, jobs, runs, cases, artifacts, suites, baselines, gate, compare, history, report,
               campaigns)
 )

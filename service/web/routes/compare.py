@@ -97,7 +97,7 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
     q = {k: v for k, v in form.items() if v and k != "show"}
     ctx.update(
         cmp=cmp, rows=views.compare_rows(cmp, show, _history_query(head_job)),
-        counts=list(cmp.counts().items()),
+        counts=list(cmp.counts().items()), verdict=views.compare_verdict(cmp),
         metric_counts=list(cmp.metric_counts().items()),
         view_links=[(key, label, "/compare?" + urlencode({**q, "show": key}))
                     for key, label in views.COMPARE_VIEWS.items()],
