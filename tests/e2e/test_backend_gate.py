@@ -7,7 +7,7 @@ local executor; the backend name comes from the package's entry point), sharing 
 c2 exits 1 naming the backend case's time metric, c3 exits 1 naming its accuracy metric, c4
 exits 0 (or 2, on a machine too loaded to decide, only because a confirmation stayed
 undecided). Each gate's page shows its verdict, and c1..c4 appear by their own short shas on the
-job list and on the history of the backend's gdn-op case.
+job list and, in commit order, on the history of the backend's repository.
 
 c4 passes with eager's raw times free to move: on a CPU time is judged only through the
 reference-relative metrics (raw wall-clock times of a loaded 2-core machine move by up to 2x
@@ -171,9 +171,11 @@ def test_a_backend_repository_is_gated_on_its_backend(server: SimpleNamespace) -
         assert "installed</span>" not in jobs_page
         fingerprint = next(f["fingerprint"] for f in scaled.gate["findings"]
                            if f["case"] == f"T512_stateful_hqk2_hv4_b1_{BACKEND}")
-        history = http.get("/history", params={"fingerprint": fingerprint, "metric": "fwd_rel"}).text
-        for name, sha in shas.items():  # each commit's row names it by its own short sha
-            assert f'<td class="mono">{sha[:8]}</td>' in history, (name, history[:3000])
+        history = http.get("/history", params={"fingerprint": fingerprint, "metric": "fwd_rel",
+                                               "backend_repo": str(server.repo)}).text
+        table = history.index('id="commit-table"')
+        at = [history.find(f'<tr data-commit="{sha}"', table) for sha in shas.values()]
+        assert -1 not in at and at == sorted(at), history[:3000]  # the backend's commits, in commit order
         pair = {"base_commit": shas["c1"], "head_commit": shas["c4"], "suite": "gdn-op", "preset": "gate-cpu"}
         by_commit = http.get("/api/v1/compare", params=pair)
         assert by_commit.status_code == 200, by_commit.text
