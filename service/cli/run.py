@@ -130,7 +130,7 @@ def metric_stats(suite: Suite, samples: Sequence[Sample]) -> dict[tuple[str, str
         except KeyError:
             continue
         st = summarise_samples(metric_rows, metric.direction, metric=name, unit=metric.unit, kind=metric.kind,
-                               bound=metric.bound)
+                               bound=metric.bound, diagnostic=metric.diagnostic)
         out[(case, name)] = replace(st, passes=verdict.judge_metric(metric, st).ok)
     return out
 
