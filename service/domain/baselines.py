@@ -134,7 +134,7 @@ def compare_pooled(
     base, head = load_pooled_side(session, base_jobs), load_pooled_side(session, head_jobs)
     if base.ref.suite != head.ref.suite:
         raise ValueError(f"suite {base.ref.suite!r} vs {head.ref.suite!r}; expected one suite")
-    return compare(base, head, config)
+    return replace(compare(base, head, config), base_jobs=tuple(base_jobs), head_jobs=tuple(head_jobs))
 
 
 def compare_commits(

@@ -228,11 +228,11 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
 
 
 def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
-    from service.domain.gate import _suites_for
+    from service.domain.gate import suites_for
 
-    cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
+    cpu1 = suites_for(GateRequest(head=B, device="cpu", world_size=1))
     assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
-    assert "stability" in _suites_for(GateRequest(head=B, device="cpu", world_size=2))
+    assert "stability" in suites_for(GateRequest(head=B, device="cpu", world_size=2))
 
 
 def test_an_error_at_head_only_is_a_regression_and_on_both_sides_undecidable(env) -> None:

@@ -62,7 +62,8 @@ def metric_result(
     kind = metric.kind
     h = hsums[hg] if hg is not None else None
     b = bsums[bg] if bg is not None else None
-    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
+    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h,
+                      diagnostic=rule.diagnostic)
     if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr
