@@ -181,6 +181,11 @@ def findings(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda f: order[f["change"]])
 
 
+def stored_finding(f: dict[str, Any]) -> dict[str, Any]:
+    """A stored finding with `change` and `summary`, which findings stored before them lack."""
+    return {"change": CHANGE_OF.get(str(f.get("verdict")), "recorded"), "summary": f.get("reason", ""), **f}
+
+
 def improvements(comparisons: Sequence[Comparison]) -> list[str]:
     """'suite/case metric −45.2 % (CI …)' for every improved judged metric."""
     return [f"{f['suite']}/{f['case']} {f['metric']} {f['summary']}"
