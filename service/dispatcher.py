@@ -106,7 +106,7 @@ class StoreSink:
 
     def _metric_id(self, s: Session, name: str) -> int:
         if name not in self.metric_ids:
-            row = MetricRow(suite=self.suite, name=name)
+            row = MetricRow(suite=self.suite, name=name, diagnostic=True)  # no scale known: never judged
             s.add(row)
             s.flush()
             self.metric_ids[name] = row.id

@@ -56,6 +56,7 @@ class MetricStats:
     nonfinite: int = 0
     worst: float = _NAN  # max (lower-is-better) or min (higher); NaN when any value is non-finite
     first_nonfinite_idx: int | None = None  # where known: the idx of the first non-finite value
+    diagnostic: bool = False  # recorded, never judged (workers.suite.Metric.diagnostic)
 
     @property
     def finite(self) -> bool:

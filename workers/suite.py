@@ -40,7 +40,12 @@ class Metric:
     `min_effect`: the smallest relative change that counts in a comparison (None: the kind's
     default, `workers.verdict.MIN_EFFECT`). `repeated` False: one value per case (a ratio derived
     from other metrics, a one-shot reading), which no significance test can judge: compare shows
-    its change and judges only its bound, the metrics it derives from carry the verdict."""
+    its change and judges only its bound, the metrics it derives from carry the verdict.
+
+    `diagnostic` True: recorded and shown, never judged (no bound, never failing a case, a job or
+    a gate, never an improvement): an element-wise max-relative or max-abs error, whose size is
+    set by reference values near zero and moves with any change of reduction order. The judged
+    accuracy of a tensor is its relative L2 error (`service.domain.compare.judgment`)."""
 
     name: str
     unit: str
@@ -50,6 +55,14 @@ class Metric:
     description: str = ""
     min_effect: float | None = None
     repeated: bool = True
+    diagnostic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.diagnostic and self.bound is not None:
+            raise ValueError(
+                f"metric {self.name!r} is a diagnostic with bound {self.bound!r}; expected no bound "
+                "(a diagnostic is never judged: make it a judged metric to give it a bound)"
+            )
 
     def passes(self, value: float) -> bool:
         """One value against the bound (NaN and infinities never pass)."""
@@ -188,6 +201,18 @@ class Suite(ABC):
     # The module of the code the ranks run (`RankCode`): imported on a rank's first `run`, so the
     # spec that declares the suite stays torch-free. None: the subclass overrides `run` itself.
     run_module: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An accuracy or trajectory metric is judged only against a declared bound: one without
+        a bound must say it is a diagnostic, so no error with no scale is ever judged by a factor."""
+        super().__init_subclass__(**kwargs)
+        unbounded = [m.name for m in getattr(cls, "metrics", ())
+                     if m.kind in ("accuracy", "trajectory") and m.bound is None and not m.diagnostic]
+        if unbounded:
+            raise TypeError(
+                f"suite {getattr(cls, 'name', cls.__name__)!r}: accuracy/trajectory metric(s) {unbounded} "
+                "have no bound; expected a bound (judged) or diagnostic=True (recorded, never judged)"
+            )
 
     def time_repeats(self, params: SuiteParams) -> int | None:
         """The fewest samples per repeated time metric and case that `params` produce (0: none;

@@ -12,7 +12,9 @@ run` (its table and exit code), the store (stored summaries), the compare engine
    - time: the **median** (one slow repetition is noise, a slow median is the code);
    - memory, accuracy, check, trajectory: the **worst** value (one bad tensor, step or rank is a
      failure: these do not vary by chance).
-   A metric with any non-finite sample fails whether or not it has a bound.
+   A metric with any non-finite sample fails whether or not it has a bound, unless it is a
+   diagnostic (`Metric.diagnostic`: an element-wise max error, a raw trajectory), which is
+   recorded and shown and never judged (`is_diagnostic`).
 4. **Compare** (head against base; the vectorised engine is `service.domain.compare`, which takes its
    thresholds from here): time by the ratio of medians and a Mann-Whitney U test at `ALPHA`,
    regressed only when significant *and* larger than the metric's minimum effect; memory,
@@ -103,11 +105,28 @@ class Judgement:
     reason: str
 
 
-def judge(kind: str, direction: str, bound: float | None, stats: MetricStats, name: str = "") -> Judgement:
-    """The bound rule: non-finite samples fail every metric; else the judged statistic vs the bound."""
+def is_diagnostic(kind: str, bound: float | None, declared: bool | None) -> bool:
+    """Whether a metric is a diagnostic (recorded, never judged): as declared
+    (`workers.suite.Metric.diagnostic`); a definition stored before that was declared (None) by
+    the rule the suites declare by: an accuracy or trajectory metric without a bound. A metric
+    with a bound is always judged."""
+    if bound is not None:
+        return False
+    if declared is not None:
+        return bool(declared)
+    return kind in ("accuracy", "trajectory")
+
+
+def judge(kind: str, direction: str, bound: float | None, stats: MetricStats, name: str = "",
+          *, diagnostic: bool = False) -> Judgement:
+    """The bound rule: non-finite samples fail every judged metric; else the judged statistic vs
+    the bound. A diagnostic is never judged (ok None), whatever its values."""
     label = f"{name} " if name else ""
     if stats.count == 0:
         return Judgement(None, math.nan, f"{label}has no samples")
+    if diagnostic:
+        bad = f", {stats.nonfinite} non-finite" if stats.nonfinite else ""
+        return Judgement(None, stats.worst, f"{label}worst {stats.worst:.4g}{bad} (diagnostic, not judged)")
     if stats.nonfinite:
         bad = f"{stats.nonfinite} non-finite of {stats.count} value(s)"
         return Judgement(False, math.nan, f"{label}has {bad}")
@@ -122,7 +141,8 @@ def judge(kind: str, direction: str, bound: float | None, stats: MetricStats, na
 
 
 def judge_metric(metric: Metric, stats: MetricStats) -> Judgement:
-    return judge(metric.kind, metric.direction, metric.bound, stats, metric.name)
+    return judge(metric.kind, metric.direction, metric.bound, stats, metric.name,
+                 diagnostic=metric.diagnostic)
 
 
 def judge_samples(metric: Metric, rows: Iterable[tuple[int, int, float]]) -> Judgement:

@@ -27,8 +27,8 @@ report's pivot (`service.presentation.report_tables.case_pivot`); `--failures` k
 need attention, `--all-metrics` prints one row per case and metric. The JSON is strict: a
 non-finite value is written as null and its JSON pointer listed under `nonfinite`. `--json -`
 writes it to stdout (the table then goes to stderr).
-Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
-1 failed (a case failed or errored), 2 the job could not run (failed, cancelled, cases left
+Exit code: `service.domain.exit_codes.for_verdict` of the job's verdict (README's exit-code table):
+0 passed, 1 a case failed or errored, 2 the job could not run (failed, cancelled, cases left
 unrun) or the input was invalid.
 """
 
@@ -56,6 +56,7 @@ from rich.table import Table
 
 from service.cli import output
 from service.cli.local_store import db_option, open_store, shown
+from service.domain import exit_codes
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
 from workers.stats import MetricStats, summarise_samples
@@ -140,7 +141,7 @@ def metric_stats(suite: Suite, samples: Sequence[Sample]) -> dict[tuple[str, str
         except KeyError:
             continue
         st = summarise_samples(metric_rows, metric.direction, metric=name, unit=metric.unit, kind=metric.kind,
-                               bound=metric.bound)
+                               bound=metric.bound, diagnostic=metric.diagnostic)
         out[(case, name)] = replace(st, passes=verdict.judge_metric(metric, st).ok)
     return out
 
@@ -449,9 +450,7 @@ def run(
     judged = verdict.job_verdict(
         [sink.cases[c.name][0] for c in cases if c.name in sink.cases], ran=ran, expected=len(cases)
     )
-    exit_code = {"passed": 0, "failed": 1}.get(judged.verdict, 2) if ran else 2
-    if judged.verdict == "errored" and ran and not judged.counts.get("not_run"):
-        exit_code = 1  # it ran, and a case errored: the code under test, not the infrastructure
+    exit_code = exit_codes.for_verdict(judged.verdict, judged.counts, ran=ran)
     if not ran:
         out.print(f"[red]job {result.status}[/]: {result.error or ''}", highlight=False)
     out.print(f"verdict {judged.summary()}; {len(sink.samples_)} samples; exit {exit_code}")

@@ -20,6 +20,7 @@ from service.persistence import baselines, commits
 from service.persistence.compare_reads import read_job_for_compare
 from service.persistence.jobs import find_commit_job
 from service.persistence.records import JobRecord
+from workers import verdict
 from workers.provenance import code_identity
 from workers.refs import GIT_END_OF_OPTIONS, check_revision
 
@@ -69,10 +70,12 @@ def load_side(session: Session, job_id: int) -> JobSide:
     )
     metrics = {m.name: m for m in defined.values()}
     # the definition the job was judged with (copied onto its summaries), not today's
-    for metric_id, kind, direction, bound in stored.judged:
+    for metric_id, kind, direction, bound, diagnostic in stored.judged:
         m = defined.get(metric_id)
         if m is not None:
-            metrics[m.name] = replace(m, kind=kind, direction=direction, bound=bound)
+            declared = diagnostic if diagnostic is not None else m.diagnostic
+            metrics[m.name] = replace(m, kind=kind, direction=direction, bound=bound,
+                                      diagnostic=verdict.is_diagnostic(kind, bound, declared))
     return JobSide(job_ref(stored.job), cases, metrics, table)
 
 
@@ -131,7 +134,7 @@ def compare_pooled(
     base, head = load_pooled_side(session, base_jobs), load_pooled_side(session, head_jobs)
     if base.ref.suite != head.ref.suite:
         raise ValueError(f"suite {base.ref.suite!r} vs {head.ref.suite!r}; expected one suite")
-    return compare(base, head, config)
+    return replace(compare(base, head, config), base_jobs=tuple(base_jobs), head_jobs=tuple(head_jobs))
 
 
 def compare_commits(

@@ -17,6 +17,7 @@ from service.persistence.records import JobRecord
 from service.persistence.reduced_cases import read_reduced
 from service.persistence.samples import ReducedRows, higher_metric_ids, worst_rank_rows
 from service.persistence.summaries import sampled_case_ids
+from workers import verdict
 from workers.suite import Metric
 
 
@@ -28,7 +29,8 @@ class StoredJob:
     samples: ReducedRows  # the latest run's samples reduced over ranks (`reduced_rows`)
     results: list[tuple[int, str, str | None]]  # (case id, status, error) of the latest run
     case_rows: dict[int, Any]  # every case with samples or a result: (id, fingerprint, name, params) rows
-    judged: list[tuple[int, str, str, float | None]]  # (metric id, kind, direction, bound)
+    # (metric id, kind, direction, bound, diagnostic): the definitions the run was judged with
+    judged: list[tuple[int, str, str, float | None, bool | None]]
 
 
 def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
@@ -58,7 +60,8 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
         extra = session.scalars(select(MetricRow).where(MetricRow.id.in_(missing)))
         metric_rows.update({m.id: m for m in extra})
     judged = session.execute(
-        select(SummaryRow.metric_id, SummaryRow.kind, SummaryRow.direction, SummaryRow.bound)
+        select(SummaryRow.metric_id, SummaryRow.kind, SummaryRow.direction, SummaryRow.bound,
+               SummaryRow.diagnostic)
         .where(SummaryRow.job_id == job_id, SummaryRow.attempt == attempt, SummaryRow.kind.is_not(None))
         .distinct()
     ).all()
@@ -77,6 +80,7 @@ def metric_of(row: MetricRow) -> Metric:
         bound=row.bound,
         description=row.description or "",
         min_effect=row.min_effect,
+        diagnostic=verdict.is_diagnostic(row.kind, row.bound, row.diagnostic),
     )
 
 

@@ -209,6 +209,8 @@ class MetricRow(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     # the metric's declared minimum effect; NULL: its kind's, resolved by workers.verdict.min_effect
     min_effect: Mapped[float | None] = mapped_column(Float)
+    # recorded, never judged (workers.suite.Metric.diagnostic); NULL: workers.verdict.is_diagnostic's rule
+    diagnostic: Mapped[bool | None] = mapped_column(Boolean)
 
     __table_args__ = (UniqueConstraint("suite", "name"),)
 
@@ -263,6 +265,7 @@ class SummaryRow(Base):
     kind: Mapped[str | None] = mapped_column(String(20))
     direction: Mapped[str | None] = mapped_column(String(10))
     bound: Mapped[float | None] = mapped_column(Float)
+    diagnostic: Mapped[bool | None] = mapped_column(Boolean)  # NULL: written before it was copied
     nonfinite: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (

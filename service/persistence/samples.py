@@ -40,6 +40,7 @@ def ensure_metrics(session: Session, suite: str, metrics: Iterable[Metric]) -> d
             existing[m.name] = row
         row.unit, row.kind, row.direction, row.bound = m.unit, m.kind, m.direction, m.bound
         row.description, row.min_effect = m.description, m.min_effect  # declared (None: the kind's)
+        row.diagnostic = m.diagnostic
     session.flush()
     return {name: row.id for name, row in existing.items()}
 

@@ -29,7 +29,8 @@ from workers.stats import MetricStats, summarise, worst_value
 
 def _judged(stats: MetricStats) -> MetricStats:
     """The record with its bound's judgement (`workers.verdict.judge`) filled in."""
-    return replace(stats, passes=verdict.judge(stats.kind, stats.direction, stats.bound, stats).ok)
+    judged = verdict.judge(stats.kind, stats.direction, stats.bound, stats, diagnostic=stats.diagnostic)
+    return replace(stats, passes=judged.ok)
 
 
 @dataclass
@@ -74,7 +75,8 @@ def compute_summary(
     for key, wr in arrays.items():
         m = metrics[key[1]]
         out[key] = _judged(summarise(wr.values, m.direction, metric=m.name, unit=m.unit, kind=m.kind,
-                                     bound=m.bound, samples=wr.samples, ranks=wr.ranks))
+                                     bound=m.bound, samples=wr.samples, ranks=wr.ranks,
+                                     diagnostic=verdict.is_diagnostic(m.kind, m.bound, m.diagnostic)))
     return out
 
 
@@ -134,6 +136,7 @@ def _add_rows(
             kind=ms.kind,
             direction=ms.direction,
             bound=ms.bound,
+            diagnostic=ms.diagnostic,
             nonfinite=ms.nonfinite,
         )
         for (c, m), ms in summary.items()
@@ -192,9 +195,11 @@ def stored_summary(session: Session, job_id: int, attempt: int) -> dict[tuple[in
         # re-judges an old job); rows written before that was stored take the metric's
         kind, direction = r.kind or m.kind, r.direction or m.direction
         bound = r.bound if r.kind is not None else m.bound
+        declared = r.diagnostic if r.diagnostic is not None else m.diagnostic
+        diagnostic = verdict.is_diagnostic(kind, bound, declared)
         out[(r.case_id, r.metric_id)] = _judged(stored_stats(
             r.count, r.median, r.p90, r.min, r.max, r.mean, r.nonfinite, direction, metric=m.name,
-            unit=m.unit, kind=kind, bound=bound, samples=r.samples, ranks=r.ranks,
+            unit=m.unit, kind=kind, bound=bound, samples=r.samples, ranks=r.ranks, diagnostic=diagnostic,
         ))
     return out
 

@@ -31,8 +31,8 @@ MIB = 1024 * 1024
 METRICS = (
     Metric("triton_available", "bool", "check", "higher", bound=1.0),
     Metric("o_rel_l2", "ratio", "accuracy", bound=1e-2),
-    Metric("o_max_abs", "abs", "accuracy"),
-    Metric("o_max_rel", "ratio", "accuracy"),
+    Metric("o_max_abs", "abs", "accuracy", diagnostic=True),
+    Metric("o_max_rel", "ratio", "accuracy", diagnostic=True),
     Metric("o_finite", "bool", "accuracy", "higher", bound=1.0),
     Metric("dq_rel_l2", "ratio", "accuracy", bound=1e-2),
     Metric("fwd_bwd_ms", "ms", "time"),

@@ -31,12 +31,15 @@ the minimum effects); this module applies them to whole jobs at once:
 The package, one module per job: `config` (the thresholds), `sides` (what is compared: a job's
 cases, metric definitions and samples), `results` (what comes out: verdicts per metric and case,
 and their severity), `series` (the rank reduction and per-group statistics of `workers.stats`),
-`time_stats` (the bootstrap CI and the Mann-Whitney U test, batched), `verdicts` (the rule per
-metric kind and per case) and `engine` (matching cases and building the result).
+`time_stats` (the bootstrap CI and the Mann-Whitney U test, batched), `judgment` (THE rule: one
+function per metric kind, diagnostics, and `difference` for two sets of repetitions inside one
+job), `verdicts` (the engine's groups handed to the judgment, and a case from its metrics) and
+`engine` (matching cases and building the result).
 """
 
 from service.domain.compare.config import MIB, UNIT_BYTES, CompareConfig, unit_bytes
 from service.domain.compare.engine import collector_paused, compare, incomparable_reason
+from service.domain.compare.judgment import Difference, difference, within_bound_text
 from service.domain.compare.results import (
     FAILING,
     SEVERITY,
@@ -53,6 +56,7 @@ from service.domain.compare.time_stats import BOOTSTRAP_ROWS
 
 __all__ = [
     "BOOTSTRAP_ROWS", "FAILING", "MIB", "SEVERITY", "UNIT_BYTES", "VERDICTS", "CaseInfo", "CaseResult",
-    "CompareConfig", "Comparison", "JobRef", "JobSide", "MetricResult", "SampleTable", "Series", "Verdict",
-    "collector_paused", "compare", "incomparable_reason", "series_of", "to_jsonable", "unit_bytes",
+    "CompareConfig", "Comparison", "Difference", "JobRef", "JobSide", "MetricResult", "SampleTable", "Series",
+    "Verdict", "collector_paused", "compare", "difference", "incomparable_reason", "series_of", "to_jsonable",
+    "unit_bytes", "within_bound_text",
 ]

@@ -5,18 +5,25 @@ every case `incomparable` with the reason."""
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
 from service.domain.compare.config import CompareConfig
+from service.domain.compare.judgment import Rule, reference_case_params, time_change
 from service.domain.compare.results import CaseResult, Comparison, MetricResult
 from service.domain.compare.series import series_of
 from service.domain.compare.sides import CaseInfo, JobRef, JobSide
 from service.domain.compare.time_stats import time_stats_batch
-from service.domain.compare.verdicts import Rule, first_line, metric_result, settle_case, time_verdict
+from service.domain.compare.verdicts import first_line, metric_result, settle_case
 from workers.suite import Metric
+
+
+def _UNDECLARED(name: str) -> Metric:
+    """A metric no side declares: no scale is known, so it is only recorded."""
+    return Metric(name, "", "accuracy", diagnostic=True)
 
 
 @contextmanager
@@ -56,7 +63,7 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
     hser = series_of(head.samples, metrics)
     # one rule per metric name of either side, worked out before the per-group loops
     rules: dict[str, Rule] = {
-        name: Rule.of(metrics.get(name) or Metric(name, "", "accuracy"), cfg, device, same_code)
+        name: Rule.of(metrics.get(name) or _UNDECLARED(name), cfg, device, same_code)
         for name in dict.fromkeys([*base.samples.metric_keys, *head.samples.metric_keys])
     }
     bsums = bser.summaries([rules[m].metric for _, m in bser.keys])
@@ -71,6 +78,7 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         by_case_h.setdefault(fp, []).append(m)
 
     fps = list(dict.fromkeys([*head.cases, *by_case_h, *base.cases, *by_case_b]))
+    reference_fp = _reference_cases(head)
     case_results: list[CaseResult] = []
     undecided: list[CaseResult] = []  # verdict waits for the batched time statistics
     # time pairs batched by (n_base, n_head): (metric result, base group, head group)
@@ -108,11 +116,14 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         hnames, bnames = by_case_h.get(fp, []), (by_case_b.get(fp, []) if base_usable else [])
         names = hnames if hnames == bnames else list(dict.fromkeys([*hnames, *bnames]))
         results = cr.metrics
+        ref_fp = reference_fp.get(fp)
         for name in names:
             key = (fp, name)
             bg = bgroups.get(key) if base_usable else None
             hg = hgroups.get(key)
-            results.append(metric_result(rules[name], bser, bsums, bg, hser, hsums, hg, pending))
+            rg = hgroups.get((ref_fp, name)) if ref_fp is not None else None
+            reference = hsums[rg].worst if rg is not None else None
+            results.append(metric_result(rules[name], bser, bsums, bg, hser, hsums, hg, pending, reference))
         undecided.append(cr)
 
     for (n1, n2), items in pending.items():
@@ -127,10 +138,25 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         for (mr, _, _), (r, lo, hi, p) in zip(items, rows, strict=True):
             mr.ratio, mr.ci_low, mr.ci_high = r, lo, hi
             mr.p_value = p if p == p else None
-            mr.verdict, mr.reason = time_verdict(r, lo, hi, p, rules[mr.metric], cfg)
+            mr.verdict, mr.reason = time_change(r, lo, hi, mr.p_value, rules[mr.metric], cfg)
     for cr in undecided:
         settle_case(cr, cr.base_status is not None, cr.base_status)
     return Comparison(head.ref.suite or base.ref.suite, base.ref, head.ref, cfg, case_results)
+
+
+def _reference_cases(side: JobSide) -> dict[str, str]:
+    """fingerprint -> the fingerprint of its reference case in the same job (the same parameters
+    run by the reference backend, `judgment.reference_case_params`), where the job has one."""
+    def key(params: object) -> str:
+        return json.dumps(params, sort_keys=True, default=str)
+
+    by_params = {key(dict(c.params)): fp for fp, c in side.cases.items()}
+    out = {}
+    for fp, c in side.cases.items():
+        ref = reference_case_params(c.params)
+        if ref is not None and key(ref) in by_params:
+            out[fp] = by_params[key(ref)]
+    return out
 
 
 def incomparable_reason(base: JobRef, head: JobRef) -> str | None:

@@ -91,8 +91,10 @@ def _metrics() -> tuple[Metric, ...]:
         out += [
             Metric(f"{t}_rel_l2", "ratio", "accuracy", bound=ACC_BOUND,
                    description=f"{t}: ||a-ref|| / ||ref||, one sample per seed"),
-            Metric(f"{t}_max_abs", "abs", "accuracy", description=f"{t}: max |a-ref|"),
-            Metric(f"{t}_max_rel", "ratio", "accuracy", description=f"{t}: max |a-ref|/|ref|"),
+            Metric(f"{t}_max_abs", "abs", "accuracy", diagnostic=True,
+                   description=f"{t}: max |a-ref| (diagnostic)"),
+            Metric(f"{t}_max_rel", "ratio", "accuracy", diagnostic=True,
+                   description=f"{t}: max |a-ref|/|ref| (diagnostic: set by near-zero reference values)"),
             Metric(f"{t}_finite", "bool", "check", "higher", bound=1.0, description=f"{t}: all finite"),
         ]
     out += [

@@ -80,17 +80,18 @@ def _metrics() -> tuple[Metric, ...]:
             out += [
                 Metric(f"{p}_{what}_rel_err", "ratio", "trajectory", bound=bound,
                        description=f"|cand-ref|/|ref| of the {what} per step ({p} run)"),
-                Metric(f"{p}_{what}_abs_err", "abs", "trajectory",
+                Metric(f"{p}_{what}_abs_err", "abs", "trajectory", diagnostic=True,
                        description=f"|cand-ref| of the {what} per step ({p} run)"),
                 Metric(f"{p}_{what}_max_rel", "ratio", "trajectory", bound=bound,
                        description=f"max over steps of the {what} rel error ({p} run)"),
-                Metric(f"{p}_{what}_max_abs", "abs", "trajectory",
+                Metric(f"{p}_{what}_max_abs", "abs", "trajectory", diagnostic=True,
                        description=f"max over steps of the {what} abs error ({p} run)"),
             ]
     for side in ("ref", "cand"):
         out += [
-            Metric(f"{side}_loss", "nats", "trajectory", description=f"{side} loss per step"),
-            Metric(f"{side}_grad_norm", "norm", "trajectory",
+            Metric(f"{side}_loss", "nats", "trajectory", diagnostic=True,
+                   description=f"{side} loss per step"),
+            Metric(f"{side}_grad_norm", "norm", "trajectory", diagnostic=True,
                    description=f"{side} global grad-norm per step"),
         ]
     out += [

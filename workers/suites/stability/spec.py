@@ -44,7 +44,7 @@ class StabilitySuite(Suite):
                  "passes": 50},
     }
     metrics = (
-        Metric("loss", "nats", "trajectory", description="global loss of each pass"),
+        Metric("loss", "nats", "trajectory", diagnostic=True, description="global loss of each pass"),
         Metric("finite", "bool", "check", "higher", bound=1.0,
                description="loss and grad-norm finite, per pass"),
         Metric("pass_ms", "ms", "time", description="wall time of each fwd+bwd pass"),
