@@ -18,6 +18,7 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.db": "db",
     "service.cli.gate": "gate",
     "service.cli.gates": "gates",
+    "service.cli.find": "find",
     "service.cli.report": "report",
     "service.cli.compare": "compare",
     "service.cli.push": "push",

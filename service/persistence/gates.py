@@ -74,25 +74,26 @@ def gate_jobs(session: Session, gate_id: int) -> list[GateJobRow]:
 
 @dataclass(frozen=True)
 class GateFilter:
-    """Which gates a list shows: `head`/`base` a full sha or a prefix of one, `backend` the
-    gated backend's name, `verdict` pass, fail, error, or waiting (no verdict yet)."""
+    """Which gates (or finds) a list shows: `head`/`base` a full sha or a prefix of one,
+    `backend` the gated backend's name, `verdict` pass, fail, error, or waiting (no verdict yet)."""
 
     head: str | None = None
     base: str | None = None
     backend: str | None = None
     verdict: str | None = None
 
-    def where(self, q: Select[Any]) -> Select[Any]:
+    def where(self, q: Select[Any], row: Any = GateRow) -> Select[Any]:
+        """`q` narrowed on `row`'s columns of those names (a gate's, or a find's)."""
         if self.head:
-            q = q.where(GateRow.head.startswith(self.head, autoescape=True))
+            q = q.where(row.head.startswith(self.head, autoescape=True))
         if self.base:
-            q = q.where(GateRow.base.startswith(self.base, autoescape=True))
+            q = q.where(row.base.startswith(self.base, autoescape=True))
         if self.backend:
-            q = q.where(GateRow.backend == self.backend)
+            q = q.where(row.backend == self.backend)
         if self.verdict == "waiting":
-            q = q.where(GateRow.verdict.is_(None))
+            q = q.where(row.verdict.is_(None))
         elif self.verdict:
-            q = q.where(GateRow.verdict == self.verdict)
+            q = q.where(row.verdict == self.verdict)
         return q
 
 

@@ -33,32 +33,41 @@ GATE = GateRequest(head="0" * 40, suites=["gatetime"], confirm=False, max_rounds
 
 
 class TimedRunner:
-    """A submit function: queues the job like the API, then writes its samples at once, the
-    sleep timings `factor[commit]` times the base (1 % noise, seeded by the job id)."""
+    """A submit function: queues the job like the API, then (unless `hold`) "runs" it at once:
+    the sleep timings `factor[commit]` times the base (1 % noise, seeded by the job id); a job of
+    a `broken` commit fails as a job (its code cannot be built)."""
 
-    def __init__(self, engine: Any, factor: dict[str, float]) -> None:
-        self.engine, self.factor = engine, factor
+    def __init__(self, engine: Any, factor: dict[str, float], broken: frozenset[str] = frozenset()) -> None:
+        self.engine, self.factor, self.broken = engine, factor, broken
         self.submitted: list[int] = []
+        self.hold = False
 
     def __call__(self, **kw: Any) -> int:
         job, _ = queue.submit(self.engine, queue.JobRequest(**kw))
         self.submitted.append(job.id)
+        if not self.hold:
+            self.run(job.id)
+        return job.id
+
+    def run(self, job_id: int) -> None:
         with Session(self.engine) as s, s.begin():
-            row = s.get(JobRow, job.id)
+            row = s.get(JobRow, job_id)
+            sha, row.attempts = row.code_commit, 1
+            if sha in self.broken:
+                row.status, row.error = "failed", "the backend could not be built: no such module"
+                return
             params = SUITE.resolve_params(row.preset, row.params)
             (case,) = SUITE.cases(params)
             mids = sample_store.ensure_metrics(s, SUITE.name, SUITE.metrics)
             cid = case_store.ensure_cases(s, [case], row.device, row.world_size)[case.name]
-            case_store.set_case_result(s, job.id, cid, "passed", None)
-            row.status, row.attempts = "succeeded", 1
-            sha = row.code_commit
-        rng = np.random.default_rng(job.id)
+            case_store.set_case_result(s, job_id, cid, "passed", None)
+            row.status = "succeeded"
+        rng = np.random.default_rng(job_id)
         ms = 80.0 * self.factor.get(sha, 1.0)
         rows = [(cid, mids["sleep_ms"], 0, i, ms * (1 + 0.01 * rng.standard_normal()))
                 for i in range(params.repeats)]
         rows.append((cid, mids["err"], 0, 0, 1e-4))
-        sample_store.insert_samples(self.engine, job.id, rows)
-        return job.id
+        sample_store.insert_samples(self.engine, job_id, rows)
 
     def job(self, commit: str, **labels: str) -> int:
         """A job of `commit` in the gate's setting (so a gate reuses it)."""

@@ -10,6 +10,7 @@ from service.api.routes import (
     campaigns,
     cases,
     compare,
+    find,
     gate,
     health,
     history,
@@ -21,6 +22,6 @@ from service.api.routes import (
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
     m.router
-    for m in (health, jobs, runs, cases, artifacts, suites, baselines, gate, compare, history, report,
+    for m in (health, jobs, runs, cases, artifacts, suites, baselines, gate, find, compare, history, report,
               campaigns)
 )

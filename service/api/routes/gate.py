@@ -69,6 +69,11 @@ class GateJobOut(BaseModel):
     verdict: str | None
     code_commit: str | None = Field(description="the commit of the code under test (a backend's or ours)")
 
+    @classmethod
+    def of(cls, link: GateJobRow, job: JobRow) -> GateJobOut:
+        return cls(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
+                   status=job.status, verdict=job.verdict, code_commit=job.code_commit)
+
 
 class GateOut(BaseModel):
     id: int
@@ -102,9 +107,7 @@ class GateOut(BaseModel):
 
     @classmethod
     def of(cls, gate: GateRow, links: list[tuple[GateJobRow, JobRow]]) -> GateOut:
-        jobs = [GateJobOut(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
-                           status=job.status, verdict=job.verdict, code_commit=job.code_commit)
-                for link, job in links]
+        jobs = [GateJobOut.of(link, job) for link, job in links]
         return cls(
             id=gate.id, run_id=gate.run_id, head=gate.head, base=gate.base, base_source=gate.base_source,
             backend=gate.backend, backend_repo=gate.backend_repo, device=gate.device,

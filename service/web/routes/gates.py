@@ -38,27 +38,34 @@ def _gate_row(g: GateRow) -> dict[str, Any]:
 GATE_VERDICTS = ("pass", "fail", "error", "waiting")
 
 
-@router.get("/gates", response_class=HTMLResponse)
-def gates_page(
-    request: Request, before: int | None = None, head: str | None = None, base: str | None = None,
-    backend: str | None = None, verdict: str | None = None, session: Session = Depends(get_session),
-) -> HTMLResponse:
-    """The gates newest first, narrowed by head, base (sha prefixes), backend and verdict; an
-    unknown verdict or a head/base that is no hex prefix is refused with the choices."""
+def list_filter(
+    head: str | None, base: str | None, backend: str | None, verdict: str | None
+) -> tuple[dict[str, Any], gate_store.GateFilter, str | None]:
+    """A list page's filters (the gates', the finds'): the form as typed, the filter, and why
+    it is refused (a head or base that is no hex prefix, an unknown verdict), else None."""
     form = {"head": (head or "").strip().lower(), "base": (base or "").strip().lower(),
             "backend": (backend or "").strip(), "verdict": verdict or ""}
     bad = [f"{k} {form[k]!r} is not a hex sha prefix" for k in ("head", "base")
            if form[k] and not _HEX.fullmatch(form[k])]
     if form["verdict"] and form["verdict"] not in GATE_VERDICTS:
         bad.append(f"verdict {form['verdict']!r} is not one of {', '.join(GATE_VERDICTS)}")
-    if bad:
-        return page(request, "gates.html", 422, nav="gates", gates=[], next_url=None, form=form,
-                    verdicts=GATE_VERDICTS, error="; ".join(bad))
     where = gate_store.GateFilter(**{k: v or None for k, v in form.items()})
+    return {"form": form, "verdicts": GATE_VERDICTS}, where, "; ".join(bad) or None
+
+
+@router.get("/gates", response_class=HTMLResponse)
+def gates_page(
+    request: Request, before: int | None = None, head: str | None = None, base: str | None = None,
+    backend: str | None = None, verdict: str | None = None, session: Session = Depends(get_session),
+) -> HTMLResponse:
+    """The gates newest first, narrowed by head, base (sha prefixes), backend and verdict."""
+    form, where, error = list_filter(head, base, backend, verdict)
+    if error is not None:
+        return page(request, "gates.html", 422, nav="gates", gates=[], next_url=None, **form, error=error)
     gates, nxt = gate_store.list_gates(session, before_id=before, limit=50, where=where)
-    more = urlencode({"before": nxt, **{k: v for k, v in form.items() if v}}) if nxt else None
+    more = urlencode({"before": nxt, **{k: v for k, v in form["form"].items() if v}}) if nxt else None
     return page(request, "gates.html", nav="gates", gates=[_gate_row(g) for g in gates],
-                next_url=f"/gates?{more}" if more else None, form=form, verdicts=GATE_VERDICTS, error=None)
+                next_url=f"/gates?{more}" if more else None, **form, error=None)
 
 
 @router.get("/gates/{gate_id}", response_class=HTMLResponse)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import DbId, DbIdQuery, SettingsDep, get_session
 from service.persistence import artifacts as artifact_store
+from service.persistence import finds as find_store
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
 from service.persistence import page_queries, queue
@@ -223,6 +224,7 @@ def job_page(
         deadline=_deadline(settings, job), case_backends=views.case_backends(cases),
         backend_records=views.backend_records(job.info or {}),
         gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
+        finds=find_store.finds_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )
