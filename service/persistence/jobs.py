@@ -204,3 +204,20 @@ def backend_repositories(session: Session) -> list[str]:
         if repo:
             repos.add(repo)
     return sorted(repos)
+
+
+def setting_jobs(
+    session: Session, suite: str, *, preset: str, device: str, world_size: int, params: Mapping[str, Any],
+    backend_repo: str | None, limit: int = 200,
+) -> list[JobRecord]:
+    """The newest succeeded whole jobs (not a re-measurement of some cases) of one setting:
+    `suite` with this preset, device, world size and overrides, installing their backend from
+    `backend_repo` (None: none from elsewhere); newest first, at most `limit`."""
+    from service.persistence.queue import job_backend_repo
+
+    q = (select(JobRow).where(JobRow.suite == suite, JobRow.status == "succeeded", JobRow.preset == preset,
+                              JobRow.device == device, JobRow.world_size == world_size)
+         .order_by(JobRow.id.desc()).limit(limit))
+    want = dict(params)
+    return [JobRecord.of(j) for j in session.scalars(q).unique()
+            if not j.cases and dict(j.params or {}) == want and job_backend_repo(j) == backend_repo]

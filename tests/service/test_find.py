@@ -148,3 +148,22 @@ def test_a_find_through_the_api_and_its_pages(env) -> None:
         wrong["commits"] = wrong["commits"][:-1]
         refused = client.post("/api/v1/find", json=wrong)
         assert refused.status_code == 422 and "expected the bad commit" in refused.text
+
+
+def test_code_under_test_matches_only_a_job_that_ran_exactly_it() -> None:
+    """What a job records of its code (`info.code_hash`, each backend's content) against what a
+    commit's jobs would record: ours alone, or ours and the backend under test."""
+    from service.domain.same_code import CodeUnderTest
+
+    ours = {"backend": "eager", "distribution": "gdnval", "content_hash": "t"}
+    project = CodeUnderTest("t")
+    assert project.measured_by({"code_hash": "t", "backends": [ours]})
+    assert project.measured_by({"code_hash": "t"})  # a suite that names no backend
+    assert not project.measured_by({"code_hash": "u", "backends": [ours]})
+    fla = {"backend": "fla", "distribution": "flash-linear-attention", "content_hash": "f"}
+    assert not project.measured_by({"code_hash": "t", "backends": [ours, fla]})  # not ours: unknown here
+    backend = CodeUnderTest("t", "extgdn", "x")
+    ext = {"backend": "extgdn", "distribution": "ext-gdn", "content_hash": "x"}
+    assert backend.measured_by({"code_hash": "t", "backends": [ours, ext]})
+    assert not backend.measured_by({"code_hash": "t", "backends": [ours, {**ext, "content_hash": "y"}]})
+    assert not backend.measured_by({"code_hash": "t", "backends": [ours]})  # never ran the backend

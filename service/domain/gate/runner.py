@@ -14,6 +14,7 @@ from service.domain.gate import decision
 from service.domain.gate.decision import EXIT_INFRA, GateVerdict
 from service.domain.gate.request import GateInputError, GateRequest, params_for, preset_for, validate_gate
 from service.domain.gate.state import GateJob, GateState, Role
+from service.domain.same_code import identical_job
 from service.persistence import gates as gate_store
 from service.persistence import queue
 from service.persistence.gates import GateJobLink
@@ -313,8 +314,10 @@ def _ensure_job(
     like: GateJob | None = None,
 ) -> GateJob:
     """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
-    base only) the newest succeeded or in-flight job of the commit with the same setting, else a
-    new one. `cases`: run only these (re-measurements); `like`: the job whose setting it repeats."""
+    base only) the newest succeeded or in-flight job of the commit with the same setting, or the
+    newest succeeded one of a commit whose code under test is byte-identical
+    (`service.domain.same_code`), else a new one. `cases`: run only these (re-measurements);
+    `like`: the job whose setting it repeats."""
     from sqlalchemy.orm import Session
 
     preset = preset_for(req, suite)
@@ -331,6 +334,11 @@ def _ensure_job(
                 )
                 if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
+            same = identical_job(s, suite, commit, preset=preset, device=req.device,
+                                 world_size=req.world_size, params=params_for(req, suite),
+                                 backend_repo=req.backend_repo, backend=req.backend)
+            if same is not None:  # another commit's job ran this commit's code, byte for byte
+                return _job_view(same, role, True)
         if like is not None:
             template = job_record(s, like.job_id)
             preset = template.preset if template is not None else preset
