@@ -127,6 +127,7 @@ def check_find(url: str, shas: dict[str, str], found: SimpleNamespace, history: 
     assert len(state["measured"]) <= 5 and state["bound"] == 4, state["measured"]
     bad = ("regressed", "worsened", "failed")
     assert state["findings"] and all(f["verdict"] in bad for f in state["findings"]), state["findings"]
+    assert any(f["kind"] == "time" for f in state["findings"]), state["findings"]  # the time that moved
     with httpx.Client(base_url=url, timeout=60) as http:
         stored = http.get(f"/api/v1/finds/{state['find_id']}").json()
         page = http.get(f"/finds/{state['find_id']}").text
