@@ -6,9 +6,9 @@ after). The compare engine judges them exactly as the compare page does, and the
 page's: both sides, the verdict, the case and metric counts, then the table of
 `service.presentation.views.compare_rows` (`--show changes|regressions|all`).
 
-Exit code: 0 no regression, 1 a case regressed or failed, 2 the two could not be compared (a
-side is missing, another suite, other hardware) or a time change is beyond its minimum effect
-but not significant (undecided: measure again, or gate it).
+Exit code (`service.domain.exit_codes`): 0 no regression, 1 a case regressed or failed, 2 the
+two could not be compared (a side is missing, another suite, other hardware) or a time change is
+beyond its minimum effect but not significant (undecided: measure again, or gate it).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import click
 from service.cli.client import fail
 from service.cli.local_store import db_option, open_store
 from service.cli.output import console
+from service.domain import exit_codes
 
-EXIT_PASS, EXIT_FAIL, EXIT_UNDECIDED = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_UNDECIDED = exit_codes.PASSED, exit_codes.FAILED, exit_codes.COULD_NOT_RUN
 
 
 def _is_file(side: str) -> bool:
