@@ -11,8 +11,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from service.persistence.db import write_tx
-from service.persistence.gates import GateFilter
-from service.persistence.models import FindRow, FindStepRow, GateJobRow, GateRow, utcnow
+from service.persistence.gates import GateFilter, upsert_run
+from service.persistence.models import FindRow, FindStepRow, GateJobRow, GateRow
 
 FIND_FIELDS = ("head", "base", "backend", "backend_repo", "device", "world_size", "commits", "phase",
                "verdict", "exit_code", "reason", "first_bad", "last_good", "findings", "measured")
@@ -36,20 +36,8 @@ def save_find(
 ) -> int:
     """Create or update the find `run_id` with `fields` (of FIND_FIELDS) and its steps (a step
     already recorded at a position is updated); the finish time is set when it is done."""
-    unknown = sorted(set(fields) - set(FIND_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown find field(s) {unknown}; expected some of {list(FIND_FIELDS)}")
     with write_tx(engine) as s:
-        row = s.scalars(select(FindRow).where(FindRow.run_id == run_id)).first()
-        if row is None:
-            row = FindRow(run_id=run_id, request=dict(request))
-            s.add(row)
-        for key, value in fields.items():
-            setattr(row, key, value)
-        row.updated_at = utcnow()
-        if row.phase == "done" and row.finished_at is None:
-            row.finished_at = row.updated_at
-        s.flush()
+        row = upsert_run(s, FindRow, FIND_FIELDS, run_id, request, fields)
         have = {st.position: st for st in s.scalars(select(FindStepRow).where(FindStepRow.find_id == row.id))}
         for step in steps:
             known = have.get(step.position)

@@ -37,20 +37,8 @@ def save_gate(
 ) -> int:
     """Create or update the gate `run_id` with `fields` (of GATE_FIELDS) and add the jobs it does
     not list yet; the finish time is set when its phase becomes `done`. Returns its id."""
-    unknown = sorted(set(fields) - set(GATE_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown gate field(s) {unknown}; expected some of {list(GATE_FIELDS)}")
     with write_tx(engine) as s:
-        row = s.scalars(select(GateRow).where(GateRow.run_id == run_id)).first()
-        if row is None:
-            row = GateRow(run_id=run_id, request=dict(request))
-            s.add(row)
-        for key, value in fields.items():
-            setattr(row, key, value)
-        row.updated_at = utcnow()
-        if row.phase == "done" and row.finished_at is None:
-            row.finished_at = row.updated_at
-        s.flush()
+        row = upsert_run(s, GateRow, GATE_FIELDS, run_id, request, fields)
         have = {(j.job_id, j.role) for j in s.scalars(select(GateJobRow).where(GateJobRow.gate_id == row.id))}
         for j in jobs:
             if (j.job_id, j.role) not in have:
@@ -59,6 +47,30 @@ def save_gate(
                     GateJobRow(gate_id=row.id, job_id=j.job_id, role=j.role, suite=j.suite, reused=j.reused)
                 )
         return int(row.id)
+
+
+def upsert_run(
+    s: Session, model: Any, allowed: Sequence[str], run_id: str, request: Mapping[str, Any],
+    fields: Mapping[str, Any],
+) -> Any:
+    """The row of run `run_id` of a state machine kept in the store (a gate's, a find's), created
+    with its request on first use, with `fields` (of `allowed`) set; its finish time is set
+    when its phase becomes `done`."""
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {model.__tablename__} field(s) {unknown}; "
+                         f"expected some of {list(allowed)}")
+    row = s.scalars(select(model).where(model.run_id == run_id)).first()
+    if row is None:
+        row = model(run_id=run_id, request=dict(request))
+        s.add(row)
+    for key, value in fields.items():
+        setattr(row, key, value)
+    row.updated_at = utcnow()
+    if row.phase == "done" and row.finished_at is None:
+        row.finished_at = row.updated_at
+    s.flush()
+    return row
 
 
 def get_gate(session: Session, gate_id: int) -> GateRow | None:

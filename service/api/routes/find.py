@@ -8,7 +8,7 @@ the good one)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
@@ -23,7 +23,7 @@ from service.api.deps import (
     require_read,
     require_write,
 )
-from service.api.routes.gate import GateJobOut, ShaQuery
+from service.api.routes.gate import GateJobOut, ListFilter
 from service.api.schemas import Page
 from service.domain.find import FindInputError, FindRequest, FindState, evaluate_find
 from service.domain.gate import EXIT_INFRA, default_submit
@@ -114,18 +114,11 @@ def _outs(session: Any, rows: list[FindRow]) -> list[FindOut]:
 
 @router.get("/finds", response_model=Page[FindOut])
 def list_finds(
-    session: SessionDep,
-    head: ShaQuery = None,
-    base: ShaQuery = None,
-    backend: Annotated[str | None, Query(max_length=200, description="the bisected backend's name")] = None,
-    verdict: Annotated[Literal["pass", "fail", "error", "waiting"] | None,
-                       Query(description="fail: a first bad commit found; waiting: no verdict yet")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    session: SessionDep, where: ListFilter, limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
 ) -> Page[FindOut]:
-    """Newest first, each with its steps and their jobs; pass `next` back as `cursor`."""
-    where = gate_store.GateFilter(head=head and head.lower(), base=base and base.lower(), backend=backend,
-                                  verdict=verdict)
+    """Newest first, each with its steps and their jobs (head: the bad commit, base: the good
+    one, verdict fail: a first bad commit found); pass `next` back as `cursor`."""
     rows, nxt = find_store.list_finds(session, before_id=cursor_value(cursor), limit=limit, where=where)
     return Page[FindOut](items=_outs(session, rows), next=None if nxt is None else str(nxt))
 

@@ -123,20 +123,27 @@ ShaQuery = Annotated[str | None, Query(min_length=4, max_length=64, pattern="^[0
                                        description="a full sha or a prefix of one")]
 
 
-@router.get("/gates", response_model=Page[GateOut])
-def list_gates(
-    session: SessionDep,
+def gate_filter(
     head: ShaQuery = None,
     base: ShaQuery = None,
-    backend: Annotated[str | None, Query(max_length=200, description="the gated backend's name")] = None,
+    backend: Annotated[str | None, Query(max_length=200, description="the backend under test's name")] = None,
     verdict: Annotated[Literal["pass", "fail", "error", "waiting"] | None,
                        Query(description="waiting: no verdict yet")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> gate_store.GateFilter:
+    """The filters of the gates' (and finds') lists, as query parameters."""
+    return gate_store.GateFilter(head=head and head.lower(), base=base and base.lower(), backend=backend,
+                                 verdict=verdict)
+
+
+ListFilter = Annotated[gate_store.GateFilter, Depends(gate_filter)]
+
+
+@router.get("/gates", response_model=Page[GateOut])
+def list_gates(
+    session: SessionDep, where: ListFilter, limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
 ) -> Page[GateOut]:
     """Newest first, each with its jobs; pass `next` back as `cursor` for the following page."""
-    where = gate_store.GateFilter(head=head and head.lower(), base=base and base.lower(), backend=backend,
-                                  verdict=verdict)
     gates, nxt = gate_store.list_gates(session, before_id=cursor_value(cursor), limit=limit, where=where)
     links = gate_store.jobs_of_gates(session, [g.id for g in gates])
     return Page[GateOut](items=[GateOut.of(g, links.get(g.id, [])) for g in gates],
