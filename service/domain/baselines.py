@@ -8,6 +8,7 @@ Kept apart from `service.domain.compare` so the engine stays database-free; the 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,16 @@ from typing import Literal
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.domain.compare import (
+    CaseInfo,
+    CompareConfig,
+    Comparison,
+    JobRef,
+    JobSide,
+    SampleTable,
+    compare,
+    series_of,
+)
 from service.persistence import baselines, commits
 from service.persistence.compare_reads import read_job_for_compare
 from service.persistence.jobs import find_commit_job
@@ -77,6 +87,20 @@ def load_side(session: Session, job_id: int) -> JobSide:
             metrics[m.name] = replace(m, kind=kind, direction=direction, bound=bound,
                                       diagnostic=verdict.is_diagnostic(kind, bound, declared))
     return JobSide(job_ref(stored.job), cases, metrics, table)
+
+
+def repetitions(side: JobSide) -> Callable[[str, str], np.ndarray | None]:
+    """(fingerprint, metric) -> that metric's values after the worst-rank reduction, one per
+    repetition (None when the job has none): what a gain or speed-up's interval is computed from
+    (`service.domain.compare.judgment.difference`)."""
+    series = series_of(side.samples, side.metrics)
+    by_key = {key: series.get(g)[1] for g, key in enumerate(series.keys)}
+    return lambda fingerprint, metric: by_key.get((fingerprint, metric))
+
+
+def job_repetitions(session: Session, job_id: int) -> Callable[[str, str], np.ndarray | None]:
+    """`repetitions` of a stored job."""
+    return repetitions(load_side(session, job_id))
 
 
 def compare_jobs(

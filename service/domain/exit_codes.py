@@ -62,6 +62,8 @@ def for_job(job: Mapping[str, object]) -> int:
     status = job.get("status")
     if status in ("queued", "running"):
         return NO_VERDICT_YET
+    if status != "succeeded":  # failed or cancelled: it did not run to its end
+        return COULD_NOT_RUN
     counts = job.get("case_counts")
     verdict = job.get("verdict")
     return for_verdict(verdict if isinstance(verdict, str) else None,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from service.domain.baselines import NotFound, compare_jobs
+from service.domain.baselines import NotFound, compare_jobs, job_repetitions
 from service.domain.compare import Comparison
 from service.persistence import jobs as job_store
 from service.persistence import summaries as summary_store
@@ -58,6 +58,7 @@ class JobData:
     started: Any = None
     finished: Any = None
     verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
+    values_of: views.ValuesOf | None = None  # the repetitions, for the intervals of gains and speed-ups
 
 
 def load_job_data(session: Session, job_id: int) -> JobData:
@@ -67,7 +68,7 @@ def load_job_data(session: Session, job_id: int) -> JobData:
     return JobData(
         job.id, job.suite, job.preset, job.status, job.code_commit, job.device, job.world_size, job.error,
         dict(job.info or {}), summary_store.case_summaries(session, job_id), job.started_at, job.finished_at,
-        job.verdict,
+        job.verdict, job_repetitions(session, job_id),
     )
 
 
@@ -155,12 +156,16 @@ def job_report_markdown(
     sections: tuple[tuple[str, Any, str], ...] = (
         ("Capability checks", lambda j: tables.check_pivot(j.cases), "_No check metrics._"),
         ("GDN accuracy matrix", lambda j: tables.accuracy_pivot(j.cases), "_No accuracy metrics._"),
-        ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)]), ""),
+        ("Backends side by side", lambda j: tables.backend_pivot([c for c in j.cases if not _is_cp(c)],
+                                                                 values_of=j.values_of, device=j.device), ""),
         ("Speed and memory", lambda j: tables.timing_pivot([c for c in j.cases if not _is_cp(c)],
-                                                           tracked=memory_tracked(j.device)),
+                                                           tracked=memory_tracked(j.device),
+                                                           values_of=j.values_of, device=j.device),
          "_No single-device timings._"),
         ("CP tables", lambda j: tables.timing_pivot([c for c in j.cases if _is_cp(c)],
-                                                    tracked=memory_tracked(j.device)), "_No CP timings._"),
+                                                    tracked=memory_tracked(j.device),
+                                                    values_of=j.values_of, device=j.device),
+         "_No CP timings._"),
         ("Trajectories", lambda j: tables.trajectory_pivot(j.cases), "_No trajectories._"),
     )
     for heading, build, empty in sections:

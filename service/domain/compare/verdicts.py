@@ -43,6 +43,8 @@ def settle_case(cr: CaseResult, in_base: bool, bstat: str | None) -> None:
         return
     cr.verdict = worst.verdict
     cr.reason = f"{worst.metric}: {worst.reason}"
+    if cr.head_status == "failed" and cr.head_error:  # the suite's own words for the failure
+        cr.reason += f" ({first_line(cr.head_error)})"
 
 
 def metric_result(

@@ -169,10 +169,13 @@ def findings(comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
                      "case_verdict": c.verdict, "head_job": cmp.head.job_id, "base_job": cmp.base.job_id,
                      **pooled}
             metrics = [m for m in c.metrics if m.verdict != "unchanged" and not m.diagnostic]
+            said = f" ({c.head_error.strip().splitlines()[0][:300]})" if c.head_status == "failed" and \
+                c.head_error else ""  # the suite's own words for a failed case (a broken contract)
             for m in metrics:
                 out.append({**where, "metric": m.metric, "kind": m.kind, "verdict": m.verdict,
-                            "change": CHANGE_OF.get(m.verdict, "recorded"), "reason": m.reason,
-                            "summary": _change_text(m)})
+                            "change": CHANGE_OF.get(m.verdict, "recorded"),
+                            "reason": m.reason + (said if m.verdict == "failed" else ""),
+                            "summary": _change_text(m) + (said if m.verdict == "failed" else "")})
             if not c.metrics and c.verdict not in ("unchanged", "improved"):
                 out.append({**where, "metric": None, "kind": None, "verdict": c.verdict,
                             "change": CHANGE_OF.get(c.verdict, "recorded"), "reason": c.reason,
