@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.persistence.commits import FULL_SHA, commit_ids
 from service.persistence.models import (
+    CommitRow,
     JobEventRow,
     JobRow,
 )
@@ -168,8 +169,7 @@ def jobs_at_commits(
     first: with `backend_repo`, the jobs that installed their backend from that repository at
     that commit; else the jobs of our code at that commit that install no backend from elsewhere.
     The shas are matched whole, one indexed lookup per batch."""
-    from service.persistence.models import CommitRow
-    from service.persistence.queue import job_backend_repo
+    from service.persistence.queue import job_backend_repo  # queue imports this module
 
     out: list[JobRecord] = []
     for start in range(0, len(shas), 500):
@@ -213,7 +213,7 @@ def setting_jobs(
     """The newest succeeded whole jobs (not a re-measurement of some cases) of one setting:
     `suite` with this preset, device, world size and overrides, installing their backend from
     `backend_repo` (None: none from elsewhere); newest first, at most `limit`."""
-    from service.persistence.queue import job_backend_repo
+    from service.persistence.queue import job_backend_repo  # queue imports this module
 
     q = (select(JobRow).where(JobRow.suite == suite, JobRow.status == "succeeded", JobRow.preset == preset,
                               JobRow.device == device, JobRow.world_size == world_size)

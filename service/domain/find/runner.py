@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.domain.baselines import parse_job_ref
 from service.domain.commit_range import RangeError, backend_repository, first_parent, service_repository
+from service.domain.compare import to_jsonable
 from service.domain.find.bisect import OUTCOME_OF_EXIT, Next, Outcome, StepKind, measured_bound, next_step
 from service.domain.gate import GateInputError, GateJob, GateRequest, SubmitFn, evaluate_gate
 from service.persistence import finds as find_store
@@ -104,8 +105,6 @@ class FindState:
         return measured_bound(len(self.commits))
 
     def to_dict(self) -> dict[str, Any]:
-        from service.domain.compare import to_jsonable
-
         return {
             "phase": self.phase, "exit_code": self.exit_code, "verdict": self.verdict, "reason": self.reason,
             "good": self.good, "bad": self.bad, "commits": list(self.commits), "first_bad": self.first_bad,

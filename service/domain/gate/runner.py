@@ -20,7 +20,7 @@ from service.persistence import queue
 from service.persistence.gates import GateJobLink
 from service.persistence.jobs import find_commit_job, job_by_idempotency_key, job_record
 from service.persistence.records import JobRecord
-from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
+from workers.backend_source import BACKEND_SOURCE_LABEL
 from workers.snapshot import REPO_ENV
 
 # A submit function: (suite, preset, commit, device, world_size, idempotency_key, labels) -> job id.
@@ -293,13 +293,7 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
 
 def _same_backend_repo(job: JobRecord, repo: str | None) -> bool:
     """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
-    source = queue.job_backend_source(job)
-    if repo is None or source is None:
-        return repo is None and source is None
-    try:
-        return BackendSource.parse(source).repo == repo
-    except BackendSourceError:
-        return False
+    return queue.job_backend_repo(job) == repo
 
 
 def _ensure_job(
