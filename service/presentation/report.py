@@ -103,6 +103,9 @@ def _backend_rows(jobs: Sequence[JobData], base_url: str) -> list[list[str]]:
             for j in jobs for b in views.backend_records(j.info)]
 
 
+CPU_TIMES_NOTE = ("> Times come from CPU ranks: a shared CPU's wall clock moves by tens of percent between "
+                  "processes, so a time difference is stated only where its interval supports it (on a CPU, "
+                  "a doubling or halving); `~` marks the rest.")
 CP_MODES = frozenset({"ulysses", "p2p", "p2p_emulated", "all_gather"})
 
 
@@ -122,6 +125,8 @@ def job_report_markdown(
     commits = sorted({short_sha(j.commit or j.info.get("commit")) for j in jobs})
     suites = ", ".join(j.suite for j in jobs)
     lines = [f"# {title or 'gdnval test report'}: {suites} @ {', '.join(commits)}", ""]
+    if any(j.device == "cpu" for j in jobs):
+        lines += [CPU_TIMES_NOTE, ""]
     lines += ["## Environment", ""]
     lines.append(table(["job", "suite", "preset", "commit", "device", "driver", "torch", "Triton", "Python",
                         "status"], _env_rows(jobs, base_url)))

@@ -1,8 +1,8 @@
 """`gdnval find` end to end, through the CLI and a real server (SQLite, the local executor) on
 real commits: c1 good, c2 documentation only, c3 1.6x slower, c4 and c5 documentation only.
 
-For a backend's own repository (the `extgdn` package of tests/e2e/test_backend_gate.py, gated
-on gdn-op) and for the project's repository (its runtime code with the test-only `gatetime`
+For a backend's own repository (an `extgdn` package: gdn's eager chunked core at chunk size 32,
+gated on gdn-op) and for the project's repository (its runtime code with the test-only `gatetime`
 suite, whose sleeps the planted change lengthens), `gdnval find --good c1 --bad c5` names c3,
 measures at most 5 commits (c2 and c3 reuse the jobs of the byte-identical c1 and c5 before the
 boundary is measured anew), and its page shows its steps; the repository's history then lists
@@ -24,12 +24,20 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from tests.e2e.test_backend_gate import CORE
 from tests.e2e.test_external_backend import PYPROJECT
 from tests.support.gate_suite import SUITE_MODULE, git, serve_in_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 NAMES = ("c1", "c2", "c3", "c4", "c5")
+CORE = '''"""The eager chunked GDN core at chunk size 32; autograd gives the backward."""
+from gdn import chunk_gated_delta_rule_eager
+
+
+def core(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return chunk_gated_delta_rule_eager(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                        chunk_size=32)
+'''
 # the core, then the core again over the first 60 % of the sequence (its output added times 0, so
 # the backward pays for it too): 1.6x the time, the same numbers
 SLOWER = '''

@@ -99,6 +99,7 @@ def test_a_cp_layer_quick_report_fits_on_two_screens(engine, tmp_path: Path) -> 
     _, md = report(engine, QUICK, tmp_path)
     lines = md.splitlines()
     assert len(lines) <= 100, len(lines)  # two screens of ~50 lines
+    assert lines[2].startswith("> Times come from CPU ranks")  # the header says what CPU times are worth
     counts = json.loads(QUICK.read_text())["case_counts"]
     ran, skipped = counts["passed"], counts["skipped"]
     assert re.search(rf"All \d+ bounded checks of {ran} case\(s\) hold", md)
