@@ -21,6 +21,9 @@ from service.cli.client import fail, server_option, token_option
 from service.domain import exit_codes
 
 EXIT_INFRA = exit_codes.COULD_NOT_RUN
+# One step may build a backend commit's package to learn whether its code was measured already
+# (service.domain.same_code): longer than a plain request may take.
+STEP_TIMEOUT_S = 900.0
 
 
 def check_repo(repo: str) -> None:
@@ -210,7 +213,7 @@ def step_until_done(
     with client(server, token) as http, Progress(*columns, console=Console(stderr=True)) as bar:
         while True:
             try:
-                resp = http.post(path, json=body)
+                resp = http.post(path, json=body, timeout=STEP_TIMEOUT_S)
             except httpx.HTTPError as exc:
                 return _infra(f"could not run: the service at {server} is unreachable ({exc})", what, infra)
             if resp.status_code == 503 and busy < 10:  # the store is busy: retry a few times
