@@ -29,7 +29,7 @@ QUICK = RESULTS / "cp_layer_quick_cpu_w2.json"
 
 
 def report(engine, run: Path, tmp_path: Path) -> tuple[int, str]:
-    job = store_run(engine, run, tmp_path)
+    job = store_run(engine, run)
     with Session(engine) as s:
         md, _ = build_report(s, [job], base_url="http://svc")
     return job, md
