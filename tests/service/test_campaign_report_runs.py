@@ -16,7 +16,7 @@ from service.persistence import db
 from service.persistence import summaries as summary_store
 from service.presentation.campaign_report import campaign_report_markdown
 from service.presentation.numbers import fmt
-from tests.service.test_campaign_report import linked_rows, sections, table
+from tests.service.test_campaign_report import joined, linked_rows, sections
 from tests.support.run_json import store_run
 
 pytestmark = pytest.mark.slow  # two suites run in rank processes
@@ -49,10 +49,14 @@ def test_sections_of_a_cpu_capability_and_gdn_op_campaign(stored: dict[str, Any]
         "Capability and fail-fast",
         "Single-device GDN accuracy",
         "Single-device GDN speed and memory",
+        "Not run",
         "Conclusions",
     ]
     assert "_No" not in stored["md"] and "0.0 MiB" not in stored["md"]
     assert "Every bound holds; no case errored." in got["Conclusions"]
+    # only eager is timed on a CPU, which tracks no memory: two sections say why they have no rows
+    assert "- Single-device speed-up: only eager timed" in got["Not run"]
+    assert "- Single-device memory: the device keeps no allocator statistics (cpu)." in got["Not run"]
 
 
 def test_capability_outcomes_are_the_stored_ones(stored: dict[str, Any]) -> None:
@@ -89,7 +93,7 @@ def test_gdn_numbers_are_the_stored_statistics(stored: dict[str, Any]) -> None:
         )
         assert row["bwd estimate"] == f"{fb.median - f.median:.3f}"
         assert row["incr. peak"] == "not tracked"  # a CPU keeps no allocator statistics
-    header, _ = table(got["Single-device GDN speed and memory"])
+    header, _ = joined(got["Single-device GDN speed and memory"])
     # only eager is timed on a CPU: no speed-up or peak ratio has a value, so their columns are left out
     assert header[-2:] == ["bwd estimate", "incr. peak"] and "speed-up vs eager" not in header
     assert re.search(r"eager warm-up \d+, repeat \d+", got["Single-device GDN speed and memory"])
