@@ -108,3 +108,34 @@ def test_the_report_reads_the_store_path(tmp_path: Path) -> None:
     with Session(engine) as s, pytest.raises(NotFound, match="no job 7"):
         campaign_report_markdown(s, [7])
     engine.dispose()
+
+
+def test_a_suite_without_report_code_appears_through_the_generic_section(tmp_path: Path) -> None:
+    """A new suite registered with no module in service/presentation/suite_sections: its run,
+    stored, shows every judged metric in the report (and on the report page, the same blocks)."""
+    from service.cli import main
+    from workers.registry import SUITE_MODULES, get_suite
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SUITE_MODULES, "toy-generic", "tests.support.toy_suite")
+        get_suite.cache_clear()
+        run = tmp_path / "toy.json"
+        res = CliRunner().invoke(main, ["run", "toy-generic", "--json", str(run)])
+        assert res.exit_code == 0, res.output
+        engine = db.make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+        db.upgrade(engine)
+        job = store_run(engine, run, tmp_path / "artifacts")
+        with Session(engine) as s:
+            md = campaign_report_markdown(s, [job], base_url="https://gdnval.example.org")
+        engine.dispose()
+    get_suite.cache_clear()
+    got = sections(md)
+    assert list(got) == ["Environment and backends", "Suite toy-generic", "Conclusions"]
+    generic = got["Suite toy-generic"]
+    headers = [ln for ln in generic.splitlines() if ln.startswith("| ") and "---" not in ln and "[" not in ln]
+    assert headers == ["| size | bounded checks holding |", "| size | out |", "| size | step |",
+                       "| size | loss rel err |"]
+    # the worst value of each judged metric, the median of the time, each row linked to its case
+    assert "| 1.600e-04 |" in generic and re.search(r"\| 16\.\d+ ms \|", generic)
+    assert generic.count(f"](https://gdnval.example.org/jobs/{job}#case-") == 8
+    assert "Every bound holds; no case errored." in got["Conclusions"]
