@@ -4,6 +4,7 @@ saving (cp-layer at the network's shape) that the whole network keeps."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,28 @@ def linear_layers_of(v: Variant) -> int | None:
     """The GatedDeltaNet (linear-attention) layers of a network case, as it recorded them."""
     m = v.metrics.get("model_linear_layers")
     return None if m is None or m.worst != m.worst else int(m.worst)
+
+
+MODEL_FACTS = ("model_layers", "model_linear_layers")
+
+
+def share_model_facts(rows: Sequence[Row]) -> None:
+    """Only the speed cases record their model's layer counts; the other cases of the same job
+    and model (trajectories, the deterministic pair) take theirs, so every row names its layers."""
+
+    def model(v: Variant) -> str:
+        return json.dumps(
+            [v.params.get("model"), v.params.get("model_overrides")], sort_keys=True, default=str
+        )
+
+    known = {
+        (j.job_id, model(v)): {k: v.metrics[k] for k in MODEL_FACTS}
+        for j, v in rows
+        if all(k in v.metrics for k in MODEL_FACTS)
+    }
+    for j, v in rows:
+        for k, m in known.get((j.job_id, model(v)), {}).items():
+            v.metrics.setdefault(k, m)
 
 
 def layers_label(v: Variant) -> str:

@@ -48,6 +48,7 @@ from service.presentation.suite_sections._network_model import (
     layers_label,
     model_section,
     share_lines,
+    share_model_facts,
 )
 from service.presentation.suite_sections.cp_layer import (
     scaling_conclusions,
@@ -356,6 +357,7 @@ def _checkpoint_line(found: Sequence[tuple[str, Difference, float | None]]) -> s
 def report(inp: SuiteInput) -> SuiteReport:
     out = SuiteReport()
     rows = rows_of(inp.mine)
+    share_model_facts(rows)
     out.add(trajectories(inp, rows))
     out.plots += trajectory_plots(rows)
     speed_all = _speed_rows(rows)

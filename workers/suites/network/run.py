@@ -19,7 +19,6 @@ from workers.suites.shared.spec import PRECISION
 
 
 def run(ctx: RankContext, case: Case) -> Iterator[Sample]:
-    yield from model_samples(ctx, case)
     kind = case.params["kind"]
     if kind == "trajectory":
         yield from run_trajectory_case(ctx, case)
@@ -84,6 +83,7 @@ def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 
 def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     p = case.params
+    yield from model_samples(ctx, case)
     trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)
 

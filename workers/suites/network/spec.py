@@ -14,7 +14,7 @@ Case families (one case per mode x activation checkpoint where it applies):
 - `determinism/<mode>`: under deterministic mode, checkpoint off vs full over
   `determinism_steps`: loss, grad-norm and final parameters must be bit-identical.
 
-Every case also records its model's decoder and GatedDeltaNet layer counts (`model_layers`,
+A speed case also records its model's decoder and GatedDeltaNet layer counts (`model_layers`,
 `model_linear_layers`): the report's per-layer model reads them.
 
 Mode "none" runs the candidate on each rank without CP (a single-device backend comparison, e.g.
