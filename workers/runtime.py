@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from workers.context import RankContext
 from workers.device_presets import device_refusal
 from workers.provenance import backend_provenance, source_content_hash
-from workers.suite import Case, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
+from workers.suite import Case, CaseFailed, CaseStatus, Sample, Suite, UnknownSuiteInput, select_cases
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -277,6 +277,8 @@ def run_case(suite: Suite, ctx: RankContext, case: Case, buffer: SampleBuffer) -
         buffer.flush()
         if case.expected_error and _error_matches(exc, case.expected_error):
             return CaseOutcome("expected_error", f"{type(exc).__name__}: {exc}", raised=True)
+        if isinstance(exc, CaseFailed):  # the code under test failed, in the suite's words
+            return CaseOutcome("failed", str(exc), raised=True)
         if isinstance(exc, NotImplementedError):  # e.g. a backend that does not take this input
             return CaseOutcome("skipped", f"not applicable: NotImplementedError: {exc}", raised=True)
         return CaseOutcome("error", traceback_tail(exc), raised=True)

@@ -170,6 +170,12 @@ class SuiteParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CaseFailed(Exception):
+    """Raised by a case's rank code after its samples, when the code under test failed a check
+    the suite can say in words (a broken backend contract): the case is `failed` with this
+    message, which reaches the case, the job page and the gate, beside the metric that broke."""
+
+
 class UnknownSuiteInput(ValueError):
     """Bad suite, preset or parameter: the message names the valid choices."""
 

@@ -263,9 +263,11 @@ def case_status(ran: tuple[str, str | None], judgements: Iterable[Judgement]) ->
     """A case's status from how its run ended (ranks combined) and its metrics' judgements: a
     case that ran cleanly fails when any metric fails its bound or has a non-finite sample."""
     status, error = ran
+    failing = [j.reason for j in judgements if j.ok is False]
+    if status == "failed" and error and failing:  # the suite's own words first, then the bounds
+        return status, f"{error}; {'; '.join(failing[:3])}"
     if status != "passed":
         return status, error
-    failing = [j.reason for j in judgements if j.ok is False]
     if not failing:
         return "passed", None
     more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from service.cli.client import connected, fail, fail_on_error, server_option, token_option
+from service.domain import exit_codes
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -41,7 +42,8 @@ def campaign() -> None:
                    "pip requirement (the job label backend_source)")
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.option("--idempotency-key", default=None, help="the same key returns the same campaign")
-@click.option("--wait", is_flag=True, help="wait with progress per job; exit 0 only if every job passed")
+@click.option("--wait", is_flag=True,
+              help="wait with progress per job; exit by the campaign's verdict (README's exit-code table)")
 @click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds (exit 3)")
 @server_option
 @token_option
@@ -71,7 +73,7 @@ def submit(
             return
         c = _wait(http, c["id"], timeout)
         _print(c, base)
-    raise SystemExit(0 if c["verdict"] == "passed" else 1)
+    raise SystemExit(exit_codes.for_campaign(c))
 
 
 def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def _wait(http: Any, campaign_id: int, timeout: float | None) -> dict[str, Any]:
             if timeout is not None and time.monotonic() - start > timeout:
                 bar.stop()
                 click.echo(f"gave up after {timeout:g} s; campaign {campaign_id} is {c['status']}", err=True)
-                raise SystemExit(3)
+                raise SystemExit(exit_codes.NO_VERDICT_YET)
             time.sleep(1.0)
             c = fail_on_error(http.get(f"/api/v1/campaigns/{campaign_id}"))
 
@@ -128,11 +130,11 @@ def _print(c: dict[str, Any], base: str) -> None:
 @server_option
 @token_option
 def show(campaign_id: int, server: str, token: str | None) -> None:
-    """Progress and verdict of every job of a campaign; exit 0 passed, 1 failed, 3 still running."""
+    """Progress and verdict of every job of a campaign; exit by its verdict, 3 while it runs."""
     with connected(server, token) as http:
         c = fail_on_error(http.get(f"/api/v1/campaigns/{campaign_id}"))
     _print(c, server.rstrip("/"))
-    raise SystemExit(0 if c["verdict"] == "passed" else 3 if c["verdict"] is None else 1)
+    raise SystemExit(exit_codes.for_campaign(c))
 
 
 @campaign.command()

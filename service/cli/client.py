@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 
 import click
 
+from service.domain.exit_codes import COULD_NOT_RUN
+
 server_option = click.option(
     "--server", envvar="GDNVAL_SERVER", default="http://127.0.0.1:8000", show_default=True,
     help="base URL of the service [env GDNVAL_SERVER]",
@@ -21,7 +23,6 @@ server_option = click.option(
 token_option = click.option(
     "--token", envvar="GDNVAL_API_TOKEN", default=None, help="bearer token [env GDNVAL_API_TOKEN]"
 )
-COULD_NOT_RUN = 2
 
 
 def fail(message: str) -> NoReturn:

@@ -1,4 +1,5 @@
-"""`gdnval gate --head REF`: gate a commit on a running service; exit 0 pass, 1 fail, 2 could not run.
+"""`gdnval gate --head REF`: gate a commit on a running service; exit 0 pass, 1 fail, 2 could not run
+or could not decide, 3 gave up waiting (`service.domain.exit_codes`).
 
 The CLI resolves refs to full shas in the local repository (`--repo`, default: the current
 directory) so the service needs no checkout, then steps `POST /api/v1/gate` until the gate is
@@ -17,8 +18,9 @@ from typing import Any
 import click
 
 from service.cli.client import fail, server_option, token_option
+from service.domain import exit_codes
 
-EXIT_INFRA = 2
+EXIT_INFRA = exit_codes.COULD_NOT_RUN
 
 
 def _check_repo(repo: str) -> None:
@@ -86,7 +88,7 @@ def _resolve(repo: str, ref: str, what: str) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the machine-readable verdict here")
 @click.option(
-    "--timeout", default=6 * 3600.0, show_default=True, type=float, help="seconds before giving up (exit 2)"
+    "--timeout", default=6 * 3600.0, show_default=True, type=float, help="seconds before giving up (exit 3)"
 )
 @click.option("--poll", default=1.0, show_default=True, type=float, help="seconds between gate steps")
 @server_option
@@ -153,12 +155,14 @@ def _only_backend(repo: str, commit: str) -> str:
     raise SystemExit(EXIT_INFRA)
 
 
-def _infra(reason: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A could-not-run verdict made on this side (server down, refused request)."""
+def _infra(reason: str, body: dict[str, Any], code: int = EXIT_INFRA) -> dict[str, Any]:
+    """A verdict made on this side: could not run (server down, refused request), or no verdict
+    yet (gave up waiting, exit 3)."""
+    title = "COULD NOT RUN" if code == EXIT_INFRA else "NO VERDICT YET"
     return {
-        "phase": "done", "exit_code": EXIT_INFRA, "verdict": "error", "reason": reason,
+        "phase": "done", "exit_code": code, "verdict": "error", "reason": reason,
         "head": body["head"], "base": body.get("base"), "base_source": "", "jobs": [], "confirmations": [],
-        "comparisons": [], "markdown": f"## gdnval gate: ⚠️ COULD NOT RUN (exit 2)\n\n- {reason}\n",
+        "comparisons": [], "markdown": f"## gdnval gate: ⚠️ {title} (exit {code})\n\n- {reason}\n",
     }
 
 
@@ -205,5 +209,6 @@ def _run(server: str, token: str | None, body: dict[str, Any], timeout: float, p
             if state["phase"] == "done":
                 return state
             if time.monotonic() - start > timeout:
-                return _infra(f"could not run: gave up after {timeout:g} s ({state.get('reason')})", body)
+                return _infra(f"gave up waiting after {timeout:g} s ({state.get('reason')})", body,
+                              exit_codes.NO_VERDICT_YET)
             time.sleep(poll)

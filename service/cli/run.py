@@ -19,8 +19,8 @@ report's pivot (`service.presentation.report_tables.case_pivot`); `--failures` k
 need attention, `--all-metrics` prints one row per case and metric. The JSON is strict: a
 non-finite value is written as null and its JSON pointer listed under `nonfinite`. `--json -`
 writes it to stdout (the table then goes to stderr).
-Exit code (from the job's verdict): 0 passed (every case passed or raised its expected error),
-1 failed (a case failed or errored), 2 the job could not run (failed, cancelled, cases left
+Exit code: `service.domain.exit_codes.for_verdict` of the job's verdict (README's exit-code table):
+0 passed, 1 a case failed or errored, 2 the job could not run (failed, cancelled, cases left
 unrun) or the input was invalid.
 """
 
@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,9 +46,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.cli import output
+from service.domain import exit_codes
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
-from workers.stats import MetricStats, summarise_samples
+from workers.stats import MetricStats, reduce_ranks, summarise_samples
 from workers.suite import Sample, Suite, UnknownSuiteInput
 
 
@@ -197,19 +198,62 @@ def case_stats(
     return out
 
 
+TERMINAL_COLUMNS = 100  # the widest table printed on a terminal unless --wide
 STATUS_COLORS = {"passed": "green", "expected_error": "green", "failed": "red", "error": "red"}
 
 
+def repetitions(
+    samples: Sequence[Sample], suite: Suite, cases: Sequence[Any], device: str, world_size: int
+) -> Callable[[str, str], list[float] | None]:
+    """(fingerprint, metric) -> the metric's values after the worst-rank reduction, one per
+    repetition: what the table's gains and speed-ups take their intervals from."""
+    fingerprint = {c.name: c.fingerprint(device, world_size) for c in cases}
+    rows: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
+    for s in samples:
+        rows[(fingerprint.get(s.case, s.case), s.metric)].append((s.rank, s.idx, s.value))
+    directions = {m.name: m.direction for m in suite.metrics}
+    reduced = {key: reduce_ranks(r, directions.get(key[1], "lower")) for key, r in rows.items()}
+    return lambda fp, metric: reduced.get((fp, metric))
+
+
+# The columns `gdnval run` drops first when its table is wider than the terminal (`--wide` keeps all).
+DROP_FIRST = ("peak_reserved_bytes", "peak_reserved", "peak_allocated", "peak_allocated_bytes", "bwd_est_ms",
+              "fwd_ms", "peak_bytes", "bounds", "out_of_bound")
+
+
+def _fit_columns(columns: list[tuple[str, str]], cells: list[dict[str, str]], fixed: int,
+                 width: int | None) -> list[tuple[str, str]]:
+    """The columns that fit `width` characters beside `fixed` ones, dropping `DROP_FIRST` in its
+    order (all of them when `width` is None)."""
+    if width is None:
+        return columns
+
+    def used(cols: list[tuple[str, str]]) -> int:
+        return fixed + sum(3 + max([len(label)] + [len(c.get(key, "")) for c in cells])
+                           for key, label in cols)
+
+    kept = list(columns)
+    for key in DROP_FIRST:
+        if used(kept) <= width:
+            break
+        kept = [c for c in kept if c[0] != key]
+    return kept
+
+
 def _render_cases(
-    console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool, tracked: bool = True
+    console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool, tracked: bool = True,
+    values_of: Callable[[str, str], Sequence[float] | None] | None = None, device: str | None = None,
+    width: int | None = None,
 ) -> int:
     """One row per case (per backend or mode a case measures side by side) with the key numbers
-    as columns (`service.presentation.report_tables.case_pivot`); with `failures`, only the cases that did
-    not pass (a case skipped as not applicable did not fail) or hold a number out of bound.
-    Returns the number of rows printed."""
+    as columns (`service.presentation.report_tables.case_pivot`), gains and speed-ups with their
+    intervals; with `failures`, only the cases that did not pass (a case skipped as not applicable
+    did not fail) or hold a number out of bound. With `width`, the least needed columns are left out
+    until the table fits (and a line says which). Returns the number of rows printed."""
     from service.presentation.report_tables import case_pivot
+    from service.presentation.views import VERSUS_NOTE
 
-    pivot = case_pivot(stats, tracked=tracked)
+    pivot = case_pivot(stats, tracked=tracked, values_of=values_of, device=device)
     rows_of: dict[str, list[Any]] = defaultdict(list)
     for row in pivot.rows:
         rows_of[row.fingerprint].append(row)
@@ -220,7 +264,12 @@ def _render_cases(
     if variants:
         table.add_column("variant")
     table.add_column("status")
-    for _, label in pivot.columns:
+    texts = [{k: f"{c.text} {c.mark}".strip() for k, c in r.cells.items()} for r in pivot.rows]
+    lead = max([len(c.name) for c in stats] + [4]) + 3 + (max([len(r.variant) for r in pivot.rows] + [7]) + 3
+                                                         if variants else 0) + 12
+    columns = _fit_columns(pivot.columns, texts, lead, width)
+    left_out = [label for key, label in pivot.columns if (key, label) not in columns]
+    for _, label in columns:
         table.add_column(label, justify="left" if label == "out of bound" else "right")
     shown = 0
     for c in stats:
@@ -233,7 +282,7 @@ def _render_cases(
         for i, row in enumerate(rows):
             status = f"[{STATUS_COLORS.get(c.status or '', 'yellow')}]{c.status}[/]" if i == 0 else ""
             cells = []
-            for key, _ in pivot.columns:
+            for key, _ in columns:
                 cell = row.cells.get(key) if row is not None else None
                 text = "" if cell is None else f"{cell.text} {cell.mark}".strip()
                 cells.append(f"[red]{text}[/]" if cell is not None and cell.state == "bad" else text)
@@ -242,6 +291,11 @@ def _render_cases(
             shown += 1
     if shown:
         console.print(table)
+        if any(k in ("gain", "speedup") for k, _ in columns):
+            console.print(VERSUS_NOTE, highlight=False)
+        if left_out:
+            console.print(f"left out to fit {width} columns: {', '.join(left_out)} "
+                          "(--wide shows every column)", highlight=False)
     elif failures:
         skipped = sum(c.status == "skipped" for c in stats)
         note = f" ({skipped} not applicable, skipped)" if skipped else ""
@@ -280,7 +334,7 @@ def _render_metrics(console: Console, suite: Suite, cases: list[Any], sink: Coll
 
 
 def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSink, device: str,
-            world_size: int, *, view: str) -> None:
+            world_size: int, *, view: str, width: int | None = None) -> None:
     """The run's results: `view` cases (one row per case), failures (only what needs attention)
     or metrics (one row per case and metric); then the errors of the cases that failed."""
     if view == "metrics":
@@ -290,7 +344,9 @@ def _render(console: Console, suite: Suite, cases: list[Any], sink: CollectingSi
 
         stats = metric_stats(suite, sink.samples_)
         _render_cases(console, suite, case_stats(cases, sink, stats, device, world_size),
-                      failures=view == "failures", tracked=memory_tracked(device))
+                      failures=view == "failures", tracked=memory_tracked(device),
+                      values_of=repetitions(sink.samples_, suite, cases, device, world_size), device=device,
+                      width=width)
     for case in cases:
         status, error = sink.cases.get(case.name, ("not run", None))
         if status in ("failed", "error") and error:
@@ -338,6 +394,9 @@ def _resolve_backends(names: Sequence[str], backend_source: str | None) -> None:
 @click.option("--dry-run", is_flag=True,
               help="check the suite, preset, --param overrides, device and world size, resolve the backends "
                    "(installing --backend-source), print the cases and exit 0 without starting any rank")
+@click.option("--wide", is_flag=True,
+              help=f"on a terminal, print every column (by default the table fits {TERMINAL_COLUMNS} "
+                   "columns)")
 def run(
     suite_name: str,
     preset: str,
@@ -352,6 +411,7 @@ def run(
     view: str | None,
     backend_source: str | None,
     dry_run: bool,
+    wide: bool,
 ) -> None:
     """Run SUITE on this machine through the local executor and print its results."""
     from workers.executors.local import LocalExecutor
@@ -417,14 +477,13 @@ def run(
     result = outcome[0] if outcome else JobOutcome("cancelled", "interrupted")
     to_stdout = json_path is not None and str(json_path) == "-"
     out = output.console(sys.stderr if to_stdout else None)  # piped: never truncate names
-    _render(out, suite, cases, sink, device, world_size, view=view or "cases")
+    width = None if wide or not out.is_terminal else min(out.width, TERMINAL_COLUMNS)
+    _render(out, suite, cases, sink, device, world_size, view=view or "cases", width=width)
     ran = result.status == "succeeded"
     judged = verdict.job_verdict(
         [sink.cases[c.name][0] for c in cases if c.name in sink.cases], ran=ran, expected=len(cases)
     )
-    exit_code = {"passed": 0, "failed": 1}.get(judged.verdict, 2) if ran else 2
-    if judged.verdict == "errored" and ran and not judged.counts.get("not_run"):
-        exit_code = 1  # it ran, and a case errored: the code under test, not the infrastructure
+    exit_code = exit_codes.for_verdict(judged.verdict, judged.counts, ran=ran)
     if not ran:
         out.print(f"[red]job {result.status}[/]: {result.error or ''}", highlight=False)
     out.print(f"verdict {judged.summary()}; {len(sink.samples_)} samples; exit {exit_code}")

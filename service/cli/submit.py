@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from service.cli.client import connected, fail_on_error, parse_pairs, server_option, token_option
+from service.domain import exit_codes
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -23,7 +24,9 @@ FINAL = ("succeeded", "failed", "cancelled")
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.option("--idempotency-key", default=None, help="resubmitting with the same key returns the same job")
 @click.option(
-    "--wait", is_flag=True, help="wait for the job with a progress bar; exit 0 only if it succeeded"
+    "--wait", is_flag=True,
+    help="wait for the job with a progress bar; exit by its verdict: 0 passed, 1 a case failed or errored, "
+         "2 the job could not run",
 )
 @click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds (exit 3)")
 @server_option
@@ -49,14 +52,12 @@ def submit(
         if not wait:
             return
         job = _wait(http, job, timeout)
-        click.echo(f"job {job['id']} {job['status']}" + (f": {job['error']}" if job.get("error") else ""))
-        cases = fail_on_error(http.get(f"/api/v1/jobs/{job['id']}/cases"))["items"]
-        counts: dict[str, int] = {}
-        for c in cases:
-            counts[c["status"] or "no result"] = counts.get(c["status"] or "no result", 0) + 1
-        if counts:
-            click.echo("cases: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    raise SystemExit(0 if job["status"] == "succeeded" else 1)
+    code = exit_codes.for_job(job)
+    counts = ", ".join(f"{n} {s}" for s, n in (job.get("case_counts") or {}).items() if n) or "no cases"
+    ran = "" if job["status"] == "succeeded" else f"; job {job['status']}"
+    error = f": {job['error']}" if job.get("error") else ""
+    click.echo(f"job {job['id']}: verdict {job.get('verdict') or 'none'} ({counts}){ran}{error}; exit {code}")
+    raise SystemExit(code)
 
 
 def _wait(http: Any, job: dict[str, Any], timeout: float | None) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def _wait(http: Any, job: dict[str, Any], timeout: float | None) -> dict[str, An
             if timeout is not None and time.monotonic() - start > timeout:
                 bar.stop()
                 click.echo(f"gave up after {timeout:g} s; job {job['id']} is {job['status']}", err=True)
-                raise SystemExit(3)
+                raise SystemExit(exit_codes.NO_VERDICT_YET)
             time.sleep(0.5)
             job = fail_on_error(http.get(f"/api/v1/jobs/{job['id']}"))
             p = job["progress"]

@@ -8,6 +8,7 @@ Kept apart from `service.domain.compare` so the engine stays database-free; the 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,16 @@ from typing import Literal
 import numpy as np
 from sqlalchemy.orm import Session
 
-from service.domain.compare import CaseInfo, CompareConfig, Comparison, JobRef, JobSide, SampleTable, compare
+from service.domain.compare import (
+    CaseInfo,
+    CompareConfig,
+    Comparison,
+    JobRef,
+    JobSide,
+    SampleTable,
+    compare,
+    series_of,
+)
 from service.persistence import baselines, commits
 from service.persistence.compare_reads import read_job_for_compare
 from service.persistence.jobs import find_commit_job
@@ -79,6 +89,20 @@ def load_side(session: Session, job_id: int) -> JobSide:
     return JobSide(job_ref(stored.job), cases, metrics, table)
 
 
+def repetitions(side: JobSide) -> Callable[[str, str], np.ndarray | None]:
+    """(fingerprint, metric) -> that metric's values after the worst-rank reduction, one per
+    repetition (None when the job has none): what a gain or speed-up's interval is computed from
+    (`service.domain.compare.judgment.difference`)."""
+    series = series_of(side.samples, side.metrics)
+    by_key = {key: series.get(g)[1] for g, key in enumerate(series.keys)}
+    return lambda fingerprint, metric: by_key.get((fingerprint, metric))
+
+
+def job_repetitions(session: Session, job_id: int) -> Callable[[str, str], np.ndarray | None]:
+    """`repetitions` of a stored job."""
+    return repetitions(load_side(session, job_id))
+
+
 def compare_jobs(
     session: Session, base_job: int, head_job: int, config: CompareConfig | None = None
 ) -> Comparison:
@@ -134,7 +158,7 @@ def compare_pooled(
     base, head = load_pooled_side(session, base_jobs), load_pooled_side(session, head_jobs)
     if base.ref.suite != head.ref.suite:
         raise ValueError(f"suite {base.ref.suite!r} vs {head.ref.suite!r}; expected one suite")
-    return compare(base, head, config)
+    return replace(compare(base, head, config), base_jobs=tuple(base_jobs), head_jobs=tuple(head_jobs))
 
 
 def compare_commits(

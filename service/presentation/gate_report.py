@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.domain.gate import GateJob, GateState
+from service.domain.gate import GateJob, GateState, findings
 from service.presentation.markdown import (
     case_url,
     comparison_markdown,
@@ -70,9 +70,33 @@ def gate_markdown(state: GateState, base_url: str = "") -> str:
              for c in state.confirmations],
         ))
         lines.append("")
-    for cmp in state.comparisons:
-        lines.append(comparison_markdown(cmp, base_url))
+    lines += _findings_markdown(findings(state.comparisons), base_url)
+    decided = {(c.suite, c.base.job_id, c.head.job_id): c for c in state.comparisons}
+    for measured in state.measured or state.comparisons:
+        pooled = decided.get((measured.suite, measured.base.job_id, measured.head.job_id))
+        if pooled is not None and pooled.pooled:
+            lines.append(f"*As measured by the first pair of jobs ({measured.suite}); the decision below "
+                         f"pools {state.rounds} re-measurement round(s).*\n")
+        lines.append(comparison_markdown(measured, base_url))
+        if pooled is not None and pooled is not measured and pooled.pooled:
+            lines.append(comparison_markdown(pooled, base_url))
     return "\n".join(lines).rstrip() + "\n"
+
+
+CHANGE_TITLE = {"regression": "Regressions", "undecided": "Undecided", "improvement": "Improvements",
+                "recorded": "Other changes (recorded, not judged)"}
+
+
+def _findings_markdown(found: list[dict[str, Any]], base_url: str) -> list[str]:
+    """The findings by what they are: regressions, undecided, improvements, other changes."""
+    lines: list[str] = []
+    for change, title in CHANGE_TITLE.items():
+        rows = [[f["suite"], link(f["case"], case_url(base_url, f["head_job"], f["fingerprint"])),
+                 md_escape(f["metric"] or "(case)"), f["verdict"], md_escape(f["summary"])]
+                for f in found if f["change"] == change]
+        if rows:
+            lines += [f"### {title}", "", table(["suite", "case", "metric", "verdict", "change"], rows), ""]
+    return lines
 
 
 def gate_answer(state: GateState, base_url: str = "") -> dict[str, object]:

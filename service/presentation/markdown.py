@@ -65,12 +65,16 @@ def comparison_markdown(
     (every row with `all_rows`), and one row per case without metrics (errored/added/removed)."""
     h = "#" * level
     counts = ", ".join(f"{n} {v}" for v, n in cmp.counts().items() if n)
-    head_link = link(f"#{cmp.head.job_id}", job_url(base_url, cmp.head.job_id))
-    base_link = link(f"#{cmp.base.job_id}", job_url(base_url, cmp.base.job_id))
-    title = (
-        f"{h} {cmp.suite}: job {head_link} (head {short_sha(cmp.head.commit)}) "
-        f"vs job {base_link} (base {short_sha(cmp.base.commit)})"
-    )
+    def jobs(ids: tuple[int, ...], one: int | None) -> str:
+        return ", ".join(link(f"#{j}", job_url(base_url, j)) for j in (ids or (one,)))
+
+    if cmp.pooled:
+        title = (f"{h} {cmp.suite}: decided over pooled jobs {jobs(cmp.head_jobs, cmp.head.job_id)} "
+                 f"(head {short_sha(cmp.head.commit)}) vs {jobs(cmp.base_jobs, cmp.base.job_id)} "
+                 f"(base {short_sha(cmp.base.commit)})")
+    else:
+        title = (f"{h} {cmp.suite}: job {jobs((), cmp.head.job_id)} (head {short_sha(cmp.head.commit)}) "
+                 f"vs job {jobs((), cmp.base.job_id)} (base {short_sha(cmp.base.commit)})")
     lines = [title, "", f"Cases: {counts or 'none'}. " + ("**PASS**" if cmp.passed else "**FAIL**"), ""]
     rows = []
     for c in cmp.cases:

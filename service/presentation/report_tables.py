@@ -278,30 +278,14 @@ def _baseline(v: Variant, by_params: Mapping[str, Variant]) -> tuple[Variant, st
     return None
 
 
-def gain_cell(base_ms: float, this_ms: float) -> views.Cell:
-    """A CP mode against Ulysses: time saved, (U − P) / U ('17.0%'; negative when slower)."""
-    g = conventions.gain(base_ms, this_ms)
-    if g is None:
-        return views.Cell("–")
-    title = f"(baseline median {fmt(base_ms)} − this median {fmt(this_ms)}) / baseline median"
-    return views.Cell(conventions.percent(g), "ok" if g >= 0 else "bad", "", title)
-
-
-def speedup_cell(base_ms: float, this_ms: float) -> views.Cell:
-    """A backend against the baseline backend: baseline median / this median ('12.65×')."""
-    s = conventions.speedup(base_ms, this_ms)
-    if s is None:
-        return views.Cell("–")
-    title = f"baseline median {fmt(base_ms)} / this median {fmt(this_ms)}"
-    return views.Cell(conventions.speedup_text(base_ms, this_ms), "ok" if s >= 1 else "bad", "", title)
-
-
-def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Pivot:
+def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True,
+                 values_of: views.ValuesOf | None = None, device: str | None = None) -> Pivot:
     """Rows: case variants; columns: fwd / fwd+bwd / backward estimate (median(fwd+bwd) −
     median(fwd) of the shown medians) / peak allocated / peak reserved, then against the baseline
     row: the gain (time saved) of a CP mode over Ulysses, the speed-up of a backend over the
     job's baseline backend (eager unless the job names another); the headers name the baseline.
-    `tracked` False (a CPU) shows allocator readings as "not tracked"."""
+    `tracked` False (a CPU) shows allocator readings as "not tracked". The gain and speed-up
+    carry their interval from the repetitions `values_of` gives (`views.versus_cell`)."""
     rows = variants(cases)
     by_params = {views.params_key(v.params): v for v in rows}
 
@@ -323,9 +307,13 @@ def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> P
         other, key, base_name = against
         base = other.metrics.get(head[0]) if head is not None else None
         if head is not None and base is not None and base.median == base.median:
-            cell = gain_cell(base.median, head[1]) if key == "mode" else speedup_cell(base.median, head[1])
+            this = v.metrics[head[0]]
+            values = values_of or (lambda fp, metric: None)
+            cell = views.versus_cell(base, this, values(other.case.fingerprint, base.metric),
+                                     values(v.case.fingerprint, this.metric), device=device,
+                                     cp_mode=key == "mode")
             column = "gain" if key == "mode" else "speedup"
-            out[column] = views.Cell(cell.text, cell.state, cell.mark, f"{cell.title} (vs {base_name})")
+            out[column] = views.Cell(cell.text, cell.state, "", f"{cell.title} (vs {base_name})")
         mem = next((k for k in HEADLINE_MEMORY if k in v.metrics and k in other.metrics), None)
         if mem is not None and tracked:
             mine, theirs = v.metrics[mem].worst, other.metrics[mem].worst
@@ -349,6 +337,8 @@ def timing_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> P
                        "same parameters)")
     if "speedup" in keys:
         p.notes.append("speed-up: the baseline backend's median fwd+bwd / this row's (same parameters)")
+    if keys & {"gain", "speedup"}:
+        p.notes.append(views.VERSUS_NOTE)
     p.notes.insert(0, "times: median of the slowest rank per repetition; bwd estimate: median(fwd+bwd) − "
                       "median(fwd); memory: max over ranks")
     return p
@@ -412,11 +402,13 @@ def trajectory_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
 # ------------------------------------------------------------------------ one row per case variant
 
 
-def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Pivot:
+def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True,
+               values_of: views.ValuesOf | None = None, device: str | None = None) -> Pivot:
     """What `gdnval run` prints: one row per case variant with its key numbers as columns (the
     bounded checks holding, the worst tensor relative-L2, fwd / fwd+bwd / peak and the gain
     from the timing table) and the metrics out of bound. Rows keep the cases' order."""
-    timing = {(r.fingerprint, r.variant): r.cells for r in timing_pivot(cases, tracked=tracked).rows}
+    timed = timing_pivot(cases, tracked=tracked, values_of=values_of, device=device)
+    timing = {(r.fingerprint, r.variant): r.cells for r in timed.rows}
     keep = ("fwd_ms", "fwd_bwd_ms", *HEADLINE_MEMORY, "gain", "speedup")
 
     def cells(v: Variant) -> dict[str, views.Cell]:
@@ -426,8 +418,8 @@ def case_pivot(cases: Sequence[views.CaseStats], *, tracked: bool = True) -> Piv
         if judged:
             held = sum(c.state != "bad" for _, c in judged)
             out["bounds"] = views.Cell(f"{held}/{len(judged)}", "ok" if held == len(judged) else "bad")
-        rel = [(m.worst, t, m) for n, m in v.metrics.items()
-               if m.kind == "accuracy" and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]
+        rel = [(m.worst, t, m) for n, m in v.metrics.items() if m.kind == "accuracy" and not m.diagnostic
+               and (t := views.split_accuracy_metric(n))[1] == "rel_l2"]
         if rel:
             value, (tensor, _), m = max(rel, key=lambda x: -math.inf if x[0] != x[0] else x[0])
             cell = _bad_only(views.judge(value, m))
@@ -456,7 +448,7 @@ BACKEND_MEASURES: tuple[tuple[str, str], ...] = (
 
 def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
     rel = [(m.worst, views.split_accuracy_metric(n)[0], m) for n, m in metrics.items()
-           if m.kind == "accuracy" and views.split_accuracy_metric(n)[1] == "rel_l2"]
+           if m.kind == "accuracy" and not m.diagnostic and views.split_accuracy_metric(n)[1] == "rel_l2"]
     if not rel:
         return None
     value, tensor, m = max(rel, key=lambda x: math.inf if x[0] != x[0] else x[0])
@@ -464,8 +456,10 @@ def _worst_rel_l2(metrics: Mapping[str, Any]) -> views.Cell | None:
     return views.Cell(f"{cell.text} ({tensor})", cell.state, cell.mark, cell.title)
 
 
-def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, views.Cell]:
-    """One backend's cells of a side-by-side row, keyed '<backend>|<measure>'."""
+def _backend_cells(v: Variant, backend: str, baseline: str | None, against: Variant | None,
+                   values_of: views.ValuesOf | None, device: str | None) -> dict[str, views.Cell]:
+    """One backend's cells of a side-by-side row, keyed '<backend>|<measure>'; the speed-up
+    over `against` (the baseline backend's row of the same shape) with its interval."""
     ms, out = v.metrics, {}
     if not ms and v.case.status in ("errored", "failed"):
         out["fwd_bwd"] = views.Cell(v.case.status, "bad", "✗", "the case's error is under its outcome")
@@ -473,10 +467,12 @@ def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, 
         out["fwd_bwd"] = _time_cell(m)
     if backend == baseline and "fwd_bwd" in out and out["fwd_bwd"].state != "bad":
         out["ratio"] = views.Cell("1 (baseline)")
-    elif (m := ms.get("ratio_to_baseline")) is not None:
-        out["ratio"] = views.Cell(conventions.speedup_text(1.0, m.median), "none", "",
-                                  "the baseline's median fwd+bwd / this one's, timed in the same case "
-                                  "on the same inputs")
+    elif (m := ms.get("fwd_bwd_ms")) is not None and against is not None and (
+            base := against.metrics.get("fwd_bwd_ms")) is not None:
+        values = values_of or (lambda fp, metric: None)
+        cell = views.versus_cell(base, m, values(against.case.fingerprint, base.metric),
+                                 values(v.case.fingerprint, m.metric), device=device, cp_mode=False)
+        out["ratio"] = views.Cell(cell.text, cell.state, "", cell.title)
     if (cell := _worst_rel_l2(ms)) is not None:
         out["rel_l2"] = cell
     peak = next((ms[k] for k in HEADLINE_MEMORY if k in ms), None)
@@ -485,7 +481,8 @@ def _backend_cells(v: Variant, backend: str, baseline: str | None) -> dict[str, 
     return {f"{backend}|{k}": c for k, c in out.items()}
 
 
-def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
+def backend_pivot(cases: Sequence[views.CaseStats], *, values_of: views.ValuesOf | None = None,
+                  device: str | None = None) -> Pivot:
     """The single-device table with backends side by side, as the hand-written report's
     eager-vs-Triton table: one row per shape (the case parameters but the backend), a column
     group per backend (fwd+bwd median, its ratio to the baseline backend, the worst tensor's
@@ -508,10 +505,12 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     out: list[Row] = []
     for shape, vs in zip(shapes, groups.values(), strict=True):
         first = next((v for v in vs if views.backend_of(v.params) == baseline), vs[0])
+        against = first if views.backend_of(first.params) == baseline else None
         texts = {k: (shape.case.name if k == "case" else _dim_text(k, shape.params.get(k))) for k, _ in dims}
         row = Row(first.case.name, first.case.fingerprint, texts)
         for v in vs:
-            row.cells.update(_backend_cells(v, str(views.backend_of(v.params)), baseline))
+            row.cells.update(_backend_cells(v, str(views.backend_of(v.params)), baseline, against, values_of,
+                                            device))
         out.append(row)
     present = {k for r in out for k in r.cells}
     columns = [(f"{b}|{k}", f"{b}: {label.format(baseline=baseline or 'baseline')}")
@@ -519,6 +518,7 @@ def backend_pivot(cases: Sequence[views.CaseStats]) -> Pivot:
     p = Pivot(dims, columns, out)
     p.notes.append("per backend: median fwd+bwd of the slowest rank, its speed-up over the baseline backend "
                    + (f"'{baseline}' " if baseline else "")
-                   + "(timed in the same case), the worst tensor's relative-L2 (worst rank), the peak "
-                   "allocated (max over ranks)")
+                   + "(the same shape in the same job), the worst tensor's relative-L2 (worst rank), the "
+                   "peak allocated (max over ranks)")
+    p.notes.append(views.VERSUS_NOTE)
     return p

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -218,29 +218,59 @@ def baseline_metric(name: str, metrics: Mapping[str, Any]) -> str | None:
 
 
 def _baseline_of(c: CaseStats, m: MetricStats,
-                 case_base: tuple[CaseStats, str] | None) -> tuple[MetricStats, str] | None:
+                 case_base: tuple[CaseStats, str] | None) -> tuple[MetricStats, str, str] | None:
     """The value this metric is measured against: the same metric of the baseline case (Ulysses
-    mode / the job's baseline backend), else the baseline's metric in the same case."""
+    mode / the job's baseline backend), else the baseline's metric in the same case. Returns
+    (its statistics, the label, the fingerprint of the case it belongs to)."""
     if case_base is not None and m.metric in case_base[0].metrics:
-        return case_base[0].metrics[m.metric], f"{case_base[1]} ({case_base[0].name})"
+        other_case = case_base[0]
+        return other_case.metrics[m.metric], f"{case_base[1]} ({other_case.name})", other_case.fingerprint
     other = baseline_metric(m.metric, c.metrics)
     if other is not None:
-        return c.metrics[other], f"vs {other}"
+        return c.metrics[other], f"vs {other}", c.fingerprint
     return None
 
 
 TIME_UNITS = frozenset({"ns", "us", "µs", "ms", "s"})
 
 
-def speedup_text(base_ms: float, this_ms: float, *, cp_mode: bool = False) -> Cell:
-    """Against a CP mode (P2P vs Ulysses) the gain, time saved (U − P) / U ('17.0%'); against a
-    baseline backend the speed-up, base / this ('12.65×'): `service.presentation.conventions`."""
-    s = conventions.speedup(base_ms, this_ms)
-    if s is None:
+# (fingerprint, metric name) -> that metric's values after the worst-rank reduction, one per
+# repetition: what an interval is computed from (None: not loaded, so no interval is claimed).
+ValuesOf = Callable[[str, str], Sequence[float] | None]
+NOT_SIGNIFICANT = "~"  # the mark of a difference whose interval does not support a claim
+VERSUS_NOTE = (f"[..]: 95% bootstrap interval over the repetitions; {NOT_SIGNIFICANT}: no significant "
+               "difference (the interval and the test do not support a claim)")
+
+
+def versus_cell(base: MetricStats, this: MetricStats, base_values: Sequence[float] | None,
+                this_values: Sequence[float] | None, *, device: str | None, cp_mode: bool) -> Cell:
+    """This time against its baseline's, with the interval the repetitions give
+    (`service.domain.compare.judgment.difference`, the compare rule): a CP mode's gain over
+    Ulysses, time saved (U − P) / U ('+17.0% [12.1, 21.5]'), or a backend's speed-up over the
+    baseline backend, base / this ('2.46× [2.31, 2.60]'). Coloured only when the difference is
+    significant; otherwise marked '~'. Without the values no interval, and no claim, is made."""
+    from service.domain.compare import difference
+
+    style = "gain" if cp_mode else "speedup"
+    if not (base.median > 0 and this.median > 0):
         return Cell("–")
-    text = conventions.gain_text(base_ms, this_ms) if cp_mode else conventions.speedup_text(base_ms, this_ms)
-    return Cell(text, "ok" if s >= 1 else "bad", "faster" if s >= 1 else "slower",
-                f"baseline median {fmt(base_ms)}, this median {fmt(this_ms)}")
+    if base_values is None or this_values is None:
+        point = (conventions.percent(conventions.gain(base.median, this.median), signed=True) if cp_mode
+                 else conventions.speedup_text(base.median, this.median))
+        return Cell(f"{point} (no interval)", "none", "", "the repetitions were not loaded: no claim made")
+    d = difference(base_values, this_values, direction=this.direction, device=device)
+    if d.verdict == "unknown":
+        return Cell("–")
+    if cp_mode:
+        g, lo, hi = d.gain()
+        text = f"{g:+.1%} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+    else:
+        s, lo, hi = d.speedup()
+        text = f"{s:.3g}× [{lo:.3g}, {hi:.3g}]"
+    if not d.significant:
+        return Cell(f"{NOT_SIGNIFICANT} {text}", "none", "", d.describe(style))
+    better = d.verdict == "better"
+    return Cell(text, "ok" if better else "bad", "faster" if better else "slower", d.describe(style))
 
 
 def _against_mode(label: str) -> bool:
@@ -270,10 +300,15 @@ STORED_ESTIMATES = frozenset({"bwd_est_ms", "bwd_estimate_ms"})
 BWD_ESTIMATE = "bwd estimate"
 
 
-def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
+def speed_rows(cases: Sequence[CaseStats], values_of: ValuesOf | None = None,
+               device: str | None = None) -> list[SpeedRow]:
     """One row per (case, time metric): median / p90 / min over the worst rank per repetition,
-    and the speed-up of the median against the baseline case's same metric (a CP mode's gain
-    over Ulysses); then the backward estimate, median(fwd+bwd) − median(fwd) of the rows above."""
+    and the speed-up against the baseline case's same metric (a CP mode's gain over Ulysses)
+    with its interval (`versus_cell`); then the backward estimate, median(fwd+bwd) − median(fwd)
+    of the rows above."""
+    def values(fp: str, metric: str) -> Sequence[float] | None:
+        return values_of(fp, metric) if values_of is not None else None
+
     by_params = {params_key(c.params): c for c in cases}
     rows: list[SpeedRow] = []
     for c in cases:
@@ -285,8 +320,9 @@ def speed_rows(cases: Sequence[CaseStats]) -> list[SpeedRow]:
             sp, label = Cell("–"), ""
             against = _baseline_of(c, m, base) if m.unit in TIME_UNITS else None
             if against is not None:
-                label = against[1]
-                sp = speedup_text(against[0].median, m.median, cp_mode=_against_mode(label))
+                base_m, label, base_fp = against
+                sp = versus_cell(base_m, m, values(base_fp, base_m.metric), values(c.fingerprint, m.metric),
+                                 device=device, cp_mode=_against_mode(label))
             n = f"{m.count}" + (f" × {m.ranks} ranks" if m.ranks > 1 else "")
             rows.append(SpeedRow(c.name, c.fingerprint, m.metric, m.unit, judge(m.median, m), fmt(m.p90),
                                  fmt(m.min), n, sp, label))

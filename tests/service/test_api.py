@@ -519,7 +519,7 @@ def test_cli_submit_wait_and_jobs(server: Server) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "succeeded" in out.stdout and "cases: 3 passed" in out.stdout
+    assert "verdict passed (3 passed); exit 0" in out.stdout, out.stdout
     bad = subprocess.run([*cli, "submit", "nope"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown suite 'nope'" in bad.stderr
     noauth = subprocess.run(

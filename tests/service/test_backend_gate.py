@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from service.domain.gate import GateInputError, GateRequest, _suites_for, params_for, validate_gate
+from service.domain.gate import GateInputError, GateRequest, params_for, suites_for, validate_gate
 from workers.backend_source import entry_point_names
 from workers.registry import get_suite
 
@@ -39,7 +39,7 @@ def test_the_default_suites_are_those_that_call_the_backend_each_calling_it() ->
     assert params_for(backend_gate(params={"seq_lens": [64]}), "gdn-op")["seq_lens"] == [64]
     # without a backend the gate's parameters are the request's alone
     assert params_for(GateRequest(head=C2, base=C1, params={"timing": False}), "gdn-op") == {"timing": False}
-    assert "stability" not in _suites_for(backend_gate(world_size=2))
+    assert "stability" not in suites_for(backend_gate(world_size=2))
 
 
 def test_a_gate_whose_jobs_never_call_the_backend_is_refused() -> None:

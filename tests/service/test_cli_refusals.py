@@ -89,7 +89,16 @@ def test_backends_lists_the_built_ins_and_their_capability_for_a_shape(monkeypat
     r = _cli("backends", "--seq-len", "100", "--dtype", "float32")
     assert r.returncode == 0, r.stderr
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in r.stdout.splitlines() if "\t" in line}
-    assert rows["eager"][0].startswith("built-in: gdnval") and rows["eager"][1] == "ok"
-    assert "TRITON_INTERPRET=1" in rows["triton"][1]  # triton on CPU tensors: its own reason
+    assert rows["eager"][0].startswith("built-in: gdnval")
+    assert rows["eager"][1] == "declares: ok; a 64-token call: ok"  # it said so, and a call did it
+    assert rows["triton"][1].startswith("declares: refuses (")  # triton on CPU tensors: its own reason
+    assert "TRITON_INTERPRET=1" in rows["triton"][1]
     assert "B=1 T=100 heads=16/16 head_dim=128 float32 on cpu" in r.stdout
     _one_line_error(_cli("backends", "--backend", "nomod:fn"), "['nomod:fn'] do not resolve here")
+    liar = "tests.support.refusing_backend:always_raises"
+    r = _cli("backends", "--backend", liar, "--seq-len", "100", "--dtype", "float32")
+    rows = {line.split("\t")[0]: line.split("\t")[1:] for line in r.stdout.splitlines() if "\t" in line}
+    assert r.returncode == 1, r.stdout + r.stderr  # accepts the shape, fails the call: not "ok"
+    assert rows[liar][1] == ("declares: ok; a 64-token call: raised RuntimeError: illegal memory access in "
+                             "the fused kernel"), rows[liar]
+    assert f"['{liar}'] accept the shape but their call fails" in r.stderr

@@ -40,7 +40,9 @@ from tests.support.gate_suite import SUITE, SUITE_MODULE
 A, B, C, D, E, X = ("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40, "f" * 40)
 N, NB, R = "1" * 40, "3" * 40, "2" * 40
 U, UB = "4" * 40, "5" * 40
+F = "6" * 40
 SLOW = {C, N, U}
+FAST = {F}  # 0.7x: a real speed-up
 NOISY_ONCE = {D}
 BROKEN = {X}
 NOISY = {N, NB}  # 30% noise: a 30% slow-down is not significant from one job of each side
@@ -80,7 +82,7 @@ class FakeRunner:
             case_store.set_case_result(s, job_id, cid, "error" if sha in ERRORS else "passed",
                                   "Traceback: boom" if sha in ERRORS else None)
             job.status = "succeeded"
-        factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 1.0
+        factor = 1.3 if sha in SLOW or (sha in NOISY_ONCE and n == 1) else 0.7 if sha in FAST else 1.0
         loaded = sha in LOADED_ON_CONFIRM and role.startswith("confirm")
         noise = 0.3 if sha in NOISY or loaded else 0.01
         rng = np.random.default_rng(job_id)
@@ -228,11 +230,11 @@ def test_everything_is_validated_before_a_job_is_queued(env) -> None:
 
 
 def test_default_suites_are_those_that_run_on_the_device_and_world_size(env) -> None:
-    from service.domain.gate import _suites_for
+    from service.domain.gate import suites_for
 
-    cpu1 = _suites_for(GateRequest(head=B, device="cpu", world_size=1))
+    cpu1 = suites_for(GateRequest(head=B, device="cpu", world_size=1))
     assert "stability" not in cpu1 and "gdn-op" in cpu1  # stability needs two ranks
-    assert "stability" in _suites_for(GateRequest(head=B, device="cpu", world_size=2))
+    assert "stability" in suites_for(GateRequest(head=B, device="cpu", world_size=2))
 
 
 def test_an_error_at_head_only_is_a_regression_and_on_both_sides_undecidable(env) -> None:
@@ -270,6 +272,30 @@ def test_a_change_not_yet_significant_is_measured_again_interleaved_and_pooled(e
     assert decided.exit_code == EXIT_FAIL and sleep_metric(decided).verdict == "regressed"
     m = sleep_metric(decided)
     assert m.head is not None and m.head.count == 10 * (decided.rounds + 1)  # every round pooled
+    # each table says which jobs its numbers come from: the first pair as measured, then the decision
+    (measured,) = decided.measured
+    assert (measured.base.job_id, measured.head.job_id) == (ids[1], ids[0]) and not measured.pooled
+    first = next(mm for c in measured.cases for mm in c.metrics if mm.metric == "sleep_ms")
+    assert first.verdict == "inconclusive" and first.head.count == 10
+    md = gate_markdown(decided)
+    assert f"job [#{ids[0]}](/jobs/{ids[0]}) (head" in md
+    heads = [j.job_id for j in decided.jobs if j.role in ("head", "round-head")]
+    assert "decided over pooled jobs " + ", ".join(f"[#{j}](/jobs/{j})" for j in heads) in md
+    (finding,) = decided.to_dict()["findings"]
+    assert finding["change"] == "regression" and finding["head_jobs"] == heads
+
+
+def test_a_gate_whose_only_change_is_an_improvement_passes_and_names_it(env) -> None:
+    state = gate(env, head=F, base=B)
+    assert state.exit_code == EXIT_PASS and state.verdict == "pass", gate_markdown(state)
+    m = sleep_metric(state)
+    assert m.verdict == "improved" and 0.65 < m.ratio < 0.75
+    assert "improved: gatetime/sleep sleep_ms -" in state.reason and "CI [0.6" in state.reason
+    (finding,) = state.to_dict()["findings"]
+    assert (finding["change"], finding["verdict"]) == ("improvement", "improved")
+    assert finding["metric"] == "sleep_ms"
+    md = gate_markdown(state)
+    assert "### Improvements" in md and "### Regressions" not in md
 
 
 def test_a_time_no_round_could_make_significant_is_not_measured_again(env) -> None:

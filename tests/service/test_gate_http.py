@@ -124,6 +124,12 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     by_commit = httpx.get(f"{url}/api/v1/compare", params=params).json()
     assert (by_commit["base"]["job_id"], by_commit["head"]["job_id"]) == (base_job, head_job)
 
+    # a gate that gives up waiting has no verdict yet: exit 3 (README's table), never "could not run"
+    waited = cli("gate", "--head", "HEAD", "--base", "HEAD~1", "--suite", "gatetime", "--repo", repo,
+                 "--server", url, "--fresh", "--timeout", "0.3", "--poll", "0.1", "--param", "repeats=2")
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    assert "NO VERDICT YET (exit 3)" in waited.stdout and "gave up waiting after 0.3 s" in waited.stdout
+
 
 def test_gate_cli_with_the_server_down_exits_2(server: SimpleNamespace) -> None:
     dead = f"http://127.0.0.1:{free_port()}"

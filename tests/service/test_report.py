@@ -124,8 +124,11 @@ def test_report_renders_every_judged_metric_with_stored_numbers_and_links(engine
     assert acc[1] == "5.860e-03" and re.fullmatch(r"4\.\d+e-03", acc[2]) and acc[3] == "yes"
     assert "0.01565" not in generic  # max abs stays on the job page
     speed = {r[1] if r[1] != "–" else r[0].split("]")[0][1:]: r for r in rows_of(generic, "mode")}
-    assert "12.63×" in speed["triton"] and "3.84× lower" in speed["triton"]  # eager 127.45 / triton 10.095 ms
-    assert "12.5%" in speed["p2p"] and "12.0 MiB higher (+0.6%)" in speed["p2p"]  # U 115.70, P 101.25 ms
+    # eager 127.45 / triton 10.095 ms, and the time saved (U − P) / U of ulysses 115.70 and p2p 101.25 ms,
+    # each with the interval of the repetitions (the pivots' cells)
+    assert any(re.fullmatch(r"12\.6× \[12\.\d+, 12\.\d+\]", c) for c in speed["triton"]), speed["triton"]
+    assert "3.84× lower" in speed["triton"] and "12.0 MiB higher (+0.6%)" in speed["p2p"]
+    assert any(re.fullmatch(r"\+12\.5% \[\+\d+\.\d, \+\d+\.\d\]", c) for c in speed["p2p"]), speed["p2p"]
     assert "net4_p2p_train" in generic and "✗" not in generic
     assert "Every bound holds; no case errored." in section(md, "Conclusions")
     # one link per row, on its first cell, to the case on the job page

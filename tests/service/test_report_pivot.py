@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
+from service.domain.baselines import job_repetitions
 from service.persistence import summaries as summary_store
 from service.presentation import report_tables
 from service.presentation.numbers import fmt
@@ -40,9 +41,12 @@ def report(engine, run: Path, tmp_path: Path) -> tuple[int, dict[str, list[str]]
     job = store_run(engine, run, tmp_path)
     with Session(engine) as s:
         cases = summary_store.case_summaries(s, job)
+        values_of = job_repetitions(s, job)
     inp = SuiteInput("cp-layer", [], Links("http://svc"))
     cp = [c for c in cases if c.params.get("mode") != "none"]
-    pivots = {"CP tables": report_tables.timing_pivot(cp, tracked=run != QUICK),
+    device = json.loads(run.read_text())["device"]
+    pivots = {"CP tables": report_tables.timing_pivot(cp, tracked=run != QUICK, values_of=values_of,
+                                                      device=device),
               "GDN accuracy matrix": report_tables.accuracy_pivot(cases)}
     return job, {k: table_markdown(pivot_table(p, job, inp)) for k, p in pivots.items()}
 
@@ -54,6 +58,13 @@ def section(md: dict[str, list[str]], title: str) -> list[str]:
 def table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
     rows = [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines if ln.startswith("| ")]
     return rows[0], rows[1:]
+
+
+def point(cell: str) -> str:
+    """A gain or speed-up cell's point value: '~ +3.1% [-4.0, +9.9]' -> '+3.1%' (the interval
+    after it, '~' before it when the interval does not support a claim)."""
+    assert re.fullmatch(r"(~ )?\S+ \[\S+, \S+\]", cell), cell
+    return cell.removeprefix("~ ").split(" [")[0]
 
 
 def worst_rank_median(run: Path, case: str, metric: str) -> float:
@@ -77,7 +88,8 @@ def test_cp_tables_pivot_a_real_h200_job(engine, tmp_path: Path) -> None:
         valid = "7777" if "valid" in case else "–"
         u = worst_rank_median(H200, f"ulysses_triton_{case}", "fwd_bwd_ms")
         p = worst_rank_median(H200, f"p2p_triton_{case}", "fwd_bwd_ms")
-        assert by[("p2p", T, valid)][col["gain vs ulysses"]] == f"{(u - p) / u:.1%}", case  # time saved
+        gain = point(by[("p2p", T, valid)][col["gain vs ulysses"]])
+        assert gain == f"{(u - p) / u:+.1%}", case  # time saved
         assert by[("ulysses", T, valid)][col["gain vs ulysses"]] == "–"
         assert by[("p2p", T, valid)][col["fwd+bwd"]] == f"{p:.4g} ms"
         # the backward estimate is the difference of the two medians shown beside it
@@ -165,4 +177,5 @@ def test_a_backend_in_the_metric_names_or_in_the_case_gives_the_same_tables() ->
         assert [label for _, label in a.columns] == [label for _, label in b.columns], build
         assert sorted(shape(a), key=str) == sorted(shape(b), key=str), build
     rows = {r.dims["backend"]: r for r in timing_pivot(in_names).rows}
-    assert rows["triton"].cells["speedup"].text == "12.65×" and "speedup" not in rows["eager"].cells
+    assert rows["triton"].cells["speedup"].text == "12.65× (no interval)"
+    assert "speedup" not in rows["eager"].cells

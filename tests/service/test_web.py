@@ -558,7 +558,7 @@ def test_submit_form_needs_the_token_and_runs_a_real_job(site: Any, page: Page) 
     form.locator("button[type=submit]").click()
     expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
     # the page follows the run and reloads itself when it settles
-    expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=90_000)
+    expect(page.locator("#job-run-status .badge")).to_have_text("succeeded", timeout=90_000)
     expect(page.locator("#job-verdict")).to_have_text("passed")  # the code passed, apart from the run
     expect(page.locator("section.case")).to_have_count(len(cases))
     expect(page.locator("dl.facts").first).to_contain_text("process_checks=False")

@@ -69,11 +69,27 @@ def test_speed_rows_compute_speedup_against_the_eager_and_ulysses_siblings() -> 
                                                                      ranks=4, count=20)})
     uly = C("uly", {"mode": "ulysses"}, {"layer_ms": M("layer_ms", "time", 114.4, unit="ms")})
     p2p = C("p2p", {"mode": "p2p"}, {"layer_ms": M("layer_ms", "time", 100.0, unit="ms")})
-    rows = {r.case: r for r in views.speed_rows([eager, triton, uly, p2p])}
-    assert rows["triton"].speedup.text == "12.65×" and rows["triton"].speedup.mark == "faster"
+    rng = np.random.default_rng(0)
+    reps = {"eager": 1265.0, "triton": 100.0, "uly": 114.4, "p2p": 100.0}  # repetitions around the medians
+    values = {(f"fp-{name}", metric): med * (1 + 0.005 * rng.standard_normal(20))
+              for name, med in reps.items() for metric in ("fwd_bwd_ms", "layer_ms")}
+    rows = {r.case: r
+            for r in views.speed_rows([eager, triton, uly, p2p], lambda fp, m: values[(fp, m)], "cuda")}
+    tri = rows["triton"].speedup
+    assert tri.text.startswith("12.") and "× [12." in tri.text and tri.mark == "faster" and tri.state == "ok"
     assert rows["triton"].baseline == "vs eager (eager)" and rows["triton"].n == "20 × 4 ranks"
-    assert rows["p2p"].speedup.text == "12.6%"  # a CP mode's gain: time saved, (114.4 − 100) / 114.4
+    gain = rows["p2p"].speedup  # a CP mode's gain: time saved, (114.4 − 100) / 114.4, with its interval
+    assert gain.text.startswith("+12.") and gain.state == "ok" and "95% CI" in gain.title
     assert rows["eager"].speedup.text == "–" and rows["uly"].speedup.text == "–"
+    # the same medians from repetitions that overlap: no claim, marked ~ and not coloured
+    noisy = {(f"fp-{name}", "layer_ms"): med * (1 + 0.4 * rng.standard_normal(4))
+             for name, med in reps.items()}
+    rows = {r.case: r for r in views.speed_rows([uly, p2p], lambda fp, m: noisy[(fp, m)], "cuda")}
+    assert rows["p2p"].speedup.text.startswith("~ ") and rows["p2p"].speedup.state == "none"
+    assert rows["p2p"].speedup.title.startswith("no significant difference")
+    # without the repetitions no interval is claimed
+    rows = {r.case: r for r in views.speed_rows([uly, p2p])}
+    assert rows["p2p"].speedup.text == "+12.6% (no interval)" and rows["p2p"].speedup.state == "none"
 
 
 def test_one_case_with_every_backend_compares_metrics_by_prefix() -> None:
@@ -90,7 +106,7 @@ def test_one_case_with_every_backend_compares_metrics_by_prefix() -> None:
         "import_ok": M("import_ok", "check", 1.0, 1.0, 1.0, direction="higher", bound=1.0),
     })
     speed = {r.metric: r for r in views.speed_rows([case])}
-    assert speed["triton_fwd_bwd_ms"].speedup.text == "12.65×"
+    assert speed["triton_fwd_bwd_ms"].speedup.text == "12.65× (no interval)"
     assert speed["triton_fwd_bwd_ms"].baseline == "vs eager_fwd_bwd_ms"
     assert speed["speedup_vs_eager"].speedup.text == "–" and speed["eager_fwd_bwd_ms"].speedup.text == "–"
     mem = {r.metric: r for r in views.memory_rows([case])}
@@ -224,7 +240,7 @@ def test_p2p_triton_is_measured_against_ulysses_triton_first() -> None:
                                                   case("p2p-eager", "p2p", "eager", 900.0),
                                                   case("p2p-tri", "p2p", "triton", 132.973)])}
     assert rows["p2p-tri"].baseline == "vs ulysses (uly-tri)"
-    assert rows["p2p-tri"].speedup.text == "17.0%"  # the report's pair: (U − P) / U
+    assert rows["p2p-tri"].speedup.text == "+17.0% (no interval)"  # the report's pair: (U − P) / U
 
 
 def test_the_page_shows_the_backward_estimate_of_its_medians_not_a_stored_one() -> None:

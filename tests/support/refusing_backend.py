@@ -1,5 +1,7 @@
-"""A `module:function` backend for the runtime tests: ours (eager) for every input but packed
-sequences, which it refuses with NotImplementedError, as a backend without varlen support does."""
+"""`module:function` backends for the runtime and CLI tests: `no_packed`, ours (eager) for every
+input but packed sequences, which it refuses with NotImplementedError, as a backend without
+varlen support does; `always_raises`, one that accepts everything and raises on every call;
+`scaled_output`, ours with the output x 1.1."""
 
 from __future__ import annotations
 
@@ -12,3 +14,16 @@ def no_packed(q: Any, k: Any, v: Any, g: Any, beta: Any, *, cu_seqlens: Any = No
     from gdn.backends.eager import eager_core
 
     return eager_core(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+
+def always_raises(q: Any, k: Any, v: Any, g: Any, beta: Any, **kw: Any) -> Any:
+    """Declares no check (so accepts every shape) and raises on every call."""
+    raise RuntimeError("illegal memory access in the fused kernel")
+
+
+def scaled_output(q: Any, k: Any, v: Any, g: Any, beta: Any, **kw: Any) -> Any:
+    """Ours (eager) with the output x 1.1: a wrong result, far outside every bound."""
+    from gdn.backends.eager import eager_core
+
+    o, state = eager_core(q, k, v, g, beta, **kw)
+    return o * 1.1, state

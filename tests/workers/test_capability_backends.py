@@ -3,7 +3,8 @@ then its contract (an accepted request runs as the protocol promises; a refused 
 check's own reason). Run through `gdnval run capability` (the local executor, a rank process)
 with the built-ins and three one-off `module:function` backends defined here: one that refuses
 fp64 and keeps its word, one that claims fp64 and crashes on it, one that drops the initial
-state's gradient. A broken contract is a failed case with the reason in the log, never a crash."""
+state's gradient. A broken contract is a failed case whose error is the contract's own words
+(and the log says it too), never a crash."""
 
 from __future__ import annotations
 
@@ -75,5 +76,11 @@ def test_each_backend_keeps_its_capability_contract(tmp_path: Path) -> None:
     assert "head_dim (k=64, v=64) is not supported by the Triton backend" in logs
     assert "CONTRACT BROKEN: the accepted request raised RuntimeError: kernel launch failed" in logs
     assert "CONTRACT BROKEN: no finite gradient for h0" in logs
+    # the contract's own words are the failed case's error, beside the bound that broke
+    errors = {c["name"]: c["error"] for c in doc["cases"]}
+    crashed = errors[f"backend_{crash}_float64_d64"]
+    assert crashed.startswith("CONTRACT BROKEN: the accepted request raised RuntimeError: kernel"), crashed
+    assert "backend_contract worst 0 breaks bound >= 1" in crashed
+    assert errors[f"backend_{__name__}:drops_h0_grad_float32_d64"].startswith("CONTRACT BROKEN: no finite")
     # the job records where each backend's code came from
     assert [b["backend"] for b in doc["info"]["backends"]] == backends

@@ -32,6 +32,7 @@ from service.domain.gate import (
     default_submit,
     evaluate_gate,
 )
+from service.domain.gate.decision import stored_finding
 from service.persistence import gates as gate_store
 from service.persistence.models import GateRow
 from service.presentation.gate_report import gate_answer
@@ -89,7 +90,10 @@ class GateOut(BaseModel):
         description="time regressions re-measured by a fresh pair, each with its outcome: confirmed, "
         "cleared or undecided (an undecided one makes the gate exit 2)"
     )
-    findings: list[dict[str, Any]] = Field(description="each case that changed, per metric: verdict, reason")
+    findings: list[dict[str, Any]] = Field(
+        description="each judged metric that moved, per case: verdict, change (regression, undecided, "
+        "improvement, recorded), summary, reason and the jobs each side pooled; regressions first"
+    )
     undecided: list[str]
     request: dict[str, Any]
     created_at: datetime
@@ -109,7 +113,7 @@ class GateOut(BaseModel):
             backend=gate.backend, backend_repo=gate.backend_repo, device=gate.device,
             world_size=gate.world_size, phase=gate.phase, verdict=gate.verdict, exit_code=gate.exit_code,
             reason=gate.reason, rounds=gate.rounds, confirmations=list(gate.confirmations or []),
-            findings=list(gate.findings or []), undecided=list(gate.undecided or []),
+            findings=[stored_finding(f) for f in gate.findings or []], undecided=list(gate.undecided or []),
             request=dict(gate.request or {}), created_at=gate.created_at, updated_at=gate.updated_at,
             finished_at=gate.finished_at, jobs=jobs,
         )

@@ -77,6 +77,7 @@ class MetricResult:
     max_abs_diff: float | None = None  # trajectory: over the common steps
     max_rel_diff: float | None = None
     bound_ok: bool | None = None  # head's compared statistic against the bound (None: no bound)
+    diagnostic: bool = False  # recorded, never judged (workers.suite.Metric.diagnostic)
 
 
 @dataclass(slots=True)
@@ -102,6 +103,13 @@ class Comparison:
     head: JobRef
     config: CompareConfig
     cases: list[CaseResult]
+    # the jobs each side pooled (the gate's re-measurement rounds); empty: the side's one job
+    base_jobs: tuple[int, ...] = ()
+    head_jobs: tuple[int, ...] = ()
+
+    @property
+    def pooled(self) -> bool:
+        return len(self.base_jobs) > 1 or len(self.head_jobs) > 1
 
     def counts(self) -> dict[str, int]:
         """Case verdict -> number of cases (every verdict present, zeros included)."""
@@ -141,6 +149,8 @@ class Comparison:
             "counts": self.counts(),
             "metric_counts": self.metric_counts(),
             "cases": [to_jsonable(c) for c in self.cases],
+            "base_jobs": list(self.base_jobs),
+            "head_jobs": list(self.head_jobs),
         }
 
 

@@ -43,6 +43,8 @@ def settle_case(cr: CaseResult, in_base: bool, bstat: str | None) -> None:
         return
     cr.verdict = worst.verdict
     cr.reason = f"{worst.metric}: {worst.reason}"
+    if cr.head_status == "failed" and cr.head_error:  # the suite's own words for the failure
+        cr.reason += f" ({first_line(cr.head_error)})"
 
 
 def metric_result(
@@ -62,7 +64,8 @@ def metric_result(
     kind = metric.kind
     h = hsums[hg] if hg is not None else None
     b = bsums[bg] if bg is not None else None
-    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h)
+    mr = MetricResult(metric.name, kind, metric.unit, metric.direction, metric.bound, "unchanged", "", b, h,
+                      diagnostic=rule.diagnostic)
     if h is None:
         mr.verdict, mr.reason = "removed", "metric only in base"
         return mr

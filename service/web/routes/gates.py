@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import get_session
+from service.domain.gate.decision import stored_finding
 from service.persistence import gates as gate_store
 from service.persistence import page_queries
 from service.persistence.models import GateRow
@@ -54,7 +55,7 @@ def gate_page(request: Request, gate_id: int, session: Session = Depends(get_ses
                      "status": job.status, "verdict": word, "verdict_class": css,
                      "commit": job.code_commit})
     return page(request, "gate.html", nav="gates", gate=_gate_row(gate), jobs=jobs,
-                findings=list(gate.findings or []),
+                findings=[stored_finding(f) for f in gate.findings or []],
                 confirmations=[{**c, "counted": counted_word(c)} for c in gate.confirmations or []],
                 undecided=list(gate.undecided or []),
                 request_items=sorted((gate.request or {}).items()))

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
 
 from service.api.deps import DbId, DbIdQuery, SettingsDep, get_session
+from service.domain.baselines import job_repetitions
 from service.persistence import artifacts as artifact_store
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
@@ -43,6 +44,13 @@ router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_r
 # What a reader compares between two runs first; the rest of the run info is one click away.
 INFO_KEYS = ("device_name", "device_count", "placement", "distinct_nodes", "driver", "cuda_runtime", "torch",
              "triton", "python", "gdnval", "platform")
+
+
+def _repetitions(session: Session, job_id: int, cases: list[Any]) -> views.ValuesOf | None:
+    """The job's repetitions for the intervals of its speed-ups and gains, when it timed anything."""
+    if not any(m.kind == "time" for c in cases for m in c.metrics.values()):
+        return None
+    return job_repetitions(session, job_id)
 
 
 def _info_text(value: Any) -> str:
@@ -213,7 +221,8 @@ def job_page(
     return page(
         request, "job.html", nav="jobs", job=_job_facts(job, utc_now()), cases=cviews,
         case_counts=_case_counts(cviews), acc_rows=acc, acc_columns=views.ACCURACY_COLUMNS,
-        acc_other=any("other" in r.cells for r in acc), speed_rows=views.speed_rows(cases),
+        acc_other=any("other" in r.cells for r in acc),
+        speed_rows=views.speed_rows(cases, _repetitions(session, job_id, cases), job.device),
         mem_rows=views.memory_rows(cases, tracked=memory_tracked(job.device)),
         traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),

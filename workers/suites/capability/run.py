@@ -26,7 +26,7 @@ from gdn import GDNShape, UnsupportedGDNRequest, gated_delta_rule, get_backend, 
 from gdn.cp import CPConfig, all_gather_gated_delta_rule
 from workers.context import RankContext
 from workers.packaging_check import check_wheel
-from workers.suite import Case, Sample
+from workers.suite import Case, CaseFailed, Sample
 from workers.suites.capability.spec import ERROR, PROBE_HQK, PROBE_HV, PROBE_T
 
 SUBPROCESS_TIMEOUT_S = 300
@@ -122,6 +122,8 @@ def _backend_contract(ctx: RankContext, case: Case) -> Iterator[Sample]:
           + (f"; CONTRACT BROKEN: {broken}" if broken else "; contract kept"), file=sys.stderr)
     yield Sample(case.name, "backend_supported", 0.0 if reason is not None else 1.0, rank=ctx.rank)
     yield Sample(case.name, "backend_contract", 0.0 if broken else 1.0, rank=ctx.rank)
+    if broken:  # the contract's own words reach the case, the job page and the gate
+        raise CaseFailed(f"CONTRACT BROKEN: {broken}")
 
 
 @dataclass
