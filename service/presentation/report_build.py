@@ -36,8 +36,9 @@ SuiteSection = Callable[[SuiteInput], SuiteReport]
 
 def suite_section(suite: str) -> SuiteSection:
     """The report code of `suite`: its module's `report`, or the generic section."""
-    name = f"{SECTIONS_PACKAGE}.{suite.replace('-', '_')}"
-    if suite.startswith("_") or importlib.util.find_spec(name) is None:
+    module = suite.replace("-", "_")
+    name = f"{SECTIONS_PACKAGE}.{module}"
+    if not module.isidentifier() or module.startswith("_") or importlib.util.find_spec(name) is None:
         return report_generic.report
     module = importlib.import_module(name)
     found = getattr(module, "report", None)
@@ -89,9 +90,9 @@ def header_notes(jobs: Sequence[ReportJob]) -> list[str]:
     cpu = [j.job_id for j in jobs if not memory_tracked(j.device)]
     if not cpu:
         return []
-    ids = ", ".join(f"#{i}" for i in cpu)
+    which = "every job" if len(cpu) == len(jobs) else "jobs " + ", ".join(f"#{i}" for i in cpu)
     return [
-        f"Times of jobs {ids} come from CPU ranks: wall clock of processes sharing one host's cores, "
+        f"Times of {which} come from CPU ranks: wall clock of processes sharing one host's cores, "
         "so they are noisy and say nothing about a GPU. A difference is claimed only where its 95% "
         "interval supports it; CPU memory is not tracked."
     ]
@@ -214,8 +215,8 @@ def build(jobs: Sequence[ReportJob], cmps: Sequence[Any], links: Links, title: s
     for part in parts:
         sections += part.sections
     sections += comparisons(cmps, links)
-    if (skipped := not_run_section([n for p in parts for n in p.not_run])) is not None:
-        sections.append(skipped)
+    if (missing := not_run_section([n for p in parts for n in p.not_run])) is not None:
+        sections.append(missing)
     if jobs:
         sections.append(conclusions([line for p in parts for line in p.conclusions], jobs))
     for s in sections:

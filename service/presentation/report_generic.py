@@ -29,7 +29,8 @@ def report(inp: SuiteInput) -> SuiteReport:
         pivots = [
             tables.check_pivot(j.data.cases),
             tables.accuracy_pivot(j.data.cases),
-            tables.timing_pivot(j.data.cases, tracked=cv.memory_tracked(j.device)),
+            tables.timing_pivot(j.data.cases, tracked=cv.memory_tracked(j.device), values_of=j.values,
+                                device=j.device),
             tables.trajectory_pivot(j.data.cases),
         ]
         found = [p for p in pivots if p]

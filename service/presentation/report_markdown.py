@@ -10,7 +10,6 @@ written here, from the cell's fields.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
 
 from service.presentation.report_model import Cell, Report, Section, Table
 
@@ -89,7 +88,3 @@ def render(report: Report) -> str:
     for s in report.sections:
         lines += section_markdown(s)
     return "\n".join(lines).rstrip() + "\n"
-
-
-def render_sections(sections: Sequence[Section], title: str) -> str:
-    return render(Report(title, [], list(sections)))

@@ -265,10 +265,3 @@ class Report:
     notes: list[str]
     sections: list[Section]
     plots: list[Plot] = field(default_factory=list)
-
-
-def section_or_none(key: str, title: str, blocks: Sequence[Block]) -> Section | None:
-    """A section of these blocks, None when it has no table row and no paragraph."""
-    if not any((isinstance(b, Table) and b.rows) or isinstance(b, str) for b in blocks):
-        return None
-    return Section(key, title, list(blocks))

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from service.domain.compare.judgment import Difference
 from service.presentation.numbers import fmt
-from service.presentation.report_cells import length
+from service.presentation.report_cells import claim_text, length
 from service.presentation.report_model import ReportJob
 from service.presentation.report_tables import Variant
 
@@ -99,7 +99,7 @@ def across_shapes(
     """`label`: each shape's difference as the judgment describes it, then, over several shapes, a
     claim across them only when every interval supports the same one ("P2P faster at every
     shape")."""
-    parts = [f"{d.describe(style)} at {where}" for where, d in found]
+    parts = [f"{claim_text(d, style)} at {where}" for where, d in found]
     verdicts = {d.verdict for _, d in found}
     if len(found) == 1:
         return f"{label}: {parts[0]}."

@@ -141,9 +141,11 @@ def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
     for f in found:
         u = by.get((f.world_size, f.seq_len, BASE_MODE))
         if f.mode == "p2p" and u is not None:
+            saved = u.per_layer - f.per_layer
+            less = f"{ms(abs(saved))} ms {'less' if saved >= 0 else 'more'}"
             blocks.append(
                 f"CP{f.world_size} at {length(f.seq_len)}: P2P costs {ms(f.per_layer)} ms per layer "
-                f"against Ulysses' {ms(u.per_layer)} ms ({ms(u.per_layer - f.per_layer)} ms less), "
+                f"against Ulysses' {ms(u.per_layer)} ms ({less}), "
                 f"fixed {ms(f.fixed)} against {ms(u.fixed)} ms."
             )
     return Section("network-model", MODEL_TITLE, blocks)
@@ -216,7 +218,7 @@ def share_lines(inp: SuiteInput, rows: Sequence[Row]) -> tuple[list[str], NotRun
 def _unsupported(net: Difference, what: str, layer: Difference) -> str | None:
     for label, d in ((f"{what} P2P saving", net), ("the single layer's P2P saving", layer)):
         if not d.significant:
-            return f"{label} is not significant ({d.describe('gain')})"
+            return f"{label} is not significant ({d.interval_text('gain')})"
     if net.verdict != layer.verdict:
         return "the network and the single layer disagree on which mode is faster"
     return None

@@ -324,8 +324,9 @@ def sweeps(rows: Sequence[Row], found: Sequence[Scaling]) -> list[Sweep]:
         else []
     )
     scale: dict[str, dict[float, Any]] = {}
+    several = len({s.extra for s in found}) > 1  # batch or dtype vary: they name the series too
     for s in found:
-        name = f"{s.mode} local {length(s.local)}"
+        name = f"{s.mode} local {length(s.local)}" + (f" {' '.join(s.extra)}" if several else "")
         for j, v in s.rows:
             scale.setdefault(name, {})[float(j.world_size)] = v.metrics["fwd_bwd_ms"]
     if scale:

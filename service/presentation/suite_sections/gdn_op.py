@@ -24,7 +24,16 @@ from service.presentation.report_cells import (
     timing_cells,
     varying,
 )
-from service.presentation.report_model import NotRun, ReportJob, Section, SuiteInput, SuiteReport, Table
+from service.presentation.report_model import (
+    NotRun,
+    ReportJob,
+    Section,
+    SuiteInput,
+    SuiteReport,
+    Sweep,
+    SweepSeries,
+    Table,
+)
 from service.presentation.report_tables import Variant
 from service.presentation.suite_sections._claims import accuracy_line, across_shapes, worst_errors
 
@@ -127,24 +136,34 @@ def speed(inp: SuiteInput, rows: Sequence[Row], ups: dict[int, tuple[str, Differ
     others = counts([v for _, v in rows if v.params.get("backend") != "eager"], ("warmup", "repeat"))
     eager = counts(eager_rows, ("eager_warmup", "eager_repeat")) or counts(eager_rows, ("warmup", "repeat"))
     reps = "; ".join(x for x in (others, f"eager {eager}" if eager else "") if x)
+    any_tracked = any(cv.memory_tracked(j.device) for j, _ in rows)
     head = (
         f"Times in ms over the repetitions ({reps}): median, p90 and min of the slowest rank per "
-        "repetition; bwd estimate = median(fwd+bwd) − median(fwd); speed-up = the "
-        f"{baselines} fwd+bwd over this one's, with its 95% interval; incremental peak allocated, max "
-        "over ranks."
+        "repetition; bwd estimate = median(fwd+bwd) − median(fwd)"
+        + (f"; speed-up = the {baselines} fwd+bwd over this one's, with its 95% interval" if ups else "")
+        + ("; incremental peak allocated, max over ranks" if any_tracked else "")
+        + "."
     )
     k = 1 + len(dims)
-    return Section(
-        "gdn-speed",
-        "Single-device GDN speed and memory",
-        [
-            head,
-            Table(["T", *dims, *TIMING_HEADER], times, keys=k),
-            Table(
-                ["T", *dims, f"speed-up vs {baselines}", "incr. peak", f"peak vs {baselines}"], versus, keys=k
-            ),
-        ],
-    )
+    blocks: list[str | Table] = [head, Table(["T", *dims, *TIMING_HEADER], times, keys=k)]
+    if ups or any_tracked:  # else the table would hold nothing but "not tracked" (a Not run line says why)
+        header = ["T", *dims, f"speed-up vs {baselines}", "incr. peak", f"peak vs {baselines}"]
+        blocks.append(Table(header, versus, keys=k))
+    return Section("gdn-speed", "Single-device GDN speed and memory", blocks)
+
+
+def sweep(rows: Sequence[Row]) -> Sweep | None:
+    """fwd+bwd against T, one line per backend (and mode where several ran)."""
+    by: dict[str, dict[float, Any]] = {}
+    for _, v in rows:
+        if v.params.get("seq_len"):
+            name = str(v.params.get("backend")) + (f" {v.params['mode']}" if v.params.get("mode") else "")
+            by.setdefault(name, {})[float(v.params["seq_len"])] = v.metrics["fwd_bwd_ms"]
+    if not by:
+        return None
+    series = [SweepSeries(n, sorted(at), [at[x].median for x in sorted(at)], [at[x].min for x in sorted(at)],
+                          [at[x].p90 for x in sorted(at)]) for n, at in sorted(by.items())]
+    return Sweep("gdn-time", "Single-device fwd+bwd against T", "sequence length", "ms", series)
 
 
 def _peer_lines(inp: SuiteInput, rows: Sequence[Row]) -> list[str]:
@@ -186,6 +205,8 @@ def report(inp: SuiteInput) -> SuiteReport:
     timed = _timed(rows)
     ups = speedups(timed)
     out.add(speed(inp, timed, ups))
+    if (found := sweep(timed)) is not None:
+        out.plots.append(found)
     if timed and not ups:
         backends = sorted({str(v.params.get("backend")) for _, v in timed})
         out.not_run.append(
