@@ -92,10 +92,10 @@ def test_gdn_numbers_are_the_stored_statistics(stored: dict[str, Any]) -> None:
             f"{fb.min:.3f}",
         )
         assert row["bwd estimate"] == f"{fb.median - f.median:.3f}"
-        assert row["incr. peak"] == "not tracked"  # a CPU keeps no allocator statistics
     header, _ = joined(got["Single-device GDN speed and memory"])
-    # only eager is timed on a CPU: no speed-up or peak ratio has a value, so their columns are left out
-    assert header[-2:] == ["bwd estimate", "incr. peak"] and "speed-up vs eager" not in header
+    # only eager is timed and a CPU keeps no allocator statistics: the timing table alone (the Not
+    # run lines say why there is no speed-up and no memory)
+    assert header[-1] == "bwd estimate" and "speed-up vs eager" not in header and "incr. peak" not in header
     assert re.search(r"eager warm-up \d+, repeat \d+", got["Single-device GDN speed and memory"])
 
 
