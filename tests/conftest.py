@@ -4,8 +4,10 @@ conftest (tests/service)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,13 @@ import pytest
 if shutil.which("nvidia-smi") is None:
     # Must be set before anything imports triton; GPU machines run the compiled kernels.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if "GDNVAL_DB_URL" not in os.environ:
+    # `gdnval run` keeps each run in the results store (default: ./gdnval.db): the tests' runs,
+    # in this process and in the CLI processes they start, go to a store of this session's own
+    _RUNS = tempfile.mkdtemp(prefix="gdnval-test-runs-")
+    atexit.register(shutil.rmtree, _RUNS, ignore_errors=True)
+    os.environ["GDNVAL_DB_URL"] = f"sqlite:///{_RUNS}/runs.db"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -88,9 +88,10 @@ class BackendSource:
 ENTRY_POINT_GROUP = "gdnval.backends"
 
 
-def entry_point_names(repo: str | Path, commit: str) -> list[str]:
-    """The `gdnval.backends` entry points the package at `commit` of the local repository `repo`
-    declares in its pyproject.toml (empty when it declares none or has no pyproject.toml)."""
+def entry_points(repo: str | Path, commit: str) -> dict[str, str]:
+    """The `gdnval.backends` entry points (name -> 'module:attribute') the package at `commit` of
+    the local repository `repo` declares in its pyproject.toml (empty when it declares none or
+    has no pyproject.toml)."""
     import tomllib
 
     try:
@@ -99,12 +100,17 @@ def entry_point_names(repo: str | Path, commit: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendSourceError(f"cannot read pyproject.toml of {repo} at {commit}: {exc}") from exc
     if out.returncode != 0:
-        return []
+        return {}
     try:
         project = tomllib.loads(out.stdout).get("project", {})
     except tomllib.TOMLDecodeError as exc:
         raise BackendSourceError(f"pyproject.toml of {repo} at {commit} is not valid TOML: {exc}") from exc
-    return sorted(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
+    return {str(k): str(v) for k, v in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}).items()}
+
+
+def entry_point_names(repo: str | Path, commit: str) -> list[str]:
+    """The names of the package's `gdnval.backends` entry points at `commit` (`entry_points`)."""
+    return sorted(entry_points(repo, commit))
 
 
 def _install(target: Path, what: str, python: str) -> None:
@@ -130,6 +136,13 @@ def _local_repo(repo: str, mirrors: Path) -> Path:
     if out.returncode != 0:
         raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {out.stderr.strip()}")
     return mirror
+
+
+def local_repository(repo: str, cache_dir: str | Path | None = None) -> Path:
+    """A backend repository git reads here: `repo` itself when it is a folder, else the mirror
+    of its URL under this machine's backend cache, fetched anew (history orders its commits)."""
+    cache = Path(cache_dir) if cache_dir else default_backend_cache()
+    return _local_repo(repo, cache / "repos")
 
 
 BACKEND_CACHE_ENV = "GDNVAL_BACKEND_CACHE"  # where this machine keeps its installed backends

@@ -90,6 +90,17 @@ def module_content_hash(module: str) -> str | None:
     return content_hash([Path(spec.origin)]) if spec.origin and Path(spec.origin).is_file() else None
 
 
+def installed_module_hash(folder: Path, module: str) -> str | None:
+    """The content hash of top-level module `module` as installed under `folder` (its package
+    folder, or its one file): what a rank with `folder` first on its path records for it
+    (`module_content_hash`), computed without importing it. None when it is not there."""
+    top = module.split(".")[0]
+    package, single = folder / top, folder / f"{top}.py"
+    if package.is_dir():
+        return content_hash([package])
+    return content_hash([single]) if single.is_file() else None
+
+
 def code_identity(info: Mapping[str, Any] | None) -> str | None:
     """One hash of a job's code under test from its recorded info: this tree's runtime code and the
     content of every backend it ran. None when any part is unknown (never equal by accident)."""

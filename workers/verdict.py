@@ -202,31 +202,6 @@ def repeats_for_significance(alpha: float = ALPHA) -> int:
 
 
 
-def classify_change(
-    kind: str, direction: str, base: float, head: float, effect: float, *, unit_bytes: float | None = None
-) -> Change:
-    """A change of one statistic head vs base, by the minimum effect (no significance: for views
-    of one value per job, such as the history overview; the gate uses `service.domain.compare`)."""
-    if not (math.isfinite(base) and math.isfinite(head)):
-        return "unknown"
-    if base == head:
-        return "same"
-    if kind == "time" and base > 0:
-        return time_moved(head / base, effect, direction)
-    if base == 0:
-        rel = math.inf if head > 0 else -math.inf
-    else:
-        rel = (head - base) / abs(base)
-    grow = rel if direction == "lower" else -rel
-    if kind == "memory" and unit_bytes is not None and abs(head - base) * unit_bytes <= MEMORY_MIN_BYTES:
-        return "same"
-    if grow > effect:
-        return "worse"
-    if -grow > effect:
-        return "better"
-    return "same"
-
-
 # ----------------------------------------------------------------------------- tensors
 
 

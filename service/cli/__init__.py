@@ -17,7 +17,11 @@ COMMAND_MODULES: dict[str, str] = {
     "service.cli.jobs": "jobs",
     "service.cli.db": "db",
     "service.cli.gate": "gate",
+    "service.cli.gates": "gates",
+    "service.cli.find": "find",
     "service.cli.report": "report",
+    "service.cli.compare": "compare",
+    "service.cli.push": "push",
     "service.cli.campaign": "campaign",
     "service.cli.backends": "backends",
 }

@@ -8,11 +8,11 @@ GDNVAL_PUBLIC_URL); a loopback address gives no links, since a reader of the rep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from service.cli.client import fail
+from service.cli.local_store import db_option, open_store
 
 
 @click.command()
@@ -20,10 +20,7 @@ from service.cli.client import fail
 @click.option(
     "--base", "bases", multiple=True, type=click.IntRange(1), help="base job to compare with (one per suite)"
 )
-@click.option(
-    "--db", "db_url", envvar="GDNVAL_DB_URL", default=None,
-    help="store URL or SQLite file [env GDNVAL_DB_URL]",
-)
+@db_option
 @click.option(
     "--server", envvar="GDNVAL_SERVER", default=None, help="ask this service instead of opening the store"
 )
@@ -50,35 +47,6 @@ def report(
         click.echo(text)
 
 
-def _open_store(db_url: str | None) -> Any:
-    """An engine on an existing, migrated store; one line and exit 2 otherwise. A SQLite file that
-    is not there is never created (a typo in --db must not leave an empty database behind)."""
-    from sqlalchemy import inspect
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from service.persistence.db import make_engine
-    from service.settings import Settings
-
-    url = Settings(**({"db_url": db_url} if db_url else {})).db_url
-    if "://" not in url:  # a plain path names a SQLite file
-        url = f"sqlite:///{Path(url).resolve()}"
-    try:
-        parsed = make_url(url)
-    except (SQLAlchemyError, ValueError) as exc:
-        fail(f"--db {url!r} is not a database URL: {exc}")
-    file_db = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
-    if file_db and not Path(str(parsed.database)).is_file():
-        fail(f"no results store at {parsed.database} (from --db / GDNVAL_DB_URL {url!r})")
-    engine = make_engine(url)
-    try:
-        if not inspect(engine).has_table("job"):
-            fail(f"{parsed.render_as_string(hide_password=True)} holds no gdnval results (no 'job' table)")
-    except SQLAlchemyError as exc:
-        fail(f"cannot open the results store {parsed.render_as_string(hide_password=True)}: {exc}")
-    return engine
-
-
 def _from_store(
     db_url: str | None, jobs: tuple[int, ...], bases: tuple[int, ...], link_base: str | None
 ) -> str:
@@ -87,7 +55,7 @@ def _from_store(
     from service.domain.baselines import NotFound
     from service.presentation.report import build_report
 
-    engine = _open_store(db_url)
+    engine = open_store(db_url)
     try:
         with Session(engine) as s:
             text, _ = build_report(s, list(jobs), list(bases), link_base)

@@ -1,12 +1,20 @@
 """`gdnval run SUITE`: run a suite here, without the service, through the local executor.
 
-This is how suites run on the device machine and how benchmarks are taken. It needs only torch,
-triton, numpy, click, rich and pydantic: nothing on this path imports fastapi, sqlalchemy,
-httpx, uvicorn or ray.
+This is how suites run on the device machine and how benchmarks are taken. The run itself needs
+only torch, triton, numpy, click, rich and pydantic: fastapi, httpx, uvicorn and ray are never
+imported, and sqlalchemy only to keep the run in the results store.
 
-`--json FILE` writes (format "gdnval-run/1"):
-    {format, suite, preset, overrides, params, device, world_size, commit, status, verdict,
-     case_counts, error, exit_code, started_at, finished_at, duration_s, info, nonfinite,
+The run is kept as a job of the results store (`--db`, else GDNVAL_DB_URL, else the service's
+default SQLite file `gdnval.db`; created and migrated when missing) by
+`service.persistence.runs.store_run`, in the service's own shape: `gdnval compare`, the pages
+of a service on that store and `gdnval push` (to another service) read it like any job. The
+store is opened before the run starts, so a store that cannot be opened is one line and exit 2
+at once; `--no-store` keeps nothing.
+
+`--json FILE` writes (format "gdnval-run/1", `service.persistence.runs.RunDocument`):
+    {format, run_id, suite, preset, overrides, params, device, world_size, commit, snapshot,
+     backend_source, status, verdict, case_counts, error, exit_code, started_at, finished_at,
+     duration_s, info, nonfinite,
      cases:   [{name, status, error, expected_error, params, fingerprint}],
      summary: [{case, metric, unit, kind, direction, bound, judged_on, count, nonfinite, median,
                 p90, min, max, passed}],
@@ -34,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +55,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.cli import output
+from service.cli.local_store import db_option, open_store, shown
 from service.domain import exit_codes
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
@@ -370,6 +380,17 @@ def _resolve_backends(names: Sequence[str], backend_source: str | None) -> None:
             fail(error)
 
 
+def _store(out: Console, engine: Any, doc: dict[str, Any]) -> None:
+    """Keep the run's document as a job of the store and say where (`service.persistence.runs`)."""
+    from service.persistence.runs import RunDocument, store_run
+
+    job, _ = store_run(engine, RunDocument.model_validate(doc))
+    where = shown(str(engine.url))
+    engine.dispose()
+    out.print(f"stored as job {job.id} in {where} (gdnval compare {job.id} OTHER; gdnval push {job.id})",
+              highlight=False, soft_wrap=True)
+
+
 @click.command("run")
 @click.argument("suite_name", metavar="SUITE")
 @click.option("--preset", default="quick", show_default=True, help="quick | gate | full")
@@ -391,6 +412,9 @@ def _resolve_backends(names: Sequence[str], backend_source: str | None) -> None:
 @click.option("--backend-source", default=None, metavar="SRC",
               help="install a backend under test from elsewhere for this run (git+<repo>@<commit> or a pip "
                    "requirement; the job label backend_source of submit and gate)")
+@click.option("--store/--no-store", default=True, show_default=True,
+              help="keep the run as a job of the results store (--db): compare, history and push find it")
+@db_option
 @click.option("--dry-run", is_flag=True,
               help="check the suite, preset, --param overrides, device and world size, resolve the backends "
                    "(installing --backend-source), print the cases and exit 0 without starting any rank")
@@ -410,6 +434,8 @@ def run(
     commit: str | None,
     view: str | None,
     backend_source: str | None,
+    store: bool,
+    db_url: str | None,
     dry_run: bool,
     wide: bool,
 ) -> None:
@@ -450,6 +476,7 @@ def run(
             why = suite.misfit(case, world_size)
             click.echo(f"  {case.name}" + (f" (skipped: {why})" if why else ""))
         raise SystemExit(0)
+    engine = open_store(db_url, create=True) if store else None  # before the run: a bad store fails fast
     console = Console(stderr=True)
     spec = JobSpec(
         job_id=0, suite=suite_name, preset=preset, params=overrides, device=device,
@@ -487,45 +514,50 @@ def run(
     if not ran:
         out.print(f"[red]job {result.status}[/]: {result.error or ''}", highlight=False)
     out.print(f"verdict {judged.summary()}; {len(sink.samples_)} samples; exit {exit_code}")
+    doc = {
+        "format": "gdnval-run/1",
+        "run_id": uuid.uuid4().hex,
+        "suite": suite_name,
+        "preset": preset,
+        "overrides": overrides,
+        "params": params.model_dump(mode="json"),
+        "device": device,
+        "world_size": world_size,
+        "commit": sink.info_.get("commit"),
+        "snapshot": commit is not None,
+        "backend_source": backend_source,
+        "status": result.status,
+        "verdict": judged.verdict,
+        "case_counts": judged.counts,
+        "error": result.error,
+        "exit_code": exit_code,
+        "started_at": started.isoformat(),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        "duration_s": round(time.monotonic() - t0, 3),
+        "info": sink.info_,
+        "cases": [
+            {
+                "name": c.name,
+                "status": sink.cases.get(c.name, ("not run", None))[0],
+                "error": sink.cases.get(c.name, ("not run", None))[1],
+                "expected_error": c.expected_error,
+                "params": dict(c.params),
+                "fingerprint": c.fingerprint(device, world_size),
+            }
+            for c in cases
+        ],
+        "summary": summarise(suite, sink.samples_),
+        "samples": [
+            {"case": s.case, "metric": s.metric, "rank": s.rank, "idx": s.idx, "value": s.value}
+            for s in sink.samples_
+        ],
+        "logs": sink.logs,
+    }
+    clean, replaced = output.strict_json(doc)
+    clean["nonfinite"] = replaced  # JSON pointers of the values written as null (NaN, ±inf)
+    if engine is not None:
+        _store(out, engine, clean)
     if json_path is not None:
-        doc = {
-            "format": "gdnval-run/1",
-            "suite": suite_name,
-            "preset": preset,
-            "overrides": overrides,
-            "params": params.model_dump(mode="json"),
-            "device": device,
-            "world_size": world_size,
-            "commit": sink.info_.get("commit"),
-            "status": result.status,
-            "verdict": judged.verdict,
-            "case_counts": judged.counts,
-            "error": result.error,
-            "exit_code": exit_code,
-            "started_at": started.isoformat(),
-            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-            "duration_s": round(time.monotonic() - t0, 3),
-            "info": sink.info_,
-            "cases": [
-                {
-                    "name": c.name,
-                    "status": sink.cases.get(c.name, ("not run", None))[0],
-                    "error": sink.cases.get(c.name, ("not run", None))[1],
-                    "expected_error": c.expected_error,
-                    "params": dict(c.params),
-                    "fingerprint": c.fingerprint(device, world_size),
-                }
-                for c in cases
-            ],
-            "summary": summarise(suite, sink.samples_),
-            "samples": [
-                {"case": s.case, "metric": s.metric, "rank": s.rank, "idx": s.idx, "value": s.value}
-                for s in sink.samples_
-            ],
-            "logs": sink.logs,
-        }
-        clean, replaced = output.strict_json(doc)
-        clean["nonfinite"] = replaced  # JSON pointers of the values written as null (NaN, ±inf)
         text = json.dumps(clean, indent=1, default=str, allow_nan=False)
         if to_stdout:
             sys.stdout.write(text + "\n")

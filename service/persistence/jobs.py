@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, or_, select
@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.persistence.commits import FULL_SHA, commit_ids
 from service.persistence.models import (
+    CommitRow,
     JobEventRow,
     JobRow,
 )
@@ -34,6 +35,19 @@ def at_commit(sha: str, *, min_prefix: int = 1, backend: bool | None = None) -> 
         theirs = JobRow.backend_commit.startswith(sha, autoescape=True)
     ours = JobRow.commit_id.in_(commit_ids(sha, min_prefix=min_prefix))
     return theirs if backend else ours if backend is False else or_(ours, theirs)
+
+
+def ran_commit(sha: str, *, min_prefix: int = 1) -> ColumnElement[bool]:
+    """Jobs that ran code at `sha` (`commit_ids`' rule for a prefix): the code under test's
+    commit (`at_commit`), or, for a job of the installed code (no commit of ours asked for), the
+    commit of our tree its ranks recorded (`info.commit`): a backend's job at that commit of
+    ours, or a job submitted without `--commit`."""
+    recorded = JobRow.info["commit"].as_string()
+    if FULL_SHA.fullmatch(sha) or len(sha) < min_prefix:
+        installed_at = recorded == sha
+    else:
+        installed_at = recorded.startswith(sha, autoescape=True)
+    return or_(at_commit(sha, min_prefix=min_prefix), JobRow.commit_id.is_(None) & installed_at)
 
 
 def get_job(session: Session, job_id: int) -> JobRow | None:
@@ -66,7 +80,7 @@ def list_jobs(
     if device:
         q = q.where(JobRow.device == device)
     if commit:
-        q = q.where(at_commit(commit))
+        q = q.where(ran_commit(commit))
     if before_id is not None:
         q = q.where(JobRow.id < before_id)
     if label is not None:
@@ -140,3 +154,70 @@ def find_commit_job(
         if params is None or dict(job.params or {}) == want:
             return JobRecord.of(job)
     return None
+
+
+def jobs_at_commits(
+    session: Session,
+    shas: Sequence[str],
+    suite: str,
+    *,
+    backend_repo: str | None = None,
+    device: str | None = None,
+    world_size: int | None = None,
+) -> list[JobRecord]:
+    """The succeeded jobs of `suite` whose code under test is at one of the full `shas`, oldest
+    first: with `backend_repo`, the jobs that installed their backend from that repository at
+    that commit; else the jobs of our code at that commit that install no backend from elsewhere.
+    The shas are matched whole, one indexed lookup per batch."""
+    from service.persistence.queue import job_backend_repo  # queue imports this module
+
+    out: list[JobRecord] = []
+    for start in range(0, len(shas), 500):
+        batch = list(shas[start:start + 500])
+        q = select(JobRow).where(JobRow.suite == suite, JobRow.status == "succeeded").order_by(JobRow.id)
+        if backend_repo is not None:
+            q = q.where(JobRow.backend_commit.in_(batch))
+        else:
+            q = q.where(JobRow.commit_id.in_(select(CommitRow.id).where(CommitRow.sha.in_(batch))))
+        if device is not None:
+            q = q.where(JobRow.device == device)
+        if world_size is not None:
+            q = q.where(JobRow.world_size == world_size)
+        out += [JobRecord.of(j) for j in session.scalars(q).unique() if job_backend_repo(j) == backend_repo]
+    return sorted(out, key=lambda j: j.id)
+
+
+def backend_repositories(session: Session) -> list[str]:
+    """The repositories the stored jobs installed a backend from (their `backend_source` label)."""
+    from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
+
+    labels = session.scalars(
+        select(JobRow.labels[BACKEND_SOURCE_LABEL].as_string()).distinct()
+        .where(JobRow.labels[BACKEND_SOURCE_LABEL].as_string().is_not(None))
+    ).all()
+    repos = set()
+    for text in labels:
+        try:
+            repo = BackendSource.parse(text).repo
+        except BackendSourceError:
+            continue
+        if repo:
+            repos.add(repo)
+    return sorted(repos)
+
+
+def setting_jobs(
+    session: Session, suite: str, *, preset: str, device: str, world_size: int, params: Mapping[str, Any],
+    backend_repo: str | None, limit: int = 200,
+) -> list[JobRecord]:
+    """The newest succeeded whole jobs (not a re-measurement of some cases) of one setting:
+    `suite` with this preset, device, world size and overrides, installing their backend from
+    `backend_repo` (None: none from elsewhere); newest first, at most `limit`."""
+    from service.persistence.queue import job_backend_repo  # queue imports this module
+
+    q = (select(JobRow).where(JobRow.suite == suite, JobRow.status == "succeeded", JobRow.preset == preset,
+                              JobRow.device == device, JobRow.world_size == world_size)
+         .order_by(JobRow.id.desc()).limit(limit))
+    want = dict(params)
+    return [JobRecord.of(j) for j in session.scalars(q).unique()
+            if not j.cases and dict(j.params or {}) == want and job_backend_repo(j) == backend_repo]

@@ -402,3 +402,48 @@ class GateJobRow(Base):
     reused: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (UniqueConstraint("gate_id", "job_id", "role"),)
+
+
+class FindRow(Base):
+    """One find run (`service.domain.find`): the first-parent range it bisects, where its state
+    machine stands, its verdict with the first bad and last good commits and what moved, and the
+    commits it measured. Updated at every step; the steps are `FindStepRow`s."""
+
+    __tablename__ = "find"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    request: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    head: Mapped[str] = mapped_column(String(255), index=True)  # the bad commit
+    base: Mapped[str] = mapped_column(String(255))  # the good commit
+    backend: Mapped[str | None] = mapped_column(String(200))
+    backend_repo: Mapped[str | None] = mapped_column(String(1000))
+    device: Mapped[str] = mapped_column(String(10))
+    world_size: Mapped[int] = mapped_column(Integer)
+    commits: Mapped[list[Any]] = mapped_column(JSON, default=list)  # after base up to head, oldest first
+    phase: Mapped[str] = mapped_column(String(10))  # waiting | done
+    verdict: Mapped[str | None] = mapped_column(String(10))  # pass | fail | error
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    first_bad: Mapped[str | None] = mapped_column(String(255))
+    last_good: Mapped[str | None] = mapped_column(String(255))
+    findings: Mapped[list[Any]] = mapped_column(JSON, default=list)  # what moved at the boundary
+    measured: Mapped[list[Any]] = mapped_column(JSON, default=list)  # commits whose jobs it ran
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class FindStepRow(Base):
+    """A step of a find: the gate of one commit and what it made of it (good, bad, skip)."""
+
+    __tablename__ = "find_step"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    find_id: Mapped[int] = mapped_column(ForeignKey("find.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(10))  # verify | bisect | confirm
+    commit: Mapped[str] = mapped_column(String(255))
+    gate_id: Mapped[int] = mapped_column(ForeignKey("gate.id", ondelete="CASCADE"), index=True)
+    outcome: Mapped[str | None] = mapped_column(String(10))  # good | bad | skip; None while it runs
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+    __table_args__ = (UniqueConstraint("find_id", "position"),)

@@ -174,6 +174,18 @@ def job_backend_source(job: JobRow | JobRecord) -> str | None:
     return (job.labels or {}).get(BACKEND_SOURCE_LABEL) or None
 
 
+def job_backend_repo(job: JobRow | JobRecord) -> str | None:
+    """The repository the job installed its backend under test from (its `backend_source` label's;
+    a pip requirement stands for itself), None for ours."""
+    source = job_backend_source(job)
+    if source is None:
+        return None
+    try:
+        return BackendSource.parse(source).repo or source
+    except BackendSourceError:
+        return source
+
+
 def job_placement(job: JobRow) -> str | None:
     """The job's own placement strategy (its `placement` label), None for the executor's default."""
     return (job.labels or {}).get(PLACEMENT_LABEL) or None

@@ -508,15 +508,24 @@ COMPARE_VIEWS: dict[str, str] = {
 _BAD_VERDICTS = frozenset({"regressed", "failed", "worsened", "errored"})
 
 
-def _stat_text(value: float | None, unit: str) -> str:
+def stat_text(value: float | None, unit: str) -> str:
     if value is None:
         return "–"
     return human_bytes(value, unit) if unit.strip().lower() in BYTE_UNITS else fmt(value, shown_unit(unit))
 
 
-def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
+def compare_verdict(cmp: Any) -> tuple[str, str]:
+    """The comparison's verdict as the compare page and `gdnval compare` print it, with its
+    badge class."""
+    if cmp.passed:
+        return "PASS: no regression", "v-unchanged"
+    return f"FAIL: {len(cmp.failing_cases())} case(s) regressed or failed", "v-regressed"
+
+
+def compare_rows(cmp: Any, show: str = "changes", history_query: str = "") -> list[dict[str, Any]]:
     """Rows of the compare table: per case and metric the base and head statistic (median for
-    time, worst value otherwise), delta, ratio, CI, p, verdict and its reason.
+    time, worst value otherwise), delta, ratio, CI, p, verdict and its reason; each case links
+    its history (`history_query` added: the repository of the head's commits, when not ours).
 
     show='changes' hides unchanged metrics (a case then says how many it hid), 'regressions'
     keeps only regressed/failed/worsened/errored ones, 'all' keeps everything."""
@@ -537,14 +546,14 @@ def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
             h = getattr(m.head, stat) if m.head is not None else None
             delta = "–"
             if m.delta is not None:
-                delta = _stat_text(m.delta, m.unit)
+                delta = stat_text(m.delta, m.unit)
                 if m.rel_delta is not None and math.isfinite(m.rel_delta):
                     delta += f" ({m.rel_delta:+.1%})"
             rows.append({
                 "case": c.name, "fingerprint": c.fingerprint, "case_verdict": c.verdict,
                 "backend": backend_of(c.params or {}), "metric": m.metric, "verdict": m.verdict,
                 "reason": m.reason,
-                "base": _stat_text(b, m.unit), "head": _stat_text(h, m.unit), "delta": delta,
+                "base": stat_text(b, m.unit), "head": stat_text(h, m.unit), "delta": delta,
                 "ratio": f"{m.ratio:.3f}" if m.ratio is not None and math.isfinite(m.ratio) else "–",
                 "ci": f"[{m.ci_low:.3f}, {m.ci_high:.3f}]" if m.ci_low is not None and m.ci_high is not None
                 else "–",
@@ -562,6 +571,6 @@ def compare_rows(cmp: Any, show: str = "changes") -> list[dict[str, Any]]:
         rows[first]["span"] = len(rows) - first
         rows[first]["hidden"] = hidden if len(rows) - first > 0 and metrics else 0
         rows[first]["history"] = next(
-            (f"/history?fingerprint={c.fingerprint}&metric={m.metric}" for m in c.metrics
+            (f"/history?fingerprint={c.fingerprint}&metric={m.metric}{history_query}" for m in c.metrics
              if m.kind == "time"), None)
     return rows

@@ -10,7 +10,10 @@ Pages (all read-only except the submit form; with `protect_reads` they need a lo
   (samples from the API, artifacts, `/jobs/{id}/report.md`).
 - `/compare?base=&head=`: two jobs, commits or a named baseline; per case and metric the verdict
   and its evidence; `show=changes|regressions|all`.
-- `/history?fingerprint=&metric=`: one series across commits; `/history/{suite}`: sparklines.
+- `/history?suite=` (or `fingerprint=`, one case): a repository's commits in first-parent order,
+  one point per commit pooled over its jobs, judged against the commit measured before by the
+  compare engine; one series (`metric=`) as a chart, else every series as sparklines.
+- `/gates`, `/gates/{id}`: the stored gates (filters by head, base, backend, verdict).
 - `/suites`: the catalogue.
 
 Modules: `routes/` (one router per page), `deps` (templates, the login check), `charts` (SVG).

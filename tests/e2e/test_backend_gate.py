@@ -10,7 +10,8 @@ gdnval) in a temporary git repository, entry point `extgdn`:
   reference-relative time;
 - c4 = c2 with the output x (1 + 2e-3): within gdn-op's 5e-3 bound but far above the base and
   eager's own error: exit 1 on `o_rel_l2` (worsened);
-- c5 = c2 + a README: exit 0 (the backend's code is byte-identical: nothing of it can move).
+- c5 = c2 + a README: exit 0 (the backend's code is byte-identical: judged by c2's job, nothing
+  runs).
 
 c2 is gated on every suite that calls the backend (as the how-to does); c3..c5 against c2 on
 gdn-op, where the verdicts under test live, so the scenario stays within the CI's minutes. One
@@ -230,6 +231,8 @@ def test_a_backend_repository_is_gated_on_its_backend(server: SimpleNamespace) -
     walls["c5 (a README) vs c2"] = docs.wall
     assert docs.code == 0, docs.stdout
     assert not _found(docs, "regression") and "✅ PASS" in docs.stdout
+    head = next(j for j in docs.gate["jobs"] if j["role"] == "head")  # the package is byte-identical:
+    assert head["reused"] and head["code_commit"] == shas["c2"], docs.gate["jobs"]  # c2's job, nothing run
 
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for g, verdict in ((faster, "pass"), (slower, "fail"), (scaled, "fail"), (docs, "pass")):
@@ -238,8 +241,11 @@ def test_a_backend_repository_is_gated_on_its_backend(server: SimpleNamespace) -
             assert f"/gates/{g.gate['id']}" in g.stdout  # the report links its page
         jobs_page = http.get("/jobs", params={"suite": "gdn-op"}).text
         for name, sha in shas.items():
-            assert f">{sha[:10]}</a>" in jobs_page, name  # each commit by its own short sha
             found = http.get("/api/v1/jobs", params={"commit": sha[:8], "suite": "gdn-op"}).json()["items"]
+            if name == "c5":  # judged by c2's job: none of its own
+                assert not found and f">{sha[:10]}</a>" not in jobs_page, found
+                continue
+            assert f">{sha[:10]}</a>" in jobs_page, name  # each commit by its own short sha
             assert found and {j["code_commit"] for j in found} == {sha}, name
         assert "installed</span>" not in jobs_page
     print("backend gate wall times (s):", {k: round(v, 1) for k, v in walls.items()})

@@ -47,8 +47,8 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     url = f"sqlite:///{tmp / 'store.db'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
-    base = store_run(engine, run, tmp / "artifacts")
-    head = store_run(engine, run, tmp / "artifacts")
+    base = store_run(engine, run)
+    head = store_run(engine, run)
     engine.dispose()
     return {"url": url, "base": base, "head": head, "doc": json.loads(run.read_text()), "tmp": tmp}
 

@@ -780,7 +780,7 @@ STORED = (
 
 @pytest.mark.stores("sqlite")
 def test_the_report_of_stored_jobs_prints_the_stored_statistics(engine, tmp_path: Path) -> None:
-    ids = [store_run(engine, RESULTS / name, tmp_path / "artifacts") for name in STORED]
+    ids = [store_run(engine, RESULTS / name) for name in STORED]
     with Session(engine) as s:
         md = campaign_report_markdown(s, ids, base_url=BASE)
         stored = {j: {c.name: c for c in summary_store.case_summaries(s, j)} for j in ids}
@@ -869,7 +869,7 @@ def test_the_report_page_draws_the_sections_and_plots(db_url: str, engine, tmp_p
     from service.app import create_app
     from service.settings import Settings
 
-    ids = [store_run(engine, RESULTS / name, tmp_path / "artifacts") for name in STORED]
+    ids = [store_run(engine, RESULTS / name) for name in STORED]
     with TestClient(create_app(Settings(db_url=db_url, dispatch=False, executor="local"))) as client:
         resp = client.get("/reports/campaign", params=[("job", i) for i in ids])
         missing = client.get("/reports/campaign", params={"job": 999})
@@ -900,8 +900,8 @@ def test_the_report_page_draws_the_sections_and_plots(db_url: str, engine, tmp_p
 @pytest.mark.stores("sqlite")
 def test_a_base_campaign_is_compared_job_by_job(engine, tmp_path: Path) -> None:
     names = ("cp_layer_cp2_h200x2.json", "stability_cp2_h200x2.json")
-    base = [store_run(engine, RESULTS / n, tmp_path / "artifacts") for n in names]
-    head = [store_run(engine, RESULTS / n, tmp_path / "artifacts") for n in names]
+    base = [store_run(engine, RESULTS / n) for n in names]
+    head = [store_run(engine, RESULTS / n) for n in names]
     with Session(engine) as s:
         md = campaign_report_markdown(s, head, base_job_ids=base)
         with pytest.raises(ValueError, match=r"base job \d+ ran stability at world size 2"):

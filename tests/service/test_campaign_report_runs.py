@@ -34,7 +34,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run = tmp / f"{suite}.json"
         res = CliRunner().invoke(main, ["run", suite, "--preset", "quick", "--json", str(run)])
         assert res.exit_code == 0, res.output
-        ids.append(store_run(engine, run, tmp / "artifacts"))
+        ids.append(store_run(engine, run))
     with Session(engine) as s:
         md = campaign_report_markdown(s, ids, base_url="https://gdnval.example.org")
         cases = {j: summary_store.case_summaries(s, j) for j in ids}
@@ -124,7 +124,7 @@ def test_a_suite_without_report_code_appears_through_the_generic_section(tmp_pat
         assert res.exit_code == 0, res.output
         engine = db.make_engine(f"sqlite:///{tmp_path / 'store.db'}")
         db.upgrade(engine)
-        job = store_run(engine, run, tmp_path / "artifacts")
+        job = store_run(engine, run)
         with Session(engine) as s:
             md = campaign_report_markdown(s, [job], base_url="https://gdnval.example.org")
         engine.dispose()

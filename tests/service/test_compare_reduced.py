@@ -57,8 +57,8 @@ def _running_job(engine) -> JobRow:
 def test_a_stored_cp_job_loads_the_same_reduced_from_samples_or_mixed(engine, tmp_path: Path) -> None:
     """A real cp-layer run (two CPU ranks, the quick preset) stored through the dispatcher's sink."""
     doc = json.loads(QUICK.read_text())
-    base = store_run(engine, QUICK, tmp_path / "a")
-    head = store_run(engine, QUICK, tmp_path / "b", commit="b" * 40)
+    base = store_run(engine, QUICK)
+    head = store_run(engine, QUICK, commit="b" * 40)
     with Session(engine) as s:
         job = s.get(JobRow, base)
         count = select(func.count()).select_from(ReducedCaseRow).where(ReducedCaseRow.job_id == base)

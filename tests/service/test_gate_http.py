@@ -72,18 +72,26 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     assert metric["verdict"] == "regressed" and metric["ratio"] > 1.3
     assert f"{url}/jobs/" in slow.stdout  # numbers link to the job pages
 
-    # D times like B, but its first run is slow once (noise): the gate passes
+    # D's code under test is byte-identical to B's (the runtime's and the suite module's bytes):
+    # without a job of its own, D is judged by B's job, and nothing runs
+    twin_json = server.tmp / "twin.json"
+    twin = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
+               "--server", url, "--poll", "0.2", "--json", str(twin_json))
+    assert twin.returncode == 0, twin.stdout + twin.stderr
+    roles = {j["role"]: j for j in json.loads(twin_json.read_text())["jobs"]}
+    assert roles["head"]["reused"] and roles["head"]["commit"] == server.shas["B"], roles
+
+    # D measured anew (--fresh), its first run slow once (noise): the gate passes
     flag = server.tmp / "noise-once"
     flag.write_text("slow once")
     server.mp.setenv(NOISE_ENV, str(flag))
     server.mp.setenv(EXTRA_ENV, NOISE_ENV)  # named for the ranks: they get an allow-listed environment
     noisy_json = server.tmp / "noisy.json"
     noisy = cli("gate", "--head", "HEAD", "--base", "HEAD~2", "--suite", "gatetime", "--repo", repo,
-                "--server", url, "--poll", "0.2", "--confirm", "--json", str(noisy_json))
+                "--server", url, "--poll", "0.2", "--confirm", "--fresh", "--json", str(noisy_json))
     assert not flag.exists()  # the head's first run consumed it
     assert noisy.returncode == 0, noisy.stdout + noisy.stderr
-    # D's code under test is byte-identical to B's (the runtime's and the suite module's bytes):
-    # its slow run is shown, never judged, so there is nothing to confirm
+    # byte-identical code: D's slow run is shown, never judged, so there is nothing to confirm
     noisy_data = json.loads(noisy_json.read_text())
     assert noisy_data["confirmations"] == []
     (noisy_metric,) = [m for c in noisy_data["comparisons"][0]["cases"] for m in c["metrics"]
@@ -122,7 +130,8 @@ def test_gate_cli_exit_codes_and_report(server: SimpleNamespace) -> None:
     assert got["passed"] is False and got["counts"]["regressed"] == 1
     params = {"base_commit": server.shas["B"], "head_commit": server.shas["C"][:10], "suite": "gatetime"}
     by_commit = httpx.get(f"{url}/api/v1/compare", params=params).json()
-    assert (by_commit["base"]["job_id"], by_commit["head"]["job_id"]) == (base_job, head_job)
+    newest_b = next(j["job_id"] for j in noisy_data["jobs"] if j["role"] == "base")  # --fresh measured B anew
+    assert (by_commit["base"]["job_id"], by_commit["head"]["job_id"]) == (newest_b, head_job)
 
     # a gate that gives up waiting has no verdict yet: exit 3 (README's table), never "could not run"
     waited = cli("gate", "--head", "HEAD", "--base", "HEAD~1", "--suite", "gatetime", "--repo", repo,

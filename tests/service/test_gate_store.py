@@ -75,7 +75,8 @@ def test_a_gate_is_stored_with_its_jobs_confirmations_verdict_and_reasons(store)
         assert {j["code_commit"] for j in api["jobs"]} == {B, C}
         assert api["findings"] == row.findings and api["confirmations"][0]["confirmed"] is True
         listed = client.get("/api/v1/gates").json()
-        assert [g["id"] for g in listed["items"]] == [state.gate_id] and listed["items"][0]["jobs"] is None
+        assert [g["id"] for g in listed["items"]] == [state.gate_id]
+        assert [j["role"] for j in listed["items"][0]["jobs"]] == roles
         assert client.get("/api/v1/gates/999").status_code == 404
         page = client.get(f"/gates/{state.gate_id}").text
         assert 'data-gate-verdict="fail"' in page and "sleep_ms" in page and "yes (confirmed)" in page

@@ -133,3 +133,19 @@ def test_errors_of_two_modes_are_read_against_their_bound() -> None:
         "both within 1e-05: p2p 3.1e-07, ulysses 6.4e-09"
     )
     assert within_bound_text(1e-7, {"p2p": 3.1e-7, "ulysses": 6.4e-9}).startswith("p2p breaks the bound")
+
+
+@pytest.mark.parametrize("direction", ["lower", "higher"])
+def test_a_one_value_time_is_recorded_by_direction_and_effect(direction: str) -> None:
+    from service.domain.compare import CompareConfig
+    from service.domain.compare.judgment import Rule, memory_change, recorded_change
+
+    one_value = Metric("ratio", "x", "time", direction, min_effect=0.2, repeated=False)
+    rule = Rule.of(one_value, CompareConfig(), "cuda")
+    up, down = recorded_change(10.0, 13.0, rule)[0], recorded_change(10.0, 7.0, rule)[0]
+    assert (up, down) == (("changed", "improved") if direction == "lower" else ("improved", "changed"))
+    assert recorded_change(10.0, 11.0, rule)[0] == "unchanged"
+    assert recorded_change(10.0, float("nan"), rule)[0] == "changed"
+    # memory below 1 MiB of growth never counts, whatever the ratio
+    mem = Rule.of(Metric("peak", "bytes", "memory"), CompareConfig(), "cuda")
+    assert memory_change(1000.0, 5000.0, mem)[0] == "unchanged"

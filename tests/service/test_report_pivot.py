@@ -38,7 +38,7 @@ QUICK = RESULTS / "cp_layer_quick_cpu_w2.json"
 def report(engine, run: Path, tmp_path: Path) -> tuple[int, dict[str, list[str]]]:
     """The stored job's pivots as Markdown lines (the generic section's tables): the CP timings
     (every mode but the no-CP layer) and the accuracy matrix."""
-    job = store_run(engine, run, tmp_path)
+    job = store_run(engine, run)
     with Session(engine) as s:
         cases = summary_store.case_summaries(s, job)
         values_of = job_repetitions(s, job)

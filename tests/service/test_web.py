@@ -98,6 +98,7 @@ class Seeded:
     failed: int
     cp: int
     fingerprints: dict[str, str]
+    shas: dict[str, str]  # the base and head commits of the git repository the server knows
 
 
 def _job(engine: Any, suite: str, world: int, commit: str, status: str, minutes_ago: int,
@@ -192,14 +193,28 @@ TRACE = b'{"traceEvents": [{"name": "chunk_fwd", "ph": "X", "ts": 0, "dur": 812}
 TRACE_NAME = "rank0/trace-p2p.trace.json.gz"  # the runtime prefixes the rank, as the profile suite's are
 
 
-def seed(engine: Any, artifacts_dir: Path) -> Seeded:
+def make_repo(path: Path) -> dict[str, str]:
+    """base, a commit without jobs, head: the first-parent line history places its points on."""
+    from tests.support.gate_suite import git
+
+    path.mkdir()
+    git(path, "init", "-q")
+    shas = {}
+    for name in ("base", "between", "head"):
+        (path / "kernel.txt").write_text(name)
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", name)
+        shas[name] = git(path, "rev-parse", "HEAD")
+    return shas
+
+
+def seed(engine: Any, artifacts_dir: Path, shas: dict[str, str]) -> Seeded:
     rng = np.random.default_rng(7)
-    base = _gdn_job(engine, commit="a1b2c3d4e5f6a7b8c9d0", status="succeeded", minutes_ago=40, rng=rng)
-    head = _gdn_job(engine, commit="f0e1d2c3b4a5968778695a4b", status="succeeded", minutes_ago=30, rng=rng,
-                    head=True)
-    cp = _cp_job(engine, commit="f0e1d2c3b4a5968778695a4b", rng=rng)
+    base = _gdn_job(engine, commit=shas["base"], status="succeeded", minutes_ago=40, rng=rng)
+    head = _gdn_job(engine, commit=shas["head"], status="succeeded", minutes_ago=30, rng=rng, head=True)
+    cp = _cp_job(engine, commit=shas["head"], rng=rng)
     failed = _gdn_job(engine, commit="0badc0ffee", status="failed", minutes_ago=10, rng=rng)
-    running = _gdn_job(engine, commit="f0e1d2c3b4a5968778695a4b", status="running", minutes_ago=0, rng=rng)
+    running = _gdn_job(engine, commit=shas["head"], status="running", minutes_ago=0, rng=rng)
     for job_id in (base, head, cp, failed):
         _finish(engine, job_id)
     with Session(engine) as s, s.begin():  # a profiler trace, as the profile suite stores them
@@ -215,7 +230,7 @@ def seed(engine: Any, artifacts_dir: Path) -> Seeded:
         j.error = "rank 0 raised RuntimeError: CUDA error: an illegal memory access was encountered"
     fps = {c.name: c.fingerprint("cuda", 1) for c in _gdn_cases()}
     fps |= {c.name: c.fingerprint("cuda", CP_WORLD) for c in _cp_cases()}
-    return Seeded(base, head, running, failed, cp, fps)
+    return Seeded(base, head, running, failed, cp, fps, shas)
 
 
 # ------------------------------------------------------------------------------------- fixtures
@@ -229,14 +244,14 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _serving(
-    script: str, db_url: str, artifacts: Path, ready_path: str, timeout: float = 60
+    script: str, db_url: str, artifacts: Path, ready_path: str, timeout: float = 60, **env_vars: str
 ) -> Iterator[str]:
     """Run `script` (a uvicorn server taking db url, token, port, artifacts dir) in a child
     process, wait until `ready_path` answers 200, yield its base URL, stop it afterwards."""
     import httpx
 
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     proc = subprocess.Popen([sys.executable, "-c", script, db_url, TOKEN, str(port), str(artifacts)],
                             cwd=artifacts.parent, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -280,9 +295,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded
     url = f"sqlite:///{tmp / 'gdnval.db'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
-    seeded = seed(engine, tmp / "artifacts")
+    seeded = seed(engine, tmp / "artifacts", make_repo(tmp / "repo"))
     try:
-        with _serving(SERVER, url, tmp / "artifacts", "/jobs") as base:
+        with _serving(SERVER, url, tmp / "artifacts", "/jobs", GDNVAL_REPO=str(tmp / "repo")) as base:
             yield base, seeded, engine
     finally:
         engine.dispose()
@@ -341,7 +356,7 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     base, seeded, _ = site
     page.goto(f"{base}/jobs/{seeded.head}")
     expect(page.locator("h1")).to_contain_text(f"Job #{seeded.head}: gdn-op")
-    expect(page.locator("dl.facts").first).to_contain_text("f0e1d2c3b4a5968778695a4b")
+    expect(page.locator("dl.facts").first).to_contain_text(seeded.shas["head"])
     expect(page.locator("dl.facts").nth(1)).to_contain_text("NVIDIA H200")
     fp8, fp16 = seeded.fingerprints[T8], seeded.fingerprints[T16]
     # accuracy: the stored worst value over seeds, judged by the bound, a word beside the colour
@@ -519,9 +534,9 @@ def test_jobs_list_filters_and_refreshes_progress_without_reload(site: Any, page
     page.click("form.filters button")
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("0badc0ffee")
-    page.goto(f"{base}/jobs?commit=a1b2c3")
+    page.goto(f"{base}/jobs?commit={seeded.shas['base'][:6]}")
     expect(rows).to_have_count(1)
-    expect(rows.first).to_contain_text("a1b2c3d4e5")
+    expect(rows.first).to_contain_text(seeded.shas["base"][:10])
     page.goto(f"{base}/jobs?suite={CP}")
     expect(rows).to_have_count(1)
     page.goto(f"{base}/jobs?suite=nope")
@@ -607,7 +622,7 @@ def test_compare_page_shows_the_planted_regression(site: Any, page: Page) -> Non
     verdicts = page.locator("#compare-table tbody tr").evaluate_all("rs => rs.map(r => r.dataset.verdict)")
     assert verdicts and set(verdicts) <= {"regressed", "failed", "worsened", "errored"}, verdicts
     # by commit: the newest succeeded job of the suite at each commit
-    page.goto(f"{base}/compare?base=a1b2c3d4&head=f0e1d2c3&suite={GDN}")
+    page.goto(f"{base}/compare?base={seeded.shas['base'][:8]}&head={seeded.shas['head'][:8]}&suite={GDN}")
     expect(_row(page, "compare-table", fp8, metric="fwd_bwd_ms")).to_have_attribute(
         "data-verdict", "regressed")
     # by a named baseline, and from the head job's "previous run" link
@@ -626,19 +641,23 @@ def test_history_and_suite_overview(site: Any, page: Page) -> None:
     fp = seeded.fingerprints[T8]
     page.goto(f"{base}/history?fingerprint={fp}&metric=fwd_bwd_ms")
     svg = page.locator("figure[data-plot=history] svg")
-    expect(svg.locator("circle.point")).to_have_count(2)  # the succeeded jobs: base and head
+    expect(svg.locator("circle.point")).to_have_count(2)  # the measured commits: base and head
     rows = page.locator("#history-table tbody tr")
     expect(rows).to_have_count(2)
-    expect(rows.nth(1)).to_contain_text("worse")
-    expect(rows.nth(1).locator("td.bad")).to_contain_text(re.compile(r"\+(29|30|31)\.\d%"))
+    expect(rows.nth(1)).to_have_attribute("data-verdict", "regressed")  # the compare engine's verdict
+    expect(rows.nth(1)).to_contain_text(re.compile(r"median \+(29|30|31)\.\d%"))
+    commits = page.locator("#commit-table tbody tr")  # every first-parent commit once, oldest first
+    expect(commits).to_have_count(3)
+    expect(commits.nth(1)).to_contain_text("not measured")
+    expect(commits.nth(2)).to_have_attribute("data-commit", seeded.shas["head"])
     shot(page, "history-desktop")
-    page.goto(f"{base}/history/{GDN}")
+    page.goto(f"{base}/history/{GDN}?kind=time")
     rows = page.locator("#overview-table tbody tr")
     # 2 shapes x 3 backends x (fwd, fwd+bwd), + ratio_to_baseline of the 2 x 2 non-baseline cases
     expect(rows).to_have_count(2 * 3 * 2 + 2 * 2)
     expect(page.locator("#overview-table svg.spark")).to_have_count(16)
     moved = page.locator(f'#overview-table tr[data-case="{fp}"][data-metric="fwd_bwd_ms"]')
-    expect(moved).to_contain_text("worse")
+    expect(moved).to_have_attribute("data-verdict", "regressed")
     shot(page, "history-suite-desktop")
 
 

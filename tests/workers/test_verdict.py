@@ -118,25 +118,12 @@ def test_a_time_change_is_judged_symmetrically_in_the_ratio() -> None:
     assert verdict.time_moved(1.9, 1.0, "lower") == verdict.time_moved(0.55, 1.0, "lower") == "same"
     assert verdict.time_moved(1.3, 0.25, "higher") == "better"  # a higher-is-better rate grew
     assert verdict.time_moved(float("nan"), 0.05, "lower") == "unknown"
-    assert verdict.classify_change("time", "lower", 10.0, 4.0, 1.0) == "better"
-    assert verdict.classify_change("time", "lower", 10.0, 19.0, 1.0) == "same"
 
 
 def test_significance_needs_five_repetitions_per_side_at_alpha_001() -> None:
     assert verdict.repeats_for_significance(0.01) == 5
     assert verdict.min_two_sided_p(4, 4) >= 0.01 > verdict.min_two_sided_p(5, 5)
     assert verdict.min_two_sided_p(0, 5) == 1.0
-
-
-@pytest.mark.parametrize("direction", ["lower", "higher"])
-def test_classify_change_by_direction_and_effect(direction: str) -> None:
-    up = verdict.classify_change("time", direction, 10.0, 13.0, 0.2)
-    down = verdict.classify_change("time", direction, 10.0, 7.0, 0.2)
-    assert (up, down) == (("worse", "better") if direction == "lower" else ("better", "worse"))
-    assert verdict.classify_change("time", direction, 10.0, 11.0, 0.2) == "same"
-    assert verdict.classify_change("time", direction, 10.0, math.nan, 0.2) == "unknown"
-    # memory below 1 MiB of growth never counts, whatever the ratio
-    assert verdict.classify_change("memory", "lower", 1000.0, 5000.0, 0.01, unit_bytes=1.0) == "same"
 
 
 def test_relative_l2_against_a_zero_reference_is_the_absolute_norm() -> None:

@@ -10,13 +10,18 @@ from service.api.routes import (
     campaigns,
     cases,
     compare,
+    find,
     gate,
     health,
+    history,
     jobs,
     report,
+    runs,
     suites,
 )
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
-    m.router for m in (health, jobs, cases, artifacts, suites, baselines, gate, compare, report, campaigns)
+    m.router
+    for m in (health, jobs, runs, cases, artifacts, suites, baselines, gate, find, compare, history, report,
+              campaigns)
 )

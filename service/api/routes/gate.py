@@ -7,11 +7,10 @@ rounds, confirmation pairs, verdict and the reason per changed metric."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
 from service.api.deps import (
     Cursor,
@@ -34,7 +33,7 @@ from service.domain.gate import (
 )
 from service.domain.gate.decision import stored_finding
 from service.persistence import gates as gate_store
-from service.persistence.models import GateRow
+from service.persistence.models import GateJobRow, GateRow, JobRow
 from service.presentation.gate_report import gate_answer
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_read)], tags=["gate"])
@@ -70,6 +69,11 @@ class GateJobOut(BaseModel):
     verdict: str | None
     code_commit: str | None = Field(description="the commit of the code under test (a backend's or ours)")
 
+    @classmethod
+    def of(cls, link: GateJobRow, job: JobRow) -> GateJobOut:
+        return cls(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
+                   status=job.status, verdict=job.verdict, code_commit=job.code_commit)
+
 
 class GateOut(BaseModel):
     id: int
@@ -99,15 +103,11 @@ class GateOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
-    jobs: list[GateJobOut] | None = Field(None, description="in the gate's order; listed only by /gates/{id}")
+    jobs: list[GateJobOut] = Field(description="in the gate's order")
 
     @classmethod
-    def of(cls, gate: GateRow, session: Session | None = None) -> GateOut:
-        jobs = None
-        if session is not None:
-            jobs = [GateJobOut(job_id=link.job_id, role=link.role, suite=link.suite, reused=link.reused,
-                               status=job.status, verdict=job.verdict, code_commit=job.code_commit)
-                    for link, job in gate_store.gate_job_rows(session, gate.id)]
+    def of(cls, gate: GateRow, links: list[tuple[GateJobRow, JobRow]]) -> GateOut:
+        jobs = [GateJobOut.of(link, job) for link, job in links]
         return cls(
             id=gate.id, run_id=gate.run_id, head=gate.head, base=gate.base, base_source=gate.base_source,
             backend=gate.backend, backend_repo=gate.backend_repo, device=gate.device,
@@ -119,13 +119,35 @@ class GateOut(BaseModel):
         )
 
 
+ShaQuery = Annotated[str | None, Query(min_length=4, max_length=64, pattern="^[0-9a-fA-F]+$",
+                                       description="a full sha or a prefix of one")]
+
+
+def gate_filter(
+    head: ShaQuery = None,
+    base: ShaQuery = None,
+    backend: Annotated[str | None, Query(max_length=200, description="the backend under test's name")] = None,
+    verdict: Annotated[Literal["pass", "fail", "error", "waiting"] | None,
+                       Query(description="waiting: no verdict yet")] = None,
+) -> gate_store.GateFilter:
+    """The filters of the gates' (and finds') lists, as query parameters."""
+    return gate_store.GateFilter(head=head and head.lower(), base=base and base.lower(), backend=backend,
+                                 verdict=verdict)
+
+
+ListFilter = Annotated[gate_store.GateFilter, Depends(gate_filter)]
+
+
 @router.get("/gates", response_model=Page[GateOut])
 def list_gates(
-    session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: Cursor = None
+    session: SessionDep, where: ListFilter, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Cursor = None,
 ) -> Page[GateOut]:
-    """Newest first; pass `next` back as `cursor` for the following page."""
-    gates, nxt = gate_store.list_gates(session, before_id=cursor_value(cursor), limit=limit)
-    return Page[GateOut](items=[GateOut.of(g) for g in gates], next=None if nxt is None else str(nxt))
+    """Newest first, each with its jobs; pass `next` back as `cursor` for the following page."""
+    gates, nxt = gate_store.list_gates(session, before_id=cursor_value(cursor), limit=limit, where=where)
+    links = gate_store.jobs_of_gates(session, [g.id for g in gates])
+    return Page[GateOut](items=[GateOut.of(g, links.get(g.id, [])) for g in gates],
+                         next=None if nxt is None else str(nxt))
 
 
 @router.get("/gates/{gate_id}", response_model=GateOut)
@@ -133,4 +155,4 @@ def get_gate(gate_id: Annotated[int, Path(ge=1, le=2**62)], session: SessionDep)
     gate = gate_store.get_gate(session, gate_id)
     if gate is None:
         raise HTTPException(404, f"no gate {gate_id} in the store")
-    return GateOut.of(gate, session)
+    return GateOut.of(gate, gate_store.gate_job_rows(session, gate.id))

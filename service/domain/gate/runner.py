@@ -14,12 +14,13 @@ from service.domain.gate import decision
 from service.domain.gate.decision import EXIT_INFRA, GateVerdict
 from service.domain.gate.request import GateInputError, GateRequest, params_for, preset_for, validate_gate
 from service.domain.gate.state import GateJob, GateState, Role
+from service.domain.same_code import identical_job
 from service.persistence import gates as gate_store
 from service.persistence import queue
 from service.persistence.gates import GateJobLink
 from service.persistence.jobs import find_commit_job, job_by_idempotency_key, job_record
 from service.persistence.records import JobRecord
-from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
+from workers.backend_source import BACKEND_SOURCE_LABEL
 from workers.snapshot import REPO_ENV
 
 # A submit function: (suite, preset, commit, device, world_size, idempotency_key, labels) -> job id.
@@ -292,13 +293,7 @@ def _existing_job(engine: Any, job_id: int, role: Role) -> GateJob | None:
 
 def _same_backend_repo(job: JobRecord, repo: str | None) -> bool:
     """Whether a job's backend comes from `repo` (None: the job runs no backend from elsewhere)."""
-    source = queue.job_backend_source(job)
-    if repo is None or source is None:
-        return repo is None and source is None
-    try:
-        return BackendSource.parse(source).repo == repo
-    except BackendSourceError:
-        return False
+    return queue.job_backend_repo(job) == repo
 
 
 def _ensure_job(
@@ -313,8 +308,10 @@ def _ensure_job(
     like: GateJob | None = None,
 ) -> GateJob:
     """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
-    base only) the newest succeeded or in-flight job of the commit with the same setting, else a
-    new one. `cases`: run only these (re-measurements); `like`: the job whose setting it repeats."""
+    base only) the newest succeeded or in-flight job of the commit with the same setting, or the
+    newest succeeded one of a commit whose code under test is byte-identical
+    (`service.domain.same_code`), else a new one. `cases`: run only these (re-measurements);
+    `like`: the job whose setting it repeats."""
     from sqlalchemy.orm import Session
 
     preset = preset_for(req, suite)
@@ -331,6 +328,11 @@ def _ensure_job(
                 )
                 if found is not None and _same_backend_repo(found, req.backend_repo):
                     return _job_view(found, role, True)
+            same = identical_job(s, suite, commit, preset=preset, device=req.device,
+                                 world_size=req.world_size, params=params_for(req, suite),
+                                 backend_repo=req.backend_repo, backend=req.backend)
+            if same is not None:  # another commit's job ran this commit's code, byte for byte
+                return _job_view(same, role, True)
         if like is not None:
             template = job_record(s, like.job_id)
             preset = template.preset if template is not None else preset

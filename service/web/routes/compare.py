@@ -13,7 +13,7 @@ from service.api.deps import get_session
 from service.domain.baselines import compare_jobs
 from service.persistence import baselines as baseline_store
 from service.persistence import jobs as job_store
-from service.persistence import page_queries
+from service.persistence import page_queries, queue
 from service.persistence.jobs import find_commit_job
 from service.persistence.records import JobRecord
 from service.presentation import views
@@ -96,12 +96,19 @@ def compare_page(request: Request, base: str | None = None, head: str | None = N
         return page(request, "compare.html", 422, **ctx)
     q = {k: v for k, v in form.items() if v and k != "show"}
     ctx.update(
-        cmp=cmp, rows=views.compare_rows(cmp, show), counts=list(cmp.counts().items()),
+        cmp=cmp, rows=views.compare_rows(cmp, show, _history_query(head_job)),
+        counts=list(cmp.counts().items()), verdict=views.compare_verdict(cmp),
         metric_counts=list(cmp.metric_counts().items()),
         view_links=[(key, label, "/compare?" + urlencode({**q, "show": key}))
                     for key, label in views.COMPARE_VIEWS.items()],
     )
     return page(request, "compare.html", **ctx)
+
+
+def _history_query(job: JobRecord) -> str:
+    """What a case's history link adds for a job of a backend's repository: that repository."""
+    repo = queue.job_backend_repo(job)
+    return "&" + urlencode({"backend_repo": repo}) if repo else ""
 
 
 def _compare(session: Session, base_id: int, head_id: int) -> Any:

@@ -3,7 +3,9 @@ rounds, confirmation pairs, verdict and the reason per changed metric."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
@@ -20,6 +22,7 @@ from service.presentation.markdown import short_sha
 from service.web.deps import error_page, page, require_page_read, when
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_read)])
+_HEX = re.compile(r"[0-9a-f]{1,64}")
 
 
 def _gate_row(g: GateRow) -> dict[str, Any]:
@@ -32,13 +35,37 @@ def _gate_row(g: GateRow) -> dict[str, Any]:
     }
 
 
+GATE_VERDICTS = ("pass", "fail", "error", "waiting")
+
+
+def list_filter(
+    head: str | None, base: str | None, backend: str | None, verdict: str | None
+) -> tuple[dict[str, Any], gate_store.GateFilter, str | None]:
+    """A list page's filters (the gates', the finds'): the form as typed, the filter, and why
+    it is refused (a head or base that is no hex prefix, an unknown verdict), else None."""
+    form = {"head": (head or "").strip().lower(), "base": (base or "").strip().lower(),
+            "backend": (backend or "").strip(), "verdict": verdict or ""}
+    bad = [f"{k} {form[k]!r} is not a hex sha prefix" for k in ("head", "base")
+           if form[k] and not _HEX.fullmatch(form[k])]
+    if form["verdict"] and form["verdict"] not in GATE_VERDICTS:
+        bad.append(f"verdict {form['verdict']!r} is not one of {', '.join(GATE_VERDICTS)}")
+    where = gate_store.GateFilter(**{k: v or None for k, v in form.items()})
+    return {"form": form, "verdicts": GATE_VERDICTS}, where, "; ".join(bad) or None
+
+
 @router.get("/gates", response_class=HTMLResponse)
 def gates_page(
-    request: Request, before: int | None = None, session: Session = Depends(get_session)
+    request: Request, before: int | None = None, head: str | None = None, base: str | None = None,
+    backend: str | None = None, verdict: str | None = None, session: Session = Depends(get_session),
 ) -> HTMLResponse:
-    gates, nxt = gate_store.list_gates(session, before_id=before, limit=50)
+    """The gates newest first, narrowed by head, base (sha prefixes), backend and verdict."""
+    form, where, error = list_filter(head, base, backend, verdict)
+    if error is not None:
+        return page(request, "gates.html", 422, nav="gates", gates=[], next_url=None, **form, error=error)
+    gates, nxt = gate_store.list_gates(session, before_id=before, limit=50, where=where)
+    more = urlencode({"before": nxt, **{k: v for k, v in form["form"].items() if v}}) if nxt else None
     return page(request, "gates.html", nav="gates", gates=[_gate_row(g) for g in gates],
-                next_url=f"/gates?before={nxt}" if nxt else None)
+                next_url=f"/gates?{more}" if more else None, **form, error=None)
 
 
 @router.get("/gates/{gate_id}", response_class=HTMLResponse)

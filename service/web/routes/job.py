@@ -7,6 +7,7 @@ import json
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -15,9 +16,10 @@ from sqlalchemy.orm import Session
 from service.api.deps import DbId, DbIdQuery, SettingsDep, get_session
 from service.domain.baselines import job_repetitions
 from service.persistence import artifacts as artifact_store
+from service.persistence import finds as find_store
 from service.persistence import gates as gate_store
 from service.persistence import jobs as job_store
-from service.persistence import page_queries
+from service.persistence import page_queries, queue
 from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.artifacts import artifact_url
@@ -227,9 +229,11 @@ def job_page(
         traj_rows=views.value_rows(cases, "trajectory"),
         check_rows=views.value_rows(cases, "check"), plotted=_plottable(cases),
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
+        history_repo=urlencode({"backend_repo": repo}) if (repo := queue.job_backend_repo(job)) else "",
         deadline=_deadline(settings, job), case_backends=views.case_backends(cases),
         backend_records=views.backend_records(job.info or {}),
         gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
+        finds=find_store.finds_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
                    "report": f"/jobs/{job_id}/report.md"},
     )
