@@ -2,8 +2,9 @@
 # Create .venv and install gdnval with what it needs, on a fresh CPU machine.
 #   bash scripts/bootstrap.sh          the service and its workers
 #   bash scripts/bootstrap.sh test     also the test tools, Debian's chromium for the browser tests and
-#                                      Debian's postgresql (the store tests start their own server), and
-#                                      .venv-ascend: triton-ascend's compiler front end for the lowering test
+#                                      Debian's postgresql (the store tests start their own server),
+#                                      .venv-ascend: triton-ascend's compiler front end for the lowering test,
+#                                      and .venv-ray-lower: Ray at the lower bound the project declares
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -40,8 +41,36 @@ ascend_env() {
         echo "$why" > .venv-ascend.skip
     fi
 }
+# .venv-ray-lower: this venv's packages (a .pth adds its site-packages after its own) with Ray at the
+# lower bound of the `ray` extra, so the executor's tests run against the oldest Ray a cluster may
+# have (tests/workers/test_ray_range.py). Why it cannot be made goes to .venv-ray-lower.skip.
+ray_lower_env() {
+    local want why="" site lower
+    rm -f .venv-ray-lower.skip
+    want=$(.venv/bin/python -c 'import tomllib
+from packaging.requirements import Requirement
+extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ray"]
+print(next(s.version for s in Requirement(extra[0]).specifier if s.operator == ">="))')
+    .venv-ray-lower/bin/python -c "import ray, sys; sys.exit(ray.__version__ != '$want')" 2>/dev/null && return 0
+    rm -rf .venv-ray-lower
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if ! .venv/bin/python -m venv --without-pip .venv-ray-lower; then
+        why="python -m venv could not make .venv-ray-lower"
+    else
+        lower=$(.venv-ray-lower/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "import site; site.addsitedir('$site')" > "$lower/gdnval-parent.pth"
+        ln -sf "$PWD/.venv/bin/uv" .venv-ray-lower/bin/uv  # the backend installer next to the interpreter
+        .venv/bin/python -m pip --python .venv-ray-lower/bin/python install --quiet \
+            --disable-pip-version-check "ray[default]==$want" \
+            || why="pip could not install ray[default]==$want into .venv-ray-lower"
+    fi
+    if [ -n "$why" ]; then
+        echo "bootstrap: $why; the Ray lower-bound test will be skipped" >&2
+        echo "$why" > .venv-ray-lower.skip
+    fi
+}
 if [ "${1:-}" = "test" ]; then
-    "${pip[@]}" -e '.[triton,ray,postgres,dev]'
+    "${pip[@]}" -e '.[torch,triton,ray,postgres,dev]'
     missing=()
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || missing+=(postgresql)
@@ -50,6 +79,7 @@ if [ "${1:-}" = "test" ]; then
             || echo "bootstrap: could not install ${missing[*]}; their tests will be skipped" >&2
     fi
     ascend_env
+    ray_lower_env
 else
-    "${pip[@]}" -e '.[triton,ray,postgres]'
+    "${pip[@]}" -e '.[torch,triton,ray,postgres]'
 fi

@@ -402,7 +402,11 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     cases = [c for c in cases if c.name not in finished]
     deterministic = bool(payload.get("deterministic", False))
 
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError as exc:  # a service-only install: the ranks need the torch extra
+        raise RuntimeError(f"{sys.executable} has no torch ({exc}); a rank runs gdnval's suites with its "
+                           "`torch` extra installed (pip install 'gdnval[torch]')") from exc
     import torch.distributed as dist
 
     from gdn import device as devices

@@ -1,7 +1,8 @@
 """`gdnval report JOB [JOB...] [--base JOB]`: the Markdown test report of stored jobs.
 
 Reads the store named by GDNVAL_DB_URL (or `--db`), or asks a running service (`--server`).
-Numbers link to the job pages at `--link-base` (default: the server URL).
+Numbers link to the job pages under `--link-base` (default: the configured public URL,
+GDNVAL_PUBLIC_URL); a loopback address gives no links, since a reader of the report cannot open it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from service.cli.local_store import db_option, open_store
     "--server", envvar="GDNVAL_SERVER", default=None, help="ask this service instead of opening the store"
 )
 @click.option("--token", envvar="GDNVAL_API_TOKEN", default=None, help="bearer token [env GDNVAL_API_TOKEN]")
-@click.option("--link-base", default=None, help="URL prefix of the job pages the numbers link to")
+@click.option("--link-base", default=None,
+              help="public URL prefix of the job pages the numbers link to [default: GDNVAL_PUBLIC_URL; "
+                   "a loopback address gives no links]")
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write here, not stdout"
 )
@@ -51,15 +54,11 @@ def _from_store(
 
     from service.domain.baselines import NotFound
     from service.presentation.report import build_report
-    from service.settings import Settings
 
-    settings = Settings(**({"db_url": db_url} if db_url else {}))
     engine = open_store(db_url)
     try:
         with Session(engine) as s:
-            text, _ = build_report(
-                s, list(jobs), list(bases), link_base if link_base is not None else settings.server
-            )
+            text, _ = build_report(s, list(jobs), list(bases), link_base)
     except (NotFound, ValueError) as exc:
         fail(str(exc))
     finally:
@@ -70,11 +69,8 @@ def _from_store(
 def _from_server(server: str, token: str | None, jobs: tuple[int, ...], bases: tuple[int, ...]) -> str:
     from service.cli.client import connected, fail_on_error
 
-    parts = []
     with connected(server, token) as http:
-        for job in jobs:
-            resp = http.get(f"/api/v1/jobs/{job}/report", params=[("base", b) for b in bases])
-            if resp.status_code >= 300:
-                fail_on_error(resp)
-            parts.append(resp.text)
-    return "\n".join(parts)
+        resp = http.get("/api/v1/report", params=[("job", j) for j in jobs] + [("base", b) for b in bases])
+        if resp.status_code >= 300:
+            fail_on_error(resp)
+    return resp.text

@@ -1,6 +1,10 @@
 """The CPU plan as a campaign through a real server (`gdnval serve`, local executor, gloo ranks) at
 world sizes 4 and 8, driven by the commands docs/campaigns.md documents, run as written: every
-job passes, Ulysses runs and passes at CP4 and CP8, and the API, the report and the pages show it.
+job passes, Ulysses runs and passes at CP4 and CP8, and the API, the report and the pages show it:
+the report's cross-run sections (weak scaling of the layer and the network, the per-layer model,
+20-pass stability, a line for each section that could not run), no placeholder and no loopback
+link in the campaign's report or in the job-set report of its two layer jobs, and its page in
+chromium at 1400 px with no raw Markdown and no column cut off.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support.api_support import ROOT, TOKEN, Server, make_server
+from tests.support.browser import chromium_page, clipped_tables, shot
 
 pytestmark = pytest.mark.slow  # a real server and twelve jobs on up to eight CPU ranks
 
@@ -97,6 +102,14 @@ def test_cpu_plan_campaign_at_cp4_and_cp8(server: Server, tmp_path: Path) -> Non
         assert all(f'href="/jobs/{j["id"]}"' in page.text for j in jobs.values())
         assert page.text.count("v-unchanged") >= 13  # the campaign's verdict and each job's: passed
 
+    report_sections(md.text)
+    layers = f"{jobs['cp-layer@4']['id']} {jobs['cp-layer@8']['id']}"
+    pair = gdnval(f"gdnval report {layers} --server {server.base}", server, tmp_path, timeout=120)
+    assert pair.returncode == 0, pair.stdout + pair.stderr
+    assert "## CP weak scaling" in pair.stdout and "# gdnval test report: cp-layer @ " in pair.stdout
+    assert not re.search(r"_No |\]\(http://(127\.0\.0\.1|localhost)", pair.stdout), pair.stdout
+    report_page(server, page.text)
+
     shown = gdnval(show, server, tmp_path, timeout=60)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "verdict passed (12/12 jobs ended)" in shown.stdout
@@ -106,3 +119,39 @@ def test_cpu_plan_campaign_at_cp4_and_cp8(server: Server, tmp_path: Path) -> Non
     assert written.returncode == 0, written.stdout + written.stderr
     out = tmp_path / "report.md"
     assert out.read_text() == md.text and written.stdout.startswith("wrote report.md")
+
+
+def sections(md: str) -> dict[str, str]:
+    parts = re.split(r"^## (.+)$", md, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def report_sections(md: str) -> None:
+    """The campaign report's cross-run analysis and its honesty about what did not run."""
+    got = sections(md)
+    for title in ("CP weak scaling", "Network weak scaling", "Network per-layer model", "Stability",
+                  "Profile traces", "Not run", "Conclusions"):
+        assert got.get(title, "").strip(), (title, list(got))
+    assert "| CP4 → CP8 | 16 |" in got["CP weak scaling"]  # local 16: 64 tokens at CP4, 128 at CP8
+    assert re.search(r"\| 4 \| CP4 → CP8 \| 16 \|", got["Network weak scaling"])
+    assert re.search(r"\| CP[48] \| \d+/16 \| (ulysses|p2p) \| 4 → 8 \|", got["Network per-layer model"])
+    passes = re.findall(r"^\| CP[48] \| [^|]+ \| (\d+) \|", got["Stability"], flags=re.M)
+    assert passes and set(passes) == {"20"}, got["Stability"]
+    assert re.search(r"^- [^:]+: .+\.$", got["Not run"], flags=re.M), got["Not run"]
+    assert "come from CPU ranks" in md.split("## ")[0] and "tiny" not in md
+    assert "_No" not in md and not re.search(r"https?://(127\.0\.0\.1|localhost)", md)
+
+
+def report_page(server: Server, campaign_page: str) -> None:
+    """The campaign's report page, as a reader sees it at 1400 px: cells as HTML (no backticks or
+    [text](link) left over), every table within its box, plots drawn."""
+    found = re.search(r'href="(/reports/campaign\?[^"]+)"', campaign_page)
+    assert found, "the campaign page links its report"
+    with chromium_page(1400) as pg:
+        pg.goto(server.base + found.group(1).replace("&amp;", "&"))
+        pg.wait_for_selector("#report-conclusions")
+        text = pg.inner_text("main")
+        assert "`" not in text and not re.search(r"\]\(|\*\*", text), "raw Markdown on the page"
+        assert not clipped_tables(pg), clipped_tables(pg)
+        assert pg.locator("figure.plot svg").count() >= 3 and pg.locator("code").count() > 0
+        print(f"report page screenshot: {shot(pg, 'campaign-report-1400')}")

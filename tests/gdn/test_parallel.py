@@ -203,6 +203,7 @@ def test_speed_case_reports_every_repetition(results: list[dict[str, Any]]) -> N
     for r in results:
         s = r["speed"]
         assert len(s["fwd_ms"]) == len(s["fwd_bwd_ms"]) == len(s["step_ms"]) == 2
+        assert (s["model_layers"], s["model_linear_layers"]) == ([4.0], [3.0])  # tiny: 3 GDN layers of 4
         assert all(v > 0 for v in s["fwd_ms"] + s["fwd_bwd_ms"] + s["step_ms"])
         # a CPU keeps no allocator statistics: no memory sample, rather than a 0 read as a measurement
         assert "peak_allocated_bytes" not in s and "peak_reserved_bytes" not in s
@@ -228,6 +229,12 @@ def test_profile_trace_is_an_artifact(results: list[dict[str, Any]]) -> None:
         assert r["profile_files"] == ["trace-p2p.trace.json.gz"]
         assert r["profile"]["trace_written"] == [1.0]
         assert r["profile"]["trace_events"][0] > 10
+        # read back from the trace: the state chain's sends and receives, and FSDP's gathers
+        prof = r["profile"]
+        assert prof["coll_send_recv_calls"][0] >= 2 and prof["coll_all_gather_calls"][0] >= 1
+        families = sum(v[0] for k, v in prof.items() if k.startswith("coll_") and k.endswith("_ms"))
+        assert 0 < prof["comm_ms"][0] <= families + 1e-9  # the union of overlapping collectives
+        assert 0.0 <= prof["comm_overlap_share"][0] <= 1.0 and prof["compute_ms"][0] > 0
 
 
 def test_bad_inputs_fail_on_every_rank(results: list[dict[str, Any]]) -> None:

@@ -16,7 +16,7 @@ from service.persistence import db
 from service.persistence import summaries as summary_store
 from service.presentation.campaign_report import campaign_report_markdown
 from service.presentation.numbers import fmt
-from tests.service.test_campaign_report import linked_rows, sections, table
+from tests.service.test_campaign_report import joined, linked_rows, sections
 from tests.support.run_json import store_run
 
 pytestmark = pytest.mark.slow  # two suites run in rank processes
@@ -49,10 +49,14 @@ def test_sections_of_a_cpu_capability_and_gdn_op_campaign(stored: dict[str, Any]
         "Capability and fail-fast",
         "Single-device GDN accuracy",
         "Single-device GDN speed and memory",
+        "Not run",
         "Conclusions",
     ]
     assert "_No" not in stored["md"] and "0.0 MiB" not in stored["md"]
     assert "Every bound holds; no case errored." in got["Conclusions"]
+    # only eager is timed on a CPU, which tracks no memory: two sections say why they have no rows
+    assert "- Single-device speed-up: only eager timed" in got["Not run"]
+    assert "- Single-device memory: the device keeps no allocator statistics (cpu)." in got["Not run"]
 
 
 def test_capability_outcomes_are_the_stored_ones(stored: dict[str, Any]) -> None:
@@ -88,10 +92,10 @@ def test_gdn_numbers_are_the_stored_statistics(stored: dict[str, Any]) -> None:
             f"{fb.min:.3f}",
         )
         assert row["bwd estimate"] == f"{fb.median - f.median:.3f}"
-        assert row["incr. peak"] == "not tracked"  # a CPU keeps no allocator statistics
-    header, _ = table(got["Single-device GDN speed and memory"])
-    # only eager is timed on a CPU: no speed-up or peak ratio has a value, so their columns are left out
-    assert header[-2:] == ["bwd estimate", "incr. peak"] and "speed-up vs eager" not in header
+    header, _ = joined(got["Single-device GDN speed and memory"])
+    # only eager is timed and a CPU keeps no allocator statistics: the timing table alone (the Not
+    # run lines say why there is no speed-up and no memory)
+    assert header[-1] == "bwd estimate" and "speed-up vs eager" not in header and "incr. peak" not in header
     assert re.search(r"eager warm-up \d+, repeat \d+", got["Single-device GDN speed and memory"])
 
 
@@ -104,3 +108,34 @@ def test_the_report_reads_the_store_path(tmp_path: Path) -> None:
     with Session(engine) as s, pytest.raises(NotFound, match="no job 7"):
         campaign_report_markdown(s, [7])
     engine.dispose()
+
+
+def test_a_suite_without_report_code_appears_through_the_generic_section(tmp_path: Path) -> None:
+    """A new suite registered with no module in service/presentation/suite_sections: its run,
+    stored, shows every judged metric in the report (and on the report page, the same blocks)."""
+    from service.cli import main
+    from workers.registry import SUITE_MODULES, get_suite
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SUITE_MODULES, "toy-generic", "tests.support.toy_suite")
+        get_suite.cache_clear()
+        run = tmp_path / "toy.json"
+        res = CliRunner().invoke(main, ["run", "toy-generic", "--json", str(run)])
+        assert res.exit_code == 0, res.output
+        engine = db.make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+        db.upgrade(engine)
+        job = store_run(engine, run)
+        with Session(engine) as s:
+            md = campaign_report_markdown(s, [job], base_url="https://gdnval.example.org")
+        engine.dispose()
+    get_suite.cache_clear()
+    got = sections(md)
+    assert list(got) == ["Environment and backends", "Suite toy-generic", "Conclusions"]
+    generic = got["Suite toy-generic"]
+    headers = [ln for ln in generic.splitlines() if ln.startswith("| ") and "---" not in ln and "[" not in ln]
+    assert headers == ["| size | bounded checks holding |", "| size | out |", "| size | step |",
+                       "| size | loss rel err |"]
+    # the worst value of each judged metric, the median of the time, each row linked to its case
+    assert "| 1.600e-04 |" in generic and re.search(r"\| 16\.\d+ ms \|", generic)
+    assert generic.count(f"](https://gdnval.example.org/jobs/{job}#case-") == 8
+    assert "Every bound holds; no case errored." in got["Conclusions"]

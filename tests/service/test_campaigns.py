@@ -18,6 +18,7 @@ from service.persistence.models import JobRow
 from service.persistence.queue import JobConflict
 from service.settings import Settings
 from workers.backend_source import BACKEND_SOURCE_LABEL
+from workers.plans import load_plan
 
 BODY: dict[str, Any] = {"plan": "pr-report-cpu", "device": "cpu", "world_sizes": [4, 8]}
 
@@ -39,7 +40,7 @@ def test_campaign_is_stored_with_its_queued_jobs_and_state_from_them(engine: Any
     with Session(engine) as s:
         got = store.get_campaign(s, row.id)
         assert got is not None and got.plan_name == "pr-report-cpu" and got.world_sizes == [4, 8]
-        assert got.plan["version"] == got.plan_version == 2
+        assert got.plan["version"] == got.plan_version == load_plan("pr-report-cpu").version
         jobs = store.campaign_jobs(s, row.id)
         assert [k for k, _ in jobs] == [k for k, _ in req.jobs]
         assert {j.status for _, j in jobs} == {"queued"}
@@ -183,7 +184,8 @@ def test_pages_show_campaigns_and_their_jobs(client: TestClient, db_url: str) ->
     c = client.post("/api/v1/campaigns", json={**BODY, "world_sizes": [8]}, headers=AUTH).json()
     listing = client.get("/campaigns")
     assert listing.status_code == 200
-    assert f'href="/campaigns/{c["id"]}"' in listing.text and "pr-report-cpu v2" in listing.text
+    version = load_plan("pr-report-cpu").version
+    assert f'href="/campaigns/{c["id"]}"' in listing.text and f"pr-report-cpu v{version}" in listing.text
     detail = client.get(f"/campaigns/{c['id']}")
     assert detail.status_code == 200
     jobs = client.get(f"/api/v1/campaigns/{c['id']}").json()["jobs"]

@@ -10,6 +10,7 @@ takes a CPU node away for good.
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,13 @@ from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    """A free local port for the dashboard: the default one may be another cluster's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 DEADLINE_S = 20.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first
 HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
           "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
@@ -36,7 +44,7 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": True, "_system_config": HEALTH,
+        "num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port(), "_system_config": HEALTH,
     })
     nodes = {
         "cpu_a": c.add_node(num_cpus=2, resources={"cpu_node": 1}),

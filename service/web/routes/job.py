@@ -254,25 +254,26 @@ def _deadline(settings: Settings, job: JobRow) -> str:
 
 
 @router.get("/jobs/{job_id}/report.md")
-def job_report(request: Request, job_id: DbId, session: Session = Depends(get_session)) -> Response:
-    """The job's Markdown test report (the same text `gdnval report` prints)."""
+def job_report(job_id: DbId, settings: SettingsDep, session: Session = Depends(get_session)) -> Response:
+    """The job's Markdown test report (the same text `gdnval report` prints), linked only under
+    the configured public URL."""
     if job_store.get_job(session, job_id) is None:
         raise HTTPException(404, f"no job #{job_id}")
-    text, _ = build_report(session, [job_id], base_url=str(request.base_url).rstrip("/"))
+    text, _ = build_report(session, [job_id], base_url=settings.public_url or "")
     return Response(text, media_type="text/markdown; charset=utf-8",
                     headers={"Content-Disposition": f'inline; filename="gdnval-job-{job_id}.md"'})
 
 
 @router.get("/compare/report.md")
 def compare_report(
-    request: Request, base: DbIdQuery, head: DbIdQuery, session: Session = Depends(get_session)
+    base: DbIdQuery, head: DbIdQuery, settings: SettingsDep, session: Session = Depends(get_session)
 ) -> Response:
     """The Markdown report of `head` compared with `base` (job ids)."""
     for job_id in (base, head):
         if job_store.get_job(session, job_id) is None:
             raise HTTPException(404, f"no job #{job_id}")
     try:
-        text, _ = build_report(session, [head], [base], base_url=str(request.base_url).rstrip("/"))
+        text, _ = build_report(session, [head], [base], base_url=settings.public_url or "")
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
     return Response(text, media_type="text/markdown; charset=utf-8",

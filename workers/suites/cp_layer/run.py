@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from itertools import accumulate
@@ -176,7 +175,6 @@ def _timing(
         mem = measure_peak_memory(ctx, fwd_bwd, incremental=False)
     yield from time_samples(ctx, name, "fwd_ms", t_fwd)
     yield from time_samples(ctx, name, "fwd_bwd_ms", t_fb)
-    yield Sample(name, "bwd_est_ms", statistics.median(t_fb) - statistics.median(t_fwd), rank=ctx.rank)
     if mem.tracked:
         yield Sample(name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)
         yield Sample(name, "peak_reserved_bytes", float(mem.peak_reserved), rank=ctx.rank)

@@ -20,8 +20,8 @@ Per rank, raw samples:
   tensor against the no-CP layer on the candidate's own backend and dtype: what CP adds);
   `fp64_worst_rel_l2` (fp64 cases, bound 1e-9); `grad_norm_rel_err` (global parameter grad-norm);
   `padding_output_max_abs` (bound 0: padded outputs are exactly zero).
-- time: `fwd_ms`, `fwd_bwd_ms` (every repetition, after warm-up), `bwd_est_ms` = median(fwd+bwd)
-  − median(fwd) of this rank (the report's macro split).
+- time: `fwd_ms`, `fwd_bwd_ms` (every repetition, after warm-up); the report's backward estimate is
+  the difference of their medians after the worst-rank reduction, never stored per rank.
 - memory: `peak_allocated_bytes`, `peak_reserved_bytes`: full-process peak of one fwd+bwd.
 - chain: per fwd+bwd, `hops_state_fwd`, `hops_state_bwd`, `hops_halo` (messages sent + received
   by this rank), `hop_counts_ok` (1 = the counts this mode must produce on this rank),
@@ -129,8 +129,6 @@ def _metrics() -> tuple[Metric, ...]:
                description="largest |output| at padded positions (must be exactly 0)"),
         Metric("fwd_ms", "ms", "time", description="layer forward, every repetition"),
         Metric("fwd_bwd_ms", "ms", "time", description="layer forward + backward, every repetition"),
-        Metric("bwd_est_ms", "ms", "time", repeated=False,
-               description="median(fwd+bwd) - median(fwd) of this rank"),
         Metric("peak_allocated_bytes", "bytes", "memory", description="full-process peak allocated"),
         Metric("peak_reserved_bytes", "bytes", "memory", description="full-process peak reserved"),
         Metric("hops_state_fwd", "count", "check", description="state messages sent+received, forward"),

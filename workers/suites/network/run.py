@@ -3,13 +3,13 @@ metric means: `workers.suites.network.spec`)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from gdn.device import set_deterministic
+from gdn.model import model_config
 from workers.context import RankContext
 from workers.harness.trajectory import iter_trajectory, run_determinism_pair, step_error
 from workers.measure import measure_peak_memory, time_repeats, time_samples
@@ -26,6 +26,15 @@ def run(ctx: RankContext, case: Case) -> Iterator[Sample]:
         yield from run_speed_case(ctx, case)
     else:
         yield from run_determinism_case(ctx, case)
+
+
+def model_samples(ctx: RankContext, case: Case) -> Iterator[Sample]:
+    """The model's decoder and GatedDeltaNet layer counts: the report's per-layer model and the
+    share of the single layer's saving read them (the spec cannot: model configs need torch)."""
+    cfg = model_config(case.params["model"], **(case.params.get("model_overrides") or {}))
+    linear = sum(cfg.layer_type(i) == "linear_attention" for i in range(cfg.num_layers))
+    yield Sample(case.name, "model_layers", float(cfg.num_layers), rank=ctx.rank)
+    yield Sample(case.name, "model_linear_layers", float(linear), rank=ctx.rank)
 
 
 def not_applicable(case: Case, world_size: int) -> str | None:
@@ -74,6 +83,7 @@ def run_trajectory_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
 
 def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     p = case.params
+    yield from model_samples(ctx, case)
     trainer = case_trainer(ctx, p)
     batch = trainer.batch(0)
 
@@ -94,8 +104,6 @@ def run_speed_case(ctx: RankContext, case: Case) -> Iterator[Sample]:
     yield from time_samples(ctx, case.name, "fwd_ms", t_fwd)
     yield from time_samples(ctx, case.name, "fwd_bwd_ms", t_fb)
     yield from time_samples(ctx, case.name, "step_ms", t_step)
-    bwd = statistics.median(t_fb) - statistics.median(t_fwd)
-    yield Sample(case.name, "bwd_estimate_ms", bwd, rank=ctx.rank)
     mem = measure_peak_memory(ctx, step, incremental=False)
     if mem.tracked:  # a CPU keeps no allocator statistics: no sample rather than a 0
         yield Sample(case.name, "peak_allocated_bytes", float(mem.peak_allocated), rank=ctx.rank)

@@ -14,6 +14,9 @@ Case families (one case per mode x activation checkpoint where it applies):
 - `determinism/<mode>`: under deterministic mode, checkpoint off vs full over
   `determinism_steps`: loss, grad-norm and final parameters must be bit-identical.
 
+A speed case also records its model's decoder and GatedDeltaNet layer counts (`model_layers`,
+`model_linear_layers`): the report's per-layer model reads them.
+
 Mode "none" runs the candidate on each rank without CP (a single-device backend comparison, e.g.
 Triton vs eager on one GPU); a CP mode needs world size >= 2. Tokens: `token_file`, or a file
 built on each rank from the sample text shipped in `gdn/data/`.
@@ -97,13 +100,15 @@ def _metrics() -> tuple[Metric, ...]:
     out += [
         Metric("finite", "bool", "check", "higher", bound=1.0,
                description="1 when every loss and grad-norm of both sides was finite"),
+        Metric("model_layers", "count", "check", "higher",
+               description="decoder layers of the case's model (recorded, never judged)"),
+        Metric("model_linear_layers", "count", "check", "higher",
+               description="GatedDeltaNet (linear-attention) layers of the case's model (recorded)"),
         Metric("fwd_ms", "ms", "time", description="forward (with autograd), every repetition"),
         Metric("fwd_bwd_ms", "ms", "time",
                description="forward + loss + full backward incl. FSDP hooks/reduce, every repetition"),
         Metric("step_ms", "ms", "time",
                description="zero_grad + forward + loss + backward + reduce + AdamW.step, every repetition"),
-        Metric("bwd_estimate_ms", "ms", "time", repeated=False,
-               description="median(fwd_bwd) - median(fwd): a macro split, not a separate timing"),
         Metric("peak_allocated_bytes", "bytes", "memory",
                description="full-process peak allocated, one step"),
         Metric("peak_reserved_bytes", "bytes", "memory", description="full-process peak reserved, one step"),

@@ -13,6 +13,7 @@ from typing import Any
 from gdn import device as devices
 from workers.context import RankContext
 from workers.suite import Case, Sample
+from workers.suites.profile.trace import summarise_trace
 from workers.suites.shared.run import case_trainer
 
 
@@ -40,3 +41,14 @@ def run(ctx: RankContext, case: Case) -> Iterator[Sample]:
     yield Sample(case.name, "trace_written", float(written), rank=ctx.rank)
     yield Sample(case.name, "trace_events", float(len(events)), rank=ctx.rank)
     yield Sample(case.name, "trace_bytes", float(path.stat().st_size), rank=ctx.rank)
+    found = summarise_trace(events)
+    if found.source == "none":  # the no-CP mode communicates nothing: no collective to time
+        return
+    yield Sample(case.name, "comm_ms", found.comm_ms, rank=ctx.rank)
+    yield Sample(case.name, "compute_ms", found.compute_ms, rank=ctx.rank)
+    yield Sample(case.name, "comm_overlap_ms", found.overlap_ms, rank=ctx.rank)
+    if found.overlap_share is not None:
+        yield Sample(case.name, "comm_overlap_share", found.overlap_share, rank=ctx.rank)
+    for f, spent in found.family_ms.items():
+        yield Sample(case.name, f"coll_{f}_ms", spent, rank=ctx.rank)
+        yield Sample(case.name, f"coll_{f}_calls", float(found.family_calls[f]), rank=ctx.rank)

@@ -2,8 +2,9 @@
 
 The trace (gzipped Chrome JSON, without shapes or stacks to keep it small) is written into the rank's
 `ctx.artifacts_dir`, which the executor ships with the job as a downloadable artifact. It is not a
-timing: warm-up passes run first and nothing here is compared across commits except that a trace
-was written and how many events it holds.
+timing: warm-up passes run first. Read back on the rank (`workers.suites.profile.trace`), it gives
+the time each collective family took and how often it ran, the time spent communicating and
+computing, and how much of the communication ran under compute: recorded per rank, never judged.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from workers.suite import CPU_GATE_PRESETS, Case, Metric, Suite, SuiteParams, cp_misfit
+from workers.suites.profile.trace import FAMILIES, OTHER
 from workers.suites.shared.spec import CP_MODES, ModelParams, case_base, check_modes_and_dtype
 
 
@@ -39,6 +41,19 @@ class ProfileSuite(Suite):
                description="1 when this rank wrote its trace into the artifacts directory"),
         Metric("trace_events", "count", "check", "higher", description="events in this rank's trace"),
         Metric("trace_bytes", "bytes", "memory", description="size of this rank's trace file"),
+        Metric("comm_ms", "ms", "time", repeated=False,
+               description="time communicating in the trace (the union of its collectives)"),
+        Metric("compute_ms", "ms", "time", repeated=False,
+               description="time computing in the trace (the union of its compute kernels or operators)"),
+        Metric("comm_overlap_ms", "ms", "time", repeated=False,
+               description="time communicating and computing at once"),
+        Metric("comm_overlap_share", "ratio", "check", "higher",
+               description="the share of the communication time that ran under compute"),
+        *(m for f in (*(name for name, _ in FAMILIES), OTHER) for m in (
+            Metric(f"coll_{f}_ms", "ms", "time", repeated=False,
+                   description=f"{f.replace('_', ' ')} collectives: their summed duration in the trace"),
+            Metric(f"coll_{f}_calls", "count", "check", "higher",
+                   description=f"{f.replace('_', ' ')} collectives in the trace"))),
     )
 
     def misfit(self, case: Case, world_size: int) -> str | None:

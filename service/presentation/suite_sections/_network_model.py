@@ -1,0 +1,246 @@
+"""The network's cross-run analysis: weak scaling at equal local length, the two-point model of
+time against layer count (per-layer and fixed cost), and the share of the single layer's P2P
+saving (cp-layer at the network's shape) that the whole network keeps."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.domain.compare.judgment import Difference
+from service.presentation import conventions as cv
+from service.presentation.report_cells import BASE_MODE, compare, length, ms, rows_of
+from service.presentation.report_model import (
+    NotRun,
+    ReportJob,
+    Section,
+    SuiteInput,
+    Sweep,
+    SweepSeries,
+    Table,
+)
+from service.presentation.report_tables import Variant
+
+Row = tuple[ReportJob, Variant]
+MODEL_TITLE = "Network per-layer model"
+SHARE_TITLE = "Share of the single-layer P2P saving the network keeps"
+
+
+def layers_of(v: Variant) -> int | None:
+    """The decoder layers of a network case: its recorded `model_layers`, else the count a model
+    name ends in ('qwen35-8l'); None when neither says."""
+    m = v.metrics.get("model_layers")
+    if m is not None and m.worst == m.worst:
+        return int(m.worst)
+    found = re.search(r"(\d+)l$", str(v.params.get("model") or ""))
+    return int(found.group(1)) if found else None
+
+
+def linear_layers_of(v: Variant) -> int | None:
+    """The GatedDeltaNet (linear-attention) layers of a network case, as it recorded them."""
+    m = v.metrics.get("model_linear_layers")
+    return None if m is None or m.worst != m.worst else int(m.worst)
+
+
+MODEL_FACTS = ("model_layers", "model_linear_layers")
+
+
+def share_model_facts(rows: Sequence[Row]) -> None:
+    """Only the speed cases record their model's layer counts; the other cases of the same job
+    and model (trajectories, the deterministic pair) take theirs, so every row names its layers."""
+
+    def model(v: Variant) -> str:
+        return json.dumps(
+            [v.params.get("model"), v.params.get("model_overrides")], sort_keys=True, default=str
+        )
+
+    known = {
+        (j.job_id, model(v)): {k: v.metrics[k] for k in MODEL_FACTS}
+        for j, v in rows
+        if all(k in v.metrics for k in MODEL_FACTS)
+    }
+    for j, v in rows:
+        for k, m in known.get((j.job_id, model(v)), {}).items():
+            v.metrics.setdefault(k, m)
+
+
+def layers_label(v: Variant) -> str:
+    n = layers_of(v)
+    return str(n) if n is not None else str(v.params.get("model") or "–")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """fwd+bwd median = fixed + per_layer × layers through two layer counts of one mode."""
+
+    world_size: int
+    seq_len: int
+    mode: str
+    layers: tuple[int, int]
+    medians: tuple[float, float]
+
+    @property
+    def per_layer(self) -> float:
+        return (self.medians[1] - self.medians[0]) / (self.layers[1] - self.layers[0])
+
+    @property
+    def fixed(self) -> float:
+        return self.medians[0] - self.per_layer * self.layers[0]
+
+
+def fits(rows: Sequence[Row]) -> tuple[list[Fit], list[int]]:
+    """The two-point model of each (world size, length, mode) measured at two layer counts (the
+    fewest and the most), and the layer counts the rows hold."""
+    by: dict[tuple[int, int, str], dict[int, float]] = {}
+    for j, v in rows:
+        n = layers_of(v)
+        if n is not None and v.params.get("seq_len"):
+            key = (j.world_size, int(v.params["seq_len"]), str(v.params.get("mode")))
+            by.setdefault(key, {})[n] = v.metrics["fwd_bwd_ms"].median
+    out = []
+    for (w, T, mode), at in sorted(by.items()):
+        if len(at) >= 2:
+            lo, hi = min(at), max(at)
+            out.append(Fit(w, T, mode, (lo, hi), (at[lo], at[hi])))
+    return out, sorted({n for at in by.values() for n in at})
+
+
+def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
+    found, counts = fits(rows)
+    if not rows:
+        return None
+    if not found:
+        ran = ", ".join(str(n) for n in counts) or "none recorded"
+        return NotRun(MODEL_TITLE, f"it needs one shape at two layer counts; the network ran at {ran} layers")
+    table = Table(
+        ["topology", "global/local T", "mode", "layers", "fwd+bwd", "per layer", "fixed"],
+        [
+            [
+                f"CP{f.world_size}",
+                f"{length(f.seq_len)}/{length(f.seq_len // f.world_size)}",
+                f.mode,
+                f"{f.layers[0]} → {f.layers[1]}",
+                f"{ms(f.medians[0])} → {ms(f.medians[1])}",
+                ms(f.per_layer),
+                ms(f.fixed),
+            ]
+            for f in found
+        ],
+        keys=3,
+    )
+    head = (
+        "Two-point model of the fwd+bwd median (ms) against the decoder layer count, checkpoint off: "
+        "per layer = (T(more) − T(fewer)) / (layers apart), fixed = T(fewer) − per layer × layers. "
+        "A fit through two medians: no interval is given."
+    )
+    blocks: list[str | Table] = [head, table]
+    by = {(f.world_size, f.seq_len, f.mode): f for f in found}
+    for f in found:
+        u = by.get((f.world_size, f.seq_len, BASE_MODE))
+        if f.mode == "p2p" and u is not None:
+            saved = u.per_layer - f.per_layer
+            less = f"{ms(abs(saved))} ms {'less' if saved >= 0 else 'more'}"
+            blocks.append(
+                f"CP{f.world_size} at {length(f.seq_len)}: P2P costs {ms(f.per_layer)} ms per layer "
+                f"against Ulysses' {ms(u.per_layer)} ms ({less}), "
+                f"fixed {ms(f.fixed)} against {ms(u.fixed)} ms."
+            )
+    return Section("network-model", MODEL_TITLE, blocks)
+
+
+def _pairs(rows: Sequence[Row]) -> dict[tuple[Any, ...], Row]:
+    return {(j.job_id, v.params.get("seq_len"), layers_of(v), v.params.get("mode")): (j, v) for j, v in rows}
+
+
+def _layer_rows(inp: SuiteInput, world_size: int, seq_len: int, net: Variant) -> dict[str, Row]:
+    """The cp-layer rows (Ulysses and P2P) at the network's world size and global length, on its
+    backend and dtype, batch 1 without padding: the single layer the network is made of."""
+    out: dict[str, Row] = {}
+    for j, v in rows_of(inp.of("cp-layer")):
+        p = v.params
+        if (j.world_size, p.get("seq_len")) != (world_size, seq_len) or p.get("shards") or p.get("packed"):
+            continue
+        if p.get("valid_len") is not None or p.get("batch", 1) != 1 or "fwd_bwd_ms" not in v.metrics:
+            continue
+        if any(net.params.get(k) not in (None, p.get(k)) for k in ("backend", "dtype")):
+            continue
+        if p.get("mode") in ("p2p", BASE_MODE):
+            out[str(p["mode"])] = (j, v)
+    return out
+
+
+def share_lines(inp: SuiteInput, rows: Sequence[Row]) -> tuple[list[str], NotRun | None]:
+    """Per network shape and layer count: the network's P2P saving (U − P of the medians) over
+    its GDN layers × the single layer's saving at the same shape; written only where both
+    savings are significant, else why not."""
+    pairs = _pairs(rows)
+    out, missing = [], []
+    for (job_id, T, n, mode), (j, p2p) in sorted(pairs.items(), key=lambda x: str(x[0])):
+        u = pairs.get((job_id, T, n, BASE_MODE))
+        if mode != "p2p" or u is None or not T:
+            continue
+        where = f"CP{j.world_size} at {length(T)}, {n} layers"
+        layer = _layer_rows(inp, j.world_size, int(T), p2p)
+        if set(layer) != {"p2p", BASE_MODE}:
+            missing.append(f"CP{j.world_size} at {length(T)}")
+            continue
+        linear = linear_layers_of(p2p)
+        if linear is None:
+            out.append(f"{SHARE_TITLE}, {where}: not given: the job did not record its GDN layer count.")
+            continue
+        net_d = compare(u[0], u[1], j, p2p)
+        layer_d = compare(*layer[BASE_MODE], *layer["p2p"])
+        why = _unsupported(net_d, "the network's", layer_d)
+        if why:
+            out.append(f"{SHARE_TITLE}, {where}: not given: {why}.")
+            continue
+        net_saved = u[1].metrics["fwd_bwd_ms"].median - p2p.metrics["fwd_bwd_ms"].median
+        one = layer[BASE_MODE][1].metrics["fwd_bwd_ms"].median - layer["p2p"][1].metrics["fwd_bwd_ms"].median
+        out.append(
+            f"{SHARE_TITLE}, {where}: {cv.percent(net_saved / (linear * one))} (the network saves "
+            f"{ms(net_saved)} ms of {linear} GDN layers × {ms(one)} ms, the layer's saving in "
+            f"cp-layer job #{layer['p2p'][0].job_id}; savings of the medians)."
+        )
+    not_run = None
+    if missing and not out:
+        not_run = NotRun(
+            SHARE_TITLE,
+            "no cp-layer Ulysses and P2P cases at the network's shape ("
+            + ", ".join(dict.fromkeys(missing))
+            + ", batch 1, same backend and dtype)",
+        )
+    return out, not_run
+
+
+def _unsupported(net: Difference, what: str, layer: Difference) -> str | None:
+    for label, d in ((f"{what} P2P saving", net), ("the single layer's P2P saving", layer)):
+        if not d.significant:
+            return f"{label} is not significant ({d.interval_text('gain')})"
+    if net.verdict != layer.verdict:
+        return "the network and the single layer disagree on which mode is faster"
+    return None
+
+
+def layer_sweep(rows: Sequence[Row]) -> Sweep | None:
+    """fwd+bwd against the layer count, one line per topology and mode."""
+    by: dict[str, dict[float, Any]] = {}
+    for j, v in rows:
+        n = layers_of(v)
+        if n is not None:
+            by.setdefault(f"CP{j.world_size} {v.params.get('mode')}", {})[float(n)] = v.metrics["fwd_bwd_ms"]
+    if not any(len(at) > 1 for at in by.values()):
+        return None
+    series = [
+        SweepSeries(
+            name,
+            sorted(at),
+            [at[x].median for x in sorted(at)],
+            [at[x].min for x in sorted(at)],
+            [at[x].p90 for x in sorted(at)],
+        )
+        for name, at in sorted(by.items())
+    ]
+    return Sweep("network-layers", "Network fwd+bwd against the layer count", "decoder layers", "ms", series)
