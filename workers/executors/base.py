@@ -14,7 +14,9 @@ from typing import Any, Literal, Protocol
 
 from workers.suite import CaseStatus, Sample
 
-JobOutcomeStatus = Literal["succeeded", "failed", "cancelled"]
+# "interrupted": what ran the job went away under it (its cluster lost or restarted), not the
+# job's fault: the service re-queues it without spending an attempt
+JobOutcomeStatus = Literal["succeeded", "failed", "cancelled", "interrupted"]
 # How a job's ranks spread over nodes (Ray's placement-group strategies): the service's default
 # comes from its settings, a job may override it with the label `placement`.
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
