@@ -11,8 +11,14 @@ server a backend needs). The secrets are refused even when named there.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 EXTRA_ENV = "GDNVAL_RANK_ENV"
 SECRETS = frozenset({"GDNVAL_API_TOKEN", "GDNVAL_DB_URL", "GDNVAL_SESSION_SECRET"})
@@ -55,3 +61,42 @@ def job_environment(
         k: v for k, v in source.items()
         if k not in SECRETS and (k in names or k.startswith(prefixes))
     }
+
+
+CANCEL_POLL_S = 0.2  # how often a job command's wait looks at its cancel event
+
+
+class CommandCancelled(RuntimeError):
+    """A job command was ended because its job was cancelled."""
+
+
+def run_job_command(
+    cmd: Sequence[str], *, timeout: float, cancel: threading.Event | None = None, install: bool = False,
+    cwd: str | Path | None = None, extra_env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run code fetched or built for a job (git, pip, uv, a build backend) to its end, with
+    output captured as text: in the job environment (`install` adds what fetchers need,
+    `extra_env` goes on top), in a session of its own whose whole process group is killed when
+    `cancel` is set (`CommandCancelled`, within `CANCEL_POLL_S`) or `timeout` passes
+    (`subprocess.TimeoutExpired`)."""
+    env = {**job_environment(install=install), **(extra_env or {})}
+    proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, start_new_session=True)
+    end = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=CANCEL_POLL_S)
+                return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    name = Path(cmd[0]).name
+                    raise CommandCancelled(f"{name} was stopped: its job was cancelled") from None
+                if time.monotonic() > end:
+                    raise subprocess.TimeoutExpired(proc.args, timeout) from None
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)

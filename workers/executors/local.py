@@ -217,8 +217,11 @@ class LocalExecutor(Executor):
         extra: list[Path] = []
         if spec.backend_source:
             try:
-                extra.append(install_backend_source(spec.backend_source, self.backend_cache, self.python))
+                source = install_backend_source(spec.backend_source, self.backend_cache, self.python, cancel)
+                extra.append(source)
             except BackendSourceError as exc:
+                if cancel.is_set():
+                    return JobOutcome("cancelled", "cancelled while the backend source was installed")
                 return JobOutcome("failed", f"cannot install the backend source: {exc}")
             sink.log(f"backend source {spec.backend_source} installed at {extra[0]}")
         devices: list[int] | None = None
