@@ -44,6 +44,7 @@ from workers.suite import Case, Metric, Sample, select_cases
 
 log = logging.getLogger("gdnval.dispatcher")
 MAX_LOG_LINE = 10_000
+UNPLACEABLE_GRACE_S = 60.0  # a queued job no alive nodes can hold is failed after this long
 T = TypeVar("T")
 
 
@@ -302,6 +303,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self.last_loop = 0.0
         self.store_up_since = time.monotonic()  # since when this dispatcher reaches the store
+        self._unplaceable: dict[int, float] = {}  # job id -> since when no alive node set can hold it
 
     # -- lifecycle
     def start(self) -> None:
@@ -390,20 +392,24 @@ class Dispatcher:
         claimed: dict[str, int] = {}  # ranks claimed this tick per device kind (one pool per kind)
 
         def fits(job: JobRow) -> bool:
-            """Placeable now; or never placeable (the cluster shrank since the submit): then it
-            is claimed too, and the executor fails it with the reason instead of it blocking its
-            kind's queue for good."""
+            """Placeable now; or never placeable for `UNPLACEABLE_GRACE_S` (the cluster shrank
+            since the submit; nodes still joining a cluster that just came back are waited for):
+            then it is claimed too, and the executor fails it with the reason instead of it
+            blocking its kind's queue for good."""
             key = (job.device, queue.job_placement(job))
             try:
                 if key not in free:
                     free[key] = self.executor.free_ranks(*key)
                 n = free[key]
                 if n is None or job.world_size <= n - claimed.get(job.device, 0):
+                    self._unplaceable.pop(job.id, None)
                     return True
                 if key not in most:
                     most[key] = self.executor.most_ranks(*key)
                 if job.world_size > most[key]:
-                    return True
+                    since = self._unplaceable.setdefault(job.id, time.monotonic())
+                    return time.monotonic() - since >= UNPLACEABLE_GRACE_S
+                self._unplaceable.pop(job.id, None)
                 if key not in alive:  # wider than the alive nodes: the executor asks for more
                     alive[key] = self.executor.alive_ranks(*key)
                 return alive[key] is not None and job.world_size > alive[key]
@@ -417,6 +423,7 @@ class Dispatcher:
             if job is None:
                 return
             claimed[job.device] = claimed.get(job.device, 0) + job.world_size
+            self._unplaceable.pop(job.id, None)
             cancel = threading.Event()
             thread = threading.Thread(target=self._run_job, args=(job, cancel), name=f"gdnval-job-{job.id}",
                                       daemon=True)

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
         description="executor kind: local | ray, or a 'module:factory' path (plugins, tests)",
     )
     ray_address: str | None = Field(None, description="Ray cluster address for the ray executor")
+    ray_driver: str | None = Field(
+        None,
+        description="HOST:PORT of a Ray driver listener on a node of the cluster "
+        "(`python -m workers.executors.ray_driver --listen`), for a service outside the cluster; "
+        "unset: the driver is a child process of the service on this machine",
+    )
     placement: str = Field(
         "PACK",
         description="how a job's ranks spread over Ray nodes: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD "

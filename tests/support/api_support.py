@@ -158,6 +158,7 @@ class Server:
     env: dict[str, str]
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    prefix: tuple[str, ...] = ()  # a command the server runs under (`unshare ...`)
 
     @property
     def base(self) -> str:
@@ -169,8 +170,8 @@ class Server:
         self.port = free_port()
         log = open(self.workdir / f"server-{self.port}.log", "wb")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"],
+            [*self.prefix, sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
             cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
