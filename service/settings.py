@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         None, description="signs web login sessions (unset: random per process; set it on every replica)"
     )
     session_ttl_s: float = Field(12 * 3600.0, gt=0, le=30 * 86400, description="web login session lifetime")
+    trusted_proxies: str = Field(
+        "",
+        description="comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For "
+        "(and -Proto) `gdnval serve` believes; empty (the default): none, every client is the "
+        "address that connected (what the wrong-token limit counts)",
+    )
     server: str = Field("http://127.0.0.1:8000", description="base URL the CLI clients talk to")
     public_url: str | None = Field(
         None,

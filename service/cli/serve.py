@@ -66,8 +66,10 @@ def serve(
     # Requests run in threads; the event loop answers probes and 503s. A short GIL switch interval
     # hands the loop the interpreter within a millisecond of a busy request thread, not five.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # forwarded-for headers only from the proxies named (uvicorn itself trusts loopback's)
+    proxies = settings.trusted_proxies.strip()
     uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level,
-                log_config=log_config())
+                log_config=log_config(), proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None)
 
 
 def _limits(pairs: tuple[str, ...]) -> dict[str, int]:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
+from service.api.deps import MAX_ID, DbIdQuery, get_session
 from service.persistence import gates as gate_store
 from service.persistence import page_queries
 from service.persistence.models import GateRow
@@ -33,7 +33,7 @@ def _gate_row(g: GateRow) -> dict[str, Any]:
 
 @router.get("/gates", response_class=HTMLResponse)
 def gates_page(
-    request: Request, before: int | None = None, session: Session = Depends(get_session)
+    request: Request, before: DbIdQuery | None = None, session: Session = Depends(get_session)
 ) -> HTMLResponse:
     gates, nxt = gate_store.list_gates(session, before_id=before, limit=50)
     return page(request, "gates.html", nav="gates", gates=[_gate_row(g) for g in gates],
@@ -42,7 +42,7 @@ def gates_page(
 
 @router.get("/gates/{gate_id}", response_class=HTMLResponse)
 def gate_page(request: Request, gate_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
-    gate = gate_store.get_gate(session, gate_id) if 0 < gate_id < 2**62 else None
+    gate = gate_store.get_gate(session, gate_id) if 1 <= gate_id <= MAX_ID else None
     if gate is None:
         return error_page(request, 404, "No such gate", f"There is no gate {gate_id} in the store.")
     links = gate_store.gate_job_rows(session, gate.id)
