@@ -36,7 +36,7 @@ from service.persistence.db import StoreUnavailable, first_line, is_unreachable,
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
 from service.persistence.resume import carry_finished_cases, kept_before
 from service.settings import Settings
-from workers.deadline import job_deadline_s
+from workers.deadline import job_deadline_s, stall_limit_s
 from workers.executors.base import Executor, ExecutorUnavailable, JobOutcome, JobSpec
 from workers.provenance import installed_version, source_commit
 from workers.registry import get_suite
@@ -485,8 +485,10 @@ class Dispatcher:
 
     def _execute(self, job: JobRow, cancel: threading.Event) -> JobOutcome:
         try:
-            deadline = job_deadline_s(get_suite(job.suite), job.preset, job.params, job.world_size,
+            suite = get_suite(job.suite)
+            deadline = job_deadline_s(suite, job.preset, job.params, job.world_size,
                                       self.settings.job_deadline_s)
+            stall = stall_limit_s(suite, job.preset, self.settings.stall_s)
             sink = StoreSink(self.engine, job, Path(self.settings.artifacts_dir), self._stop)
             if sink.all_kept:  # interrupted after its last case: only the job's end is left
                 sink.progress(0, 0, "every case finished in an earlier run")
@@ -494,12 +496,14 @@ class Dispatcher:
             spec = JobSpec(
                 job_id=job.id, suite=job.suite, preset=job.preset, params=dict(job.params or {}),
                 device=job.device, world_size=job.world_size, commit=job.commit_sha, deadline_s=deadline,
+                stall_s=stall,
                 cases=tuple(job.cases) if job.cases else None, placement=queue.job_placement(job),
                 backend_source=queue.job_backend_source(job), skip_cases=tuple(sink.kept),
             )
             sink.info({
                 "commit": job.commit_sha or source_commit(), "gdnval": installed_version(),
                 "executor": self.executor.kind, "attempt": sink.attempt, "deadline_s": deadline,
+                "stall_s": stall,
             })
             return self.executor.run(spec, sink, cancel)
         except StoreUnavailable:

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="a running job whose heartbeat is older is orphaned")
     max_attempts: int = Field(2, ge=1, description="runs of a job before an interruption fails it")
     job_deadline_s: float | None = Field(None, gt=0, description="wall-clock limit per job")
+    stall_s: float | None = Field(
+        None, gt=0,
+        description="how long a rank of a running job may stay silent (its process stopped or frozen) "
+        "before the job fails naming it (unset: the suite's time per case of the job's preset)",
+    )
     session_secret: SecretStr | None = Field(
         None, description="signs web login sessions (unset: random per process; set it on every replica)"
     )

@@ -28,6 +28,7 @@ class ProbeParams(SuiteParams):
     repeats: int = 3
     bound_violation: bool = False
     pause_s: float = 0.0  # how long the `bounded` case sleeps first (a job that runs a while)
+    scratch: bool = False  # `collective` makes a temporary folder and prints its path
 
 
 class ProbeSuite(Suite):
@@ -67,6 +68,10 @@ class ProbeSuite(Suite):
             if ctx.rank == 0 and ctx.artifacts_dir is not None:
                 (ctx.artifacts_dir / "note.txt").write_text(f"world {ctx.world_size}")
             print(f"probe output from rank {ctx.rank}", flush=True)
+            if p["scratch"]:
+                import tempfile
+
+                print(f"scratch {tempfile.mkdtemp(prefix='gdnval-probe-')}", flush=True)
         elif case.name == "bounded":
             time.sleep(float(p["pause_s"]))
             value = 2.0 if p["bound_violation"] else 0.5

@@ -47,6 +47,7 @@ class JobSpec:
     world_size: int = 1
     commit: str | None = None  # None: run the installed code
     deadline_s: float | None = None  # wall-clock limit for the whole job
+    stall_s: float | None = None  # how long a rank may stay silent (stopped, frozen); None: no limit
     deterministic: bool = False
     cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
     placement: str | None = None  # None: the executor's default strategy

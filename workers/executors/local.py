@@ -20,7 +20,7 @@ from typing import Any
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.deadline import collective_timeout_s
 from workers.executors._monitor import JobMonitor
-from workers.executors._process import RankProcess, describe_exit, end_ranks
+from workers.executors._process import RankProcess, describe_exit, end_ranks, remove_stale_rank_folders
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.job_env import job_environment
 from workers.provenance import SOURCE_ROOT, source_commit
@@ -146,6 +146,7 @@ class LocalExecutor(Executor):
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
+        remove_stale_rank_folders()  # what ranks of a killed executor left on this machine
         self._pools: dict[str, DevicePool] = {}
         self._pools_lock = threading.Lock()
 
@@ -288,6 +289,8 @@ class LocalExecutor(Executor):
                     reported.add(p.rank)
                     rc = p.returncode if p.returncode is not None else -9
                     monitor.rank_exited(p.rank, f"rank {p.rank} {describe_exit(rc)}", rc, p.output_tail())
+                elif not p.exited:
+                    monitor.check_silence(p.rank, p.silent_s, f" (pid {p.pid})")
             outcome = monitor.outcome(cancel.is_set(), len(reported), start)
             if outcome is not None:
                 return outcome

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.backend_source import BackendSourceError
-from workers.executors._process import RankProcess
+from workers.executors._process import RankProcess, remove_stale_rank_folders
 from workers.job_env import SECRETS, job_environment
 
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
@@ -67,6 +67,7 @@ class RankActor:
         self._reported = False
         self.label = label
         self._stop = threading.Event()  # set by `kill`: an install in progress ends
+        remove_stale_rank_folders()  # what ranks of a killed actor left on this node
 
     def __repr__(self) -> str:
         """Ray shows this as the actor's name in its logs' prefix and in `ray list actors`."""
@@ -97,6 +98,7 @@ class RankActor:
             port = int(s.getsockname()[1])
         return {
             "ip": ip,
+            "host": socket.gethostname(),
             "port": port,
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
@@ -134,6 +136,8 @@ class RankActor:
         from workers.provenance import SOURCE_ROOT
         from workers.snapshot import COMPLETE_MARKER
 
+        if self._stop.is_set():
+            raise RuntimeError("the actor was stopped before its rank started")
         if sha:
             root = Path.cwd() / sha
             if not (root / COMPLETE_MARKER).is_file():
@@ -151,14 +155,15 @@ class RankActor:
         self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable)
         return self.proc.pid
 
-    def poll(self) -> tuple[list[dict[str, Any]], int | None, str]:
-        """(new messages, exit code once the rank ended, output tail once it ended)."""
+    def poll(self) -> tuple[list[dict[str, Any]], int | None, str, float]:
+        """(new messages, exit code once the rank ended, output tail once it ended, seconds the
+        rank has been silent: `RankProcess.silent_s`)."""
         if self.proc is None:
-            return [], None, ""
+            return [], None, "", 0.0
         msgs = self.proc.drain()
         if self.proc.exited:
-            return msgs, self.proc.returncode, self.proc.output_tail()
-        return msgs, None, ""
+            return msgs, self.proc.returncode, self.proc.output_tail(), 0.0
+        return msgs, None, "", self.proc.silent_s
 
     def kill(self) -> None:
         self._stop.set()

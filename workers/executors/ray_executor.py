@@ -51,7 +51,6 @@ from typing import Any
 
 from workers.backend_source import INSTALL_TIMEOUT_S, BackendSource
 from workers.executors._monitor import JobMonitor
-from workers.executors._process import describe_exit
 from workers.executors.base import (
     Executor,
     ExecutorUnavailable,
@@ -64,6 +63,7 @@ from workers.executors.job_sources import JobSources, prepare_sources, untar_tre
 from workers.executors.local import check_spec, rank_payload
 from workers.executors.ray_actor import RankActor
 from workers.executors.ray_placement import CPU_NODE_RESOURCE, Cancelled, RayPlacement
+from workers.executors.ray_watch import RankWatch, get_starts, on_node, rank_extra, short
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError, extract
 
 RAY_ADDRESS_ENV = "GDNVAL_RAY_ADDRESS"
@@ -153,7 +153,7 @@ class RayExecutor(RayPlacement, Executor):
                         ray.init(address=self.address, log_to_driver=False, **self.init_options)
                     except Exception as exc:
                         raise ExecutorUnavailable(
-                            f"cannot join the Ray cluster at {self.address}: {_short(exc)}"
+                            f"cannot join the Ray cluster at {self.address}: {short(exc)}"
                         ) from exc
                 else:
                     ray.init(log_to_driver=False, **self.init_options)
@@ -182,11 +182,16 @@ class RayExecutor(RayPlacement, Executor):
             socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
             infos = GcsClient(address=address).get_all_node_info(timeout=PROBE_TIMEOUT_S)
         except Exception as exc:
-            raise ExecutorUnavailable(f"the Ray cluster at {address} is unreachable: {_short(exc)}") from exc
+            raise ExecutorUnavailable(f"the Ray cluster at {address} is unreachable: {short(exc)}") from exc
         return [
             {"node_id": i.node_id.hex(), "resources": dict(i.resources_total)}
             for i in infos.values() if i.state == 0  # GcsNodeState.ALIVE
         ]
+
+    def _node_ids(self) -> set[str]:
+        """The alive nodes of the cluster this driver joined, asked of its GCS now."""
+        gcs = str(self._ray().get_runtime_context().gcs_address)
+        return {n["node_id"] for n in self._probe(gcs)}
 
     def cluster(self, gcs_address: str | None = None) -> dict[str, Any]:
         """Alive nodes and resources per kind of the cluster (at `gcs_address`, default the
@@ -286,7 +291,7 @@ class RayExecutor(RayPlacement, Executor):
             except SnapshotError as exc:
                 return JobOutcome("failed", f"cannot build the source snapshot: {exc}")
             except Exception as exc:
-                return JobOutcome("failed", f"cannot ship {what} to the cluster: {_short(exc)}")
+                return JobOutcome("failed", f"cannot ship {what} to the cluster: {short(exc)}")
             backend_tree_dir = shipped.get("backend_tree")
             sink.info({"snapshot": shipped})
         sha = sources.snapshot[0] if sources.snapshot is not None else None
@@ -309,7 +314,7 @@ class RayExecutor(RayPlacement, Executor):
             if cancel.is_set():
                 return JobOutcome("cancelled", "cancelled before the ranks started")
             nodes = ray.get([a.node.remote() for a in actors], timeout=max(5.0, timeout))
-            monitor.rank_extras = {r: _rank_extra(n) for r, n in enumerate(nodes)}
+            monitor.rank_extras = {r: rank_extra(n) for r, n in enumerate(nodes)}
             sink.info({"placement": strategy, "distinct_nodes": len({n["node_id"] for n in nodes})})
             backend_dirs: list[str | None] = [None] * len(actors)
             if spec.backend_source:
@@ -330,10 +335,11 @@ class RayExecutor(RayPlacement, Executor):
                     "MASTER_PORT": str(master["port"]),
                 }
                 starts.append(actor.start.remote(rank, payload, env, sha, backend_dirs[rank]))
-            self._get_starts(ray, starts, monitor, nodes)
-            return self._watch(ray, spec, actors, monitor, cancel, start, nodes)
+            get_starts(ray, starts, monitor, nodes)
+            return RankWatch(ray, actors, monitor, nodes, self.unavailable_grace_s, self._node_ids).run(
+                cancel, start, self.poll_s)
         except Exception as exc:  # e.g. an actor died before it said where it runs
-            return JobOutcome("failed", monitor.failure(settle=True) or f"ray executor error: {_short(exc)}")
+            return JobOutcome("failed", monitor.failure(settle=True) or f"ray executor error: {short(exc)}")
         finally:
             self._release(pg, actors)
             monitor.flush_info()
@@ -374,91 +380,10 @@ class RayExecutor(RayPlacement, Executor):
             except Exception as exc:
                 why = str(getattr(exc, "cause", None) or exc)
                 return JobOutcome("failed", f"cannot install the backend source for rank {rank}"
-                                            f"{_on(nodes, rank)}: {why[-2000:]}")
+                                            f"{on_node(nodes, rank)}: {why[-2000:]}")
         sink.info({"backend_install": installed})
         for node in sorted({i["node_id"] for i in installed}):
             mine = [i for i in installed if i["node_id"] == node]
             built = "built" if any(i["built"] for i in mine) else "found installed"
             sink.log(f"backend source {source} {built} at {mine[0]['path']} on node {node}")
         return installed
-
-    def _get_starts(
-        self, ray: Any, starts: list[Any], monitor: JobMonitor, nodes: list[dict[str, Any]]
-    ) -> None:
-        for rank, ref in enumerate(starts):
-            try:
-                ray.get(ref, timeout=120.0)
-            except Exception as exc:
-                why = f"rank {rank}{_on(nodes, rank)} could not start: {_short(exc)}"
-                monitor.rank_exited(rank, why, None, "")
-
-    def _watch(
-        self,
-        ray: Any,
-        spec: JobSpec,
-        actors: list[Any],
-        monitor: JobMonitor,
-        cancel: threading.Event,
-        start: float,
-        nodes: list[dict[str, Any]],
-    ) -> JobOutcome:
-        reported: set[int] = set()
-        unavailable: dict[int, float] = {}  # rank -> when Ray first said its actor is unavailable
-        while True:
-            refs = {actors[r].poll.remote(): r for r in range(len(actors)) if r not in reported}
-            if refs:
-                ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10.0)
-                for ref in ready:
-                    rank = refs[ref]
-                    try:
-                        msgs, rc, tail = ray.get(ref)
-                        unavailable.pop(rank, None)
-                    except Exception as exc:  # the actor itself died (node lost, killed, OOM)
-                        if still_unavailable(exc, rank, unavailable, self.unavailable_grace_s):
-                            continue  # Ray says it may come back: ask again next round
-                        reported.add(rank)
-                        monitor.rank_exited(rank, f"rank {rank}{_on(nodes, rank)} actor died: {_short(exc)}",
-                                            None, "")
-                        continue
-                    for msg in msgs:
-                        monitor.handle(rank, msg)
-                    if rc is not None:
-                        reported.add(rank)
-                        monitor.rank_exited(rank, f"rank {rank} {describe_exit(rc)}", rc, tail)
-            outcome = monitor.outcome(cancel.is_set(), len(reported), start)
-            if outcome is not None:
-                return outcome
-            cancel.wait(self.poll_s)
-
-
-def still_unavailable(exc: BaseException, rank: int, since: dict[int, float], grace_s: float) -> bool:
-    """Whether `exc` is Ray's ActorUnavailableError (the actor may be unreachable only for a
-    moment) for `rank`, first seen (recorded in `since`) less than `grace_s` ago: then the call
-    is retried instead of the rank being failed as dead."""
-    from ray.exceptions import ActorUnavailableError
-
-    if not isinstance(exc, ActorUnavailableError):
-        return False
-    first = since.setdefault(rank, time.monotonic())
-    return time.monotonic() - first < grace_s
-
-
-def _rank_extra(node: Mapping[str, Any]) -> dict[str, Any]:
-    """What the job info records per rank about where Ray put it."""
-    return {
-        "node_id": node.get("node_id"),
-        "node_ip": node.get("ip"),
-        "actor_pid": node.get("pid"),
-        "ray_visible_devices": {k: v for k, v in (node.get("env") or {}).items() if v is not None},
-    }
-
-
-def _on(nodes: list[dict[str, Any]], rank: int) -> str:
-    if rank >= len(nodes):
-        return ""
-    return f" on node {nodes[rank].get('node_id')} ({nodes[rank].get('ip')})"
-
-
-def _short(exc: BaseException, limit: int = 600) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[:limit] + " ..."
