@@ -2,15 +2,25 @@
 
 One object carries everything the store, dispatcher and API need, so a test or the CLI can build
 an isolated service by constructing `Settings(...)` instead of mutating the environment.
+
+Secrets may come from files instead of the environment (`GDNVAL_SECRETS_DIR`: a folder holding
+`gdnval_api_token`, `gdnval_db_url`, `gdnval_session_secret`, the way Docker and Kubernetes
+mount secrets), so the process's environment, which other processes may read, never holds them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from workers.executors.base import check_placement
 
@@ -18,6 +28,7 @@ DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")
 _FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 LINKABLE_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+SECRETS_DIR_ENV = "GDNVAL_SECRETS_DIR"  # a folder of secret files, one per setting (see the docstring)
 
 
 def is_loopback_url(url: str) -> bool:
@@ -40,6 +51,20 @@ class Settings(BaseSettings):
     """Everything configurable about one service process."""
 
     model_config = SettingsConfigDict(env_prefix="GDNVAL_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then the files of `GDNVAL_SECRETS_DIR`."""
+        folder = os.environ.get(SECRETS_DIR_ENV)
+        if folder and not Path(folder).is_dir():
+            raise ValueError(f"{SECRETS_DIR_ENV}={folder!r} is not a folder; expected one holding a file per "
+                             "secret setting (gdnval_api_token, gdnval_db_url, gdnval_session_secret)")
+        files = SecretsSettingsSource(settings_cls, secrets_dir=folder) if folder else file_secret_settings
+        return init_settings, env_settings, files
 
     db_url: str = Field("sqlite:///gdnval.db", description="SQLAlchemy URL of the results store")
     api_token: SecretStr | None = Field(None, description="bearer token required by write calls")

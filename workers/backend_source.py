@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.backend_install import InstallError, install_package
-from workers.job_env import CommandCancelled, run_job_command
+from workers.job_env import CommandCancelled, JobUser, run_job_command
 from workers.provenance import BACKEND_COMMIT_FILE
 from workers.refs import GIT_END_OF_OPTIONS, InvalidCommitRef, check_commit
 from workers.snapshot import SnapshotCache, SnapshotError, default_cache_dir
@@ -119,9 +119,10 @@ def entry_point_names(repo: str | Path, commit: str) -> list[str]:
     return sorted(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
 
 
-def _install(target: Path, what: str, python: str, cancel: threading.Event | None) -> None:
+def _install(target: Path, what: str, python: str, cancel: threading.Event | None,
+             user: JobUser | None) -> None:
     try:
-        install_package(target, what, python, cancel)
+        install_package(target, what, python, cancel, user)
     except InstallError as exc:
         raise BackendSourceError(str(exc)) from exc
 
@@ -186,22 +187,23 @@ def backend_tree(
 
 def install_backend_source(
     source: BackendSource | str, cache_dir: str | Path | None = None, python: str = sys.executable,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, user: JobUser | None = None,
 ) -> Path:
-    """The folder holding the installed source (built on first use), to put first on the path;
-    fetching and building stop when `cancel` is set (BackendSourceError)."""
+    """The folder holding the installed source (built on first use, as `user` when given), to
+    put first on the path; fetching and building stop when `cancel` is set (BackendSourceError)."""
     key, tree = backend_tree(source, cache_dir, cancel)
-    return install_backend_tree(source, key, tree, cache_dir, python, cancel)[0]
+    return install_backend_tree(source, key, tree, cache_dir, python, cancel, user)[0]
 
 
 def install_backend_tree(
     source: BackendSource | str, key: str, tree: Path | None, cache_dir: str | Path | None = None,
-    python: str = sys.executable, cancel: threading.Event | None = None,
+    python: str = sys.executable, cancel: threading.Event | None = None, user: JobUser | None = None,
 ) -> tuple[Path, bool]:
     """Build and install `source` (from `tree`, its extracted commit, for a git source) into
     `<cache>/<key>/` for `python`, unless a finished install is there: (the folder, whether this
     call built it). Callers on one machine that race for one key build it once (a file lock); a
-    build is stopped when `cancel` is set."""
+    build runs as `user` when given (the build's folder is handed to it) and is stopped when
+    `cancel` is set."""
     if isinstance(source, str):
         source = BackendSource.parse(source)
     cache = Path(cache_dir) if cache_dir else default_backend_cache()
@@ -213,12 +215,12 @@ def install_backend_tree(
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (target / _MARKER).exists():  # another process built it while this one waited
             return target, False
-        _build_into(cache, target, source, key, tree, python, cancel)
+        _build_into(cache, target, source, key, tree, python, cancel, user)
     return target, True
 
 
 def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree: Path | None,
-                python: str, cancel: threading.Event | None) -> None:
+                python: str, cancel: threading.Event | None, user: JobUser | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache))
     try:
         site = tmp / "site"
@@ -227,10 +229,14 @@ def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree
                 raise BackendSourceError(f"backend source {source}: no source tree to build at {tree}")
             build = tmp / "src"  # a copy: the build writes into the tree, the snapshot stays as extracted
             shutil.copytree(tree, build)
-            _install(site, str(build), python, cancel)
+            if user is not None:
+                user.hand_over(tmp)
+            _install(site, str(build), python, cancel, user)
             (site / BACKEND_COMMIT_FILE).write_text(key.removeprefix("git-") + "\n")
         else:
-            _install(site, str(source.requirement), python, cancel)
+            if user is not None:
+                user.hand_over(tmp)
+            _install(site, str(source.requirement), python, cancel, user)
         (site / _MARKER).write_text(f"{source}\n")
         try:
             site.rename(target)

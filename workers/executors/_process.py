@@ -15,6 +15,9 @@ A rank's process tree ends with the rank and with its parent (the executor):
   `setsid` child outlives a `kill -9` of its rank), since only cgroups (a container, a systemd
   scope) can end a tree whose root died without warning.
 
+With `user` (`GDNVAL_JOB_USER`, `workers.job_env.job_user`) the rank runs as that user, its
+folder handed to it.
+
 A rank also beats: its guard thread writes a byte every second to a pipe of its own
 (`BEAT_FD_ENV`), whatever its main thread does, and `RankProcess.silent_s` is how long nothing
 (beat, message or output) came from it. A rank that is stopped (SIGSTOP) or frozen beats no
@@ -44,6 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers.job_env import JobUser
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
 OUTPUT_TAIL_LINES = 40
@@ -202,6 +206,7 @@ class RankProcess:
         cwd: str | Path | None = None,
         python: str = sys.executable,
         wakeup: threading.Event | None = None,
+        user: JobUser | None = None,
     ) -> None:
         self.rank = rank
         self._messages: collections.deque[dict[str, Any]] = collections.deque()
@@ -224,6 +229,9 @@ class RankProcess:
                      PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read),
                      BEAT_FD_ENV: str(beat_write), RANK_TMP_ENV: scratch["artifacts"],
                      **dict.fromkeys(("TMPDIR", "TMP", "TEMP"), scratch["tmp"])}
+        if user is not None:  # the rank runs as the job user: its folder is the user's
+            user.hand_over(self.tmpdir)
+            child_env["HOME"] = user.home_or(scratch["tmp"])
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", RANK_BOOT],
@@ -237,6 +245,7 @@ class RankProcess:
                 # (unsafe in threaded parents such as the service and Ray workers): the rank sets
                 # its own parent-death signal and subreaper flag in RANK_BOOT.
                 start_new_session=True,
+                **(user.popen() if user is not None else {}),
             )
         except BaseException:
             shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -22,7 +22,7 @@ from workers.deadline import collective_timeout_s
 from workers.executors._monitor import JobMonitor
 from workers.executors._process import RankProcess, describe_exit, end_ranks, remove_stale_rank_folders
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
-from workers.job_env import job_environment
+from workers.job_env import job_environment, job_user
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
@@ -147,6 +147,7 @@ class LocalExecutor(Executor):
         self.python = python
         self.poll_s = poll_s
         remove_stale_rank_folders()  # what ranks of a killed executor left on this machine
+        self.job_user = job_user()  # who job code runs as (None: this process's user)
         self._pools: dict[str, DevicePool] = {}
         self._pools_lock = threading.Lock()
 
@@ -218,7 +219,8 @@ class LocalExecutor(Executor):
         extra: list[Path] = []
         if spec.backend_source:
             try:
-                source = install_backend_source(spec.backend_source, self.backend_cache, self.python, cancel)
+                source = install_backend_source(spec.backend_source, self.backend_cache, self.python, cancel,
+                                                self.job_user)
                 extra.append(source)
             except BackendSourceError as exc:
                 if cancel.is_set():
@@ -258,7 +260,8 @@ class LocalExecutor(Executor):
         try:
             for rank in range(spec.world_size):
                 env = self.rank_env(spec, rank, root, port, devices, extra_paths)
-                procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
+                procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup,
+                                         user=self.job_user))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
             return JobOutcome("failed", f"local executor error: {type(exc).__name__}: {exc}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from workers.backend_source import BackendSourceError
 from workers.executors._process import RankProcess, remove_stale_rank_folders
-from workers.job_env import SECRETS, job_environment
+from workers.job_env import SECRETS, job_environment, job_user
 
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
 
@@ -68,6 +68,7 @@ class RankActor:
         self.label = label
         self._stop = threading.Event()  # set by `kill`: an install in progress ends
         remove_stale_rank_folders()  # what ranks of a killed actor left on this node
+        self.user = job_user()  # the node's GDNVAL_JOB_USER: who job code runs as here
 
     def __repr__(self) -> str:
         """Ray shows this as the actor's name in its logs' prefix and in `ray list actors`."""
@@ -120,7 +121,8 @@ class RankActor:
         src = Path.cwd() / tree if tree else None
         t0 = time.monotonic()
         try:
-            folder, built = install_backend_tree(source, key, src, cache_dir, sys.executable, self._stop)
+            folder, built = install_backend_tree(source, key, src, cache_dir, sys.executable, self._stop,
+                                                 self.user)
         except BackendSourceError as exc:  # a plain error: Ray wraps it with the actor's traceback
             raise RuntimeError(str(exc)) from None
         return {"path": str(folder), "built": built, "seconds": round(time.monotonic() - t0, 3),
@@ -152,7 +154,7 @@ class RankActor:
                 raise RuntimeError(f"no installed backend folder {backend_dir} on this node")
             paths.append(backend_dir)
         child = actor_rank_env(self.device, payload, env, self.visible_devices(), paths)
-        self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable)
+        self.proc = RankProcess(rank, payload, child, cwd=root, python=sys.executable, user=self.user)
         return self.proc.pid
 
     def poll(self) -> tuple[list[dict[str, Any]], int | None, str, float]:

@@ -47,7 +47,7 @@ from typing import Any
 
 from workers.executors.base import ExecutorUnavailable, JobOutcome, JobSpec
 from workers.executors.job_sources import JobSources
-from workers.job_env import SECRETS
+from workers.job_env import SECRETS, protect_process
 
 HEALTH_PERIOD_S = 2.0  # how often the driver checks it can still place work
 LOST_AFTER_S = 10.0  # a GCS silent this long: the cluster is gone, the driver exits
@@ -290,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     how.add_argument("--fd", type=int, help="serve the connected socket with this descriptor")
     how.add_argument("--listen", metavar="HOST:PORT", help="accept services' connections here")
     args = parser.parse_args(argv)
+    protect_process()  # it holds the Ray token: job code of this user cannot read it from here
     if args.listen:
         listen(args.listen, ray_token())
     else:
