@@ -11,7 +11,9 @@ claims only jobs its executor can place now (`Executor.free_ranks` per device ki
 placement strategy, less what this tick already claimed), so a job that fits the cluster but
 not its free resources stays queued instead of failing on a timeout. A re-run of an interrupted
 job keeps the cases its earlier runs finished and runs only the rest
-(`service.persistence.resume`); when none is left, the job just ends.
+(`service.persistence.resume`); when none is left, the job just ends. A store that goes away is
+waited out (`until_stored`): no write is lost and no job thread ends on it. A run its executor
+ends `interrupted` (its cluster went away) is re-queued without spending an attempt.
 """
 
 from __future__ import annotations

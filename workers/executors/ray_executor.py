@@ -1,5 +1,10 @@
 """Runs a job's ranks on a Ray cluster: one actor per rank, one placement group per job.
 
+This is the Ray driver's side: it runs where `ray.init` may run, in the driver process
+(`workers.executors.ray_driver`), never in the service (`workers.executors.ray_remote`). The
+rank actor is `ray_actor`, capacity and placement groups `ray_placement`, watching the ranks
+`ray_watch`, the code the ranks run `job_sources`.
+
 Each actor holds its rank's device as a Ray resource (`num_gpus=1` for CUDA, `{"NPU": 1}` for
 Ascend, CPUs otherwise) and starts the rank as a child process (`python -m workers.runtime`, the
 same runtime the local executor uses), so a rank that segfaults or kills itself leaves its actor

@@ -90,7 +90,6 @@ class RayDriverExecutor(Executor):
         self.options = dict(options)
         self.placement_strategy = str(options.get("placement_strategy", "PACK"))
         self.cpu_node_resource = options.get("cpu_node_resource", CPU_NODE_RESOURCE)
-        self.address = options.get("address") or os.environ.get("GDNVAL_RAY_ADDRESS") or None
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo) if repo else None
         self.backend_cache = Path(backend_cache) if backend_cache else None
