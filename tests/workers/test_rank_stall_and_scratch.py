@@ -3,8 +3,8 @@
 - a rank stopped with SIGSTOP beats no more: its job fails at the stall limit, long before its
   deadline, naming the rank, its pid and its case, and every rank is gone after;
 - what a rank writes to temporary files lives in its own folder (its TMPDIR), removed with it;
-- folders of ranks whose executor was killed are removed when an executor starts, and those of
-  a live executor are kept.
+- folders of ranks whose executor was killed (and a killed Ray driver's staging folders) are
+  removed when an executor starts, and those of a live executor are kept.
 """
 
 from __future__ import annotations
@@ -89,9 +89,10 @@ def test_folders_of_a_killed_executor_are_removed_when_an_executor_starts(tmp_pa
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f"gdnval-rank0-p{dead.pid}-abc123"
+    staged = tmp_path / f"gdnval-ship-p{dead.pid}-ghi789"  # a Ray driver's staging, killed mid-ship
     live = tmp_path / f"gdnval-rank1-p{os.getpid()}-def456"
-    for folder in (stale, live):
+    for folder in (stale, staged, live):
         (folder / "tmp" / "gdnval-tokens-x").mkdir(parents=True)
         (folder / "tmp" / "gdnval-tokens-x" / "sample.bin").write_bytes(b"tokens")
     LocalExecutor()
-    assert not stale.exists() and live.exists()
+    assert not stale.exists() and not staged.exists() and live.exists()

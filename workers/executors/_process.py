@@ -27,7 +27,8 @@ Each rank gets a folder of its own in the system temporary folder (`TMP_PREFIX`,
 its executor's pid): `artifacts/` (`RANK_TMP_ENV`) and `tmp/`, which is the rank's TMPDIR, so
 what the rank's code puts in temporary files (token files, compiler scratch) goes too. The folder
 is removed when the rank exits; folders of ranks whose executor is gone (it was killed) are
-removed by `remove_stale_rank_folders`, which every executor calls when it starts.
+removed by `remove_stale_folders` (with the Ray driver's staging folders of a driver that was
+killed), which every executor calls when it starts.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
 OUTPUT_TAIL_LINES = 40
 TMP_PREFIX = "gdnval-rank"  # + "<rank>-p<executor pid>-": a rank's folder in the temporary folder
+SHIP_PREFIX = "gdnval-ship"  # + "-p<driver pid>-": where the Ray driver stages a job's code
 TERM_GRACE_S = 2.0  # after SIGTERM, how long a rank may take to end its tree before SIGKILL
 PARENT_ENV = "GDNVAL_RANK_PARENT"
 LIFE_FD_ENV = "GDNVAL_RANK_LIFE_FD"  # read end of a pipe only the executor writes: EOF = end now
@@ -162,11 +164,13 @@ sys.exit(code)
 OUTPUT_LOG_LINES = 2000  # output lines per rank forwarded as job log lines; the rest only in the tail
 
 
-def remove_stale_rank_folders(root: str | Path | None = None) -> list[Path]:
-    """Remove the rank folders (in `root`, default the temporary folder) whose executor process
-    is gone: what ranks left when their executor was killed. Returns what was removed."""
+def remove_stale_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the rank folders and the Ray driver's staging folders (in `root`, default the
+    temporary folder) whose process is gone: what ranks and drivers left when they were killed.
+    Returns what was removed."""
     removed = []
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-p*-*"):
+    base = Path(root or tempfile.gettempdir())
+    for folder in [*base.glob(f"{TMP_PREFIX}*-p*-*"), *base.glob(f"{SHIP_PREFIX}-p*-*")]:
         owner = folder.name.split("-p", 1)[1].split("-", 1)[0]
         if owner.isdigit() and folder.is_dir() and not _alive(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)

@@ -20,7 +20,7 @@ from typing import Any
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.deadline import collective_timeout_s
 from workers.executors._monitor import JobMonitor
-from workers.executors._process import RankProcess, describe_exit, end_ranks, remove_stale_rank_folders
+from workers.executors._process import RankProcess, describe_exit, end_ranks, remove_stale_folders
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.job_env import job_environment, job_user
 from workers.provenance import SOURCE_ROOT, source_commit
@@ -146,7 +146,7 @@ class LocalExecutor(Executor):
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
-        remove_stale_rank_folders()  # what ranks of a killed executor left on this machine
+        remove_stale_folders()  # what ranks of a killed executor left on this machine
         self.job_user = job_user()  # who job code runs as (None: this process's user)
         self._pools: dict[str, DevicePool] = {}
         self._pools_lock = threading.Lock()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.backend_source import BackendSourceError
-from workers.executors._process import RankProcess, remove_stale_rank_folders
+from workers.executors._process import RankProcess, remove_stale_folders
 from workers.job_env import SECRETS, job_environment, job_user
 
 _VISIBLE = {"cuda": ("GPU", "CUDA_VISIBLE_DEVICES"), "npu": ("NPU", "ASCEND_RT_VISIBLE_DEVICES")}
@@ -67,7 +67,7 @@ class RankActor:
         self._reported = False
         self.label = label
         self._stop = threading.Event()  # set by `kill`: an install in progress ends
-        remove_stale_rank_folders()  # what ranks of a killed actor left on this node
+        remove_stale_folders()  # what ranks of a killed actor left on this node
         self.user = job_user()  # the node's GDNVAL_JOB_USER: who job code runs as here
 
     def __repr__(self) -> str:

@@ -56,6 +56,7 @@ from typing import Any
 
 from workers.backend_source import INSTALL_TIMEOUT_S, BackendSource
 from workers.executors._monitor import JobMonitor
+from workers.executors._process import SHIP_PREFIX, remove_stale_folders
 from workers.executors.base import (
     Executor,
     ExecutorUnavailable,
@@ -138,6 +139,7 @@ class RayExecutor(RayPlacement, Executor):
             resources.setdefault(cpu_node_resource, 1.0)
             self.init_options["resources"] = resources
         self._actor_cls: Any = None
+        remove_stale_folders()  # what a killed driver staged on this machine
         self.max_nodes = [dict(n) for n in max_nodes or []]
         self.node_wait_s = node_wait_s
         self.unavailable_grace_s = unavailable_grace_s
@@ -247,7 +249,7 @@ class RayExecutor(RayPlacement, Executor):
         delete the staging copy: (runtime_env for the actors, what to record)."""
         from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
-        stage = Path(tempfile.mkdtemp(prefix="gdnval-ship-"))
+        stage = Path(tempfile.mkdtemp(prefix=f"{SHIP_PREFIX}-p{os.getpid()}-"))
         shipped: dict[str, str] = {}
         try:
             (stage / "tree").mkdir()
