@@ -31,7 +31,8 @@ def build_executor(settings: Settings) -> Executor:
         return getattr(importlib.import_module(module), attr)()
     options: dict[str, Any] = {}
     if kind == "ray":
-        options = {"address": settings.ray_address, "placement_strategy": settings.placement,
+        options = {"address": settings.ray_address, "driver": settings.ray_driver,
+                   "placement_strategy": settings.placement,
                    "cpu_node_resource": settings.ray_cpu_resource,
                    "max_nodes": settings.ray_max_resources,
                    "node_wait_s": settings.ray_node_wait_s}
@@ -40,7 +41,8 @@ def build_executor(settings: Settings) -> Executor:
 
 def get_executor(settings: Settings) -> Executor:
     """The shared executor for these settings (built on first use)."""
-    key = (settings.executor, settings.ray_address, settings.placement, settings.ray_cpu_resource,
+    key = (settings.executor, settings.ray_address, settings.ray_driver, settings.placement,
+           settings.ray_cpu_resource,
            json.dumps(settings.ray_max_resources, sort_keys=True), settings.ray_node_wait_s)
     with _lock:
         if key not in _cache:

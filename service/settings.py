@@ -2,15 +2,25 @@
 
 One object carries everything the store, dispatcher and API need, so a test or the CLI can build
 an isolated service by constructing `Settings(...)` instead of mutating the environment.
+
+Secrets may come from files instead of the environment (`GDNVAL_SECRETS_DIR`: a folder holding
+`gdnval_api_token`, `gdnval_db_url`, `gdnval_session_secret`, the way Docker and Kubernetes
+mount secrets), so the process's environment, which other processes may read, never holds them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from workers.executors.base import check_placement
 
@@ -18,6 +28,7 @@ DEVICES: tuple[str, ...] = ("cuda", "npu", "cpu")
 BUILTIN_EXECUTORS: tuple[str, ...] = ("local", "ray")
 _FACTORY_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 LINKABLE_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+SECRETS_DIR_ENV = "GDNVAL_SECRETS_DIR"  # a folder of secret files, one per setting (see the docstring)
 
 
 def is_loopback_url(url: str) -> bool:
@@ -41,6 +52,20 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GDNVAL_", extra="ignore")
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then the files of `GDNVAL_SECRETS_DIR`."""
+        folder = os.environ.get(SECRETS_DIR_ENV)
+        if folder and not Path(folder).is_dir():
+            raise ValueError(f"{SECRETS_DIR_ENV}={folder!r} is not a folder; expected one holding a file per "
+                             "secret setting (gdnval_api_token, gdnval_db_url, gdnval_session_secret)")
+        files = SecretsSettingsSource(settings_cls, secrets_dir=folder) if folder else file_secret_settings
+        return init_settings, env_settings, files
+
     db_url: str = Field("sqlite:///gdnval.db", description="SQLAlchemy URL of the results store")
     api_token: SecretStr | None = Field(None, description="bearer token required by write calls")
     protect_reads: bool = Field(False, description="also require the token for read calls")
@@ -49,6 +74,12 @@ class Settings(BaseSettings):
         description="executor kind: local | ray, or a 'module:factory' path (plugins, tests)",
     )
     ray_address: str | None = Field(None, description="Ray cluster address for the ray executor")
+    ray_driver: str | None = Field(
+        None,
+        description="HOST:PORT of a Ray driver listener on a node of the cluster "
+        "(`python -m workers.executors.ray_driver --listen`), for a service outside the cluster; "
+        "unset: the driver is a child process of the service on this machine",
+    )
     placement: str = Field(
         "PACK",
         description="how a job's ranks spread over Ray nodes: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD "
@@ -79,10 +110,21 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="a running job whose heartbeat is older is orphaned")
     max_attempts: int = Field(2, ge=1, description="runs of a job before an interruption fails it")
     job_deadline_s: float | None = Field(None, gt=0, description="wall-clock limit per job")
+    stall_s: float | None = Field(
+        None, gt=0,
+        description="how long a rank of a running job may stay silent (its process stopped or frozen) "
+        "before the job fails naming it (unset: the suite's time per case of the job's preset)",
+    )
     session_secret: SecretStr | None = Field(
         None, description="signs web login sessions (unset: random per process; set it on every replica)"
     )
     session_ttl_s: float = Field(12 * 3600.0, gt=0, le=30 * 86400, description="web login session lifetime")
+    trusted_proxies: str = Field(
+        "",
+        description="comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For "
+        "(and -Proto) `gdnval serve` believes; empty (the default): none, every client is the "
+        "address that connected (what the wrong-token limit counts)",
+    )
     server: str = Field("http://127.0.0.1:8000", description="base URL the CLI clients talk to")
     public_url: str | None = Field(
         None,

@@ -21,9 +21,10 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
-from workers.job_env import job_environment
+from workers.job_env import CommandCancelled, JobUser, run_job_command
 
 INSTALLER_ENV = "GDNVAL_BACKEND_INSTALLER"  # auto (default) | uv | pip
 INSTALL_TIMEOUT_S = 600
@@ -64,12 +65,13 @@ def _command(python: str, target: Path, what: list[str]) -> list[str]:
             "--target", str(target), *what]
 
 
-def _run_install(python: str, target: Path, what: list[str]) -> None:
+def _run_install(python: str, target: Path, what: list[str], cancel: threading.Event | None,
+                 user: JobUser | None) -> None:
     cmd = _command(python, target, what)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
-                             env=job_environment(install=True))
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = run_job_command(cmd, timeout=INSTALL_TIMEOUT_S, cancel=cancel, install=True, user=user,
+                              extra_env=_home(target, user))
+    except (OSError, subprocess.TimeoutExpired, CommandCancelled) as exc:
         raise InstallError(f"{Path(cmd[0]).name} install of {' '.join(what)} failed: {exc}") from exc
     if out.returncode != 0:
         tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-12:])
@@ -105,11 +107,12 @@ print(json.dumps(out))
 """
 
 
-def _requirements(python: str, target: Path) -> list[tuple[str, str, str | None, bool, bool]]:
+def _requirements(python: str, target: Path, cancel: threading.Event | None,
+                  user: JobUser | None) -> list[tuple[str, str, str | None, bool, bool]]:
     try:
-        out = subprocess.run([python, "-c", _CHECK, str(target)], capture_output=True, text=True,
-                             timeout=120, check=False, env=job_environment(install=True))
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = run_job_command([python, "-c", _CHECK, str(target)], timeout=120, cancel=cancel, install=True,
+                              user=user, extra_env=_home(target, user))
+    except (OSError, subprocess.TimeoutExpired, CommandCancelled) as exc:
         raise InstallError(f"cannot read the requirements of the packages in {target}: {exc}") from exc
     if out.returncode != 0:
         why = out.stderr.strip()[-800:]
@@ -117,13 +120,22 @@ def _requirements(python: str, target: Path) -> list[tuple[str, str, str | None,
     return [tuple(row) for row in json.loads(out.stdout)]  # type: ignore[misc]
 
 
-def install_package(target: Path, what: str, python: str) -> None:
+def _home(target: Path, user: JobUser | None) -> dict[str, str]:
+    """HOME for an installer run as `user`: its own where it can write, else the folder beside
+    `target` that was handed to it (the installers keep their caches there)."""
+    return {} if user is None else {"HOME": user.home_or(target.parent)}
+
+
+def install_package(target: Path, what: str, python: str, cancel: threading.Event | None = None,
+                    user: JobUser | None = None) -> None:
     """Build `what` (a source folder or a requirement) in isolation and install it into `target`,
-    then meet its declared dependencies (see the module docstring); raises InstallError."""
-    _run_install(python, target, [what])
+    then meet its declared dependencies (see the module docstring), as `user` when given (the
+    folder holding `target` is its); raises InstallError, also when `cancel` is set meanwhile
+    (the installer's whole process group is killed)."""
+    _run_install(python, target, [what], cancel, user)
     tried: set[str] = set()
     for _ in range(MAX_DEPENDENCY_ROUNDS):
-        rows = _requirements(python, target)
+        rows = _requirements(python, target, cancel, user)
         conflicts = [f"{req} (required by {dist}; the environment has {found})"
                      for req, dist, found, ok, in_folder in rows if found is not None and not ok]
         if conflicts:
@@ -137,7 +149,7 @@ def install_package(target: Path, what: str, python: str) -> None:
             raise InstallError(f"{what}: dependencies still missing after installing them: {again}")
         tried |= set(missing)
         try:
-            _run_install(python, target, missing)
+            _run_install(python, target, missing, cancel, user)
         except InstallError as exc:
             raise InstallError(f"{what}: missing dependencies {missing} cannot be installed: {exc}") from exc
     raise InstallError(f"{what}: dependencies not met after {MAX_DEPENDENCY_ROUNDS} rounds of installs")

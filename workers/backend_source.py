@@ -29,17 +29,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.backend_install import InstallError, install_package
-from workers.job_env import job_environment
+from workers.job_env import CommandCancelled, JobUser, run_job_command
 from workers.provenance import BACKEND_COMMIT_FILE
+from workers.refs import GIT_END_OF_OPTIONS, InvalidCommitRef, check_commit
 from workers.snapshot import SnapshotCache, SnapshotError, default_cache_dir
 
 BACKEND_SOURCE_LABEL = "backend_source"
 INSTALL_TIMEOUT_S = 600
 _MARKER = ".gdnval-backend"
+# the transports a backend repository may be fetched over (git's `ext::`, `fd::` and remote
+# helpers run commands or read the service's descriptors); an operator's GIT_ALLOW_PROTOCOL wins
+ALLOWED_GIT_PROTOCOLS = "file:git:http:https:ssh"
 
 
 class BackendSourceError(RuntimeError):
@@ -63,6 +68,13 @@ class BackendSource:
                 raise BackendSourceError(
                     f"backend source {text!r}: expected 'git+<repository>@<commit>' (a path or URL, a commit)"
                 )
+            if repo.startswith("-"):
+                raise BackendSourceError(f"backend source {text!r}: the repository {repo!r} starts with '-'; "
+                                         "expected a path or URL")
+            try:
+                commit = check_commit(commit, "the backend source's commit")
+            except InvalidCommitRef as exc:
+                raise BackendSourceError(f"backend source {text!r}: {exc}") from exc
             return cls(repo=repo, commit=commit)
         from packaging.requirements import InvalidRequirement, Requirement
 
@@ -95,7 +107,7 @@ def entry_points(repo: str | Path, commit: str) -> dict[str, str]:
     import tomllib
 
     try:
-        out = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:pyproject.toml"],
+        out = subprocess.run(["git", "-C", str(repo), "show", GIT_END_OF_OPTIONS, f"{commit}:pyproject.toml"],
                              capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendSourceError(f"cannot read pyproject.toml of {repo} at {commit}: {exc}") from exc
@@ -113,25 +125,28 @@ def entry_point_names(repo: str | Path, commit: str) -> list[str]:
     return sorted(entry_points(repo, commit))
 
 
-def _install(target: Path, what: str, python: str) -> None:
+def _install(target: Path, what: str, python: str, cancel: threading.Event | None,
+             user: JobUser | None) -> None:
     try:
-        install_package(target, what, python)
+        install_package(target, what, python, cancel, user)
     except InstallError as exc:
         raise BackendSourceError(str(exc)) from exc
 
 
-def _local_repo(repo: str, mirrors: Path) -> Path:
-    """`repo` itself when it is a folder here, else a bare mirror of the URL, fetched anew."""
+def _local_repo(repo: str, mirrors: Path, cancel: threading.Event | None = None) -> Path:
+    """`repo` itself when it is a folder here, else a bare mirror of the URL, fetched anew (over
+    `ALLOWED_GIT_PROTOCOLS` only; killed within a moment when `cancel` is set)."""
     if Path(repo).is_dir():
         return Path(repo)
     mirror = mirrors / hashlib.sha256(repo.encode()).hexdigest()[:24]
     fetch = ["git", "-C", str(mirror), "fetch", "--quiet", "--prune", "origin", "+refs/*:refs/*"]
-    cmd = fetch if (mirror / "HEAD").exists() else ["git", "clone", "--quiet", "--bare", repo, str(mirror)]
+    clone = ["git", "clone", "--quiet", "--bare", "--", repo, str(mirror)]
+    cmd = fetch if (mirror / "HEAD").exists() else clone
     mirrors.mkdir(parents=True, exist_ok=True)
+    allowed = {"GIT_ALLOW_PROTOCOL": os.environ.get("GIT_ALLOW_PROTOCOL") or ALLOWED_GIT_PROTOCOLS}
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
-                             env=job_environment(install=True))
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = run_job_command(cmd, timeout=INSTALL_TIMEOUT_S, cancel=cancel, install=True, extra_env=allowed)
+    except (OSError, subprocess.TimeoutExpired, CommandCancelled) as exc:
         raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {exc}") from exc
     if out.returncode != 0:
         raise BackendSourceError(f"cannot fetch backend repository {repo!r}: {out.stderr.strip()}")
@@ -163,15 +178,18 @@ def backend_key(source: BackendSource, sha: str | None = None) -> str:
     return "req-" + hashlib.sha256(str(source.requirement).encode()).hexdigest()[:24]
 
 
-def backend_tree(source: BackendSource | str, cache_dir: str | Path | None = None) -> tuple[str, Path | None]:
+def backend_tree(
+    source: BackendSource | str, cache_dir: str | Path | None = None, cancel: threading.Event | None = None,
+) -> tuple[str, Path | None]:
     """(cache key, source tree) of a git source: its repository fetched and its commit extracted
-    here, nothing built; (key, None) for a requirement, which the installing machine fetches."""
+    here, nothing built; (key, None) for a requirement, which the installing machine fetches. A
+    fetch is stopped when `cancel` is set (BackendSourceError)."""
     if isinstance(source, str):
         source = BackendSource.parse(source)
     if source.repo is None:
         return backend_key(source), None
     cache = Path(cache_dir) if cache_dir else default_backend_cache()
-    snapshots = SnapshotCache(_local_repo(source.repo, cache / "repos"), cache / "trees")
+    snapshots = SnapshotCache(_local_repo(source.repo, cache / "repos", cancel), cache / "trees")
     try:
         sha = snapshots.resolve(str(source.commit))
         tree = snapshots.path(sha)
@@ -181,20 +199,24 @@ def backend_tree(source: BackendSource | str, cache_dir: str | Path | None = Non
 
 
 def install_backend_source(
-    source: BackendSource | str, cache_dir: str | Path | None = None, python: str = sys.executable
+    source: BackendSource | str, cache_dir: str | Path | None = None, python: str = sys.executable,
+    cancel: threading.Event | None = None, user: JobUser | None = None,
 ) -> Path:
-    """The folder holding the installed source (built on first use), to put first on the path."""
-    key, tree = backend_tree(source, cache_dir)
-    return install_backend_tree(source, key, tree, cache_dir, python)[0]
+    """The folder holding the installed source (built on first use, as `user` when given), to
+    put first on the path; fetching and building stop when `cancel` is set (BackendSourceError)."""
+    key, tree = backend_tree(source, cache_dir, cancel)
+    return install_backend_tree(source, key, tree, cache_dir, python, cancel, user)[0]
 
 
 def install_backend_tree(
     source: BackendSource | str, key: str, tree: Path | None, cache_dir: str | Path | None = None,
-    python: str = sys.executable,
+    python: str = sys.executable, cancel: threading.Event | None = None, user: JobUser | None = None,
 ) -> tuple[Path, bool]:
     """Build and install `source` (from `tree`, its extracted commit, for a git source) into
     `<cache>/<key>/` for `python`, unless a finished install is there: (the folder, whether this
-    call built it). Callers on one machine that race for one key build it once (a file lock)."""
+    call built it). Callers on one machine that race for one key build it once (a file lock); a
+    build runs as `user` when given (the build's folder is handed to it) and is stopped when
+    `cancel` is set."""
     if isinstance(source, str):
         source = BackendSource.parse(source)
     cache = Path(cache_dir) if cache_dir else default_backend_cache()
@@ -206,12 +228,12 @@ def install_backend_tree(
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (target / _MARKER).exists():  # another process built it while this one waited
             return target, False
-        _build_into(cache, target, source, key, tree, python)
+        _build_into(cache, target, source, key, tree, python, cancel, user)
     return target, True
 
 
 def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree: Path | None,
-                python: str) -> None:
+                python: str, cancel: threading.Event | None, user: JobUser | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache))
     try:
         site = tmp / "site"
@@ -220,10 +242,14 @@ def _build_into(cache: Path, target: Path, source: BackendSource, key: str, tree
                 raise BackendSourceError(f"backend source {source}: no source tree to build at {tree}")
             build = tmp / "src"  # a copy: the build writes into the tree, the snapshot stays as extracted
             shutil.copytree(tree, build)
-            _install(site, str(build), python)
+            if user is not None:
+                user.hand_over(tmp)
+            _install(site, str(build), python, cancel, user)
             (site / BACKEND_COMMIT_FILE).write_text(key.removeprefix("git-") + "\n")
         else:
-            _install(site, str(source.requirement), python)
+            if user is not None:
+                user.hand_over(tmp)
+            _install(site, str(source.requirement), python, cancel, user)
         (site / _MARKER).write_text(f"{source}\n")
         try:
             site.rename(target)

@@ -3,7 +3,10 @@
 
 - Text (path, query string, form fields, JSON strings and keys) must not contain NUL or a lone
   UTF-16 surrogate: PostgreSQL cannot store either.
-- JSON bodies are strict: no NaN or Infinity, no duplicate keys, nesting at most `MAX_DEPTH`.
+- JSON bodies are strict: no NaN or Infinity, no duplicate keys, nesting at most `MAX_DEPTH`. A
+  body is JSON by the test FastAPI itself applies before parsing one (`is_json_type`: the media
+  type `application/json` or `application/<anything>+json`, parameters and case aside), whatever
+  the method; form bodies are urlencoded or multipart, and every field of either is text.
 - Integers a route compares with a column are typed `DbInt`/`DbId` (the range of PostgreSQL's
   int4, which every id and count column is).
 
@@ -17,6 +20,7 @@ out-of-range integer) into the same answers instead of a 500.
 
 from __future__ import annotations
 
+import email.message
 import json
 import re
 from collections.abc import Iterable
@@ -24,6 +28,8 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 from fastapi import Path, Query
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.problems import MEDIA_TYPE, problem_body
@@ -37,8 +43,8 @@ DbId = Annotated[int, Path(ge=1, le=MAX_ID)]
 DbIdQuery = Annotated[int, Query(ge=1, le=MAX_ID)]
 DbIntQuery = Annotated[int, Query(ge=INT4_MIN, le=INT4_MAX)]
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_JSON_TYPES = ("application/json", "application/problem+json")
 _FORM_TYPE = "application/x-www-form-urlencoded"
+_MULTIPART_TYPE = "multipart/form-data"
 
 
 class BadInput(ValueError):
@@ -95,6 +101,20 @@ def loads(text: str | bytes, where: str = "the JSON body") -> Any:
     return value
 
 
+def media_type(content_type: str) -> str:
+    """The media type of a Content-Type header value, lower-cased, without its parameters."""
+    message = email.message.Message()
+    message["content-type"] = content_type
+    return message.get_content_type()
+
+
+def is_json_type(content_type: str) -> bool:
+    """Whether FastAPI parses a body of this Content-Type as JSON (its own test, in
+    `fastapi.routing`): application/json or application/*+json."""
+    maintype, _, subtype = media_type(content_type).partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 def _check_pairs(pairs: Iterable[tuple[str, str]], where: str) -> None:
     for key, value in pairs:
         check_text(key, f"{where} name {key!r}")
@@ -148,8 +168,10 @@ class InputRule:
             await _reject(send, 422 if api else 400, str(exc))
             return
         headers = dict(scope.get("headers") or [])
-        ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
-        if scope.get("method") not in ("POST", "PUT", "PATCH") or ctype not in (*_JSON_TYPES, _FORM_TYPE):
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        json_body = bool(content_type) and is_json_type(content_type)
+        kind = media_type(content_type) if content_type else ""
+        if not json_body and kind not in (_FORM_TYPE, _MULTIPART_TYPE):
             await self.app(scope, receive, send)
             return
         body, more = b"", True
@@ -162,19 +184,43 @@ class InputRule:
             body += message.get("body", b"")
             more = bool(message.get("more_body"))
         try:
-            if ctype == _FORM_TYPE:
+            if kind == _FORM_TYPE:
                 text = body.decode("latin-1")
                 _check_pairs(parse_qsl(text, keep_blank_values=True, errors="surrogateescape"), "form field")
+            elif kind == _MULTIPART_TYPE:
+                await _check_multipart(scope, body)
             elif body.strip():
                 loads(body)
         except BadInput as exc:
-            await _reject(send, 422 if api or ctype == _FORM_TYPE else 400, str(exc))
+            await _reject(send, 422 if api or not json_body else 400, str(exc))
             return
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
 
         await self.app(scope, replay, send)
+
+
+async def _check_multipart(scope: Scope, body: bytes) -> None:
+    """Every field name, value and file name of a multipart body as text (`check_text`); a body
+    that does not parse is left to the route, which answers it."""
+
+    async def once() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(scope, once).form()
+    except Exception:
+        return
+    try:
+        for key, value in form.multi_items():
+            check_text(key, f"form field name {key!r}")
+            if isinstance(value, UploadFile):
+                check_text(value.filename or "", f"file name of form field {key!r}")
+            else:
+                check_text(value, f"form field {key!r}")
+    finally:
+        await form.close()
 
 
 async def _reject(send: Send, status: int, detail: str) -> None:

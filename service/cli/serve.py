@@ -50,6 +50,7 @@ def serve(
     from service.access_log import log_config
     from service.app import create_app
     from service.settings import Settings
+    from workers.job_env import protect_process
 
     flags = {
         "db_url": db_url, "api_token": api_token, "executor": executor, "ray_address": ray_address,
@@ -59,15 +60,18 @@ def serve(
     }
     try:
         settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
+    except (ValidationError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
+    protect_process()  # job code of this user cannot read our /proc environ or memory
     if settings.token() is None:
         click.echo("warning: no API token set (GDNVAL_API_TOKEN / --api-token): writes are open", err=True)
     # Requests run in threads; the event loop answers probes and 503s. A short GIL switch interval
     # hands the loop the interpreter within a millisecond of a busy request thread, not five.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # forwarded-for headers only from the proxies named (uvicorn itself trusts loopback's)
+    proxies = settings.trusted_proxies.strip()
     uvicorn.run(create_app(settings, demo=demo), host=host, port=port, log_level=log_level,
-                log_config=log_config())
+                log_config=log_config(), proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None)
 
 
 def _limits(pairs: tuple[str, ...]) -> dict[str, int]:

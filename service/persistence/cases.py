@@ -58,6 +58,13 @@ def set_case_result(
         row.status, row.error = status, error
 
 
+def result_case_names(session: Session, job_id: int, attempt: int) -> set[str]:
+    """The names of the cases with a result stored for run `attempt` of the job."""
+    r = CaseResultRow
+    q = select(CaseRow.name).join(r, r.case_id == CaseRow.id).where(r.job_id == job_id, r.attempt == attempt)
+    return set(session.scalars(q))
+
+
 def drop_earlier_case_results(session: Session, job_id: int, attempt: int) -> None:
     """Case results of the job's runs before `attempt`: never shown again once a new run started."""
     r = CaseResultRow

@@ -9,22 +9,35 @@ which takes the write lock up front instead of failing on lock upgrade. On Postg
 transactions take one transaction-scoped advisory lock first, so several service or dispatcher
 replicas on one database serialise their read-modify-write steps exactly as SQLite does (two
 first jobs of a suite would otherwise both insert its metric rows and one would fail).
+
+A store that goes away for a while (a PostgreSQL restart, a failover, a locked SQLite file) is
+waited out by the writes that must not be lost (`until_stored`): the dispatcher's job threads
+retry them until the store answers again, so an outage never ends a job's thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 BUSY_TIMEOUT_MS = 30_000
 _IMMEDIATE = "gdnval_begin_immediate"
 WRITE_LOCK_KEY = 0x6764_6E76_616C  # PostgreSQL advisory lock of `write_tx` ("gdnval")
+CONNECT_TIMEOUT_S = 5  # a PostgreSQL server that does not answer a connect: an outage, not a hang
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 2.0  # `until_stored`'s waits between tries, doubling
+log = logging.getLogger("gdnval.store")
+T = TypeVar("T")
 
 
 def is_sqlite(url: str) -> bool:
@@ -34,6 +47,8 @@ def is_sqlite(url: str) -> bool:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; SQLite files get WAL, foreign keys, busy timeout and explicit BEGIN."""
     if not is_sqlite(url):
+        if make_url(url).get_backend_name() == "postgresql":
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **kwargs.get("connect_args", {})}
         return create_engine(url, pool_pre_ping=True, **kwargs)
     u = make_url(url)
     if u.database and u.database != ":memory:":
@@ -101,6 +116,53 @@ def write_tx(engine: Engine) -> Iterator[Session]:
         if engine.dialect.name == "postgresql":
             session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
         yield session
+
+
+class StoreUnavailable(RuntimeError):
+    """The store did not come back before the process stopped waiting (it is shutting down)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's own message of a store error, its first line (no SQL, no parameters)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` says the store could not be reached or was busy (a connection refused or
+    lost, a server shutting down or starting, a pool or lock timeout), rather than refusing what
+    was asked: such a write is tried again once the store answers."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def until_stored(do: Callable[[], T], what: str, stop: threading.Event | None = None) -> T:
+    """`do()`, tried again while the store is unreachable (`is_unreachable`) until it answers;
+    `StoreUnavailable` once `stop` is set while waiting. Other errors pass through at once.
+
+    `do` must be safe to repeat: a commit whose answer was lost with its connection may have
+    happened, so a caller that appends rows checks what is there first (see StoreSink)."""
+    wait, since = RETRY_FIRST_S, None
+    while True:
+        try:
+            result = do()
+        except Exception as exc:
+            if not is_unreachable(exc):
+                raise
+            if since is None:
+                since = time.monotonic()
+                log.warning("the store is unreachable while %s (%s); retrying until it answers", what,
+                            first_line(exc))
+            if stop is None:
+                time.sleep(wait)
+            elif stop.wait(wait):
+                raise StoreUnavailable(f"stopped waiting for the store while {what}") from exc
+            wait = min(RETRY_MAX_S, wait * 2)
+            continue
+        if since is not None:
+            log.warning("the store answers again: %s after %.1f s", what, time.monotonic() - since)
+        return result
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Any:

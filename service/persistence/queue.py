@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -355,52 +355,77 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _orphan_reason(job: JobRow, owner: str, lease_s: float) -> str | None:
+def _orphan_reason(job: JobRow, owner: str, lease_s: float, held_here: Collection[int] | None,
+                   lease_ok: bool) -> tuple[str, bool] | None:
+    """Why `job` (held by a dispatcher) is an orphan, and whether that counts as a crash; None
+    while its dispatcher still runs it. `owner`'s own jobs are orphans only when the caller says
+    which it runs (`held_here`) and this is not one of them (its thread lost it: the store did
+    not answer its end), which is not the job's crash. Another dispatcher's silence counts only
+    when `lease_ok` (this one has reached the store for a whole lease: after an outage every
+    heartbeat is old, and the owner needs a tick to send its next one)."""
     if job.claimed_by == owner:
-        return None
+        if held_here is None or job.id in held_here:
+            return None
+        return "its dispatcher lost track of it while the store was unreachable", False
     host, _, rest = (job.claimed_by or "").partition(":")
     pid = rest.partition(":")[0]
     if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
-        return f"its dispatcher (pid {pid}) exited while it ran"
-    if job.heartbeat_at is None or utcnow() - job.heartbeat_at > timedelta(seconds=lease_s):
-        return f"its dispatcher {job.claimed_by} sent no heartbeat for {lease_s:g} s"
+        return f"its dispatcher (pid {pid}) exited while it ran", True
+    if lease_ok and (job.heartbeat_at is None or utcnow() - job.heartbeat_at > timedelta(seconds=lease_s)):
+        return f"its dispatcher {job.claimed_by} sent no heartbeat for {lease_s:g} s", True
     return None
 
 
 ORDERLY_REQUEUE = "service shut down while it ran"
+# A run the cluster took down (it went away or restarted under the job) is not the job's crash,
+# but a job that takes its cluster down each time must end: after this many such runs it fails.
+MAX_CLUSTER_LOSSES = 5
 
 
-def requeue_orderly(engine: Engine, job_id: int, owner: str) -> bool:
-    """Put `owner`'s running job back in the queue after an orderly shutdown stopped it.
+def requeue_orderly(engine: Engine, job_id: int, owner: str, reason: str = ORDERLY_REQUEUE,
+                    cluster_lost: bool = False) -> str | None:
+    """Put `owner`'s running job back in the queue after something that is not the job's fault
+    stopped it: an orderly shutdown, or (`cluster_lost`) its cluster going away under it.
 
     The run still counts as an attempt (its samples stay apart), but not as an interruption:
-    only crashes use up `max_attempts` (see `settle_orphans`). False when the job is no longer
-    `owner`'s running job."""
+    only crashes use up `max_attempts` (see `settle_orphans`). A job whose cluster went away
+    `MAX_CLUSTER_LOSSES` times is failed instead. Returns the job's new status, None when it is
+    no longer `owner`'s running job."""
     with write_tx(engine) as s:
-        res = s.execute(
-            update(JobRow)
-            .where(JobRow.id == job_id, JobRow.claimed_by == owner, _held())
-            .values(status="queued", claimed_by=None, heartbeat_at=None)
-            .execution_options(synchronize_session=False)
-        )
-        if res.rowcount != 1:
-            return False
-        add_event(s, job_id, "status", "queued", {"reason": ORDERLY_REQUEUE, "orderly": True})
-    return True
+        mine = select(JobRow).where(JobRow.id == job_id, JobRow.claimed_by == owner, _held())
+        job = s.scalars(mine).first()
+        if job is None:
+            return None
+        losses = _requeues(s, job_id, "cluster_lost") + 1 if cluster_lost else 0
+        if losses > MAX_CLUSTER_LOSSES:
+            job.status, job.finished_at = "failed", utcnow()
+            job.error = f"its cluster went away {losses} times while it ran; last: {reason}"
+            add_event(s, job_id, "status", "failed", {"reason": job.error})
+            judge_job(s, job, ran=False)
+            return job.status
+        job.status, job.claimed_by, job.heartbeat_at = "queued", None, None
+        data: dict[str, Any] = {"reason": reason, "orderly": True}
+        if cluster_lost:
+            data["cluster_lost"] = True
+        add_event(s, job_id, "status", "queued", data)
+        return job.status
 
 
-def _orderly_requeues(s: Any, job_id: int) -> int:
+def _requeues(s: Any, job_id: int, flag: str = "orderly") -> int:
+    """How many times the job was re-queued with `flag` in its event's data."""
     data = s.scalars(
         select(JobEventRow.data).where(JobEventRow.job_id == job_id, JobEventRow.kind == "status",
                                     JobEventRow.message == "queued")
     )
-    return sum(1 for d in data if isinstance(d, dict) and d.get("orderly") is True)
+    return sum(1 for d in data if isinstance(d, dict) and d.get(flag) is True)
 
 
-def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int) -> list[tuple[int, str]]:
-    """Settle running jobs whose dispatcher died: re-queue while crashes remain under
-    `max_attempts`, else fail. Runs ended by an orderly shutdown (`requeue_orderly`) are not
-    crashes, so a restart never uses up a job's retries.
+def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int,
+                   held_here: Collection[int] | None = None, lease_ok: bool = True) -> list[tuple[int, str]]:
+    """Settle held jobs whose dispatcher died or lost them (`_orphan_reason`): re-queue while
+    crashes remain under `max_attempts`, else fail. Runs ended by an orderly shutdown or a lost
+    cluster (`requeue_orderly`), and own jobs lost to a store outage, are not crashes, so they
+    never use up a job's retries.
 
     Returns (job id, new status) for every job settled. Samples already stored stay (they are
     kept per attempt); the re-run starts a new attempt, which keeps the cases that had finished
@@ -410,10 +435,11 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
     settled: list[tuple[int, str]] = []
     with write_tx(engine) as s:
         for job in s.scalars(select(JobRow).where(_held())).unique():
-            reason = _orphan_reason(job, owner, lease_s)
-            if reason is None:
+            found = _orphan_reason(job, owner, lease_s, held_here, lease_ok)
+            if found is None:
                 continue
-            crashes = job.attempts - _orderly_requeues(s, job.id)
+            reason, crash = found
+            crashes = job.attempts - _requeues(s, job.id) - (0 if crash else 1)
             if job.cancel_requested:
                 job.status, job.finished_at = "cancelled", utcnow()
                 job.error = f"cancelled; {reason}"
@@ -421,10 +447,11 @@ def settle_orphans(engine: Engine, owner: str, lease_s: float, max_attempts: int
                 judge_job(s, job, ran=False)
             elif crashes < max_attempts:
                 job.status, job.claimed_by, job.heartbeat_at = "queued", None, None
-                add_event(
-                    s, job.id, "status", "queued",
-                    {"reason": f"re-queued after attempt {job.attempts} was interrupted: {reason}"},
-                )
+                why = f"re-queued after attempt {job.attempts} was interrupted: {reason}"
+                data: dict[str, Any] = {"reason": why}
+                if not crash:
+                    data["orderly"] = True
+                add_event(s, job.id, "status", "queued", data)
             else:
                 job.status, job.finished_at = "failed", utcnow()
                 job.error = f"interrupted {crashes} time(s); last: {reason}"

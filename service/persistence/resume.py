@@ -52,7 +52,7 @@ def carry_finished_cases(session: Session, job_id: int, attempt: int) -> dict[st
             )
     named = select(CaseRow.id, CaseRow.name).where(CaseRow.id.in_(sorted(produced)))
     names = dict(session.execute(named).all())
-    earlier = _kept_before(session, job_id)  # a case kept once already names its real producer
+    earlier = kept_before(session, job_id)  # a case kept once already names its real producer
     kept = {names[c]: earlier.get(names[c], att) for c, att in sorted(produced.items())}
     add_event(
         session, job_id, "log",
@@ -62,7 +62,7 @@ def carry_finished_cases(session: Session, job_id: int, attempt: int) -> dict[st
     return kept
 
 
-def _kept_before(session: Session, job_id: int) -> dict[str, int]:
+def kept_before(session: Session, job_id: int) -> dict[str, int]:
     """What the job's latest earlier resume recorded: case name -> the attempt that ran it."""
     e = JobEventRow
     rows = session.scalars(select(e.data).where(e.job_id == job_id, e.kind == "log").order_by(e.id.desc()))

@@ -83,6 +83,12 @@ def insert_sample_rows(engine: Engine, rows: Sequence[tuple[int, int, int, int, 
     return len(rows)
 
 
+def count_attempt_samples(session: Session, job_id: int, attempt: int) -> int:
+    """How many samples run `attempt` of the job has stored (an index-only count)."""
+    s = SampleRow
+    return int(session.scalar(select(func.count()).where(s.job_id == job_id, s.attempt == attempt)) or 0)
+
+
 ROWS_PER_STATEMENT = 100  # 700 parameters per INSERT, far below SQLite's variable limit
 
 

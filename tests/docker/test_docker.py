@@ -43,9 +43,15 @@ COMPOSE_ENV = {"RAY_AUTH_TOKEN": "t", "GDNVAL_DB_PASSWORD": "p", "GDNVAL_API_TOK
 def test_compose_has_a_store_a_head_the_service_and_workers() -> None:
     services = _compose()["services"]
     assert set(services) == {"postgres", "ray-head", "service", *WORKERS}
-    assert "--head" in services["ray-head"]["command"]
+    assert services["ray-head"]["command"] == ["gdnval-ray-head"]  # docker/ray-head.sh in the image
+    head = (DOCKER / "ray-head.sh").read_text()
+    assert "ray start --head --port=6379" in head and "ray_driver --listen 0.0.0.0:6380" in head
+    service_image = (DOCKER / "Dockerfile.service").read_text()
+    assert "COPY docker/ray-head.sh /usr/local/bin/gdnval-ray-head" in service_image
     env = services["service"]["environment"]
-    assert env["GDNVAL_EXECUTOR"] == "ray" and env["GDNVAL_RAY_ADDRESS"] == "ray-head:6379"
+    # no raylet in the service's container: its Ray driver runs on the head, through the listener
+    assert env["GDNVAL_EXECUTOR"] == "ray" and env["GDNVAL_RAY_DRIVER"] == "ray-head:6380"
+    assert "GDNVAL_RAY_ADDRESS" not in env
     url = env["GDNVAL_DB_URL"]
     assert url.startswith("postgresql+psycopg://gdnval:") and "@postgres:5432/" in url
     assert services["service"]["depends_on"]["postgres"]["condition"] == "service_healthy"

@@ -21,7 +21,9 @@ from tests.support.stores import store_url
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JSON = {**AUTH, "content-type": "application/json"}
+VND = {**AUTH, "content-type": "application/vnd.api+json"}  # FastAPI parses every */*+json as JSON
 FORM = {"content-type": "application/x-www-form-urlencoded"}
+MULTIPART = {"content-type": "multipart/form-data; boundary=b0"}
 HUGE = "99999999999999999999"  # past every integer column (and past int64)
 PAST_INT4 = "2147483648"  # past PostgreSQL's INTEGER, still an int64
 
@@ -47,6 +49,12 @@ def nested(depth: int) -> str:
     return raw('"params": {"x": ' + "[" * depth + "1" + "]" * depth + "}")
 
 
+def multipart(**fields: str) -> bytes:
+    """A multipart/form-data body (boundary `b0`) of these text fields."""
+    parts = [f'--b0\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
+    return ("".join(parts) + "--b0--\r\n").encode()
+
+
 GETS: list[tuple[str, int]] = [
     ("/api/v1/jobs?suite=%00", 422),
     ("/api/v1/jobs?commit=abc%00", 422),
@@ -65,6 +73,13 @@ GETS: list[tuple[str, int]] = [
     (f"/api/v1/compare?base={HUGE}&head=1", 422),
     (f"/api/v1/jobs/1/report?base={PAST_INT4}", 422),
     ("/api/v1/baselines/%00", 422),
+    (f"/api/v1/gates/{PAST_INT4}", 422),
+    (f"/api/v1/gates?cursor={PAST_INT4}", 422),
+    (f"/api/v1/campaigns/{PAST_INT4}", 422),
+    (f"/gates/{PAST_INT4}", 404),
+    (f"/gates?before={PAST_INT4}", 404),
+    (f"/campaigns/{PAST_INT4}", 404),
+    (f"/campaigns?before={PAST_INT4}", 404),
     ("/api/v1/suites/%00", 422),
     ("/jobs?suite=%00", 400),
     ("/jobs?commit=%00", 400),
@@ -119,6 +134,16 @@ WRITES: list[tuple[str, str, dict[str, str], str | bytes, int]] = [
     ("POST", "/jobs/new", FORM, f"suite={FAKE}%00&token={TOKEN}", 422),
     ("POST", "/jobs/new", FORM, f"suite={FAKE}&token={TOKEN}&labels=%7B%22k%22%3A%22%5Cu0000%22%7D", 422),
     ("POST", "/jobs/new", FORM, f"suite={FAKE}&token={TOKEN}&world_size={HUGE}", 422),
+    ("POST", "/api/v1/jobs", VND, json.dumps({"suite": FAKE, "labels": {"k": "a\u0000b"}}), 422),
+    ("POST", "/api/v1/jobs", VND, raw('"params": {"samples": NaN}'), 422),
+    ("POST", "/api/v1/jobs", VND, raw('"params": {"a": 1, "a": 2}'), 422),
+    ("POST", "/api/v1/jobs", VND, nested(40), 422),
+    ("POST", "/api/v1/jobs", {**AUTH, "content-type": "Application/JSON; charset=utf-8"},
+     raw('"params": {"samples": NaN}'), 422),
+    ("POST", "/api/v1/jobs", {**AUTH, "content-type": "application/problem+json"},
+     json.dumps({"suite": FAKE, "commit": "main\u0000"}), 422),
+    ("POST", "/jobs/new", MULTIPART, multipart(suite=f"{FAKE}\x00", token=TOKEN), 422),
+    ("POST", "/jobs/new", MULTIPART, multipart(suite=FAKE, token=TOKEN, labels='{"k": "\\u0000"}'), 422),
 ]
 
 
@@ -132,6 +157,26 @@ def test_hostile_writes_are_refused_and_store_nothing(
     after = client.get("/api/v1/jobs?limit=500").json()["items"]
     assert len(after) == len(before)
     assert client.get("/api/v1/jobs?label=team%3Da").status_code == 200  # the store still answers
+
+
+def test_a_body_of_any_json_type_is_parsed_and_judged_alike(client: Any) -> None:
+    """What the rule reads is what FastAPI parses: a valid `+json` body is a job like any."""
+    made = client.post("/api/v1/jobs", content=json.dumps({"suite": FAKE, "labels": {"via": "vnd"}}),
+                       headers=VND)
+    assert made.status_code == 201, made.text
+    assert client.get("/api/v1/jobs?label=via%3Dvnd").json()["items"][0]["id"] == made.json()["id"]
+
+
+def test_multipart_form_fields_follow_the_rule(client: Any) -> None:
+    """A multipart body's fields are text like an urlencoded form's (here judged by the rule
+    itself: the session cookie means the 401 does not come first)."""
+    from service.web_session import COOKIE
+
+    headers = {**MULTIPART, "cookie": f"{COOKIE}=x"}
+    for body, where in ((multipart(suite=f"{FAKE}\x00"), "form field 'suite'"),
+                        (multipart(**{"a\x00": "1"}), "form field name")):
+        r = client.post("/jobs/new", content=body, headers=headers)
+        assert r.status_code == 422 and where in r.json()["detail"], r.text
 
 
 def test_a_refusal_names_the_bad_value(client: Any) -> None:

@@ -101,9 +101,14 @@ class CapacityExecutor(FakeExecutor):
         return 4
 
 
-def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blocking(engine) -> None:
-    """Submitted while the cluster was larger: claimed (the executor fails it with the reason),
-    so the jobs of its kind behind it run."""
+def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blocking(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted while the cluster was larger: after a grace for nodes still joining, claimed
+    (the executor fails it with the reason), so the jobs of its kind behind it run."""
+    from service import dispatcher
+
+    monkeypatch.setattr(dispatcher, "UNPLACEABLE_GRACE_S", 1.0)
     settings = Settings(db_url=str(engine.url), poll_interval_s=0.05, artifacts_dir=Path("unused"),
                         device_limits={"cpu": 4})
     d = Dispatcher(settings, engine, CapacityExecutor({"cpu": 2}))
@@ -111,6 +116,8 @@ def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blockin
     try:
         too_wide = queue.submit(engine, _req(world_size=6, priority=1))[0].id
         behind = queue.submit(engine, _req(world_size=2))[0].id
+        time.sleep(0.5)
+        assert _status(engine, too_wide).status == _status(engine, behind).status == "queued"  # the grace
         _wait(lambda: _status(engine, behind).status == "succeeded")
         assert _status(engine, too_wide).attempts == 1  # it was claimed and handed over
     finally:

@@ -138,6 +138,14 @@ def make_fake_executor() -> Executor:
     return FakeExecutor()
 
 
+def make_job_python_executor() -> Executor:
+    """The real local executor with job code run by `GDNVAL_TEST_JOB_PYTHON`: an interpreter every
+    user may run (a machine's own may live where only root can reach it)."""
+    from workers.executors.local import LocalExecutor
+
+    return LocalExecutor(python=os.environ["GDNVAL_TEST_JOB_PYTHON"])
+
+
 # ------------------------------------------------------------------------------ server harness
 
 TOKEN = "test-token"
@@ -158,6 +166,8 @@ class Server:
     env: dict[str, str]
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    prefix: tuple[str, ...] = ()  # a command the server runs under (`unshare ...`)
+    python: str = sys.executable  # the server's interpreter
 
     @property
     def base(self) -> str:
@@ -169,8 +179,8 @@ class Server:
         self.port = free_port()
         log = open(self.workdir / f"server-{self.port}.log", "wb")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"],
+            [*self.prefix, self.python, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
             cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout

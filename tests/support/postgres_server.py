@@ -55,6 +55,7 @@ class PostgresServer:
     bindir: Path
     root: Path
     port: int
+    options: str = ""
 
     @property
     def datadir(self) -> Path:
@@ -78,6 +79,18 @@ class PostgresServer:
 
     def drop_database(self, name: str) -> None:
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def halt(self) -> None:
+        """Stop the server the way an operator or a failover does (connections are cut), keeping
+        its data for `resume`."""
+        _as_postgres([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "stop"])
+
+    def resume(self) -> None:
+        """Start a halted server again on the same port, with the same data."""
+        log = str(self.root / "server.log")
+        _as_postgres([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", log, "-o", self.options,
+                      "-w", "-t", "60", "start"])
+        _wait_ready(self)
 
     def stop(self) -> None:
         _as_postgres([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop"],
@@ -112,16 +125,14 @@ def start_server() -> PostgresServer:
     if os.geteuid() == 0:
         os.chown(root, pw.pw_uid, pw.pw_gid)
     port = _free_port()
-    server = PostgresServer(bindir, root, port)
+    opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
+            "-c shared_buffers=32MB")
+    server = PostgresServer(bindir, root, port, opts)
     try:
         _as_postgres([str(bindir / "initdb"), "-D", str(server.datadir), "-U", "postgres", "-A", "trust",
                       "-E", "UTF8", "--no-sync", "--no-instructions"])
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-                "-c shared_buffers=32MB")
-        _as_postgres([str(bindir / "pg_ctl"), "-D", str(server.datadir), "-l", str(root / "server.log"),
-                      "-o", opts, "-w", "-t", "60", "start"])
-        _wait_ready(server)
+        server.resume()
     except BaseException:
         server.stop()
         raise

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from workers.context import RankContext
+from workers.executors.base import Executor
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
 MARKER = 1.0  # the commit-snapshot test rewrites this constant in a temporary repository
@@ -26,6 +27,8 @@ class ProbeParams(SuiteParams):
     fault_rank: int = 1
     repeats: int = 3
     bound_violation: bool = False
+    pause_s: float = 0.0  # how long the `bounded` case sleeps first (a job that runs a while)
+    scratch: bool = False  # `collective` makes a temporary folder and prints its path
 
 
 class ProbeSuite(Suite):
@@ -65,7 +68,12 @@ class ProbeSuite(Suite):
             if ctx.rank == 0 and ctx.artifacts_dir is not None:
                 (ctx.artifacts_dir / "note.txt").write_text(f"world {ctx.world_size}")
             print(f"probe output from rank {ctx.rank}", flush=True)
+            if p["scratch"]:
+                import tempfile
+
+                print(f"scratch {tempfile.mkdtemp(prefix='gdnval-probe-')}", flush=True)
         elif case.name == "bounded":
+            time.sleep(float(p["pause_s"]))
             value = 2.0 if p["bound_violation"] else 0.5
             yield Sample(case.name, "value", value, rank=ctx.rank)
         elif case.name == "expects_value_error":
@@ -96,6 +104,18 @@ class ProbeSuite(Suite):
 
 
 SUITE = ProbeSuite()
+
+
+def make_ray_executor() -> Executor:
+    """The service's Ray executor with `probe` registered (named by `GDNVAL_EXECUTOR` in the
+    tests that serve Ray jobs from a server process); the address or the driver listener from
+    `GDNVAL_RAY_ADDRESS` / `GDNVAL_RAY_DRIVER`."""
+    from workers import registry
+    from workers.executors import make_executor
+
+    registry.SUITE_MODULES.setdefault(SUITE.name, __name__)
+    return make_executor("ray", address=os.environ.get("GDNVAL_RAY_ADDRESS"),
+                         driver=os.environ.get("GDNVAL_RAY_DRIVER"))
 
 
 # --------------------------------------------------------------------------- shared test helpers

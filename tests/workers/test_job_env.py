@@ -14,7 +14,7 @@ from tests.support.suites import RecordingSink
 from workers.backend_source import install_backend_source
 from workers.executors.base import JobSpec
 from workers.executors.local import LocalExecutor
-from workers.executors.ray_executor import actor_rank_env
+from workers.executors.ray_actor import actor_rank_env
 from workers.job_env import EXTRA_ENV, job_environment
 from workers.registry import SUITE_MODULES
 

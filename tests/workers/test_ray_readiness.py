@@ -1,7 +1,7 @@
 """Readiness against a real Ray cluster (`ray.cluster_utils.Cluster`): `/readyz` reports the
-alive nodes and resources per kind while the cluster answers, and is not ready once it is
-stopped; a submit then answers 503 naming the cluster, in seconds. The test process never joins
-the cluster as a driver: readiness asks the GCS directly."""
+alive nodes and resources per kind once the service's Ray driver joined the cluster and placed a
+group, and is not ready within seconds of the cluster stopping; a submit then answers 503 naming
+the cluster, in seconds. The service process never joins the cluster: its driver process does."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ import pytest
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
+
+
+def _readyz(client, status: int, within_s: float):  # type: ignore[no-untyped-def]
+    """The first `/readyz` answer with `status`, asked every 0.2 s for up to `within_s`."""
+    end = time.monotonic() + within_s
+    while (answer := client.get("/readyz")).status_code != status:
+        assert time.monotonic() < end, answer.text
+        time.sleep(0.2)
+    return answer
 
 
 def test_readyz_follows_the_cluster_and_submit_answers_503_when_it_is_gone(
@@ -36,15 +45,14 @@ def test_readyz_follows_the_cluster_and_submit_answers_503_when_it_is_gone(
         settings = Settings(db_url=f"sqlite:///{tmp_path / 'r.db'}", executor="ray",
                             ray_address=address, dispatch=False)
         with TestClient(create_app(settings)) as client:
-            ready = client.get("/readyz")
-            assert ready.status_code == 200, ready.text
+            ready = _readyz(client, 200, 60)  # once the service's Ray driver joined and placed a group
             cluster = ready.json()["checks"]["cluster"]
             assert cluster["address"] == address and cluster["nodes"] == 2
             assert cluster["resources"]["CPU"] == 2 and cluster["resources"]["cpu_node"] == 1
             c.shutdown()
             t0 = time.monotonic()
-            gone = client.get("/readyz")
-            assert gone.status_code == 503 and gone.json()["status"] == "not ready"
+            gone = _readyz(client, 503, 5)
+            assert gone.json()["status"] == "not ready"
             assert f"the Ray cluster at {address} is unreachable" in gone.json()["checks"]["executor"]
             assert "cluster" not in gone.json()["checks"]
             job = {"suite": "capability", "device": "cpu", "world_size": 1}
@@ -179,6 +187,7 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
             while not server.started:
                 assert time.monotonic() < end and thread.is_alive(), "the server did not start"
                 time.sleep(0.1)
+            _readyz(http, 200, 60)  # the service's Ray driver joined the cluster
             wide = {"suite": "probe", "world_size": 3, "params": {"repeats": 1}}
             made = http.post("/api/v1/jobs", json=wide)
             assert made.status_code == 201, made.text

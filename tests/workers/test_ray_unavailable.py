@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 def test_an_unavailable_actor_is_retried_within_the_grace_and_dead_after_it() -> None:
     from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-    from workers.executors.ray_executor import still_unavailable
+    from workers.executors.ray_watch import still_unavailable
 
     since: dict[int, float] = {}
     flaky = ActorUnavailableError("the connection to the actor broke", None)

@@ -248,7 +248,7 @@ def test_executor_device_tables_agree_with_gdn_device() -> None:
     """The executors keep torch out of the service, so they carry copies of these two facts."""
     from gdn import device as devices
     from workers.executors.local import _VISIBLE_ENV, DEVICE_KINDS
-    from workers.executors.ray_executor import _VISIBLE
+    from workers.executors.ray_actor import _VISIBLE
 
     assert DEVICE_KINDS == devices.DEVICE_KINDS
     for kind in ("cuda", "npu"):

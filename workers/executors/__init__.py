@@ -1,4 +1,5 @@
-"""Executors that run a job's ranks: `local` (child processes) and `ray` (one actor per rank).
+"""Executors that run a job's ranks: `local` (child processes) and `ray` (one actor per rank, run
+by a driver process of its own: `workers.executors.ray_remote`).
 
 `make_executor(kind, **options)` is what the service and the CLI call; neither module imports
 torch or ray at import time, so choosing an executor costs nothing on a head node.
@@ -20,7 +21,7 @@ def make_executor(kind: str, **options: Any) -> Executor:
 
         return LocalExecutor(**options)
     if kind == "ray":
-        from workers.executors.ray_executor import RayExecutor
+        from workers.executors.ray_remote import RayDriverExecutor
 
-        return RayExecutor(**options)
+        return RayDriverExecutor(**options)
     raise ValueError(f"unknown executor kind {kind!r}; expected one of {', '.join(EXECUTOR_KINDS)}")

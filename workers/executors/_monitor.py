@@ -21,7 +21,7 @@ from workers.suite import Metric, Sample
 
 combine_case_statuses = verdict.combine_rank_statuses  # the rank rule lives in workers.verdict
 
-_CAUSE_ORDER = {"died": 0, "raised": 1, "deadline": 1, "peer": 2}
+_CAUSE_ORDER = {"died": 0, "stalled": 0, "raised": 1, "deadline": 1, "peer": 2}
 GRACE_S = 0.5  # after the first failure, how long to wait for a more telling one from another rank
 
 
@@ -156,6 +156,18 @@ class JobMonitor:
         rank = in_case[0][0] if in_case else (stuck[0] if stuck else 0)
         self._fail("deadline", rank, f"job deadline of {deadline_s:g} s exceeded: {detail}")
 
+    def check_silence(self, rank: int, silent_s: float, where: str = "") -> None:
+        """Fail the job when `rank` (still running) has been silent past the job's stall limit:
+        no beat, message or output, so its process is stopped or frozen. `where` names its node."""
+        limit = self.spec.stall_s
+        if limit is None or silent_s <= limit or rank in self._finished_ranks or self._stalled_named(rank):
+            return
+        self._fail("stalled", rank, f"rank {rank}{where} made no progress for {silent_s:.0f} s (stall limit "
+                   f"{limit:g} s): its process is stopped or frozen{self._where(rank)}")
+
+    def _stalled_named(self, rank: int) -> bool:
+        return any(f.cause == "stalled" and f.rank == rank for f in self._failures)
+
     def _where(self, rank: int) -> str:
         current = self._current.get(rank)
         return f" during case {current[0]!r}" if current else ""
@@ -184,12 +196,15 @@ class JobMonitor:
     def has_failure(self) -> bool:
         return bool(self._failures)
 
-    def outcome(self, cancelled: bool, ranks_exited: int, started: float) -> JobOutcome | None:
+    def outcome(self, cancelled: bool, ranks_exited: int, started: float,
+                hold: bool = False) -> JobOutcome | None:
         """The job's outcome once it has one (None while it runs): cancel, then a settled failure,
-        then success once every rank finished and exited, then the job deadline."""
+        then success once every rank finished and exited, then the job deadline. `hold`: a rank
+        whose fate is still unknown (its actor unreachable) may yet explain the failure, so a
+        failure waits for it (the deadline still ends the job)."""
         if cancelled:
             return JobOutcome("cancelled", "cancelled while running")
-        reason = self.failure()
+        reason = None if hold else self.failure()
         if reason:
             return JobOutcome("failed", reason)
         if self.all_done and ranks_exited == self.world_size:

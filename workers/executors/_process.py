@@ -14,6 +14,21 @@ A rank's process tree ends with the rank and with its parent (the executor):
 - what still escapes: a process that left the tree while the rank itself was SIGKILLed (a
   `setsid` child outlives a `kill -9` of its rank), since only cgroups (a container, a systemd
   scope) can end a tree whose root died without warning.
+
+With `user` (`GDNVAL_JOB_USER`, `workers.job_env.job_user`) the rank runs as that user, its
+folder handed to it.
+
+A rank also beats: its guard thread writes a byte every second to a pipe of its own
+(`BEAT_FD_ENV`), whatever its main thread does, and `RankProcess.silent_s` is how long nothing
+(beat, message or output) came from it. A rank that is stopped (SIGSTOP) or frozen beats no
+more, so the executor can end its job at the stall limit instead of at the deadline.
+
+Each rank gets a folder of its own in the system temporary folder (`TMP_PREFIX`, its rank and
+its executor's pid): `artifacts/` (`RANK_TMP_ENV`) and `tmp/`, which is the rank's TMPDIR, so
+what the rank's code puts in temporary files (token files, compiler scratch) goes too. The folder
+is removed when the rank exits; folders of ranks whose executor is gone (it was killed) are
+removed by `remove_stale_folders` (with the Ray driver's staging folders of a driver that was
+killed), which every executor calls when it starts.
 """
 
 from __future__ import annotations
@@ -33,12 +48,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers.job_env import JobUser
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
 OUTPUT_TAIL_LINES = 40
+TMP_PREFIX = "gdnval-rank"  # + "<rank>-p<executor pid>-": a rank's folder in the temporary folder
+SHIP_PREFIX = "gdnval-ship"  # + "-p<driver pid>-": where the Ray driver stages a job's code
 TERM_GRACE_S = 2.0  # after SIGTERM, how long a rank may take to end its tree before SIGKILL
 PARENT_ENV = "GDNVAL_RANK_PARENT"
 LIFE_FD_ENV = "GDNVAL_RANK_LIFE_FD"  # read end of a pipe only the executor writes: EOF = end now
+BEAT_FD_ENV = "GDNVAL_RANK_BEAT_FD"  # write end of a pipe the rank's guard beats into, once a second
 
 # The rank's first code: kept self-contained (it runs from `-c`, before the snapshot of a job's
 # commit is imported), so a commit that predates it still gets its tree guarded.
@@ -90,10 +109,20 @@ def on_term(signum, frame):
     os.kill(os.getpid(), signum)
 
 
+BEAT = int(os.environ.get("GDNVAL_RANK_BEAT_FD") or -1)
+
+
 def watch():
+    ticks = 0
     while True:
         time.sleep(0.2)
         orphaned()
+        ticks += 1
+        if BEAT >= 0 and ticks % 5 == 0:  # alive, whatever the main thread does
+            try:
+                os.write(BEAT, b".")
+            except OSError:
+                pass
 
 
 def life(fd):
@@ -117,6 +146,8 @@ try:
 except (OSError, AttributeError):
     pass  # not Linux: the parent watch below still ends the tree
 orphaned()  # the parent may have died before PR_SET_PDEATHSIG took effect
+if BEAT >= 0:
+    os.set_blocking(BEAT, False)  # a reader that fell behind never blocks the guard
 threading.Thread(target=watch, name="gdnval-tree-guard", daemon=True).start()
 if os.environ.get("GDNVAL_RANK_LIFE_FD"):
     threading.Thread(target=life, args=(int(os.environ["GDNVAL_RANK_LIFE_FD"]),), name="gdnval-life",
@@ -131,6 +162,30 @@ finally:
 sys.exit(code)
 """
 OUTPUT_LOG_LINES = 2000  # output lines per rank forwarded as job log lines; the rest only in the tail
+
+
+def remove_stale_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the rank folders and the Ray driver's staging folders (in `root`, default the
+    temporary folder) whose process is gone: what ranks and drivers left when they were killed.
+    Returns what was removed."""
+    removed = []
+    base = Path(root or tempfile.gettempdir())
+    for folder in [*base.glob(f"{TMP_PREFIX}*-p*-*"), *base.glob(f"{SHIP_PREFIX}-p*-*")]:
+        owner = folder.name.split("-p", 1)[1].split("-", 1)[0]
+        if owner.isdigit() and folder.is_dir() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def describe_exit(returncode: int) -> str:
@@ -155,6 +210,7 @@ class RankProcess:
         cwd: str | Path | None = None,
         python: str = sys.executable,
         wakeup: threading.Event | None = None,
+        user: JobUser | None = None,
     ) -> None:
         self.rank = rank
         self._messages: collections.deque[dict[str, Any]] = collections.deque()
@@ -164,13 +220,22 @@ class RankProcess:
         self._wakeup = wakeup or threading.Event()
         self._exited = threading.Event()
         self.returncode: int | None = None
-        # the rank's scratch folder is ours: removed when the rank exits, however it ends
-        self.tmpdir = tempfile.mkdtemp(prefix=f"gdnval-rank{rank}-")
+        self.heard_at = time.monotonic()  # the last beat, message or output line
+        # the rank's folder is ours: removed when the rank exits, however it ends
+        self.tmpdir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{rank}-p{os.getpid()}-")
+        scratch = {name: os.path.join(self.tmpdir, name) for name in ("artifacts", "tmp")}
+        for folder in scratch.values():
+            os.mkdir(folder)
         read_fd, write_fd = os.pipe()
         life_read, self._life = os.pipe()  # our end is close-on-exec: no other child holds it
+        beat_read, beat_write = os.pipe()
         child_env = {**env, PAYLOAD_ENV: json.dumps(dict(payload)), CHANNEL_FD_ENV: str(write_fd),
                      PARENT_ENV: str(os.getpid()), LIFE_FD_ENV: str(life_read),
-                     RANK_TMP_ENV: self.tmpdir}
+                     BEAT_FD_ENV: str(beat_write), RANK_TMP_ENV: scratch["artifacts"],
+                     **dict.fromkeys(("TMPDIR", "TMP", "TEMP"), scratch["tmp"])}
+        if user is not None:  # the rank runs as the job user: its folder is the user's
+            user.hand_over(self.tmpdir)
+            child_env["HOME"] = user.home_or(scratch["tmp"])
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", RANK_BOOT],
@@ -179,30 +244,49 @@ class RankProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd, life_read),
+                pass_fds=(write_fd, life_read, beat_write),
                 # Own session: killing the rank's group also kills what it started. No preexec_fn
                 # (unsafe in threaded parents such as the service and Ray workers): the rank sets
                 # its own parent-death signal and subreaper flag in RANK_BOOT.
                 start_new_session=True,
+                **(user.popen() if user is not None else {}),
             )
         except BaseException:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            os.close(beat_read)
             raise
         finally:
             os.close(write_fd)
             os.close(life_read)
+            os.close(beat_write)
         self._channel = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
         self._out_thread = threading.Thread(target=self._read_output, daemon=True)
         self._out_thread.start()
         threading.Thread(target=self._read_channel, daemon=True).start()
+        threading.Thread(target=self._read_beats, args=(beat_read,), daemon=True).start()
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
+    @property
+    def silent_s(self) -> float:
+        """Seconds since the rank last beat, wrote a message or printed a line."""
+        return time.monotonic() - self.heard_at
+
+    def _read_beats(self, fd: int) -> None:
+        try:
+            while os.read(fd, 64):
+                self.heard_at = time.monotonic()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def _read_output(self) -> None:
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
+            self.heard_at = time.monotonic()
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self._output.append(line)
             self._logged += 1
@@ -213,6 +297,7 @@ class RankProcess:
 
     def _read_channel(self) -> None:
         for line in self._channel:
+            self.heard_at = time.monotonic()
             try:
                 msg = json.loads(line)
             except json.JSONDecodeError:

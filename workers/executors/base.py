@@ -14,7 +14,9 @@ from typing import Any, Literal, Protocol
 
 from workers.suite import CaseStatus, Sample
 
-JobOutcomeStatus = Literal["succeeded", "failed", "cancelled"]
+# "interrupted": what ran the job went away under it (its cluster lost or restarted), not the
+# job's fault: the service re-queues it without spending an attempt
+JobOutcomeStatus = Literal["succeeded", "failed", "cancelled", "interrupted"]
 # How a job's ranks spread over nodes (Ray's placement-group strategies): the service's default
 # comes from its settings, a job may override it with the label `placement`.
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -45,6 +47,7 @@ class JobSpec:
     world_size: int = 1
     commit: str | None = None  # None: run the installed code
     deadline_s: float | None = None  # wall-clock limit for the whole job
+    stall_s: float | None = None  # how long a rank may stay silent (stopped, frozen); None: no limit
     deterministic: bool = False
     cases: tuple[str, ...] | None = None  # None: every case of the preset; else only these names
     placement: str | None = None  # None: the executor's default strategy

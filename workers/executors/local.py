@@ -20,9 +20,9 @@ from typing import Any
 from workers.backend_source import BackendSourceError, install_backend_source
 from workers.deadline import collective_timeout_s
 from workers.executors._monitor import JobMonitor
-from workers.executors._process import RankProcess, describe_exit, end_ranks
+from workers.executors._process import RankProcess, describe_exit, end_ranks, remove_stale_folders
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
-from workers.job_env import job_environment
+from workers.job_env import job_environment, job_user
 from workers.provenance import SOURCE_ROOT, source_commit
 from workers.runtime import DEFAULT_PG_TIMEOUT_S, rank_environment
 from workers.snapshot import REPO_ENV, SnapshotCache, SnapshotError
@@ -146,6 +146,8 @@ class LocalExecutor(Executor):
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
+        remove_stale_folders()  # what ranks of a killed executor left on this machine
+        self.job_user = job_user()  # who job code runs as (None: this process's user)
         self._pools: dict[str, DevicePool] = {}
         self._pools_lock = threading.Lock()
 
@@ -217,8 +219,12 @@ class LocalExecutor(Executor):
         extra: list[Path] = []
         if spec.backend_source:
             try:
-                extra.append(install_backend_source(spec.backend_source, self.backend_cache, self.python))
+                source = install_backend_source(spec.backend_source, self.backend_cache, self.python, cancel,
+                                                self.job_user)
+                extra.append(source)
             except BackendSourceError as exc:
+                if cancel.is_set():
+                    return JobOutcome("cancelled", "cancelled while the backend source was installed")
                 return JobOutcome("failed", f"cannot install the backend source: {exc}")
             sink.log(f"backend source {spec.backend_source} installed at {extra[0]}")
         devices: list[int] | None = None
@@ -254,7 +260,8 @@ class LocalExecutor(Executor):
         try:
             for rank in range(spec.world_size):
                 env = self.rank_env(spec, rank, root, port, devices, extra_paths)
-                procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup))
+                procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup,
+                                         user=self.job_user))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
             return JobOutcome("failed", f"local executor error: {type(exc).__name__}: {exc}")
@@ -285,6 +292,8 @@ class LocalExecutor(Executor):
                     reported.add(p.rank)
                     rc = p.returncode if p.returncode is not None else -9
                     monitor.rank_exited(p.rank, f"rank {p.rank} {describe_exit(rc)}", rc, p.output_tail())
+                elif not p.exited:
+                    monitor.check_silence(p.rank, p.silent_s, f" (pid {p.pid})")
             outcome = monitor.outcome(cancel.is_set(), len(reported), start)
             if outcome is not None:
                 return outcome

@@ -10,11 +10,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.deps import (
     Cursor,
+    DbId,
     EngineDep,
     RunnerDep,
     SessionDep,
@@ -124,7 +125,7 @@ def list_finds(
 
 
 @router.get("/finds/{find_id}", response_model=FindOut)
-def get_find(find_id: Annotated[int, Path(ge=1, le=2**62)], session: SessionDep) -> FindOut:
+def get_find(find_id: DbId, session: SessionDep) -> FindOut:
     row = find_store.get_find(session, find_id)
     if row is None:
         raise HTTPException(404, f"no find {find_id} in the store")

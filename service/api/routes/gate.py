@@ -9,11 +9,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.deps import (
     Cursor,
+    DbId,
     EngineDep,
     RunnerDep,
     SessionDep,
@@ -151,7 +152,7 @@ def list_gates(
 
 
 @router.get("/gates/{gate_id}", response_model=GateOut)
-def get_gate(gate_id: Annotated[int, Path(ge=1, le=2**62)], session: SessionDep) -> GateOut:
+def get_gate(gate_id: DbId, session: SessionDep) -> GateOut:
     gate = gate_store.get_gate(session, gate_id)
     if gate is None:
         raise HTTPException(404, f"no gate {gate_id} in the store")

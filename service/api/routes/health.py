@@ -1,9 +1,13 @@
-"""`/healthz` (liveness) and `/readyz` (store at the migrated head, dispatcher running): outside
-`/api/v1`, never behind a token, and never behind the requests' limit or their connections:
-`/healthz` runs on the event loop, `/readyz` asks the store through a connection of its own at
-most once per `STORE_CHECK_TTL_S` (a flood of probes costs one query a second), and the
-executor's cluster (its alive nodes and resources per kind, with the configured credentials) at
-most once per `EXECUTOR_CHECK_TTL_S`: a cluster that does not answer makes the service not ready."""
+"""`/healthz` (liveness) and `/readyz` (readiness): outside `/api/v1`, never behind a token,
+and never behind the requests' limit or their connections.
+
+`/healthz` runs on the event loop and fails only in a state the process cannot leave by itself
+(its dispatcher thread is gone), so a liveness probe restarts the service then, never for an
+outage of the store or the cluster, which the process waits out. `/readyz` asks the store through
+a connection of its own at most once per `STORE_CHECK_TTL_S` (a flood of probes costs one query a
+second) and the executor's cluster (its alive nodes and resources per kind, as its Ray driver
+last reported them) at most once per `EXECUTOR_CHECK_TTL_S`: a store or a cluster that cannot
+take work makes the service not ready."""
 
 from __future__ import annotations
 
@@ -28,9 +32,14 @@ _store_check_lock = threading.Lock()
 _executor_check_lock = threading.Lock()
 
 
-@router.get("/healthz", response_model=Health)
-async def healthz() -> Health:
-    """The process answers (liveness)."""
+@router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+async def healthz(state: AppStateDep, response: Response) -> Health:
+    """The process answers and can go on by itself (liveness): 503 only when its dispatcher
+    thread ended, which nothing but a restart brings back."""
+    dispatcher = getattr(state, "dispatcher", None)
+    if dispatcher is not None and not dispatcher.alive():
+        response.status_code = 503
+        return Health(status="dead", checks={"dispatcher": "its thread ended; restart the service"})
     return Health(status="ok")
 
 

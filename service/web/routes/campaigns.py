@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import MAX_ID, get_session
+from service.api.deps import MAX_ID, DbIdQuery, get_session
 from service.domain import campaigns as domain
 from service.persistence import campaigns as store
 from service.persistence import page_queries
@@ -47,7 +47,7 @@ def _job_row(key: str, job: JobRecord, counts: dict[str, int], now: datetime) ->
 
 @router.get("/campaigns", response_class=HTMLResponse)
 def campaigns_page(
-    request: Request, before: int | None = None, session: Session = Depends(get_session)
+    request: Request, before: DbIdQuery | None = None, session: Session = Depends(get_session)
 ) -> HTMLResponse:
     rows, nxt = store.list_campaigns(session, before_id=before, limit=50)
     jobs = store.jobs_of_campaigns(session, [r.id for r in rows])

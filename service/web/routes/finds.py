@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
+from service.api.deps import MAX_ID, DbIdQuery, get_session
 from service.persistence import finds as find_store
 from service.persistence import gates as gate_store
 from service.persistence.models import FindRow
@@ -34,7 +34,7 @@ def _find_row(f: FindRow) -> dict[str, Any]:
 
 @router.get("/finds", response_class=HTMLResponse)
 def finds_page(
-    request: Request, before: int | None = None, head: str | None = None, base: str | None = None,
+    request: Request, before: DbIdQuery | None = None, head: str | None = None, base: str | None = None,
     backend: str | None = None, verdict: str | None = None, session: Session = Depends(get_session),
 ) -> HTMLResponse:
     """The finds newest first, narrowed as the gates list is (head: the bad commit)."""
@@ -48,7 +48,7 @@ def finds_page(
 
 @router.get("/finds/{find_id}", response_class=HTMLResponse)
 def find_page(request: Request, find_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
-    row = find_store.get_find(session, find_id) if 0 < find_id < 2**62 else None
+    row = find_store.get_find(session, find_id) if 1 <= find_id <= MAX_ID else None
     if row is None:
         return error_page(request, 404, "No such find", f"There is no find {find_id} in the store.")
     steps = find_store.step_gates(session, [row.id]).get(row.id, [])

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import get_session
+from service.api.deps import MAX_ID, DbIdQuery, get_session
 from service.domain.gate.decision import stored_finding
 from service.persistence import gates as gate_store
 from service.persistence import page_queries
@@ -55,7 +55,7 @@ def list_filter(
 
 @router.get("/gates", response_class=HTMLResponse)
 def gates_page(
-    request: Request, before: int | None = None, head: str | None = None, base: str | None = None,
+    request: Request, before: DbIdQuery | None = None, head: str | None = None, base: str | None = None,
     backend: str | None = None, verdict: str | None = None, session: Session = Depends(get_session),
 ) -> HTMLResponse:
     """The gates newest first, narrowed by head, base (sha prefixes), backend and verdict."""
@@ -70,7 +70,7 @@ def gates_page(
 
 @router.get("/gates/{gate_id}", response_class=HTMLResponse)
 def gate_page(request: Request, gate_id: int, session: Session = Depends(get_session)) -> HTMLResponse:
-    gate = gate_store.get_gate(session, gate_id) if 0 < gate_id < 2**62 else None
+    gate = gate_store.get_gate(session, gate_id) if 1 <= gate_id <= MAX_ID else None
     if gate is None:
         return error_page(request, 404, "No such gate", f"There is no gate {gate_id} in the store.")
     links = gate_store.gate_job_rows(session, gate.id)
