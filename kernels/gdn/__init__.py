@@ -11,7 +11,6 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   segments   per-segment affine maps of the state and the scan across segments
   state      forward / reverse state passes (sequence-parallel over segments when it pays)
   output     O from per-chunk states and Vn
-  strided    states at a stride: chunk-group re-walks forming O, or S and Vn for the backward
   dvn_local  the intra-chunk part of dVn
   dqk        dq, the state part of dk, dWk and γ partials
   wy_bwd     dk, dv, dβ, dg through the WY representation

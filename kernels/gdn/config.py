@@ -81,25 +81,6 @@ class KernelConfig:
     # keep the accuracy of an fp32 T (|T| stayed <= 1 for unit keys and β in [0, 1] under an
     # adversarial search, <= 2 for β up to 2; docs/kernels.md, "Precision").
     t_fp16: bool = True
-    # States at a stride (`strided`): the forward walk stores S only at every state_stride-th
-    # chunk boundary (fp32) and chunk-group programs re-walk their chunks from it to form O; the
-    # forward keeps those group states and U, and the backward re-walks S and dS' per group and
-    # does bwd_dqk's work from them (`strided.group_backward`), so no per-chunk S or dS' tensor of
-    # the sequence exists. 0: the walk stores every chunk's S and Vn and the output stage reads
-    # them.
-    state_stride: int = 0
-    stride_bv: int = 32  # value columns per program of the chunk-group re-walk
-    stride_warps: int = 4
-    stride_stages: int = 2
-    # The group backward goes in waves of groups, each through a scratch of its chunks' S and dS':
-    # stride_bwd_wave groups per wave, 0 = from the device, about stride_bwd_wave_per_sm
-    # (chunk, head) pairs per multiprocessor (132 SMs, B·Hv = 32, k = 8: 4 groups, a 64 MiB bf16
-    # scratch). Its re-walk kernel runs at stride_bwd_warps / stride_bwd_stages; its bwd_dqk
-    # launches at bwd_dqk's own dqk_bk, dqk_bv, dqk_warps.
-    stride_bwd_wave: int = 0
-    stride_bwd_wave_per_sm: int = 8
-    stride_bwd_warps: int = 4
-    stride_bwd_stages: int = 2
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -121,7 +102,7 @@ DEFAULT = KernelConfig()
 # run with Triton 3.6 raised OutOfResources at 409600 B); the state walks load K and Q straight
 # into their products, so 2 stages of fp32 tiles pass the limit in the reverse walk (246276 B).
 # tests/kernels/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
-DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
+DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4)
 # On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32), the
 # intra inverses and the segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). T stays

@@ -35,7 +35,7 @@ LOWERS = {
     "_gate_cumsum_kernel", "_intra_t_kernel", "_intra_wu_kernel", "_state_fwd_kernel", "_output_kernel",
     "_dvn_local_kernel",
     "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel",
-    "_segment_scan_kernel", "_state_group_kernel", "_group_walks_kernel",
+    "_segment_scan_kernel",
 }
 # Constexprs that are a dot's input precision, per kernel: under the NPU config none is tf32 or
 # tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").

@@ -48,27 +48,6 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 
 
 @pytest.mark.parametrize(
-    "case,over",
-    [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
-     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1}),
-     ((65, (1, 3), torch.float32, False, True), {"state_stride": 1}),
-     pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
-    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
-)
-def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
-    """The states kept at a stride (groups of 2 chunks and a short one, of 1, or of 3 and a short
-    one) and re-walked per group, forward and backward: within the oracle's bound, and a second run gives
-    the same bits (o, final state, every gradient)."""
-    from kernels.gdn import config_overrides
-
-    with config_overrides(**over):
-        first = _check_against_oracle(case)
-        second = _check_against_oracle(case)
-    for name, t in first.items():
-        assert torch.equal(t, second[name]), f"{name} differs between two runs"
-
-
-@pytest.mark.parametrize(
     "over", [{"f32_dot_wu": "tf32"}, {"intra_wu_bd": 64}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
 )
@@ -79,36 +58,6 @@ def test_other_wu_settings_match_oracle(over: dict) -> None:
 
     with config_overrides(**over):
         _check_against_oracle((65, (2, 4), torch.float16, True, True))
-
-
-@pytest.mark.parametrize(
-    "over",
-    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1}],
-    ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
-)
-@pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
-def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
-    """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
-    state: every gradient of the backward at a stride (S and dS' re-walked per group into a wave's
-    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence) bit
-    for bit the per-chunk path's, o within fp32 rounding (the re-walk forms it over other value
-    slices)."""
-    from kernels.gdn import config_overrides
-
-    x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)
-    gen = torch.Generator().manual_seed(4)
-    d_o, d_s = torch.randn(x.v.shape, generator=gen), torch.randn(x.h0.shape, generator=gen)
-    runs = []
-    for settings in ({}, over):
-        ins = [t.clone().requires_grad_() for t in x.tensors()]
-        with config_overrides(**settings):
-            o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
-        torch.autograd.backward([o, s], [d_o, d_s])
-        runs.append((o.detach(), s.detach(), [t.grad for t in ins]))
-    (o0, s0, g0), (o1, s1, g1) = runs
-    assert rel_l2(o1, o0) <= 1e-6 and torch.equal(s1, s0)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), g1, g0, strict=True):
-        assert torch.equal(a, b), f"{name}: {rel_l2(a, b):.1e}"
 
 
 def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:
@@ -203,17 +152,12 @@ def test_output_only_backward_and_scale() -> None:
         assert rel_l2(got.grad, want.grad) <= 2e-5
 
 
-@pytest.mark.parametrize("stride", [0, 1])
-def test_second_backward_recomputes_released_intermediates(stride: int) -> None:
+def test_second_backward_recomputes_released_intermediates() -> None:
     """The first backward frees the forward's kept intermediates; a second one (retain_graph)
-    recomputes them and must give the same gradients (also when the first recomputed S and Vn
-    from states kept at a stride)."""
-    from kernels.gdn import config_overrides
-
+    recomputes them and must give the same gradients."""
     x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=True, seed=3)
     ins = [t.clone().requires_grad_() for t in x.tensors()]
-    with config_overrides(state_stride=stride):
-        o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+    o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
     loss = o.square().sum() + s.sum()
     first = torch.autograd.grad(loss, ins, retain_graph=True)
     second = torch.autograd.grad(loss, ins)
@@ -222,22 +166,17 @@ def test_second_backward_recomputes_released_intermediates(stride: int) -> None:
         assert rel_l2(b, a) <= 1e-6
 
 
-@pytest.mark.parametrize("stride", [0, 2])
-def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stride: int) -> None:
+def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient() -> None:
     """The P2P chain's early hand-off points: each callback runs once and sees exactly what the
-    call returns (the final state; the initial state's gradient), also with the states at a
-    stride."""
-    from kernels.gdn import config_overrides
-
+    call returns (the final state; the initial state's gradient)."""
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=11)
     inputs = [t.clone().requires_grad_() for t in x.tensors()]
     seen: list[tuple[str, torch.Tensor]] = []
-    with config_overrides(state_stride=stride):
-        o, s = gated_delta_rule(
-            *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
-            on_final_state=lambda t: seen.append(("final", t.detach().clone())),
-            on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
-        )
+    o, s = gated_delta_rule(
+        *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
+        on_final_state=lambda t: seen.append(("final", t.detach().clone())),
+        on_initial_state_grad=lambda t: seen.append(("initial_grad", t.detach().clone())),
+    )
     assert [name for name, _ in seen] == ["final"] and torch.equal(seen[0][1], s)
     gen = torch.Generator().manual_seed(3)
     d_o, d_s = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
@@ -246,14 +185,10 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stri
     assert torch.equal(seen[1][1], inputs[5].grad)
 
 
-@pytest.mark.parametrize("stride", [0, 2])
-def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
+def test_activation_checkpoint_does_not_keep_intermediates() -> None:
     """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
-    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps
-    (at a stride: the group states recomputed by the strided walk, then the group backward)."""
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
     from torch.utils.checkpoint import checkpoint
-
-    from kernels.gdn import config_overrides
 
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=13)
     d_o = torch.randn(x.v.shape, generator=torch.Generator().manual_seed(1))
@@ -262,8 +197,7 @@ def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
         inputs = [t.clone().requires_grad_() for t in x.tensors()]
 
         def core(*t: torch.Tensor) -> torch.Tensor:
-            with config_overrides(state_stride=stride):  # also for the checkpoint's re-run
-                return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
+            return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
 
         o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)
         assert (o.grad_fn.kept is None) == ckpt  # the custom Function's node is its ctx
