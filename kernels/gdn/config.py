@@ -49,6 +49,9 @@ class KernelConfig:
     # The segment scan's products of fp32 maps, for every input dtype (tf32x3: fp32-level accuracy
     # on the tensor cores; IEEE fp32 ones spill 13 KB of stack per program on sm_90).
     f32_dot_scan: str = "tf32x3"
+    # The fused path's products with T: Vn = T·X and dX = Tᵀ·dVn (tf32: T and X at about fp16's
+    # precision with fp32's range; "low" rounds both to the input dtype).
+    f32_dot_vn: str = "tf32"
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
@@ -81,6 +84,23 @@ class KernelConfig:
     # keep the accuracy of an fp32 T (|T| stayed <= 1 for unit keys and β in [0, 1] under an
     # adversarial search, <= 2 for β up to 2; docs/kernels.md, "Precision").
     t_fp16: bool = True
+    # The fused path (`fused_fwd`, `fused_bwd`): the forward walks each head (fused_bv value
+    # columns per program; 128: the whole state) forming Vn = T·(β⊙V − βe^γ⊙(K·S)) on chip, so Wk,
+    # U, per-chunk S and Vn are never written; it keeps T and the fp32 state entering every group
+    # of fused_group chunks. The backward walks each head with the whole dS on chip, re-walking
+    # each group forward from its kept state into a per-program scratch (S, X, Vn of its chunks in
+    # the input dtype) and doing the whole WY backward per chunk. Below the multiprocessor count
+    # the sequence is cut into segments joined by exact affine maps (`fused_segments`). Off until
+    # the device measures it faster than the staged path.
+    fused: bool = False
+    fused_bv: int = 128
+    fused_group: int = 4
+    fused_fwd_warps: int = 8
+    fused_fwd_stages: int = 1
+    fused_bwd_warps: int = 8
+    fused_bwd_stages: int = 1
+    fused_maps_bv: int = 32  # value columns per program of the segment maps (separable columns)
+    fused_maps_warps: int = 4
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -109,7 +129,7 @@ DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4
 # fp32 there: the hf32 Wk/U products would round an fp16 T a second time at the same width.
 # tests/kernels/test_kernels_ascend.py lowers every launch with these fields.
 NPU_FIELDS = {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee",
-              "t_fp16": False}
+              "f32_dot_vn": "hf32", "t_fp16": False}
 
 _OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 

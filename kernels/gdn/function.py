@@ -9,8 +9,10 @@ import torch
 from kernels.gdn.chunks import ChunkTable, table_parts
 from kernels.gdn.config import D, KernelConfig, kernel_config
 from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.fused_bwd import fused_backward
+from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
-from kernels.gdn.intra import intra_solve
+from kernels.gdn.intra import intra_solve, intra_t
 from kernels.gdn.output import output
 from kernels.gdn.state import state_backward, state_forward
 from kernels.gdn.wy_bwd import bwd_wy
@@ -38,6 +40,14 @@ def _forward(
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
+    if cfg.fused:  # kept: T, the group states, the segment maps, chunks per segment
+        check_dense(table)
+        tm = intra_t(k, beta, gamma, Hv, cfg=cfg)
+        o, ht, fkept = fused_forward(q, k, v, beta, gamma, tm, scale, initial_state,
+                                     store_final=output_final_state, keep=keep, cfg=cfg)
+        if on_final_state is not None and ht is not None:
+            on_final_state(ht)
+        return o, ht, ((tm, *fkept) if keep else ())
     spans, seq_chunks = table_parts(table)
     w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans, cfg=cfg)
     s, vn, ht, maps = state_forward(
@@ -98,6 +108,19 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
         table, cfg = ctx.table, ctx.cfg
+        if cfg.fused:
+            if not kept:
+                kept = _forward(q, k, v, gamma, beta, ctx.scale, h0, False, True, cfg)[2]
+            tm, *fkept = kept
+            del kept
+            dq, dk, dv, dg, dbeta, dh0 = fused_backward(
+                q, k, v, beta, gamma, tm, tuple(fkept), do, dht, ctx.scale, ctx.g_dtype,
+                want_dh0=h0 is not None, cfg=cfg,
+            )
+            if ctx.on_initial_state_grad is not None and dh0 is not None:
+                ctx.on_initial_state_grad(dh0)
+            dh0 = None if dh0 is None else dh0.to(h0.dtype)
+            return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None
         spans, seq_chunks = table_parts(table)
         if kept:
             w, tm, s, vn, maps = kept
@@ -152,6 +175,13 @@ def gated_delta_rule_triton(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad, config=config,
     )
+
+
+def check_dense(table: ChunkTable | None) -> None:
+    """The fused kernels walk dense sequences only: packed ones are refused, not rerouted."""
+    if table is not None:
+        raise ValueError("KernelConfig.fused = True takes dense sequences; packed sequences (cu_seqlens) "
+                         "run the staged kernels: leave fused off for them")
 
 
 def check_heads(q: torch.Tensor, v: torch.Tensor) -> None:

@@ -127,13 +127,21 @@ def test_triton_available_on_production_shapes() -> None:
             assert is_triton_gdn_available(GDNShape(1, T, hq, 32, 128, 128), device="cuda")
 
 
-@pytest.mark.parametrize("heads", [(32, 32), (16, 32)], ids=_param_id)
-def test_split_state_passes_meet_the_bar_and_reproduce(heads: tuple[int, int]) -> None:
-    """The sequence-parallel state passes (4 segments, forced) at 8K stateful: every tensor within
-    the bar against the fp32 eager backend, and bit-identical over two runs."""
+@pytest.mark.parametrize(
+    "tuning,heads",
+    [({"seq_segments": 4}, (32, 32)), ({"seq_segments": 4}, (16, 32)), ({"fused": True}, (32, 32)),
+     ({"fused": True}, (16, 32)), ({"fused": True, "seq_segments": 4}, (16, 32)),
+     ({"fused": True, "fused_bv": 32}, (32, 32))],
+    ids=_param_id,
+)
+def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
+    """The paths config fields select, at 8K stateful: the sequence-parallel state passes, the
+    fused forward and backward (one walk per head, or 4 segments joined by the exact maps, or the
+    forward over value slices): every tensor within the bar against the fp32 eager backend, and
+    bit-identical over two runs."""
     from kernels.gdn import config_overrides
 
-    with config_overrides(seq_segments=4):
+    with config_overrides(**tuning):
         p = _case(8192, heads[0], heads[1], "stateful", 0)
         errs = _errors(p, 0)
         first, second = (_fwd_bwd_of(p) for _ in range(2))

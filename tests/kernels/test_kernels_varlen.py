@@ -92,7 +92,7 @@ def per_sequence_reference(*args: torch.Tensor, **kwargs: object) -> tuple[torch
 
 
 @contextmanager
-def _counted_launches() -> Iterator[Counter]:
+def counted_launches() -> Iterator[Counter]:
     """Counts every stage kernel's launches while the block runs (each still runs)."""
     import kernels.gdn as pkg
 
@@ -125,7 +125,7 @@ def _oracle(p: dict) -> Run:
 @pytest.mark.slow  # the fast tier's check of packing is gdn/test_varlen.py
 def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> None:
     p = _problem(LENGTHS, seed=21)
-    with _counted_launches() as counts:
+    with counted_launches() as counts:
         o, ht, grads = _run(p, _packed(p), torch.float32)
     # the launches of one dense sequence for the five: one per stage, bwd_dqk's and bwd_wy's one
     # per value head of a q/k head's group
