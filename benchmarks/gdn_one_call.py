@@ -11,8 +11,9 @@ as a spread across its processes rather than as one number. FLA runs from `--fla
 `FLA_FLASH_QLA=0` and without FlashQLA's folder on its path (FLA 0.6.0 dispatches to FlashQLA
 whenever it can import it); FlashQLA from `--qla-path`. The first process of each backend also
 measures accuracy over `--accuracy-seeds` against the fp32 eager backend, and ours' first also
-compares two identical runs bit for bit and runs the `--variant`s. Ours' later processes also
-time the variants, so that a variant's ratio to the default is read across processes too.
+compares two identical runs bit for bit and runs the `--variant`s; ours' later processes time the
+variants too (`--variant-processes`: only the first N), so that a variant's ratio to the default
+is read process by process.
 
 The file records the host, the GPU, the driver, torch / Triton and each backend's versions, the
 commit (`--commit`, else the checkout's), a content hash of the code that ran, the start and end
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 FORMAT = "gdn-one-call/1"
 BACKENDS = ("ours", "fla", "flashqla")
 SETTINGS = ("seq_lens", "qk_heads", "v_heads", "processes", "rep", "warmup", "accuracy_seeds", "variant",
-            "set", "backends")
+            "variant_processes", "set", "backends")
 
 
 def nvidia_smi(query: str) -> str | None:
@@ -76,7 +77,7 @@ def child_command(backend: str, index: int, args: argparse.Namespace, out: Path)
            "--warmup", str(args.warmup), "--out", str(out),
            "--accuracy-seeds", args.accuracy_seeds if index == 0 else ""]
     if backend == "ours":
-        cmd += [f"--variant={v}" for v in args.variant]
+        cmd += [f"--variant={v}" for v in args.variant] if index < args.variant_processes else []
         cmd += ["--variant-accuracy-seeds", args.accuracy_seeds.split(",")[0] if index == 0 else ""]
         if index == 0:
             cmd.append("--repro")
@@ -164,6 +165,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--accuracy-seeds", default="0,1,2")
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON: KernelConfig overrides (ours)")
+    ap.add_argument("--variant-processes", type=int, default=1 << 30,
+                    help="time the variants in ours' first N processes only (default: all)")
     ap.add_argument("--set", default="", help="KernelConfig overrides (JSON) of ours' default settings")
     ap.add_argument("--fla-path", default="", help="folder holding FLA 0.6.0 (and not FlashQLA)")
     ap.add_argument("--qla-path", default="", help="folder holding FlashQLA 0.1.3 and TileLang")

@@ -99,6 +99,7 @@ class KernelConfig:
     fused_fwd_stages: int = 1
     fused_bwd_warps: int = 8
     fused_bwd_stages: int = 1
+    fused_bwd_split: int = 2  # the backward step's value and key columns in this many parts
     fused_maps_bv: int = 32  # value columns per program of the segment maps (separable columns)
     fused_maps_warps: int = 4
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.

@@ -86,7 +86,7 @@ def _fused_bwd_kernel(
     T, NT, NG, CPS, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_DEND: tl.constexpr,
     STORE_DH0: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr, PREC: tl.constexpr,
     PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, KG: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, KG: tl.constexpr, HD: tl.constexpr,
 ):
     """Value head hk·R + r of q/k head b·Hqk + hk (program_id 0), segment program_id 1 of CPS
     chunks, from the gradient leaving it dend[bh, seg] (dHT when one segment; zero without).
@@ -106,8 +106,9 @@ def _fused_bwd_kernel(
     sq = dk[:, None] * D + dk[None, :]  # a [D, D] state
     rows = i[:, None] * D + dk[None, :]  # a [BT, D] chunk tile
     slot_len = D * D + 2 * BT * D
-    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * D)
+    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * D + BT * D)
     dsb0 = scr + KG * slot_len  # dS in the input dtype beside the fp32 one: the products' operand
+    dxs_ptr = dsb0 + 2 * D * D  # the step's dX [BT, D], an operand of dX·Sᵀ read back whole
     causal = i[:, None] >= i[None, :]
     up = i[:, None] <= i[None, :]
     # dS lives in two fp32 [D, D] buffers of the program's scratch, read from one and written to
@@ -144,8 +145,8 @@ def _fused_bwd_kernel(
             tl.store(slot + D * D + BT * D + rows, vn.to(dt))
             S = state_next(S, vn, kc, gam, g_last)
         for jj in range(cb - ca):
-            # every warp's stores (the re-walk's, the last step's dS) before any warp's loads, and
-            # the last step's loads of the buffer this step writes before its stores
+            # every warp's stores (the re-walk's, the last step's dS and dX) before any warp's
+            # loads, and the last step's loads of what this step overwrites before its stores
             tl.debug_barrier()
             c = cb - 1 - jj
             slot = scr + (c - ca) * slot_len
@@ -157,76 +158,96 @@ def _fused_bwd_kernel(
             kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
                 k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
             qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
-            do = value_rows(do_ptr, b, h, t, m, dk, T, HV, D)
-            xc = tl.load(slot + D * D + rows)
-            vc = tl.load(slot + D * D + BT * D + rows)
             eg = tl.exp(gam)
             ekd = tl.exp(g_last - gam)
             bge = bt * eg
-            e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
             et = tl.where(up, tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0)
-            # dVn, and back through Vn = T·X: dX, dT, dv
-            dvn = tl.dot((tl.dot(kc, tl.trans(qc)) * et * scale).to(dt), do)
-            dvn += tl.dot(kc, tl.load(dsb_in + sq)) * ekd[:, None]
-            dx = mm(tl.trans(tmat), dvn, PREC)
-            dtm = mm(dvn, tl.trans(xc.to(tl.float32)), PREC_DT)
-            tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + dk[None, :],
-                     (dx * bt[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
-            # the gradient entering the chunk
-            dog = (do.to(tl.float32) * (scale * eg)[:, None]).to(dt)
-            dxg = (-dx * bge[:, None]).to(dt)
-            dS = tl.dot(tl.trans(kc), dxg, tl.dot(tl.trans(qc), dog, tl.load(ds_in + sq) * tl.exp(g_last)))
-            tl.store(ds_out + sq, dS)
-            tl.store(dsb_out + sq, dS.to(dt))
-            # X = β⊙V − βe^γ⊙(K·S): dβ, dγ and dk through K·S
-            dxs = tl.dot(dx.to(dt), tl.trans(tl.load(slot + sq)))
-            rr = tl.sum(kc.to(tl.float32) * dxs, axis=1)  # dX_i·(K·S)_i
-            vc32 = value_rows(v_ptr, b, h, t, m, dk, T, HV, D).to(tl.float32)
-            dbeta = tl.sum(dx * vc32, axis=1) - eg * rr
-            dgam = -bge * rr
-            dkc = -dxs * bge[:, None]
-            # the state leaving the chunk: its decay e^{γ_C} and Kd
-            wt = tl.dot(vc, tl.trans(tl.load(dsb_in + sq)))  # Vn·dS'ᵀ
-            y = ekd * tl.sum(kc.to(tl.float32) * wt, axis=1)
-            dkc += wt * ekd[:, None]
-            sds = 0.0  # Σ S ⊙ dS', half the rows at a time
-            for half in tl.static_range(2):
-                hr = (half * (D // 2) + tl.arange(0, D // 2))[:, None] * D + dk[None, :]
-                sds += tl.sum(tl.sum(tl.load(slot + hr).to(tl.float32) * tl.load(ds_in + hr), axis=1), axis=0)
-            last = tl.minimum(T - 1 - c * BT, BT - 1)
-            dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * sds, 0.0) - y
-            # the output: dq, and the attention term of dk
-            dpe = tl.dot(do, tl.trans(vc)) * e * scale
-            z = dpe * tl.dot(qc, tl.trans(kc))
-            dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0)
-            dos = tl.dot(do, tl.trans(tl.load(slot + sq)))
-            dgam += scale * eg * tl.sum(dos * qc.to(tl.float32), axis=1)
-            dq = dos * (scale * eg)[:, None] + tl.dot(dpe.to(dt), kc)
-            qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + dk[None, :]
-            if CARRY_IN:
-                dq += tl.load(dq32_ptr + qk_rows, mask=m[:, None], other=0.0)
-            if CARRY_OUT:
-                tl.store(dq32_ptr + qk_rows, dq, mask=m[:, None])
-            else:
-                tl.store(dq_ptr + qk_rows, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
-            dkc += tl.dot((tl.dot(vc, tl.trans(do)) * et * scale).to(dt), qc)
-            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle
+            kqt = (tl.dot(kc, tl.trans(qc)) * et * scale).to(dt)
+            # value halves (the value columns are separable): dVn, dX (into the scratch), dv, the
+            # dS update of those columns; dT, dO·Vnᵀ, Vn·dOᵀ and dX·V summed over the halves
+            dtm = tl.zeros([BT, BT], dtype=tl.float32)
+            dp = tl.zeros([BT, BT], dtype=tl.float32)
+            dpt = tl.zeros([BT, BT], dtype=tl.float32)
+            dbeta = tl.zeros([BT], dtype=tl.float32)
+            for hv in tl.static_range(0, D, HD):
+                vcols = hv + tl.arange(0, HD)
+                half = i[:, None] * D + vcols[None, :]
+                sq_h = dk[:, None] * D + vcols[None, :]
+                do_h = value_rows(do_ptr, b, h, t, m, vcols, T, HV, D)
+                vn_h = tl.load(slot + D * D + BT * D + half)
+                dvn = tl.dot(kqt, do_h) + tl.dot(kc, tl.load(dsb_in + sq_h)) * ekd[:, None]
+                dx = mm(tl.trans(tmat), dvn, PREC)
+                tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + vcols[None, :],
+                         (dx * bt[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
+                dtm += mm(dvn, tl.trans(tl.load(slot + D * D + half).to(tl.float32)), PREC_DT)
+                tl.store(dxs_ptr + half, dx.to(dt))
+                v_h = value_rows(v_ptr, b, h, t, m, vcols, T, HV, D).to(tl.float32)
+                dbeta += tl.sum(dx * v_h, axis=1)
+                dog = (do_h.to(tl.float32) * (scale * eg)[:, None]).to(dt)
+                dxg = (-dx * bge[:, None]).to(dt)
+                ds_h = tl.dot(tl.trans(qc), dog, tl.load(ds_in + sq_h) * tl.exp(g_last))
+                ds_h = tl.dot(tl.trans(kc), dxg, ds_h)
+                tl.store(ds_out + sq_h, ds_h)
+                tl.store(dsb_out + sq_h, ds_h.to(dt))
+                dp = tl.dot(do_h, tl.trans(vn_h), dp)
+                dpt = tl.dot(vn_h, tl.trans(do_h), dpt)
+            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle, B + Bᵀ
             strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
             da = -mm(mm(tl.trans(tmat), dtm, PREC_DA), tl.trans(tmat), PREC_DA)
             dae = tl.where(strict, da * tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0)), 0.0)
             kk = tl.dot(kc, tl.trans(kc))
             dbeta += tl.sum(dae * kk, axis=1)
             zz = dae * kk * bt[:, None]
-            dgam += tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
+            dgam = tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
             bd = dae * bt[:, None]
-            bdt = transpose_via(tr, bd, i, m, BT)
-            dkc += mm(bd + bdt, kc.to(tl.float32), PREC_DX)
-            if CARRY_IN:
-                dkc += tl.load(dk32_ptr + qk_rows, mask=m[:, None], other=0.0)
-            if CARRY_OUT:
-                tl.store(dk32_ptr + qk_rows, dkc, mask=m[:, None])
-            else:
-                tl.store(dk_ptr + qk_rows, dkc.to(dk_ptr.dtype.element_ty), mask=m[:, None])
+            bsum = bd + transpose_via(tr, bd, i, m, BT)  # its barriers also order the dX stores
+            # the attention terms: dP ⊙ E for dq, its transpose for dk, and their γ terms
+            e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+            dpe = dp * e * scale
+            z = dpe * tl.dot(qc, tl.trans(kc))
+            dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0)
+            dpe = dpe.to(dt)
+            dpet = (dpt * et * scale).to(dt)
+            # key halves: dq and dk, with the row sums of X's K·S term and of Kd's
+            rr = tl.zeros([BT], dtype=tl.float32)  # dX_i·(K·S)_i
+            y = tl.zeros([BT], dtype=tl.float32)
+            sds = 0.0  # Σ S ⊙ dS'
+            for hk0 in tl.static_range(0, D, HD):
+                kcols = hk0 + tl.arange(0, HD)
+                key_rows = kcols[:, None] * D + dk[None, :]
+                s_h = tl.load(slot + key_rows)  # S rows of these keys, every value column
+                dsp_h = tl.load(ds_in + key_rows)
+                sds += tl.sum(tl.sum(s_h.to(tl.float32) * dsp_h, axis=1), axis=0)
+                q_h = tl.load(q_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
+                              mask=m[:, None], other=0.0)
+                k_h = tl.load(k_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
+                              mask=m[:, None], other=0.0)
+                dos = tl.dot(value_rows(do_ptr, b, h, t, m, dk, T, HV, D), tl.trans(s_h))
+                dgam += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
+                dq = dos * (scale * eg)[:, None] + tl.dot(dpe, k_h)
+                qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + kcols[None, :]
+                if CARRY_IN:
+                    dq += tl.load(dq32_ptr + qk_rows, mask=m[:, None], other=0.0)
+                if CARRY_OUT:
+                    tl.store(dq32_ptr + qk_rows, dq, mask=m[:, None])
+                else:
+                    tl.store(dq_ptr + qk_rows, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+                dxs = tl.dot(tl.load(dxs_ptr + rows), tl.trans(s_h))
+                wt = tl.dot(tl.load(slot + D * D + BT * D + rows), tl.trans(tl.load(dsb_in + key_rows)))
+                k32 = k_h.to(tl.float32)
+                rr += tl.sum(k32 * dxs, axis=1)
+                y += ekd * tl.sum(k32 * wt, axis=1)
+                dkc = wt * ekd[:, None] - dxs * bge[:, None] + tl.dot(dpet, q_h) + mm(bsum, k32, PREC_DX)
+                if CARRY_IN:
+                    dkc += tl.load(dk32_ptr + qk_rows, mask=m[:, None], other=0.0)
+                if CARRY_OUT:
+                    tl.store(dk32_ptr + qk_rows, dkc, mask=m[:, None])
+                else:
+                    tl.store(dk_ptr + qk_rows, dkc.to(dk_ptr.dtype.element_ty), mask=m[:, None])
+            dbeta -= eg * rr
+            last = tl.minimum(T - 1 - c * BT, BT - 1)
+            dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * sds, 0.0)
+            dgam -= y + bge * rr
             dgam = tl.where(m, dgam, 0.0)
             dg = tl.cumsum(dgam, axis=0, reverse=True)
             tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
@@ -272,7 +293,8 @@ def fused_backward(
     if R > 1:
         dq32 = torch.empty(B, T, Hqk, D, device=q.device, dtype=torch.float32)
         dk32 = torch.empty_like(dq32)
-    scr = torch.empty(B * Hqk * nseg, kg * (D * D + 2 * BT * D) + 2 * D * D, device=q.device, dtype=q.dtype)
+    scr = torch.empty(B * Hqk * nseg, kg * (D * D + 2 * BT * D) + 2 * D * D + BT * D, device=q.device,
+                      dtype=q.dtype)
     scr32 = torch.empty(B * Hqk * nseg, 2 * D * D + BT * BT, device=q.device, dtype=torch.float32)
     for r in range(R):
         _fused_bwd_kernel[(B * Hqk, nseg)](
@@ -283,7 +305,8 @@ def fused_backward(
             T=T, NT=nt, NG=sg.shape[1], CPS=cps, r=r, HQK=Hqk, HV=Hv, R=R, HAS_DEND=dend is not None,
             STORE_DH0=want_dh0, CARRY_IN=r > 0, CARRY_OUT=r < R - 1, PREC=prec,
             PREC_DT=dot_precision(cfg, q.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, q.dtype, "wy_da"),
-            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, KG=kg, num_warps=cfg.fused_bwd_warps,
+            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, KG=kg, HD=D // cfg.fused_bwd_split,
+            num_warps=cfg.fused_bwd_warps,
             num_stages=cfg.fused_bwd_stages,
         )
     return dq, dk, dv, dg, dbeta, dh0

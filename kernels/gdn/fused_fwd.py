@@ -157,12 +157,14 @@ def fused_segments(batch_qk_heads: int, T: int, device: torch.device, cfg: Kerne
 
 def check_fused(cfg: KernelConfig) -> None:
     """Refuses fused settings the kernels cannot take, naming the value."""
-    if cfg.fused_bv not in (16, 32, 64, 128):
-        raise ValueError(f"fused_bv = {cfg.fused_bv}: expected 16, 32, 64 or 128 (value columns per program)")
+    if cfg.fused_bv not in (64, 128):  # 32 at 8 warps stopped with an illegal memory access on the H100
+        raise ValueError(f"fused_bv = {cfg.fused_bv}: expected 64 or 128 (value columns per program)")
     if cfg.fused_maps_bv not in (16, 32, 64, 128):
         raise ValueError(f"fused_maps_bv = {cfg.fused_maps_bv}: expected 16, 32, 64 or 128")
     if cfg.fused_group < 1:
         raise ValueError(f"fused_group = {cfg.fused_group}: expected at least 1 chunk per kept state")
+    if cfg.fused_bwd_split not in (1, 2, 4):
+        raise ValueError(f"fused_bwd_split = {cfg.fused_bwd_split}: expected 1, 2 or 4 parts of D = {D}")
 
 
 def fused_forward(

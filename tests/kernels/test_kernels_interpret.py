@@ -63,7 +63,7 @@ def test_other_wu_settings_match_oracle(over: dict) -> None:
 FUSED_CASES = [
     ((65, (2, 4), torch.float16, True, True), {"fused": True}),
     ((1, (1, 1), torch.float32, True, True), {"fused": True}),
-    ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 32}),
+    ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 64, "fused_bwd_split": 4}),
     # five chunks in 3 segments of groups of 2 (the last one short), a group's middle value head
     ((300, (1, 3), torch.float32, True, True), {"fused": True, "fused_group": 2, "seq_segments": 3}),
     pytest.param((130, (2, 4), torch.float16, False, True),
@@ -114,7 +114,7 @@ def test_fused_path_refuses_packed_sequences() -> None:
     x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=False, seed=1)
     with config_overrides(fused=True), pytest.raises(ValueError, match="fused = True takes dense sequences"):
         gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 5, 70]))
-    with config_overrides(fused=True, fused_bv=48), pytest.raises(ValueError, match="fused_bv = 48"):
+    with config_overrides(fused=True, fused_bv=32), pytest.raises(ValueError, match="fused_bv = 32"):
         gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, backend="triton")
 
 
