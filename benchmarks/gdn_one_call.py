@@ -9,9 +9,10 @@ seeds, B = 1, Hv = 32, D = 128, bf16, stateful), the processes taken in turns (o
 FlashQLA, ours, ...) so that a backend's launch state that differs from process to process shows
 as a spread across its processes rather than as one number. FLA runs from `--fla-path` with
 `FLA_FLASH_QLA=0` and without FlashQLA's folder on its path (FLA 0.6.0 dispatches to FlashQLA
-whenever it can import it); FlashQLA from `--qla-path`. The first process of each backend also
-measures accuracy over `--accuracy-seeds` against the fp32 eager backend, and ours' first also
-compares two identical runs bit for bit and runs the `--variant`s; ours' later processes time the
+whenever it can import it); FlashQLA from `--qla-path`. Ours' first process also measures
+accuracy over `--accuracy-seeds` against the fp32 eager backend (the peers' first over
+`--peer-accuracy-seeds`, none by default), compares two identical runs bit for bit and runs the
+`--variant`s; ours' later processes time the
 variants too (`--variant-processes`: only the first N), so that a variant's ratio to the default
 is read process by process.
 
@@ -44,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 FORMAT = "gdn-one-call/1"
 BACKENDS = ("ours", "fla", "flashqla")
-SETTINGS = ("seq_lens", "qk_heads", "v_heads", "processes", "rep", "warmup", "accuracy_seeds", "variant",
-            "variant_processes", "set", "backends")
+SETTINGS = ("seq_lens", "qk_heads", "v_heads", "processes", "rep", "warmup", "accuracy_seeds",
+            "peer_accuracy_seeds", "variant", "variant_processes", "set", "backends")
 
 
 def nvidia_smi(query: str) -> str | None:
@@ -74,8 +75,9 @@ def child_command(backend: str, index: int, args: argparse.Namespace, out: Path)
     """bench_gdn_peers.py for process `index` of `backend`."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_peers.py"), "--backend", backend,
            "--seq-lens", args.seq_lens, "--qk-heads", args.qk_heads, "--rep", str(args.rep),
-           "--warmup", str(args.warmup), "--out", str(out),
-           "--accuracy-seeds", args.accuracy_seeds if index == 0 else ""]
+           "--warmup", str(args.warmup), "--out", str(out)]
+    seeds = args.accuracy_seeds if backend == "ours" else args.peer_accuracy_seeds
+    cmd += ["--accuracy-seeds", seeds if index == 0 else ""]
     if backend == "ours":
         cmd += [f"--variant={v}" for v in args.variant] if index < args.variant_processes else []
         cmd += ["--variant-accuracy-seeds", args.accuracy_seeds.split(",")[0] if index == 0 else ""]
@@ -115,8 +117,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: getattr(args, k) for k in SETTINGS},
         "processes": [],
     }
-    if args.commit:
-        result["machine"]["commit"] = args.commit
+    if args.commit:  # a tree copied without its history: the commit it was copied from
+        result["machine"].update(commit=args.commit, modified=None, commit_given=True)
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="gdn-one-call-") as tmp:
         for index in range(args.processes):
@@ -163,7 +165,8 @@ def main() -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
-    ap.add_argument("--accuracy-seeds", default="0,1,2")
+    ap.add_argument("--accuracy-seeds", default="0,1,2", help="ours' accuracy seeds (its first process)")
+    ap.add_argument("--peer-accuracy-seeds", default="", help="FLA's and FlashQLA's (default: none)")
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON: KernelConfig overrides (ours)")
     ap.add_argument("--variant-processes", type=int, default=1 << 30,
                     help="time the variants in ours' first N processes only (default: all)")

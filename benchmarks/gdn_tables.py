@@ -54,9 +54,10 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
     fb = [fwd_bwd(r) for r in rs]
     fw = [float(r["fwd_ms"]) for r in rs]
     first = rs[0]
-    return {"fwd_bwd": statistics.median(fb), "fwd_bwd_range": (min(fb), max(fb)), "fwd": statistics.median(fw),
-            "fwd_range": (min(fw), max(fw)), "peak": first.get("peak_mib"), "worst": first.get("worst_rel_l2"),
-            "worst_tensor": max(first["rel_l2"], key=first["rel_l2"].get) if first.get("rel_l2") else None,
+    errs = first.get("rel_l2") or {}
+    return {"fwd_bwd": statistics.median(fb), "fwd_bwd_range": (min(fb), max(fb)),
+            "fwd": statistics.median(fw), "fwd_range": (min(fw), max(fw)), "peak": first.get("peak_mib"),
+            "worst": first.get("worst_rel_l2"), "worst_tensor": max(errs, key=errs.get) if errs else None,
             "differ": first.get("differ_between_runs"), "processes": len(rs)}
 
 
@@ -76,11 +77,11 @@ def bar_table(doc: Mapping[str, Any], variant: str = "default") -> str:
     """ours (`variant`) beside FLA and FlashQLA: times, ratios, peak, worst error."""
     table = runs(doc)
     head = ("| T, Hqk | ours fwd+bwd ms | FLA | FlashQLA | ours/FLA | ours/FlashQLA | fwd ours/FLA | "
-            "fwd ours/FlashQLA | peak ours/FLA | worst rel-L2 (ours) |")
-    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "fwd ours/FlashQLA | peak ours/FLA | worst rel-L2 (ours) | ours repeats bit for bit |")
+    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for shape in shapes(table):
-        got = {b: summary(table[(b, v, shape)]) for b, v in (("ours", variant), ("fla", "default"),
-                                                              ("flashqla", "default")) if (b, v, shape) in table}
+        which = (("ours", variant), ("fla", "default"), ("flashqla", "default"))
+        got = {b: summary(table[(b, v, shape)]) for b, v in which if (b, v, shape) in table}
         if "ours" not in got:
             continue
         ours, fla, qla = got["ours"], got.get("fla"), got.get("flashqla")
@@ -94,9 +95,10 @@ def bar_table(doc: Mapping[str, Any], variant: str = "default") -> str:
         worst = f"{ours['worst']:.2e} ({ours['worst_tensor']})" if ours["worst"] is not None else "–"
         lines.append(
             f"| {_k(shape[0])}, {shape[1]} | {cell(ours)} | {cell(fla)} | {cell(qla)} | "
-            f"{_ratio(ours['fwd_bwd'], fla and fla['fwd_bwd'])} | {_ratio(ours['fwd_bwd'], qla and qla['fwd_bwd'])} | "
+            f"{_ratio(ours['fwd_bwd'], fla and fla['fwd_bwd'])} | "
+            f"{_ratio(ours['fwd_bwd'], qla and qla['fwd_bwd'])} | "
             f"{_ratio(ours['fwd'], fla and fla['fwd'])} | {_ratio(ours['fwd'], qla and qla['fwd'])} | "
-            f"{_ratio(ours['peak'], fla and fla['peak'])} | {worst} |")
+            f"{_ratio(ours['peak'], fla and fla['peak'])} | {worst} | {repeats(ours)} |")
     return "\n".join(lines)
 
 
@@ -105,22 +107,27 @@ def variant_table(doc: Mapping[str, Any]) -> str:
     ratio (both timed in that process), fwd, fwd+bwd, peak, worst error at its seeds, repeats."""
     table = runs(doc)
     names = sorted({v for (b, v, _) in table if b == "ours" and v != "default"})
-    lines = ["| variant | T, Hqk | fwd ms | fwd+bwd ms | fwd+bwd / default | peak MiB | worst rel-L2 | repeats |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| variant | T, Hqk | fwd ms | fwd+bwd ms | fwd+bwd / default | peak MiB | worst rel-L2 "
+             "| repeats |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name in names:
         for shape in shapes(table):
             if ("ours", name, shape) not in table:
                 continue
-            mine, base = table[("ours", name, shape)], {r["process"]: r for r in table[("ours", "default", shape)]}
+            mine = table[("ours", name, shape)]
+            base = {r["process"]: r for r in table[("ours", "default", shape)]}
             s = summary(mine)
             ratios = [fwd_bwd(r) / fwd_bwd(base[r["process"]]) for r in mine if r["process"] in base]
             worst = f"{s['worst']:.2e}" if s["worst"] is not None else "–"
-            repeats = "–" if s["differ"] is None else ("yes" if not s["differ"] else f"no: {s['differ']}")
             lines.append(f"| {name} | {_k(shape[0])}, {shape[1]} | {s['fwd']:.3f} | {s['fwd_bwd']:.3f} | "
-                         f"{statistics.median(ratios):.3f} | {s['peak'] or 0:.0f} | {worst} | {repeats} |"
+                         f"{statistics.median(ratios):.3f} | {s['peak'] or 0:.0f} | {worst} | {repeats(s)} |"
                          if ratios else f"| {name} | {_k(shape[0])}, {shape[1]} | {s['fwd']:.3f} | "
-                         f"{s['fwd_bwd']:.3f} | – | – | {worst} | {repeats} |")
+                         f"{s['fwd_bwd']:.3f} | – | – | {worst} | {repeats(s)} |")
     return "\n".join(lines)
+
+
+def repeats(s: Mapping[str, Any]) -> str:
+    """Whether two identical fwd+bwd of the first process gave the same bits (– when not run)."""
+    return "–" if s["differ"] is None else ("yes" if not s["differ"] else f"no: {', '.join(s['differ'])}")
 
 
 def header(doc: Mapping[str, Any]) -> str:
@@ -133,8 +140,24 @@ def header(doc: Mapping[str, Any]) -> str:
                       (("fla", "fla", "FLA"), ("flashqla", "flash_qla", "FlashQLA")) if b in versions)
     return (f"{m.get('gpu')} (driver {m.get('driver')}), host {m.get('host')}, torch {ours.get('torch')}, "
             f"Triton {ours.get('triton')}, {peers}; commit {str(m.get('commit'))[:12]}, "
-            f"{doc.get('started_utc')} – {doc.get('ended_utc')}, {doc['settings']['processes']} processes per "
-            "backend")
+            f"{doc.get('started_utc')} – {doc.get('ended_utc')}; processes per backend (of "
+            f"{doc['settings']['processes']} asked): {ran(doc)}")
+
+
+def ran(doc: Mapping[str, Any]) -> str:
+    """Each backend's processes with a result, and those that failed, passed the deadline or were
+    skipped (their shapes are missing from the tables)."""
+    out = []
+    for b in doc["settings"]["backends"].split(","):
+        procs = [p for p in doc["processes"] if p["backend"] == b]
+        done = sum(1 for p in procs if p.get("rc") == 0)
+        short = [f"#{p['process']} {p.get('skipped') or 'rc ' + str(p.get('rc'))}"
+                 + (", its shapes so far kept" if p.get("result") else "") for p in procs if p.get("rc") != 0]
+        if not procs:
+            out.append(f"{b} none")
+            continue
+        out.append(f"{b} {done} complete" + (f" ({'; '.join(short)})" if short else ""))
+    return "; ".join(out)
 
 
 def main() -> int:
