@@ -8,23 +8,21 @@
 #          ours[:LENS[:HEADS]] ours at the default settings (LENS e.g. 8192,65536; HEADS 32,16)
 #          sweep:LENS:NAME=JSON;NAME=JSON...   ours under config overrides (KernelConfig fields) beside
 #                             the defaults, Hqk = SWEEP_HEADS (default 32), one seed
-#          stride[:LENS]      the states at a stride in one call of <= 540 s: the GPU tests of the
-#                             paths it touches (small shapes, strides, packed, reproducibility;
-#                             <= 170 s), then ours at the defaults and with state_stride 8, 4, 2
-#                             (forward re-walk, group backward; fwd, fwd+bwd, incremental peak, two
-#                             runs compared bitwise, every tensor against the defaults' on the same
-#                             inputs; the defaults also against the fp32 eager backend; <= 290 s),
-#                             then FLA (<= 80 s, no accuracy runs), at LENS (default
-#                             16384,32768,65536), Hqk 32 and 16, Hv 32, bf16, stateful; each part is
-#                             cut at its limit with what it has written ($OUT/stride.json, fla.json).
-#                             The same Python on a CPU at a tiny shape (TRITON_INTERPRET=1): add
-#                             --dry-run --dtype float16 --seq-lens 65 --qk-heads 1 --v-heads 2
+#          call[:LENS[:HEADS]] the one-call measurement (benchmarks/gdn_one_call.py): ours, FLA and FlashQLA in
+#                             turns, PROCS (default 3) processes each, at LENS (default 16384,32768,65536),
+#                             HEADS (default 32,16), accuracy CALL_SEEDS (default 0,1,2) for ours, VARIANTS
+#                             ('NAME=JSON;...') of ours in its first VARIANT_PROCS (default 1) processes;
+#                             cut at CALL_LIMIT s (default 540); $OUT/call.json. Warm first (FLA's autotuning
+#                             and FlashQLA's compiles take minutes cold): a `warm` call just before, on the
+#                             same machine (COMMIT: the commit measured, for a tree copied without .git)
+#          warm[:LENS[:HEADS]] one untimed process of each backend at once at LENS (default 16384), filling
+#                             the on-disk caches (Triton's, autotuning included, and TileLang's) for `call`
 #          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz);
 #                             on a fresh machine FLA autotunes ~2.5 min per head layout (fla: cut at 560 s,
 #                             best alone in its call)
 #          repro[:T]          benchmarks/stage_repro_probe.py twice-run comparison, stage by stage, on the
 #                             gdn-op 16K packed batch (or one dense sequence of T rows), Hqk 16 / Hv 32,
-#                             under SET (e.g. SET='{"state_stride": 4}')
+#                             under SET (JSON of KernelConfig overrides)
 #          prof:T:BACKEND     per-kernel GPU time of one fwd+bwd (mean of 5) at T, 32/32
 #          stages:T:HEADS[:KNOBS]   ours per stage (benchmarks/profile_gdn_stages.py), sweeping KNOBS
 #                             (comma-separated config fields; "-" for none), HEADS = Hqk,Hv
@@ -120,14 +118,34 @@ for step in "$@"; do
             IFS=';' read -ra vs <<<"$b"
             for v in "${vs[@]}"; do args+=(--variant "$v"); done
             bench sweep 400 ours "" --seq-lens "$a" --qk-heads "${SWEEP_HEADS:-32}" --repro "${args[@]}" ;;
-        stride)
-            lens=${a:-16384,32768,65536}
-            gputest 170 'stride or selectable or reproducible or packed'
-            bench stride 290 ours "" --seq-lens "$lens" --qk-heads 32,16 --repro --rep 100 --against-default \
-                --variant-accuracy-seeds "" --variant 'stride8={"state_stride":8}' \
-                --variant 'stride4={"state_stride":4}' --variant 'stride2={"state_stride":2}'
-            setup_fla
-            SEEDS="" FLA_FLASH_QLA=0 bench fla 80 fla /tmp/site_fla --seq-lens "$lens" --qk-heads 32,16 --rep 100 ;;
+        warm)
+            export TRITON_CACHE_AUTOTUNING=1  # FLA autotunes once here; `call` reads the choice back
+            setup_fla; setup_qla
+            t0=$SECONDS
+            for bk in ours fla flashqla; do
+                path=""
+                [ "$bk" = fla ] && path=/tmp/site_fla
+                [ "$bk" = flashqla ] && path=/tmp/site_qla
+                FLA_FLASH_QLA=0 PYTHONPATH="$ROOT${path:+:$path}" timeout 400 python3 benchmarks/bench_gdn_peers.py \
+                    --backend "$bk" --seq-lens "${a:-16384}" --qk-heads "${b:-32,16}" --accuracy-seeds "" --rep 1 \
+                    --warmup 1 --out "/tmp/warm_$bk.json" ${WARM_SET:+--variant "$WARM_SET"} >"$OUT/warm_$bk.log" 2>&1 &
+            done
+            wait
+            echo "$step took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
+        call)
+            export TRITON_CACHE_AUTOTUNING=1
+            setup_fla; setup_qla
+            t0=$SECONDS
+            vargs=()
+            IFS=';' read -ra vs <<<"${VARIANTS:-}"
+            for v in "${vs[@]}"; do vargs+=(--variant "$v"); done
+            PYTHONPATH=$ROOT timeout "${CALL_LIMIT:-540}" python3 benchmarks/gdn_one_call.py --out "$OUT/call.json" \
+                --seq-lens "${a:-16384,32768,65536}" --qk-heads "${b:-32,16}" --processes "${PROCS:-3}" \
+                --accuracy-seeds "${CALL_SEEDS:-0,1,2}" --rep "$REP" --fla-path /tmp/site_fla --qla-path /tmp/site_qla \
+                --deadline "$((${CALL_LIMIT:-540} - 15))" --variant-processes "${VARIANT_PROCS:-1}" "${vargs[@]}" \
+                ${COMMIT:+--commit "$COMMIT"} \
+                2>&1 | tee -a "$OUT/call.log"
+            echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         fla) setup_fla; FLA_FLASH_QLA=0 bench fla 560 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
         repro)
             t0=$SECONDS

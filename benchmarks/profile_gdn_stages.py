@@ -26,9 +26,6 @@ SWEEP: list[tuple[str, str, list[int | str]]] = [
     ("state_both", "state_bv", [16, 32, 64]),
     ("state_both", "state_warps", [2, 4, 8]),
     ("state_both", "state_stages", [1, 2, 3]),
-    ("groups_o", "stride_bv", [32, 64]),
-    ("groups_o", "stride_warps", [4, 8]),
-    ("groups_o", "stride_stages", [1, 2, 3]),
     ("intra", "intra_warps", [1, 2, 4, 8]),
     ("intra", "intra_bk", [32, 64, 128]),
     ("intra", "f32_dot_wu", ["low", "tf32"]),
@@ -40,9 +37,6 @@ SWEEP: list[tuple[str, str, list[int | str]]] = [
     ("bwd_dqk", "dqk_warps", [4, 8]),
     ("bwd_wy", "wy_warps", [4, 8]),
     ("bwd_wy", "wy_bd", [32, 64]),
-    ("group_bwd", "stride_bwd_warps", [4, 8]),
-    ("group_bwd", "stride_bwd_stages", [1, 2, 3]),
-    ("group_bwd", "stride_bwd_wave_per_sm", [4, 8, 16, 32]),
 ]
 
 def main() -> None:
@@ -62,7 +56,6 @@ def main() -> None:
     from triton.testing import do_bench
 
     import kernels.gdn as K
-    from kernels.gdn.strided import group_backward, state_groups
 
     best: dict[str, object] = json.loads(args.set) if args.set else {}
     K.override_for_run(**best)  # for the whole run; the sweep nests its own inside
@@ -85,11 +78,6 @@ def main() -> None:
         k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=True, keep_maps=True
     )
     ds, dvn, _ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps)
-    stride = 8  # the states at a stride: the walk keeping group states, the re-walks from them
-    sb, *_ = K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=False, store_final=True,
-                             stride=stride)
-    dsb, *_ = K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, stride=stride)
-    ug = u.clone()  # the group backward writes Vn over U: its own copy (the values drift, the work does not)
     fresh: dict[str, object] = {}
 
     def state_both() -> None:
@@ -114,15 +102,9 @@ def main() -> None:
         "state_fwd": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True, store_vn=True,
                                              store_final=True),
         "output": lambda: K.output(q, k, vn, s, gamma, Hv, scale, bf),
-        "state_fwd_stride8": lambda: K.state_forward(k, w, u, gamma, Hv, h0, store_states=True,
-                                                     store_vn=False, store_final=True, stride=stride),
-        "groups_o": lambda: state_groups(q, k, w, u, gamma, sb, Hv, scale, stride=stride, out_dtype=bf),
         "dvn_local": lambda: K.dvn_local(q, k, do, gamma, scale),
         "state_bwd": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True, maps=maps),
         "bwd_dqk": lambda: K.bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, scale),
-        "state_bwd_stride8": lambda: K.state_backward(q, k, w, do, gamma, dht, scale, want_dh0=True,
-                                                      stride=stride),
-        "group_bwd": lambda: group_backward(q, k, w, ug, do, dvn, gamma, sb, dsb, Hv, scale, stride=stride),
         "bwd_wy": wy,
         "summary_S_ext": lambda: K.state_summary(k, v, g, beta),
     }

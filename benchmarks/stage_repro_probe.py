@@ -1,10 +1,10 @@
 """Which GDN stage stops repeating bit for bit? Runs one fwd+bwd of the Triton kernels twice on
 the same inputs, records every stage's outputs as `kernels.gdn.function` calls them (in call
-order, cloned at return: the group backward later overwrites U in place) and names the first
-stage whose outputs differ between the runs, then every differing tensor.
+order, cloned at return) and names the first stage whose outputs differ between the runs, then
+every differing tensor.
 
     python3 benchmarks/stage_repro_probe.py --packed 1,63,64,65,1000,3000,4096,8095 \
-        --qk-heads 16 --v-heads 32 --set '{"state_stride": 4}'
+        --qk-heads 16 --v-heads 32 [--set JSON]
 
 Dense with --seq-len instead of --packed. The gdn-op suite's stateful inputs (seed 0, as
 `bench_gdn_peers.make_inputs` draws them), bf16 on a GPU; on a CPU (TRITON_INTERPRET=1) fp16 at
@@ -29,8 +29,7 @@ import kernels.gdn.function as gdn_function
 from benchmarks.bench_gdn_peers import LEAVES, leaves, make_inputs
 from kernels.gdn import config_overrides, gated_delta_rule_triton, gated_delta_rule_triton_varlen
 
-STAGES = ("gate_cumsum", "intra_solve", "state_forward", "state_groups", "output", "state_backward",
-          "group_backward", "bwd_dqk", "bwd_wy")
+STAGES = ("gate_cumsum", "intra_solve", "state_forward", "output", "state_backward", "bwd_dqk", "bwd_wy")
 
 Record = list[tuple[str, list[torch.Tensor | None]]]
 

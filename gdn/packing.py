@@ -2,7 +2,8 @@
 
 Inputs are [1, T, H, D] holding N sequences back to back, sequence i at rows
 cu_seqlens[i]:cu_seqlens[i+1]; each has its own initial and final state ([N, Hv, Dk, Dv]) and no
-state crosses a boundary. The offsets are checked here, once, for every backend.
+state crosses a boundary. The offsets are checked here, once, for every backend, by the rule
+the Triton kernels' packed path shares (`kernels.offsets`).
 """
 
 from __future__ import annotations
@@ -15,30 +16,12 @@ import torch
 
 
 def check_cu_seqlens(cu_seqlens: Any, *, batch: int, seq_len: int) -> list[int]:
-    """The offsets as ints; raises ValueError naming the bad value and what was expected."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"cu_seqlens must be a torch.Tensor of N+1 offsets, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point() or (
-        cu_seqlens.dtype == torch.bool
-    ):
-        raise ValueError(
-            f"cu_seqlens must be a 1-D integer tensor of N+1 >= 2 offsets, got {cu_seqlens.dtype} "
-            f"of shape {tuple(cu_seqlens.shape)}"
-        )
-    if batch != 1:
-        raise ValueError(f"packed sequences (cu_seqlens) need batch 1 (the FLA convention), got {batch}")
-    cu = [int(x) for x in cu_seqlens.tolist()]
-    if cu[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {cu[0]} (cu_seqlens={cu})")
-    if cu[-1] != seq_len:
-        raise ValueError(f"cu_seqlens must end at T={seq_len}, got {cu[-1]} (cu_seqlens={cu})")
-    for i, (a, b) in enumerate(pairwise(cu)):
-        if b <= a:
-            raise ValueError(
-                f"cu_seqlens must be strictly increasing (every sequence >= 1 token), got "
-                f"cu_seqlens[{i}]={a} then cu_seqlens[{i + 1}]={b} (cu_seqlens={cu})"
-            )
-    return cu
+    """The offsets as ints, checked by the one rule the Triton kernels' packed path applies too
+    (`kernels.offsets.check_cu_seqlens`, torch only; imported here, not at the top, so that
+    `import gdn` loads no kernels module)."""
+    from kernels.offsets import check_cu_seqlens as check
+
+    return check(cu_seqlens, batch=batch, seq_len=seq_len)
 
 
 def per_sequence(

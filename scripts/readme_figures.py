@@ -50,6 +50,7 @@ from workers.registry import get_suite  # noqa: E402
 from workers.suite import Case, Sample  # noqa: E402
 
 RUN_FORMAT = "gdnval-run/1"
+ONE_CALL_FORMAT = "gdn-one-call/1"  # benchmarks/gdn_one_call.py
 RUNS_ENV = "GDNVAL_FIGURES_RUNS"  # the server's executor reads the recorded runs' paths from here
 EXECUTOR = "scripts.readme_figures:RecordedRunExecutor"
 PLOT_NAME, SHOT_NAME = "gdn-op-fwd-bwd.svg", "job-page.png"
@@ -89,7 +90,48 @@ class RecordedRun:
             return cls.from_peers(path, doc)
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"{path}: format {found!r}; expected a {RUN_FORMAT!r} document (gdnval run "
-                         "SUITE --json FILE) or a benchmarks/bench_gdn_peers.py result")
+                         "SUITE --json FILE), a benchmarks/bench_gdn_peers.py result or a "
+                         "benchmarks/gdn_one_call.py file")
+
+    @classmethod
+    def load_all(cls, path: Path) -> list[RecordedRun]:
+        """The runs of a file: a one-call measurement (`benchmarks/gdn_one_call.py`) holds one per
+        backend, every other format one."""
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and doc.get("format") == ONE_CALL_FORMAT:
+            return cls.from_one_call(path, doc)
+        return [cls.load(path)]
+
+    @classmethod
+    def from_one_call(cls, path: Path, doc: Mapping[str, Any]) -> list[RecordedRun]:
+        """A `gdn_one_call.py` file as one gdn-op job per backend, ours first: each process of a
+        backend gives its `fwd_ms` and `fwd_bwd_ms` samples (the repetition index is the process),
+        so that a spread between processes shows as the case's whisker; the peak and the
+        accuracy come from the processes that measured them. Default settings only."""
+        machine = doc.get("machine") or {}
+        hv = int((doc.get("settings") or {}).get("v_heads") or PEER_V_HEADS)
+        runs: list[RecordedRun] = []
+        for name, backend in PEER_BACKENDS.items():
+            procs = [p for p in doc["processes"] if p["backend"] == name and p.get("result")]
+            if not procs:
+                continue
+            samples, lens, heads = [], set(), set()
+            for p in procs:
+                default = [r for r in p["result"]["runs"] if r.get("variant", "default") == "default"]
+                samples += peer_samples(backend, default, hv, idx=int(p["process"]))
+                lens |= {int(r["T"]) for r in default}
+                heads |= {int(r["hqk"]) for r in default}
+            versions = dict(procs[0]["result"].get("versions") or {})
+            overrides = {"seq_lens": sorted(lens), "qk_heads": sorted(heads, reverse=True), "v_heads": hv,
+                         "modes": ["stateful"], "backends": [backend], "baseline": backend}
+            info = {"device_name": machine.get("gpu") or versions.get("gpu"), "driver": machine.get("driver"),
+                    "torch": versions.get("torch"), "triton": versions.get("triton"), "versions": versions,
+                    "command": doc.get("command"), "started_utc": doc.get("started_utc")}
+            runs.append(cls(path, "gdn-op", "full", overrides, "cuda", 1, machine.get("commit"), "succeeded",
+                            None, info, [], samples))
+        if not runs:
+            raise ValueError(f"{path}: no process of the one-call measurement has a result")
+        return runs
 
     @classmethod
     def from_peers(cls, path: Path, doc: Mapping[str, Any]) -> RecordedRun:
@@ -106,19 +148,30 @@ class RecordedRun:
         heads = sorted({int(r["hqk"]) for r in runs}, reverse=True)
         overrides = {"seq_lens": lens, "qk_heads": heads, "v_heads": hv, "modes": ["stateful"],
                      "backends": [backend], "baseline": backend}
-        samples: list[dict[str, Any]] = []
-        for r in runs:
-            case = f"T{r['T']}_stateful_hqk{r['hqk']}_hv{hv}_b1_{backend}"
-            times = [float(r[k]) for k in ("fwd_bwd_ms", "fwd_bwd_ms_again") if r.get(k) is not None]
-            values = {"fwd_ms": r.get("fwd_ms"), "fwd_bwd_ms": min(times) if times else None,
-                      "peak_bytes": float(r["peak_mib"]) * 2**20 if r.get("peak_mib") is not None else None,
-                      **{f"{t}_rel_l2": v for t, v in (r.get("rel_l2") or {}).items()}}
-            samples += [{"case": case, "metric": m, "value": v} for m, v in values.items() if v is not None]
+        samples = peer_samples(backend, runs, hv)
         versions = dict(doc.get("versions") or {})
         info = {"device_name": versions.get("gpu"), "torch": versions.get("torch"),
                 "triton": versions.get("triton"), "versions": versions,
                 "command": doc.get("command")}
         return cls(path, "gdn-op", "full", overrides, "cuda", 1, None, "succeeded", None, info, [], samples)
+
+
+def peer_samples(
+    backend: str, runs: Sequence[Mapping[str, Any]], hv: int, idx: int = 0
+) -> list[dict[str, Any]]:
+    """A `bench_gdn_peers.py` process's default runs as gdn-op samples: `fwd_ms`, `fwd_bwd_ms`
+    (the lower of its two back-to-back medians), the incremental peak and each tensor's relative
+    L2, at repetition `idx`."""
+    samples: list[dict[str, Any]] = []
+    for r in runs:
+        case = f"T{r['T']}_stateful_hqk{r['hqk']}_hv{hv}_b1_{backend}"
+        times = [float(r[k]) for k in ("fwd_bwd_ms", "fwd_bwd_ms_again") if r.get(k) is not None]
+        values = {"fwd_ms": r.get("fwd_ms"), "fwd_bwd_ms": min(times) if times else None,
+                  "peak_bytes": float(r["peak_mib"]) * 2**20 if r.get("peak_mib") is not None else None,
+                  **{f"{t}_rel_l2": v for t, v in (r.get("rel_l2") or {}).items()}}
+        samples += [{"case": case, "metric": m, "value": v, "idx": idx}
+                    for m, v in values.items() if v is not None]
+    return samples
 
 
 def current_cases(run: RecordedRun) -> tuple[list[Case], Any]:
@@ -192,7 +245,7 @@ class RecordedRunExecutor(Executor):
         raw = os.environ.get(RUNS_ENV)
         if not raw:
             raise RuntimeError(f"{RUNS_ENV} is not set; expected a JSON list of recorded run files")
-        self.runs = [RecordedRun.load(Path(p)) for p in json.loads(raw)]
+        self.runs = [r for p in json.loads(raw) for r in RecordedRun.load_all(Path(p))]
         self._replayed: set[int] = set()
         self._lock = threading.Lock()
 
@@ -368,7 +421,7 @@ def make_figures(results: Sequence[Path], out: Path) -> tuple[Path, Path]:
 
     from service.web.charts import sweep_chart
 
-    runs = [RecordedRun.load(p) for p in results]
+    runs = [r for p in results for r in RecordedRun.load_all(p)]
     for r in runs:
         _, left_out = map_samples(r)
         if left_out:

@@ -11,7 +11,8 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   segments   per-segment affine maps of the state and the scan across segments
   state      forward / reverse state passes (sequence-parallel over segments when it pays)
   output     O from per-chunk states and Vn
-  strided    states at a stride: chunk-group re-walks forming O, or S and Vn for the backward
+  fused_fwd  the fused forward: one walk per head, Vn and O on chip, T and group states kept
+  fused_bwd  the fused backward: the reverse walk and the whole WY backward per chunk on chip
   dvn_local  the intra-chunk part of dVn
   dqk        dq, the state part of dk, dWk and γ partials
   wy_bwd     dk, dv, dβ, dg through the WY representation
@@ -19,7 +20,8 @@ value heads natively (value head h reads q/k head h // r, never a materialised r
   summary    the CP state summary (`state_summary`)
   varlen     packed sequences (`cu_seqlens`): chunk-aligned packing, one launch chain for all
 
-The algebra and the measurements behind the settings are in docs/kernels.md.
+The packed offsets' rule is `kernels.offsets` (torch only). The algebra is in docs/kernels.md, the
+measurements behind the settings in docs/decisions/.
 """
 
 from kernels.gdn.config import BT, D, KernelConfig, config_overrides, kernel_config, override_for_run, t_dtype

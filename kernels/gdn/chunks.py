@@ -19,13 +19,12 @@ class ChunkTable:
     when len_i is not a multiple of BT and ends at the sequence's end (masked there as the dense
     path masks its short last chunk at T). `spans` [NT, 2] int32: each chunk's first row and end
     row (exclusive), in sequence order; `seq_chunks` [N + 1] int32: sequence i's chunks are
-    seq_chunks[i] .. seq_chunks[i+1] (none for an empty one). Per-chunk intermediates are indexed
-    by chunk (NT of them), row-shaped ones stay in the packed rows. `counts`: each sequence's
-    number of chunks, on the host (for `groups`)."""
+    seq_chunks[i] .. seq_chunks[i+1] (at least one: every sequence holds a token, `kernels.offsets`).
+    Per-chunk intermediates are indexed by chunk (NT of them), row-shaped ones stay in the packed
+    rows."""
 
     spans: torch.Tensor
     seq_chunks: torch.Tensor
-    counts: tuple[int, ...]
 
     @classmethod
     def of(cls, cu: list[int], device: torch.device) -> ChunkTable:
@@ -34,22 +33,7 @@ class ChunkTable:
             spans += [(r, min(r + BT, b)) for r in range(a, b, BT)]
             seq_chunks.append(len(spans))
         flat = torch.tensor(spans, dtype=torch.int32).view(-1, 2)
-        counts = tuple(b - a for a, b in pairwise(seq_chunks))
-        return cls(flat.to(device), torch.tensor(seq_chunks, dtype=torch.int32, device=device), counts)
-
-    def groups(self, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunk groups of at most `stride` chunks that never cross a sequence: `groups` [NG, 2]
-        int32, each group's first chunk and end chunk (exclusive), in sequence order, and
-        `seq_groups` [N + 1] int32, sequence i's groups seq_groups[i] .. seq_groups[i+1] (what the
-        states at a stride are indexed by)."""
-        groups, seq_groups, c0 = [], [0], 0
-        for n in self.counts:
-            groups += [(c, min(c + stride, c0 + n)) for c in range(c0, c0 + n, stride)]
-            seq_groups.append(len(groups))
-            c0 += n
-        dev = self.spans.device
-        flat = torch.tensor(groups, dtype=torch.int32).view(-1, 2)
-        return flat.to(dev), torch.tensor(seq_groups, dtype=torch.int32, device=dev)
+        return cls(flat.to(device), torch.tensor(seq_chunks, dtype=torch.int32, device=device))
 
 
 def table_parts(table: ChunkTable | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -22,30 +22,17 @@ def chunk_span(c, T, spans_ptr, VARLEN: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def group_chunks(groups_ptr, g, NT, STRIDE: tl.constexpr, VARLEN: tl.constexpr):
-    """First chunk and end chunk (exclusive) of group g: dense g·STRIDE .. +STRIDE cut at NT;
-    VARLEN the group table's entry (`ChunkTable.groups`)."""
-    if VARLEN:
-        c0 = tl.load(groups_ptr + 2 * g)
-        c1 = tl.load(groups_ptr + 2 * g + 1)
-    else:
-        c0 = g * STRIDE
-        c1 = tl.minimum(c0 + STRIDE, NT)
-    return c0, c1
-
-
-@triton.jit
 def walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN: tl.constexpr):
     """Chunks c0 .. c1 and rows r0 .. r1 of state walk `seg`: packed sequence seg (VARLEN; its
-    first and end row read from the chunk table once, 0, 0 when it has no chunk, so the walk steps
-    through its rows by BT and its loads stay affine in the loop counter, software-pipelined as
-    the dense walk's are), else segment seg of CPS chunks of a dense sequence of T rows."""
+    first and end row read from the chunk table once, so the walk steps through its rows by BT
+    and its loads stay affine in the loop counter, software-pipelined as the dense walk's are;
+    every sequence has a chunk, `kernels.offsets`), else segment seg of CPS chunks of a dense
+    sequence of T rows."""
     if VARLEN:
         c0 = tl.load(seq_ptr + seg)
         c1 = tl.load(seq_ptr + seg + 1)
-        some = c1 > c0
-        r0 = tl.load(spans_ptr + 2 * c0, mask=some, other=0)
-        r1 = tl.load(spans_ptr + 2 * c1 - 1, mask=some, other=0)
+        r0 = tl.load(spans_ptr + 2 * c0)
+        r1 = tl.load(spans_ptr + 2 * c1 - 1)
     else:
         c0 = seg * CPS
         c1 = tl.minimum(c0 + CPS, NT)

@@ -49,6 +49,9 @@ class KernelConfig:
     # The segment scan's products of fp32 maps, for every input dtype (tf32x3: fp32-level accuracy
     # on the tensor cores; IEEE fp32 ones spill 13 KB of stack per program on sm_90).
     f32_dot_scan: str = "tf32x3"
+    # The fused path's products with T: Vn = T·X and dX = Tᵀ·dVn (tf32: T and X at about fp16's
+    # precision with fp32's range; "low" rounds both to the input dtype).
+    f32_dot_vn: str = "tf32"
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3
@@ -81,25 +84,24 @@ class KernelConfig:
     # keep the accuracy of an fp32 T (|T| stayed <= 1 for unit keys and β in [0, 1] under an
     # adversarial search, <= 2 for β up to 2; docs/kernels.md, "Precision").
     t_fp16: bool = True
-    # States at a stride (`strided`): the forward walk stores S only at every state_stride-th
-    # chunk boundary (fp32) and chunk-group programs re-walk their chunks from it to form O; the
-    # forward keeps those group states and U, and the backward re-walks S and dS' per group and
-    # does bwd_dqk's work from them (`strided.group_backward`), so no per-chunk S or dS' tensor of
-    # the sequence exists. 0: the walk stores every chunk's S and Vn and the output stage reads
-    # them.
-    state_stride: int = 0
-    stride_bv: int = 32  # value columns per program of the chunk-group re-walk
-    stride_warps: int = 4
-    stride_stages: int = 2
-    # The group backward goes in waves of groups, each through a scratch of its chunks' S and dS':
-    # stride_bwd_wave groups per wave, 0 = from the device, about stride_bwd_wave_per_sm
-    # (chunk, head) pairs per multiprocessor (132 SMs, B·Hv = 32, k = 8: 4 groups, a 64 MiB bf16
-    # scratch). Its re-walk kernel runs at stride_bwd_warps / stride_bwd_stages; its bwd_dqk
-    # launches at bwd_dqk's own dqk_bk, dqk_bv, dqk_warps.
-    stride_bwd_wave: int = 0
-    stride_bwd_wave_per_sm: int = 8
-    stride_bwd_warps: int = 4
-    stride_bwd_stages: int = 2
+    # The fused path (`fused_fwd`, `fused_bwd`): the forward walks each head (fused_bv value
+    # columns per program; 128: the whole state) forming Vn = T·(β⊙V − βe^γ⊙(K·S)) on chip, so Wk,
+    # U, per-chunk S and Vn are never written; it keeps T and the fp32 state entering every group
+    # of fused_group chunks. The backward walks each head with the whole dS on chip, re-walking
+    # each group forward from its kept state into a per-program scratch (S, X, Vn of its chunks in
+    # the input dtype) and doing the whole WY backward per chunk. Below the multiprocessor count
+    # the sequence is cut into segments joined by exact affine maps (`fused_segments`). Off until
+    # the device measures it faster than the staged path.
+    fused: bool = False
+    fused_bv: int = 128
+    fused_group: int = 4
+    fused_fwd_warps: int = 8
+    fused_fwd_stages: int = 1
+    fused_bwd_warps: int = 8
+    fused_bwd_stages: int = 1
+    fused_bwd_split: int = 2  # the backward step's value and key columns in this many parts
+    fused_maps_bv: int = 32  # value columns per program of the segment maps (separable columns)
+    fused_maps_warps: int = 4
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.
     # Dense sequences only: packed ones (varlen) walk one segment per sequence, all in one launch.
     seq_segments: int = 0
@@ -121,14 +123,14 @@ DEFAULT = KernelConfig()
 # run with Triton 3.6 raised OutOfResources at 409600 B); the state walks load K and Q straight
 # into their products, so 2 stages of fp32 tiles pass the limit in the reverse walk (246276 B).
 # tests/kernels/test_kernels_compile.py compiles every launch for sm_90 and checks the limit.
-DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4, stride_stages=1)
+DEFAULT_FP32 = DEFAULT.replace(state_stages=1, dqk_bk=64, dqk_bv=32, dqk_warps=4)
 # On an Ascend NPU (torch_npu's "npu" device) triton-ascend's front end refuses tf32 and tf32x3
 # ("please use input_precision='hf32' on Ascend"): the intra products take hf32 (its tf32), the
 # intra inverses and the segment scan IEEE fp32 (tf32x3 stood for fp32-level accuracy). T stays
 # fp32 there: the hf32 Wk/U products would round an fp16 T a second time at the same width.
 # tests/kernels/test_kernels_ascend.py lowers every launch with these fields.
 NPU_FIELDS = {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee", "f32_dot_scan": "ieee",
-              "t_fp16": False}
+              "f32_dot_vn": "hf32", "t_fp16": False}
 
 _OVERRIDES: ContextVar[tuple[tuple[str, Any], ...]] = ContextVar("gdn_kernel_overrides", default=())
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, group_chunks, load_gamma, transpose_via
+from kernels.gdn.common import chunk_span, load_gamma, transpose_via
 from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
@@ -15,34 +15,22 @@ from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 @triton.jit(do_not_specialize=["r"])
 def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, groups_ptr, scale,
-    T, NT, NTS, G0, G1, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, scale,
+    T, NT, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
-    VARLEN: tl.constexpr, WAVE: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk of value head hk·R + r of q/k head
-    b·Hqk + hk (program_id 2), from the per-chunk S and dS' ([B·Hv, NTS, D, D], NTS = NT). A
-    group's heads run one launch each, r = 0 .. R − 1 in order (`dqk_chunk`: dq's running sum
-    passes from launch to launch, so the sum has a fixed order and is bitwise reproducible).
-    WAVE (the group backward, `strided.group_backward`): program j takes the j-th chunk of groups
-    G0 .. G1 (of STRIDE chunks; VARLEN: `groups_ptr`) if the wave has one (else it stores
-    nothing), its S and dS' at slot j of the wave's scratch [B·Hv, NTS, D, D]."""
+    b·Hqk + hk (program_id 2), from the per-chunk S and dS' ([B·Hv, NT, D, D]). A group's heads
+    run one launch each, r = 0 .. R − 1 in order (`dqk_chunk`: dq's running sum passes from
+    launch to launch, so the sum has a fixed order and is bitwise reproducible)."""
     j = tl.program_id(0)
     ik = tl.program_id(1)
     bhk = tl.program_id(2).to(tl.int64)
     b, hk = bhk // HQK, bhk % HQK
-    if WAVE:
-        cw, _cw_end = group_chunks(groups_ptr, G0, NT, STRIDE, VARLEN)
-        _cl, ce = group_chunks(groups_ptr, G1 - 1, NT, STRIDE, VARLEN)
-        # A program past the wave's last chunk (short groups) takes that chunk's end row as its
-        # first: every row masked, nothing stored (a branch around the body costs stack on sm_90).
-        t0, t1 = chunk_span(tl.minimum(cw + j, ce - 1), T, spans_ptr, VARLEN, BT)
-        t0 = tl.where(cw + j < ce, t0, t1)
-    else:
-        t0, t1 = chunk_span(j, T, spans_ptr, VARLEN, BT)
+    t0, t1 = chunk_span(j, T, spans_ptr, VARLEN, BT)
     bh = b * HV + hk * R + (r if R > 1 else 0)  # R == 1: no runtime head offset at all
-    slot = (bh * NTS + j) * D * D
+    slot = (bh * NT + j) * D * D
     dqk_chunk(
         q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + slot, ds_ptr + slot,
         gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2) * R,
@@ -59,7 +47,7 @@ def dqk_chunk(
 ):
     """bwd_dqk's work for the chunk at rows t0 .. t1 of value head bh (of NBH), key columns
     [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
-    stride D; per-chunk tensors, or the group backward's scratch). dq of a q/k head sums its
+    stride D). dq of a q/k head sums its
     value heads' terms, carried from one head's launch to the next through the next head's dk
     tile (fp32, written by nobody else before that head's launch overwrites it): CARRY_IN adds
     what the previous head left in this head's tile, CARRY_OUT leaves the sum in the next head's
@@ -162,9 +150,9 @@ def bwd_dqk(
         _bwd_dqk_kernel[(NT, D // BK, B * Hqk)](
             q_ptr=q, k_ptr=k, vn_ptr=vn, do_ptr=do, dvn_ptr=dvn, s_ptr=s, ds_ptr=ds, gamma_ptr=gamma,
             dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
-            spans_ptr=spans if spans is not None else dq, groups_ptr=dq, scale=scale,
-            T=T, NT=NT, NTS=NT, G0=0, G1=0, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_IN=r > 0, CARRY_OUT=r < R - 1,
-            VARLEN=spans is not None, WAVE=False, STRIDE=0, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
+            spans_ptr=spans if spans is not None else dq, scale=scale,
+            T=T, NT=NT, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_IN=r > 0, CARRY_OUT=r < R - 1,
+            VARLEN=spans is not None, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
             num_warps=cfg.dqk_warps,
         )
     return dq, dkp, dw, dgam

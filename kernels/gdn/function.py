@@ -9,11 +9,12 @@ import torch
 from kernels.gdn.chunks import ChunkTable, table_parts
 from kernels.gdn.config import D, KernelConfig, kernel_config
 from kernels.gdn.dqk import bwd_dqk
+from kernels.gdn.fused_bwd import fused_backward
+from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
-from kernels.gdn.intra import intra_solve
+from kernels.gdn.intra import intra_solve, intra_t
 from kernels.gdn.output import output
 from kernels.gdn.state import state_backward, state_forward
-from kernels.gdn.strided import group_backward, state_groups
 from kernels.gdn.wy_bwd import bwd_wy
 
 StateCallback = Callable[[torch.Tensor], None]
@@ -33,31 +34,22 @@ def _forward(
     cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
-    backward; with the states at a stride (cfg.state_stride = k > 0) (Wk, T, the fp32 state
-    entering every group of k chunks, U, segment maps or None) instead, from which the group
-    backward re-walks S and Vn chunk-parallel. `table`: the chunk table of packed
+    backward. `table`: the chunk table of packed
     sequences (`varlen`): every stage reads and writes the packed rows chunk by chunk through it,
     and the state passes restart at every sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
-    spans, seq_chunks = table_parts(table)
-    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans, cfg=cfg)
-    stride = cfg.state_stride
-    if stride:
-        groups = table.groups(stride) if table is not None else None
-        sb, _, ht, maps = state_forward(
-            k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=False,
-            store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans,
-            stride=stride, groups=groups, cfg=cfg,
-        )
+    if cfg.fused:  # kept: T, the group states, the segment maps, chunks per segment
+        check_dense(table)
+        tm = intra_t(k, beta, gamma, Hv, cfg=cfg)
+        o, ht, fkept = fused_forward(q, k, v, beta, gamma, tm, scale, initial_state,
+                                     store_final=output_final_state, keep=keep, cfg=cfg)
         if on_final_state is not None and ht is not None:
             on_final_state(ht)
-        o = state_groups(
-            q, k, w, u, gamma, sb, Hv, scale, stride=stride, out_dtype=v.dtype, spans=spans,
-            groups=groups[0] if groups is not None else None, cfg=cfg,
-        )
-        return o, ht, ((w, tm, sb, u, maps) if keep else ())
+        return o, ht, ((tm, *fkept) if keep else ())
+    spans, seq_chunks = table_parts(table)
+    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans, cfg=cfg)
     s, vn, ht, maps = state_forward(
         k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
         store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
@@ -116,38 +108,38 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
         dht = None if dht is None else dht.contiguous().float()
         kept, ctx.kept = ctx.kept, None
         table, cfg = ctx.table, ctx.cfg
+        if cfg.fused:
+            if not kept:
+                kept = _forward(q, k, v, gamma, beta, ctx.scale, h0, False, True, cfg)[2]
+            tm, *fkept = kept
+            del kept
+            dq, dk, dv, dg, dbeta, dh0 = fused_backward(
+                q, k, v, beta, gamma, tm, tuple(fkept), do, dht, ctx.scale, ctx.g_dtype,
+                want_dh0=h0 is not None, cfg=cfg,
+            )
+            if ctx.on_initial_state_grad is not None and dh0 is not None:
+                ctx.on_initial_state_grad(dh0)
+            dh0 = None if dh0 is None else dh0.to(h0.dtype)
+            return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None
         spans, seq_chunks = table_parts(table)
-        stride = cfg.state_stride
-        groups = table.groups(stride) if stride and table is not None else None
         if kept:
-            w, tm, s, vn, maps = kept  # at a stride: the group states and U
+            w, tm, s, vn, maps = kept
             del kept
         else:
             w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans, cfg=cfg)
             s, vn, _, maps = state_forward(
-                k, w, u, gamma, Hv, h0, store_states=True, store_vn=not stride, store_final=False,
-                keep_maps=True, seq_chunks=seq_chunks, spans=spans, stride=stride, groups=groups,
-                cfg=cfg,
+                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
+                keep_maps=True, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
             )
-            if stride:
-                vn = u  # the group states came back as s; S and Vn are re-walked from them and U
             del u
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
-            seq_chunks=seq_chunks, spans=spans, stride=stride, groups=groups, cfg=cfg,
+            seq_chunks=seq_chunks, spans=spans, cfg=cfg,
         )
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
-        del maps
-        if stride:  # bwd_dqk's work from the group states and group-end gradients, in waves
-            dq, dkp, dw, dgam = group_backward(
-                q, k, w, vn, do, dvn, gamma, s, ds, Hv, ctx.scale, stride=stride, spans=spans,
-                groups=groups[0] if groups is not None else None, cfg=cfg,
-            )
-            del w
-        else:
-            del w  # bwd_dqk does not read Wk
-            dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
+        del maps, w  # bwd_dqk does not read Wk
+        dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
         del s, ds, vn
         dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans, cfg=cfg)
         del tm, dw, dvn, dkp, dgam
@@ -183,6 +175,13 @@ def gated_delta_rule_triton(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         on_final_state=on_final_state, on_initial_state_grad=on_initial_state_grad, config=config,
     )
+
+
+def check_dense(table: ChunkTable | None) -> None:
+    """The fused kernels walk dense sequences only: packed ones are refused, not rerouted."""
+    if table is not None:
+        raise ValueError("KernelConfig.fused = True takes dense sequences; packed sequences (cu_seqlens) "
+                         "run the staged kernels: leave fused off for them")
 
 
 def check_heads(q: torch.Tensor, v: torch.Tensor) -> None:

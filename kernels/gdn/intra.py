@@ -168,6 +168,25 @@ def _intra_wu_kernel(
                      mask=m[:, None])
 
 
+def intra_t(
+    k: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor, num_v_heads: int, *,
+    spans: torch.Tensor | None = None, cfg: KernelConfig | None = None,
+) -> torch.Tensor:
+    """T [B·Hv, T, 64] in `t_dtype` (`_intra_t_kernel`): all the fused path keeps of the solve, since
+    it forms Vn from T on chip. `spans` as in `intra_solve`."""
+    cfg = cfg or kernel_config(k.dtype, k.device)
+    B, T, Hqk, _ = k.shape
+    Hv = num_v_heads
+    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=t_dtype(cfg, k.dtype))
+    _intra_t_kernel[(num_chunks(T, spans), B * Hv)](
+        k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=spans if spans is not None else tm,
+        T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk, PREC=dot_precision(cfg, k.dtype, "tm"),
+        PREC_I=dot_precision(cfg, k.dtype, "inv"), VARLEN=spans is not None, BT=BT, D=D, BK=cfg.intra_bk,
+        num_warps=cfg.intra_warps,
+    )
+    return tm
+
+
 def intra_solve(
     k: torch.Tensor,
     v: torch.Tensor | None,
@@ -188,15 +207,10 @@ def intra_solve(
     if D % cfg.intra_wu_bd or cfg.intra_wu_bd % 16:
         raise ValueError(f"intra_wu_bd = {cfg.intra_wu_bd}: expected a multiple of 16 that divides D = {D}")
     nc = num_chunks(T, spans)
+    tm = intra_t(k, beta, gamma, Hv, spans=spans, cfg=cfg)
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
-    tm = torch.empty(B * Hv, T, BT, device=k.device, dtype=t_dtype(cfg, k.dtype))
     table = spans if spans is not None else w
-    _intra_t_kernel[(nc, B * Hv)](
-        k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, spans_ptr=table, T=T, HQK=Hqk, HV=Hv,
-        R=Hv // Hqk, PREC=dot_precision(cfg, k.dtype, "tm"), PREC_I=dot_precision(cfg, k.dtype, "inv"),
-        VARLEN=spans is not None, BT=BT, D=D, BK=cfg.intra_bk, num_warps=cfg.intra_warps,
-    )
     _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
         k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
         u_ptr=u if u is not None else w, spans_ptr=table, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,

@@ -27,19 +27,17 @@ def state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale):
 
 @triton.jit
 def _state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr, grp_ptr,
-    T, NT, NG, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr,
+    T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
-    STORE_HT: tl.constexpr, VARLEN: tl.constexpr, STRIDE: tl.constexpr,
+    STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
     segment's chunks; the last segment writes the final state. One segment = the whole sequence.
     VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1] at the
     rows of the chunk table, from h0[n, h] to ht[n, h]; no state crosses a sequence boundary.
-    STORE_S with STRIDE = 0: every chunk's incoming S in w's dtype, [B·Hv, NT, D, D]. STRIDE = k:
-    only the state entering each group of k chunks, fp32, [B·Hv, NG, D, D] (dense: group c // k;
-    packed: sequence n's groups start at grp_ptr[n], one per k of its chunks)."""
+    STORE_S: every chunk's incoming S in w's dtype, [B·Hv, NT, D, D]."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -56,21 +54,9 @@ def _state_fwd_kernel(
     else:
         S = tl.zeros([D, BV], dtype=tl.float32)
     c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
-    if STRIDE > 0 and VARLEN:
-        g0 = tl.load(grp_ptr + seg)
     for c in range(c0, c1):
         if STORE_S:
-            if STRIDE == 0:
-                tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
-            else:
-                if VARLEN:
-                    j = c - c0
-                    slot = g0 + j // STRIDE
-                else:
-                    j = c
-                    slot = c // STRIDE
-                if j % STRIDE == 0:
-                    tl.store(s_ptr + (bh * NG + slot) * D * D + dk[:, None] * D + dv[None, :], S)
+            tl.store(s_ptr + (bh * NT + c) * D * D + dk[:, None] * D + dv[None, :], S.to(dt))
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
@@ -93,15 +79,14 @@ def _state_fwd_kernel(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
-    grp_ptr, scale, T, NT, NG, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    scale, T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    VARLEN: tl.constexpr, STRIDE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
-    STORE: write dVn and, with STRIDE = 0, every chunk's dS' in w's dtype [B·Hv, NT, D, D]; with
-    STRIDE = k only the fp32 dS' leaving each group of k chunks, [B·Hv, NG, D, D] (groups as in
-    `_state_fwd_kernel`). The segment's start gradient goes to dh0[bh, seg] when ALL_DH0 (the
-    summary run of every segment), else segment 0's to dh0[bh] when STORE_DH0.
+    STORE: write dVn and every chunk's dS' in w's dtype [B·Hv, NT, D, D]. The segment's start
+    gradient goes to dh0[bh, seg] when ALL_DH0 (the summary run of every segment), else segment
+    0's to dh0[bh] when STORE_DH0.
     VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
     walked back from dht[n, h] to dh0[n, h]."""
     iv = tl.program_id(0)
@@ -121,22 +106,10 @@ def _state_bwd_kernel(
     else:
         dS = tl.zeros([D, BV], dtype=tl.float32)
     c0, c1, r0, r1 = walk_range(seq_ptr, spans_ptr, seg, CPS, NT, T, VARLEN)
-    if STRIDE > 0 and VARLEN:
-        g0 = tl.load(grp_ptr + seg)
     for j in range(c1 - c0):
         c = c1 - 1 - j
         if STORE:
-            if STRIDE == 0:
-                tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
-            else:
-                if VARLEN:
-                    slot = g0 + (c - c0) // STRIDE
-                    end = tl.minimum(c - (c - c0) % STRIDE + STRIDE, c1)
-                else:
-                    slot = c // STRIDE
-                    end = tl.minimum(c - c % STRIDE + STRIDE, NT)
-                if c == end - 1:
-                    tl.store(ds_ptr + (bh * NG + slot) * D * D + cols, dS)
+            tl.store(ds_ptr + (bh * NT + c) * D * D + cols, dS.to(dt))
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
@@ -174,8 +147,6 @@ def state_forward(
     keep_maps: bool = False,
     seq_chunks: torch.Tensor | None = None,
     spans: torch.Tensor | None = None,
-    stride: int = 0,
-    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
     cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Per-chunk incoming states [B·Hv, NT, D, D] (k dtype), Vn [B·Hv, T, D], the final fp32 state
@@ -190,22 +161,13 @@ def state_forward(
     `seq_chunks` and `spans` (packed sequences, B = 1: `chunks.ChunkTable`): int32 chunk offsets
     of the N sequences and each chunk's rows; each sequence is walked from its own initial state
     [N, Hv, D, D] to its own final state [N, Hv, D, D], all N in parallel in one launch (they are
-    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype, k.device)`).
-
-    `stride` > 0: the states are kept at a stride instead, only the fp32 state entering every
-    group of `stride` chunks, [B·Hv, NG, D, D] (`strided.state_groups` re-walks each group from
-    it); packed sequences then also need their `groups` (`ChunkTable.groups(stride)`)."""
+    the segments; no maps). `cfg`: the launch settings (default: `kernel_config(k.dtype, k.device)`)."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, chunk_count(T, seq_chunks, spans)
     dev = k.device
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
-    if stride and seq_chunks is not None and groups is None:
-        raise ValueError(f"stride={stride} for packed sequences needs their groups (ChunkTable.groups)")
-    seq_groups = groups[1] if groups is not None else None
-    ng = NT if not stride else (triton.cdiv(NT, stride) if groups is None else groups[0].shape[0])
-    s_shape, s_dtype = (NT, k.dtype) if not stride else (ng, torch.float32)
-    s = torch.empty(B * Hv, s_shape, D, D, device=dev, dtype=s_dtype) if store_states else None
+    s = torch.empty(B * Hv, NT, D, D, device=dev, dtype=k.dtype) if store_states else None
     vn = torch.empty(B * Hv, T, D, device=dev, dtype=k.dtype) if store_vn else None
     ht = torch.empty(n_states, Hv, D, D, device=dev, dtype=torch.float32) if store_final else None
     h0 = initial_state.contiguous() if initial_state is not None else None
@@ -223,10 +185,9 @@ def state_forward(
         h0_ptr=h0 if h0 is not None else w, s_ptr=s if s is not None else w,
         vn_ptr=vn if vn is not None else w, ht_ptr=ht if ht is not None else w,
         seq_ptr=seq_chunks if seq_chunks is not None else w, spans_ptr=spans if spans is not None else w,
-        grp_ptr=seq_groups if seq_groups is not None else w,
-        T=T, NT=NT, NG=ng, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=Hv // Hqk,
+        T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=Hv // Hqk,
         HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
-        STORE_HT=store_final, VARLEN=seq_chunks is not None, STRIDE=stride, BT=BT, D=D, BV=BV,
+        STORE_HT=store_final, VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV,
         num_warps=cfg.state_warps, num_stages=cfg.state_stages,
     )
     return s, vn, ht, mm
@@ -235,12 +196,10 @@ def state_forward(
 def state_backward(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
-    seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None, stride: int = 0,
-    groups: tuple[torch.Tensor, torch.Tensor] | None = None, cfg: KernelConfig | None = None,
+    seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None,
+    cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
-    With `stride` > 0 the fp32 dS' leaving every group of `stride` chunks [B·Hv, NG, D, D] instead
-    of the per-chunk dS (packed sequences: with their `groups`, as `state_forward`).
 
     `maps` are the forward's segment transitions (state_forward's fourth result): with them the
     reverse pass is segmented the same way. Every segment but the first walks back from a zero
@@ -253,21 +212,16 @@ def state_backward(
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
-    if stride and seq_chunks is not None and groups is None:
-        raise ValueError(f"stride={stride} for packed sequences needs their groups (ChunkTable.groups)")
     dvl = dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
-    ng = NT if not stride else (triton.cdiv(NT, stride) if groups is None else groups[0].shape[0])
-    ds = torch.empty(B * Hv, ng, D, D, device=q.device, dtype=torch.float32 if stride else q.dtype)
+    ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     dvn = torch.empty_like(dvl)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
-    seq_groups = groups[1] if groups is not None else w
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma, grp_ptr=seq_groups,
-                    scale=scale, T=T, NT=NT, NG=ng, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
-                    STRIDE=stride, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
-                    num_stages=cfg.state_stages)
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma,
+                    scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
+                    BT=BT, D=D, BV=BV, num_warps=cfg.state_warps, num_stages=cfg.state_stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)

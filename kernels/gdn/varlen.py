@@ -13,23 +13,12 @@ sequences in parallel in one launch.
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import torch
 
 from kernels.gdn.chunks import ChunkTable
 from kernels.gdn.config import KernelConfig
 from kernels.gdn.function import check_heads, run_chunked
-
-
-def _boundaries(cu_seqlens: torch.Tensor, total: int) -> list[int]:
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor of N+1 offsets, got "
-                         f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
-    cu = [int(x) for x in cu_seqlens.tolist()]
-    if cu[0] != 0 or cu[-1] != total or any(b < a for a, b in pairwise(cu)):
-        raise ValueError(f"cu_seqlens must rise from 0 to T={total} without decreasing, got {cu}")
-    return cu
+from kernels.offsets import check_cu_seqlens
 
 
 def gated_delta_rule_triton_varlen(
@@ -46,24 +35,16 @@ def gated_delta_rule_triton_varlen(
     config: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over N packed sequences: inputs [1, T, H, 128] with sequence i at rows
-    cu_seqlens[i]:cu_seqlens[i+1]; initial_state and the final state [N, Hv, 128, 128] fp32.
-    An empty sequence passes its initial state (or zeros) through as its final state.
-    One launch chain for all N sequences, in place (the chunk table, the module docstring)."""
-    if q.shape[0] != 1:
-        raise ValueError(f"packed sequences need batch 1 (the FLA convention), got batch {q.shape[0]}")
-    cu = _boundaries(cu_seqlens, q.shape[1])
+    cu_seqlens[i]:cu_seqlens[i+1] (`kernels.offsets.check_cu_seqlens`: every sequence holds a
+    token); initial_state and the final state [N, Hv, 128, 128] fp32. One launch chain for all N
+    sequences, in place (the chunk table, the module docstring)."""
+    cu = check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=q.shape[1])
     n, hv = len(cu) - 1, v.shape[2]
     if initial_state is not None and tuple(initial_state.shape) != (n, hv, v.shape[3], v.shape[3]):
         raise ValueError(f"initial_state must be [N={n}, Hv={hv}, 128, 128] for {n} sequences, "
                          f"got {tuple(initial_state.shape)}")
     check_heads(q, v)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, config=config)
-    if cu[-1] == 0:  # nothing to run: every final state is its initial state
-        ht = None
-        if output_final_state:
-            ht = (initial_state.to(torch.float32, copy=True) if initial_state is not None
-                  else v.new_zeros(n, hv, v.shape[3], v.shape[3], dtype=torch.float32))
-        return v * 0, ht  # empty, and still in v's graph as the output was before
     if n == 1:  # one sequence is the dense case (which may also split it into parallel segments)
         return run_chunked(q, k, v, g, beta, **kw)
     return run_chunked(q, k, v, g, beta, **kw, table=ChunkTable.of(cu, q.device))

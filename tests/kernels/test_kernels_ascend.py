@@ -35,11 +35,14 @@ LOWERS = {
     "_gate_cumsum_kernel", "_intra_t_kernel", "_intra_wu_kernel", "_state_fwd_kernel", "_output_kernel",
     "_dvn_local_kernel",
     "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel", "_segment_fwd_summary_kernel",
-    "_segment_scan_kernel", "_state_group_kernel", "_group_walks_kernel",
+    "_segment_scan_kernel", "_fused_fwd_kernel", "_fused_maps_kernel", "_fused_bwd_kernel",
+    "_fused_dmaps_kernel",
 }
 # Constexprs that are a dot's input precision, per kernel: under the NPU config none is tf32 or
 # tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").
-PRECISION_CONSTEXPRS = {"_intra_t_kernel": "PREC", "_intra_wu_kernel": "PREC", "_segment_scan_kernel": "PREC"}
+PRECISION_CONSTEXPRS = {k: "PREC" for k in (
+    "_intra_t_kernel", "_intra_wu_kernel", "_segment_scan_kernel", "_fused_fwd_kernel", "_fused_maps_kernel",
+    "_fused_bwd_kernel", "_fused_dmaps_kernel")}
 
 
 def _skip_reason() -> str | None:
@@ -143,10 +146,13 @@ def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) 
             assert not {"tf32", "tf32x3"} & set(map(str, r["constexprs"].values())), r
             continue
         seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
+    fused = {"_fused_fwd_kernel", "_fused_maps_kernel", "_fused_bwd_kernel", "_fused_dmaps_kernel"}
     assert seen == {("_intra_t_kernel", "bfloat16"): {"hf32"}, ("_intra_t_kernel", "float32"): {"ieee"},
                     ("_intra_wu_kernel", "bfloat16"): {"hf32"}, ("_intra_wu_kernel", "float32"): {"ieee"},
                     ("_segment_scan_kernel", "bfloat16"): {"ieee"},
-                    ("_segment_scan_kernel", "float32"): {"ieee"}}, seen
+                    ("_segment_scan_kernel", "float32"): {"ieee"},
+                    **{(k, "bfloat16"): {"hf32"} for k in fused},
+                    **{(k, "float32"): {"ieee"} for k in fused}}, seen
 
 
 if __name__ == "__main__":

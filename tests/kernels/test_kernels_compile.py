@@ -2,7 +2,7 @@
 
 No GPU is needed: the kernels of every stage module of `kernels.gdn` are swapped for recorders, the
 real wiring (forward + backward of `gated_delta_rule_triton` and of packed sequences, the CP state
-summary, the split state passes, the states at a stride) runs on CPU tensors of each input dtype,
+summary, the split state passes) runs on CPU tensors of each input dtype,
 and each recorded launch is specialised and compiled the way `JITFunction.run` would do it on a
 device (same binder, constexprs, alignment attributes, num_warps/num_stages) but for
 `GPUTarget("cuda", 90, 32)`; ptxas ships in the Triton wheel.
@@ -94,9 +94,10 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
 
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     """Run the real wiring: grouped heads with and without states and the CP summary at T = 65 (the
-    failing H200 case), the split state passes, packed sequences and the states at a stride at T =
-    130. `full` (the `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's
-    alignment specialisation); measured with Triton 3.9 they change no kernel's shared memory, and
+    failing H200 case), the split state passes, packed sequences and the fused path (one walk and
+    two segments) at T = 130. `full` (the
+    `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment
+    specialisation); measured with Triton 3.9 they change no kernel's shared memory, and
     compiling them all cold takes ~10 min on two cores."""
     for T in (65, 8192) if full else (65,):
         for hq, hv in ((1, 2), (1, 1)) if full else ((1, 2),):
@@ -120,14 +121,11 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     (o.float().sum() + s.sum()).backward()
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
-    # the states at a stride: the walks keeping group states, the re-walk forming o (forward), the
-    # group backward re-walking S and dS' for bwd_dqk's work, dense and packed
-    with mod.config_overrides(state_stride=2):
-        o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-        (o.float().sum() + s.sum()).backward()
-        o, s = mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s,
-                                                  output_final_state=True)
-        (o.float().sum() + s.sum()).backward()
+    # the fused path: one walk, then split into 2 segments (the maps kernels, the scans)
+    for segments in (1, 2):
+        with mod.config_overrides(fused=True, seq_segments=segments):
+            o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+            (o.float().sum() + s.sum()).backward()
 
 
 def _recorded_launches(dtype: torch.dtype, full: bool) -> list:
@@ -373,6 +371,10 @@ def compiled() -> dict[str, list[dict]]:
     return table
 
 
+# The fused path's kernels (dense sequences only: no VARLEN form)
+FUSED = {"_fused_fwd_kernel", "_fused_maps_kernel", "_fused_bwd_kernel", "_fused_dmaps_kernel"}
+
+
 @pytest.mark.parametrize("dtype", COMPILED_DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dtype) -> None:
     rows = [Compiled(**r) for r in compiled[str(dtype).split(".")[-1]]]
@@ -381,16 +383,11 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     expected = {"_gate_cumsum_kernel", "_intra_t_kernel", "_intra_wu_kernel", "_state_fwd_kernel",
                 "_output_kernel",
                 "_dvn_local_kernel", "_state_bwd_kernel", "_bwd_dqk_kernel", "_bwd_wy_kernel",
-                "_segment_fwd_summary_kernel", "_segment_scan_kernel", "_state_group_kernel",
-                "_group_walks_kernel"}
+                "_segment_fwd_summary_kernel", "_segment_scan_kernel"} | FUSED
     assert kernels == expected, f"launches recorded for {sorted(kernels)}"
-    packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}  # every kernel but the dense split's
-    assert packed == expected - {"_segment_fwd_summary_kernel", "_segment_scan_kernel"}, sorted(packed)
-    strided = {c.kernel for c in rows if c.constexprs.get("STRIDE")}
-    walks = {"_state_fwd_kernel", "_state_bwd_kernel"}
-    # bwd_dqk's kernel also runs on the group backward's waves (WAVE, STRIDE = k)
-    assert strided == walks | {"_state_group_kernel", "_group_walks_kernel", "_bwd_dqk_kernel"}, \
-        sorted(strided)
+    dense_only = {"_segment_fwd_summary_kernel", "_segment_scan_kernel"} | FUSED
+    packed = {c.kernel for c in rows if c.constexprs.get("VARLEN")}
+    assert packed == expected - dense_only, sorted(packed)
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
@@ -405,7 +402,7 @@ def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:
     assert gdn_config.kernel_config(torch.float16) == half == gdn_config.DEFAULT
     fp32 = gdn_config.kernel_config(torch.float32)
     differ = {f.name for f in fields(half) if getattr(half, f.name) != getattr(fp32, f.name)}
-    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps", "stride_stages"}
+    assert differ == {"state_stages", "dqk_bk", "dqk_bv", "dqk_warps"}
     with gdn_config.config_overrides(state_bv=16):
         assert gdn_config.kernel_config(torch.float32) == fp32.replace(state_bv=16)
         assert gdn_config.kernel_config(torch.bfloat16).state_bv == 16

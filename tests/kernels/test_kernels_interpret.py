@@ -48,27 +48,6 @@ def test_triton_matches_oracle_values_and_grads(case: tuple) -> None:
 
 
 @pytest.mark.parametrize(
-    "case,over",
-    [((130, (1, 1), torch.float32, True, True), {"state_stride": 2}),
-     ((65, (2, 4), torch.float16, True, True), {"state_stride": 1}),
-     ((65, (1, 3), torch.float32, False, True), {"state_stride": 1}),
-     pytest.param((200, (2, 4), torch.float16, True, True), {"state_stride": 3}, marks=pytest.mark.slow)],
-    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
-)
-def test_states_at_a_stride_match_oracle_and_repeat(case: tuple, over: dict) -> None:
-    """The states kept at a stride (groups of 2 chunks and a short one, of 1, or of 3 and a short
-    one) and re-walked per group, forward and backward: within the oracle's bound, and a second run gives
-    the same bits (o, final state, every gradient)."""
-    from kernels.gdn import config_overrides
-
-    with config_overrides(**over):
-        first = _check_against_oracle(case)
-        second = _check_against_oracle(case)
-    for name, t in first.items():
-        assert torch.equal(t, second[name]), f"{name} differs between two runs"
-
-
-@pytest.mark.parametrize(
     "over", [{"f32_dot_wu": "tf32"}, {"intra_wu_bd": 64}],
     ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
 )
@@ -81,34 +60,62 @@ def test_other_wu_settings_match_oracle(over: dict) -> None:
         _check_against_oracle((65, (2, 4), torch.float16, True, True))
 
 
+FUSED_CASES = [
+    ((65, (2, 4), torch.float16, True, True), {"fused": True}),
+    ((1, (1, 1), torch.float32, True, True), {"fused": True}),
+    ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 64, "fused_bwd_split": 4}),
+    # five chunks in 3 segments of groups of 2 (the last one short), a group's middle value head
+    ((300, (1, 3), torch.float32, True, True), {"fused": True, "fused_group": 2, "seq_segments": 3}),
+    pytest.param((130, (2, 4), torch.float16, False, True),
+                 {"fused": True, "seq_segments": 2, "fused_group": 1, "fused_bv": 64},
+                 marks=pytest.mark.slow),
+]
+
+
 @pytest.mark.parametrize(
-    "over",
-    [{"state_stride": 2}, {"state_stride": 2, "stride_bwd_wave": 1}],
-    ids=lambda v: "-".join(f"{k}={n}" for k, n in v.items()),
+    "case,over", FUSED_CASES,
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
-@pytest.mark.slow  # the whole op twice (~60 s); the stage tests check the same bits stage by stage
-def test_strided_backward_gives_the_default_gradients(over: dict) -> None:
-    """fp32, T = 130 (groups of 2 chunks and a short one), grouped heads 1/2, initial and final
-    state: every gradient of the backward at a stride (S and dS' re-walked per group into a wave's
-    scratch, both groups in one wave or one per wave, no per-chunk tensors of the sequence) bit
-    for bit the per-chunk path's, o within fp32 rounding (the re-walk forms it over other value
-    slices)."""
+def test_fused_path_matches_oracle_and_repeats(case: tuple, over: dict) -> None:
+    """The fused forward (Vn on chip from T, whole or sliced value columns) and backward (the
+    reverse walk and the WY backward per chunk, groups re-walked from kept states, segments joined
+    by exact maps): within the oracle's bound, and a second run gives the same bits."""
     from kernels.gdn import config_overrides
 
-    x = make_inputs(1, 130, 1, 2, 128, dtype=torch.float32, stateful=True, seed=17)
-    gen = torch.Generator().manual_seed(4)
-    d_o, d_s = torch.randn(x.v.shape, generator=gen), torch.randn(x.h0.shape, generator=gen)
-    runs = []
-    for settings in ({}, over):
-        ins = [t.clone().requires_grad_() for t in x.tensors()]
-        with config_overrides(**settings):
-            o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
-        torch.autograd.backward([o, s], [d_o, d_s])
-        runs.append((o.detach(), s.detach(), [t.grad for t in ins]))
-    (o0, s0, g0), (o1, s1, g1) = runs
-    assert rel_l2(o1, o0) <= 1e-6 and torch.equal(s1, s0)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), g1, g0, strict=True):
-        assert torch.equal(a, b), f"{name}: {rel_l2(a, b):.1e}"
+    with config_overrides(**over):
+        first = _check_against_oracle(case)
+        second = _check_against_oracle(case)
+    for name, t in first.items():
+        assert torch.equal(t, second[name]), f"{name} differs between two runs"
+
+
+def test_fused_path_keeps_t_and_group_states_only() -> None:
+    """What the fused forward writes for its backward: T and the fp32 state entering every group
+    (no Wk, U, per-chunk S or Vn), and the segment maps when split; the launches of one fwd+bwd:
+    gate, T's kernel, the fused forward, and one fused backward per value head of a group."""
+    from kernels.gdn import config_overrides
+    from tests.kernels.test_kernels_varlen import counted_launches
+
+    x = make_inputs(1, 300, 1, 2, 128, dtype=torch.float32, stateful=True, seed=2)
+    ins = [t.clone().requires_grad_() for t in x.tensors()]
+    with config_overrides(fused=True, fused_group=2), counted_launches() as counts:
+        o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
+        tm, groups, maps, cps = o.grad_fn.kept
+        assert tm.shape == (2, 300, 64) and groups.shape == (2, 3, 128, 128) and maps is None and cps == 6
+        assert groups.dtype == torch.float32 and torch.equal(groups[:, 0], ins[5].detach()[0])
+        (o.sum() + s.sum()).backward()
+    assert dict(counts) == {"_gate_cumsum_kernel": 1, "_intra_t_kernel": 1, "_fused_fwd_kernel": 1,
+                            "_fused_bwd_kernel": 2}
+
+
+def test_fused_path_refuses_packed_sequences() -> None:
+    from kernels.gdn import config_overrides, gated_delta_rule_triton_varlen
+
+    x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=False, seed=1)
+    with config_overrides(fused=True), pytest.raises(ValueError, match="fused = True takes dense sequences"):
+        gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 5, 70]))
+    with config_overrides(fused=True, fused_bv=32), pytest.raises(ValueError, match="fused_bv = 32"):
+        gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, backend="triton")
 
 
 def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:
@@ -203,16 +210,15 @@ def test_output_only_backward_and_scale() -> None:
         assert rel_l2(got.grad, want.grad) <= 2e-5
 
 
-@pytest.mark.parametrize("stride", [0, 1])
-def test_second_backward_recomputes_released_intermediates(stride: int) -> None:
+@pytest.mark.parametrize("over", [{}, {"fused": True}], ids=["staged", "fused"])
+def test_second_backward_recomputes_released_intermediates(over: dict) -> None:
     """The first backward frees the forward's kept intermediates; a second one (retain_graph)
-    recomputes them and must give the same gradients (also when the first recomputed S and Vn
-    from states kept at a stride)."""
+    recomputes them and must give the same gradients."""
     from kernels.gdn import config_overrides
 
     x = make_inputs(1, 70, 1, 2, 128, dtype=torch.float32, stateful=True, seed=3)
     ins = [t.clone().requires_grad_() for t in x.tensors()]
-    with config_overrides(state_stride=stride):
+    with config_overrides(**over):
         o, s = gated_delta_rule(*ins[:5], initial_state=ins[5], output_final_state=True, backend="triton")
     loss = o.square().sum() + s.sum()
     first = torch.autograd.grad(loss, ins, retain_graph=True)
@@ -222,17 +228,16 @@ def test_second_backward_recomputes_released_intermediates(stride: int) -> None:
         assert rel_l2(b, a) <= 1e-6
 
 
-@pytest.mark.parametrize("stride", [0, 2])
-def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stride: int) -> None:
+@pytest.mark.parametrize("over", [{}, {"fused": True}], ids=["staged", "fused"])
+def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(over: dict) -> None:
     """The P2P chain's early hand-off points: each callback runs once and sees exactly what the
-    call returns (the final state; the initial state's gradient), also with the states at a
-    stride."""
+    call returns (the final state; the initial state's gradient)."""
     from kernels.gdn import config_overrides
 
     x = make_inputs(1, 100, 1, 2, 128, dtype=torch.float32, stateful=True, seed=11)
     inputs = [t.clone().requires_grad_() for t in x.tensors()]
     seen: list[tuple[str, torch.Tensor]] = []
-    with config_overrides(state_stride=stride):
+    with config_overrides(**over):
         o, s = gated_delta_rule(
             *inputs[:5], initial_state=inputs[5], output_final_state=True, backend="triton",
             on_final_state=lambda t: seen.append(("final", t.detach().clone())),
@@ -246,11 +251,10 @@ def test_state_callbacks_get_the_final_state_and_the_initial_state_gradient(stri
     assert torch.equal(seen[1][1], inputs[5].grad)
 
 
-@pytest.mark.parametrize("stride", [0, 2])
-def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
+@pytest.mark.parametrize("over", [{}, {"fused": True}], ids=["staged", "fused"])
+def test_activation_checkpoint_does_not_keep_intermediates(over: dict) -> None:
     """Under a non-reentrant checkpoint the forward keeps nothing on ctx (the checkpoint could not
-    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps
-    (at a stride: the group states recomputed by the strided walk, then the group backward)."""
+    free it) and the backward recomputes: gradients bit-identical to the plain run, which keeps."""
     from torch.utils.checkpoint import checkpoint
 
     from kernels.gdn import config_overrides
@@ -262,7 +266,7 @@ def test_activation_checkpoint_does_not_keep_intermediates(stride: int) -> None:
         inputs = [t.clone().requires_grad_() for t in x.tensors()]
 
         def core(*t: torch.Tensor) -> torch.Tensor:
-            with config_overrides(state_stride=stride):  # also for the checkpoint's re-run
+            with config_overrides(**over):  # also for the checkpoint's re-run
                 return gated_delta_rule(*t[:5], initial_state=t[5], backend="triton")[0]
 
         o = checkpoint(core, *inputs, use_reentrant=False) if ckpt else core(*inputs)

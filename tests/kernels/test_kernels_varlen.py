@@ -1,9 +1,8 @@
 """Packed sequences (`cu_seqlens`) through the Triton kernels, one launch chain for all of them
-(CPU interpreter): against the per-sequence fp64 oracle with lengths 1, 63, 64, 65 and an empty
-one, so boundaries fall inside chunks, on them and between two, every sequence with its own
-initial and final state and every gradient, h0's included; against the dense kernels run on each
-sequence alone (the same numbers, bit for bit); in fp16 at the default settings and with the
-states at a stride (every gradient of the group backward bit for bit the per-chunk path's)."""
+(CPU interpreter): against the per-sequence fp64 oracle with lengths 1, 63, 64, 65 and 2, so
+boundaries fall inside chunks, on them and next to them, every sequence with its own initial and
+final state and every gradient, h0's included; against the dense kernels run on each sequence
+alone (the same numbers, bit for bit); in fp16; the offsets' rule (`kernels.offsets`)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.skipif(
     reason="interpreter tests run on machines without a GPU (TRITON_INTERPRET=1)",
 )
 
-LENGTHS = [1, 63, 0, 64, 65]
+LENGTHS = [1, 63, 64, 65, 2]
 HQ, HV, D = 1, 2, 128
 NAMES = ("q", "k", "v", "g", "beta", "h0")
 
@@ -71,16 +70,12 @@ def _packed(p: dict) -> Callable:
 
 def _each_alone(p: dict, core: Callable) -> Callable:
     """core(q, k, v, g, beta, initial_state=..., output_final_state=True) on every sequence's
-    slice, concatenated; an empty sequence passes its state on."""
+    slice, concatenated."""
 
     def fn(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
         outs, finals = [], []
         for i, (a, b) in enumerate(pairwise(p["cu"].tolist())):
             h0 = x["h0"][i : i + 1]
-            if a == b:
-                outs.append(x["v"][:, a:b] * 0)
-                finals.append(h0.float())
-                continue
             o, ht = core(*(x[n][:, a:b] for n in NAMES[:5]), initial_state=h0, output_final_state=True)
             outs.append(o)
             finals.append(ht)
@@ -97,7 +92,7 @@ def per_sequence_reference(*args: torch.Tensor, **kwargs: object) -> tuple[torch
 
 
 @contextmanager
-def _counted_launches() -> Iterator[Counter]:
+def counted_launches() -> Iterator[Counter]:
     """Counts every stage kernel's launches while the block runs (each still runs)."""
     import kernels.gdn as pkg
 
@@ -130,7 +125,7 @@ def _oracle(p: dict) -> Run:
 @pytest.mark.slow  # the fast tier's check of packing is gdn/test_varlen.py
 def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> None:
     p = _problem(LENGTHS, seed=21)
-    with _counted_launches() as counts:
+    with counted_launches() as counts:
         o, ht, grads = _run(p, _packed(p), torch.float32)
     # the launches of one dense sequence for the five: one per stage, bwd_dqk's and bwd_wy's one
     # per value head of a q/k head's group
@@ -141,8 +136,6 @@ def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> Non
     o_ref, ht_ref, g_ref = _oracle(p)
     assert o.shape == (1, sum(LENGTHS), HV, D) and ht.shape == (len(LENGTHS), HV, D, D)
     assert rel_l2(o, o_ref) <= 2e-5 and rel_l2(ht, ht_ref) <= 2e-5
-    assert torch.equal(ht[2], p["leaves"]["h0"][2].float())  # the empty sequence passes its state on
-    assert torch.equal(grads["h0"][2], p["dht"][2].float())  # and its gradient back
     for name in NAMES:
         err = rel_l2(grads[name], g_ref[name])
         assert err <= 2e-5, f"d{name}: {err:.2e}"
@@ -156,69 +149,49 @@ def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("over", [{}, {"state_stride": 2}], ids=["default", "stride2"])
-def test_packed_fp16(over: dict) -> None:
+def test_packed_fp16() -> None:
     """fp16 (WY products in fp16 through "low"): within fp16's rounding of the oracle (a
-    chunk-misaligned sequence, then a lone token, between an empty first and an empty last one),
-    empty sequences' states passed through, and bit for bit the same forward without autograd."""
-    from kernels.gdn import config_overrides
-
-    p = _problem([0, 65, 1, 0], seed=5)
+    chunk-misaligned sequence, then a lone token), and bit for bit the same forward without
+    autograd."""
+    p = _problem([65, 1], seed=5)
     o_ref, ht_ref, g_ref = _oracle(p)
-    with config_overrides(**over):
-        o, ht, grads = _run(p, _packed(p), torch.float16)
-        with torch.no_grad():  # nothing kept for a backward: same numbers
-            o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
-                                      for n, t in p["leaves"].items()})
+    o, ht, grads = _run(p, _packed(p), torch.float16)
+    with torch.no_grad():  # nothing kept for a backward: same numbers
+        o_ng, ht_ng = _packed(p)({n: t.to(torch.float32 if n in ("g", "h0") else torch.float16)
+                                  for n, t in p["leaves"].items()})
     errs = {"o": rel_l2(o, o_ref), "ht": rel_l2(ht, ht_ref)}
     errs |= {f"d{n}": rel_l2(grads[n], g_ref[n]) for n in NAMES}
     bad = {k: f"{v:.1e}" for k, v in errs.items() if not v <= 3e-3}
     assert not bad, f"over 3e-3: {bad} (all: {errs})"
-    for empty in (0, 3):  # their states pass through unchanged
-        assert torch.equal(ht[empty], p["leaves"]["h0"][empty].float())
     assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
-
-
-@pytest.mark.slow
-def test_packed_strided_backward_gives_the_default_gradients() -> None:
-    """fp16, sequences of 65 and 1 rows between empty ones (chunks 0, 1 | 2), the states at a
-    stride of 2 and the group backward in waves of one group (the first wave's chunks 0, 1; the
-    second's chunk 2 with a program past it): the final states and every gradient bit for bit the
-    per-chunk path's, o within fp16 rounding (the forward's re-walk forms it over other value
-    slices)."""
-    from kernels.gdn import config_overrides
-
-    p = _problem([0, 65, 1, 0], seed=9)
-    o0, ht0, g0 = _run(p, _packed(p), torch.float16)
-    with config_overrides(state_stride=2, stride_bwd_wave=1):
-        o1, ht1, g1 = _run(p, _packed(p), torch.float16)
-    assert rel_l2(o1, o0) <= 1e-3 and torch.equal(ht1, ht0)
-    for name in NAMES:
-        assert torch.equal(g1[name], g0[name]), f"d{name}: {rel_l2(g1[name], g0[name]):.1e}"
 
 
 def test_chunk_table() -> None:
     """Which rows each chunk covers: every sequence's chunks from its own first row, the short last
-    one ending at the sequence's end, none for an empty sequence; no row is copied anywhere."""
+    one ending at the sequence's end; no row is copied anywhere."""
     from kernels.gdn.chunks import ChunkTable
 
-    tab = ChunkTable.of([0, 1, 64, 64, 128, 193], torch.device("cpu"))
+    tab = ChunkTable.of([0, 1, 64, 128, 193], torch.device("cpu"))
     assert tab.spans.dtype == tab.seq_chunks.dtype == torch.int32
     assert tab.spans.tolist() == [[0, 1], [1, 64], [64, 128], [128, 192], [192, 193]]
-    assert tab.seq_chunks.tolist() == [0, 1, 2, 2, 3, 5]
-    ends = ChunkTable.of([0, 0, 65, 65], torch.device("cpu"))  # empty first and last
-    assert ends.spans.tolist() == [[0, 64], [64, 65]] and ends.seq_chunks.tolist() == [0, 0, 2, 2]
+    assert tab.seq_chunks.tolist() == [0, 1, 2, 3, 5]
     dense = ChunkTable.of([0, 130], torch.device("cpu"))  # one sequence: the dense chunks
     assert dense.spans.tolist() == [[0, 64], [64, 128], [128, 130]]
 
 
 def test_bad_offsets_are_refused() -> None:
+    """By the rule `gdn.gated_delta_rule` applies for every backend (`kernels.offsets`): offsets
+    that fall, an empty sequence, a wrong end, floats, a state per sequence, batch 1."""
     from kernels.gdn import gated_delta_rule_triton_varlen
 
     x = make_inputs(1, 8, HQ, HV, D, dtype=torch.float32, stateful=False, seed=1)
     args = (x.q, x.k, x.v, x.g, x.beta)
-    with pytest.raises(ValueError, match="rise from 0 to T=8"):
+    with pytest.raises(ValueError, match=r"strictly increasing .* cu_seqlens\[1\]=5 then cu_seqlens\[2\]=3"):
         gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0, 5, 3, 8]))
+    with pytest.raises(ValueError, match=r"cu_seqlens\[0\]=0 then cu_seqlens\[1\]=0"):
+        gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0, 0, 8]))
+    with pytest.raises(ValueError, match="must end at T=8, got 7"):
+        gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0, 7]))
     with pytest.raises(ValueError, match="1-D integer"):
         gated_delta_rule_triton_varlen(*args, cu_seqlens=torch.tensor([0.0, 8.0]))
     with pytest.raises(ValueError, match="initial_state must be"):
@@ -226,15 +199,3 @@ def test_bad_offsets_are_refused() -> None:
                                        initial_state=torch.zeros(2, HV, D, D))
     with pytest.raises(ValueError, match="batch 1"):
         gated_delta_rule_triton_varlen(*(torch.cat([t, t]) for t in args), cu_seqlens=torch.tensor([0, 8]))
-
-
-def test_only_empty_sequences_pass_every_state_through() -> None:
-    from kernels.gdn import gated_delta_rule_triton_varlen
-
-    x = make_inputs(1, 0, HQ, HV, D, dtype=torch.float32, stateful=False, seed=1)
-    h0 = torch.randn(2, HV, D, D).requires_grad_()
-    o, ht = gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 0, 0]),
-                                           initial_state=h0, output_final_state=True)
-    assert o.shape == (1, 0, HV, D) and torch.equal(ht, h0.detach())
-    ht.backward(torch.full_like(ht, 3.0))
-    assert torch.equal(h0.grad, torch.full_like(h0, 3.0))

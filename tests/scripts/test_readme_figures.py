@@ -108,3 +108,31 @@ def test_a_peers_benchmark_result_becomes_the_gdn_op_job_it_measured(tmp_path: P
     with pytest.raises(ValueError, match="expected a 'gdnval-run/1' document"):
         (tmp_path / "other.json").write_text("[1, 2]")
         RecordedRun.load(tmp_path / "other.json")
+
+
+def test_a_one_call_file_becomes_one_gdn_op_job_per_backend(tmp_path: Path) -> None:
+    """benchmarks/gdn_one_call.py: each backend's processes are that backend's job, one sample per
+    process (the repetition index), the peak and accuracy where a process measured them; ours
+    first, variants left out, a backend without a result left out."""
+    def process(backend: str, i: int, fb: float, extra: dict) -> dict:
+        runs = [{"T": 8192, "hqk": 32, "fwd_ms": fb / 3, "fwd_bwd_ms": fb, "fwd_bwd_ms_again": fb + 0.1,
+                 "variant": "default", **extra},
+                {"T": 8192, "hqk": 32, "fwd_ms": 1.0, "fwd_bwd_ms": 9.0, "variant": "fused"}]
+        result = {"versions": {"torch": "2.11"}, "runs": runs}
+        return {"backend": backend, "process": i, "rc": 0, "result": result}
+
+    doc = {"format": "gdn-one-call/1", "command": "benchmarks/gdn_one_call.py --out x.json",
+           "machine": {"gpu": "NVIDIA H100", "driver": "580", "commit": "abc"}, "settings": {"v_heads": 32},
+           "processes": [process("ours", 0, 2.0, {"peak_mib": 10.0, "rel_l2": {"o": 3e-3}}),
+                         process("fla", 0, 3.0, {}), process("ours", 1, 2.5, {}),
+                         {"backend": "flashqla", "process": 0, "rc": "timeout"}]}
+    path = tmp_path / "call.json"
+    path.write_text(json.dumps(doc))
+    runs = RecordedRun.load_all(path)
+    assert [r.overrides["backends"] for r in runs] == [["triton"], ["fla"]]
+    assert runs[0].commit == "abc" and runs[0].info["device_name"] == "NVIDIA H100"
+    samples, left_out = map_samples(runs[0])
+    rows = samples["T8192_stateful_hqk32_hv32_b1_triton"]
+    assert sorted((s.metric, s.idx, s.value) for s in rows if s.metric == "fwd_bwd_ms") == [
+        ("fwd_bwd_ms", 0, 2.0), ("fwd_bwd_ms", 1, 2.5)]
+    assert {s.metric for s in rows} == {"fwd_ms", "fwd_bwd_ms", "peak_bytes", "o_rel_l2"} and not left_out

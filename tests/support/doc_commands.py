@@ -1,4 +1,5 @@
-"""The commands shown in README.md, CONTRIBUTING.md and docs/*.md, as a reader would copy them.
+"""The commands shown in README.md, CONTRIBUTING.md, docs/*.md and docs/decisions/*.md, as a reader
+would copy them.
 
 A command is a line of a fenced `bash`/`sh`/`shell` block (backslash continuations joined, a
 trailing comment dropped) or an inline code span that starts with a program this project ships or
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/*.md")
+DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/*.md", "docs/decisions/*.md")
 SHELLS = ("bash", "sh", "shell")
 # Programs whose inline spans are commands; `gdnval.db` or a bare `python` are not.
 HEADS = ("gdnval", ".venv/bin/gdnval", "python", "python3", ".venv/bin/python", "bash",

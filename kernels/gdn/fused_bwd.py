@@ -1,0 +1,312 @@
+"""The fused backward: one program walks a segment of a value head backwards, the whole dS [D, D]
+its own, and does every gradient of each chunk there (dq, dk, dv, dβ, dg and, at the start, dh0):
+the reverse walk and the WY backward together, so no dVn, dS', dWk, fp32 dk partial or dγ partial
+reaches memory. dS (fp32) sits in two buffers of the program's scratch, read from one and written
+to the other each step, so that no [D, D] tile stays in registers across the step's products
+(held in registers, it made the step spill 4 KB per thread on sm_90).
+
+It reads what the fused forward kept: T and the fp32 state entering every group of
+`fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
+(the forward's own steps, `fused_fwd.chunk_vn` and `state_next`) into a scratch of its own (each
+chunk's S, X and Vn in the input dtype, a few hundred KB per program that stays in L2), then
+walks the group's chunks back. A head's segments start from the gradients the reverse scan of
+the segment maps gives (`_fused_dmaps_kernel`: each segment's affine part from a zero gradient).
+
+Per chunk, with X = β⊙V − βe^γ⊙(K·S), Vn = T·X, E the causal decay and Kd = K ⊙ e^{γ_C−γ}:
+
+    dVn = scale·(K·Qᵀ ⊙ Eᵀ)·dO + Kd·dS'           dX = Tᵀ·dVn,  dT = dVn·Xᵀ,  dA = −Tᵀ·dT·Tᵀ
+    dS  = e^{γ_C}·dS' + Qᵀ·(scale·e^γ ⊙ dO) − Kᵀ·(βe^γ ⊙ dX)
+    dq  = scale·e^γ ⊙ (dO·Sᵀ) + (scale·dO·Vnᵀ ⊙ E)·K
+    dk  = (scale·Vn·dOᵀ ⊙ Eᵀ)·Q − βe^γ ⊙ (dX·Sᵀ) + e^{γ_C−γ} ⊙ (Vn·dS'ᵀ) + (B + Bᵀ)·K
+          with B = β ⊙ dA ⊙ e^{γ_i−γ_j}
+    dv  = β ⊙ dX
+
+with the γ terms of every decay summed per row and turned into dg by a reverse cumulative sum.
+No transposed product result feeds another product (Triton 3.4–3.7.0 miscompile that on
+Hopper): Vn·dOᵀ, K·Qᵀ and Vn·dS'ᵀ are products of loaded tiles (dS' read back from the scratch),
+and B goes through the scratch (`common.transpose_via`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn.common import load_rows, mm, state_next, transpose_via
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, num_chunks
+from kernels.gdn.fused_fwd import check_fused, chunk_inputs, chunk_vn, value_rows
+from kernels.gdn.segments import segment_scan
+
+
+@triton.jit
+def _fused_dmaps_kernel(
+    q_ptr, k_ptr, beta_ptr, gamma_ptr, tm_ptr, do_ptr, dext_ptr, scale,
+    T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+):
+    """Segment 1 + program_id 2's affine part of the reverse map, value columns dv (separable):
+    the gradient entering the segment when the one leaving it is zero, dS_start = Mᵀ·dS_end + dE;
+    written to dext [B·Hv, nseg, D, D]."""
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    seg = 1 + tl.program_id(2)
+    nseg = 1 + tl.num_programs(2)
+    b, h = bh // HV, bh % HV
+    hk = h // R
+    dk = tl.arange(0, D)
+    dv = iv * BV + tl.arange(0, BV)
+    i = tl.arange(0, BT)
+    dt = q_ptr.dtype.element_ty
+    up = i[:, None] <= i[None, :]
+    dS = tl.zeros([D, BV], dtype=tl.float32)
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    for jj in range(c1 - c0):
+        c = c1 - 1 - jj
+        kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
+            k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
+        qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
+        do = value_rows(do_ptr, b, h, t, m, dv, T, HV, D)
+        eg = tl.exp(gam)
+        et = tl.where(up, tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0)
+        kqt = tl.dot(kc, tl.trans(qc)) * et * scale
+        dvn = tl.dot(kqt.to(dt), do) + tl.dot(kc, dS.to(dt)) * tl.exp(g_last - gam)[:, None]
+        dx = mm(tl.trans(tmat), dvn, PREC)
+        dog = (do.to(tl.float32) * (scale * eg)[:, None]).to(dt)
+        dxg = (dx * (bt * eg)[:, None]).to(dt)
+        dS = dS * tl.exp(g_last) + tl.dot(tl.trans(qc), dog) - tl.dot(tl.trans(kc), dxg)
+    tl.store(dext_ptr + (bh * nseg + seg) * D * D + dk[:, None] * D + dv[None, :], dS)
+
+
+@triton.jit(do_not_specialize=["r"])
+def _fused_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, sg_ptr, do_ptr, dend_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr, dq32_ptr, dk32_ptr, scr_ptr, scr32_ptr, scale,
+    T, NT, NG, CPS, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_DEND: tl.constexpr,
+    STORE_DH0: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr, PREC: tl.constexpr,
+    PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, KG: tl.constexpr, HD: tl.constexpr,
+):
+    """Value head hk·R + r of q/k head b·Hqk + hk (program_id 0), segment program_id 1 of CPS
+    chunks, from the gradient leaving it dend[bh, seg] (dHT when one segment; zero without).
+    A group's value heads run one launch each, r = 0 .. R − 1 in order; dq and dk sum them through
+    fp32 running sums (dq32, dk32 [B, T, Hqk, D]: CARRY_IN adds the previous heads', CARRY_OUT
+    leaves the sum there instead of storing the input-dtype result), a fixed order, so the sums
+    repeat bit for bit."""
+    bhk = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    nseg = tl.num_programs(1)
+    b, hk = bhk // HQK, bhk % HQK
+    h = hk * R + (r if R > 1 else 0)
+    bh = b * HV + h
+    dk = tl.arange(0, D)
+    i = tl.arange(0, BT)
+    dt = q_ptr.dtype.element_ty
+    sq = dk[:, None] * D + dk[None, :]  # a [D, D] state
+    rows = i[:, None] * D + dk[None, :]  # a [BT, D] chunk tile
+    slot_len = D * D + 2 * BT * D
+    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * D + BT * D)
+    dsb0 = scr + KG * slot_len  # dS in the input dtype beside the fp32 one: the products' operand
+    dxs_ptr = dsb0 + 2 * D * D  # the step's dX [BT, D], an operand of dX·Sᵀ read back whole
+    causal = i[:, None] >= i[None, :]
+    up = i[:, None] <= i[None, :]
+    # dS lives in two fp32 [D, D] buffers of the program's scratch, read from one and written to
+    # the other each step (so no [D, D] tile stays in registers across a step); then BT x BT fp32
+    # for the transpose of B
+    ds0 = scr32_ptr + (bhk * nseg + seg) * (2 * D * D + BT * BT)
+    tr = ds0 + 2 * D * D
+    if HAS_DEND:
+        dS = tl.load(dend_ptr + (bh * nseg + seg) * D * D + sq)
+    else:
+        dS = tl.zeros([D, D], dtype=tl.float32)
+    tl.store(ds0 + sq, dS)
+    tl.store(dsb0 + sq, dS.to(dt))
+    p = 0
+    c0 = seg * CPS
+    c1 = tl.minimum(c0 + CPS, NT)
+    g_lo = c0 // KG
+    g_hi = (c1 + KG - 1) // KG
+    for gi in range(g_hi - g_lo):
+        g = g_hi - 1 - gi
+        ca = g * KG
+        cb = tl.minimum(ca + KG, c1)
+        # the group re-walked from its kept state: each chunk's S, X and Vn into the scratch
+        S = tl.load(sg_ptr + (bh * NG + g) * D * D + sq)
+        for c in range(ca, cb):
+            kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
+                k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
+            v = value_rows(v_ptr, b, h, t, m, dk, T, HV, D)
+            Sb = S.to(dt)
+            vn, x = chunk_vn(tmat, kc, v, bt, gam, Sb, PREC)
+            slot = scr + (c - ca) * slot_len
+            tl.store(slot + sq, Sb)
+            tl.store(slot + D * D + rows, x.to(dt))
+            tl.store(slot + D * D + BT * D + rows, vn.to(dt))
+            S = state_next(S, vn, kc, gam, g_last)
+        for jj in range(cb - ca):
+            # every warp's stores (the re-walk's, the last step's dS and dX) before any warp's
+            # loads, and the last step's loads of what this step overwrites before its stores
+            tl.debug_barrier()
+            c = cb - 1 - jj
+            slot = scr + (c - ca) * slot_len
+            ds_in = ds0 + p * D * D  # dS' leaving the chunk (fp32; dsb_in: in the input dtype)
+            ds_out = ds0 + (1 - p) * D * D  # dS entering it
+            dsb_in = dsb0 + p * D * D
+            dsb_out = dsb0 + (1 - p) * D * D
+            p = 1 - p
+            kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
+                k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
+            qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
+            eg = tl.exp(gam)
+            ekd = tl.exp(g_last - gam)
+            bge = bt * eg
+            et = tl.where(up, tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0)
+            kqt = (tl.dot(kc, tl.trans(qc)) * et * scale).to(dt)
+            # value halves (the value columns are separable): dVn, dX (into the scratch), dv, the
+            # dS update of those columns; dT, dO·Vnᵀ, Vn·dOᵀ and dX·V summed over the halves
+            dtm = tl.zeros([BT, BT], dtype=tl.float32)
+            dp = tl.zeros([BT, BT], dtype=tl.float32)
+            dpt = tl.zeros([BT, BT], dtype=tl.float32)
+            dbeta = tl.zeros([BT], dtype=tl.float32)
+            for hv in tl.static_range(0, D, HD):
+                vcols = hv + tl.arange(0, HD)
+                half = i[:, None] * D + vcols[None, :]
+                sq_h = dk[:, None] * D + vcols[None, :]
+                do_h = value_rows(do_ptr, b, h, t, m, vcols, T, HV, D)
+                vn_h = tl.load(slot + D * D + BT * D + half)
+                dvn = tl.dot(kqt, do_h) + tl.dot(kc, tl.load(dsb_in + sq_h)) * ekd[:, None]
+                dx = mm(tl.trans(tmat), dvn, PREC)
+                tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + vcols[None, :],
+                         (dx * bt[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
+                dtm += mm(dvn, tl.trans(tl.load(slot + D * D + half).to(tl.float32)), PREC_DT)
+                tl.store(dxs_ptr + half, dx.to(dt))
+                v_h = value_rows(v_ptr, b, h, t, m, vcols, T, HV, D).to(tl.float32)
+                dbeta += tl.sum(dx * v_h, axis=1)
+                dog = (do_h.to(tl.float32) * (scale * eg)[:, None]).to(dt)
+                dxg = (-dx * bge[:, None]).to(dt)
+                ds_h = tl.dot(tl.trans(qc), dog, tl.load(ds_in + sq_h) * tl.exp(g_last))
+                ds_h = tl.dot(tl.trans(kc), dxg, ds_h)
+                tl.store(ds_out + sq_h, ds_h)
+                tl.store(dsb_out + sq_h, ds_h.to(dt))
+                dp = tl.dot(do_h, tl.trans(vn_h), dp)
+                dpt = tl.dot(vn_h, tl.trans(do_h), dpt)
+            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle, B + Bᵀ
+            strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
+            da = -mm(mm(tl.trans(tmat), dtm, PREC_DA), tl.trans(tmat), PREC_DA)
+            dae = tl.where(strict, da * tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0)), 0.0)
+            kk = tl.dot(kc, tl.trans(kc))
+            dbeta += tl.sum(dae * kk, axis=1)
+            zz = dae * kk * bt[:, None]
+            dgam = tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
+            bd = dae * bt[:, None]
+            bsum = bd + transpose_via(tr, bd, i, m, BT)  # its barriers also order the dX stores
+            # the attention terms: dP ⊙ E for dq, its transpose for dk, and their γ terms
+            e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+            dpe = dp * e * scale
+            z = dpe * tl.dot(qc, tl.trans(kc))
+            dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0)
+            dpe = dpe.to(dt)
+            dpet = (dpt * et * scale).to(dt)
+            # key halves: dq and dk, with the row sums of X's K·S term and of Kd's
+            rr = tl.zeros([BT], dtype=tl.float32)  # dX_i·(K·S)_i
+            y = tl.zeros([BT], dtype=tl.float32)
+            sds = 0.0  # Σ S ⊙ dS'
+            for hk0 in tl.static_range(0, D, HD):
+                kcols = hk0 + tl.arange(0, HD)
+                key_rows = kcols[:, None] * D + dk[None, :]
+                s_h = tl.load(slot + key_rows)  # S rows of these keys, every value column
+                dsp_h = tl.load(ds_in + key_rows)
+                sds += tl.sum(tl.sum(s_h.to(tl.float32) * dsp_h, axis=1), axis=0)
+                q_h = tl.load(q_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
+                              mask=m[:, None], other=0.0)
+                k_h = tl.load(k_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
+                              mask=m[:, None], other=0.0)
+                dos = tl.dot(value_rows(do_ptr, b, h, t, m, dk, T, HV, D), tl.trans(s_h))
+                dgam += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
+                dq = dos * (scale * eg)[:, None] + tl.dot(dpe, k_h)
+                qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + kcols[None, :]
+                if CARRY_IN:
+                    dq += tl.load(dq32_ptr + qk_rows, mask=m[:, None], other=0.0)
+                if CARRY_OUT:
+                    tl.store(dq32_ptr + qk_rows, dq, mask=m[:, None])
+                else:
+                    tl.store(dq_ptr + qk_rows, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+                dxs = tl.dot(tl.load(dxs_ptr + rows), tl.trans(s_h))
+                wt = tl.dot(tl.load(slot + D * D + BT * D + rows), tl.trans(tl.load(dsb_in + key_rows)))
+                k32 = k_h.to(tl.float32)
+                rr += tl.sum(k32 * dxs, axis=1)
+                y += ekd * tl.sum(k32 * wt, axis=1)
+                dkc = wt * ekd[:, None] - dxs * bge[:, None] + tl.dot(dpet, q_h) + mm(bsum, k32, PREC_DX)
+                if CARRY_IN:
+                    dkc += tl.load(dk32_ptr + qk_rows, mask=m[:, None], other=0.0)
+                if CARRY_OUT:
+                    tl.store(dk32_ptr + qk_rows, dkc, mask=m[:, None])
+                else:
+                    tl.store(dk_ptr + qk_rows, dkc.to(dk_ptr.dtype.element_ty), mask=m[:, None])
+            dbeta -= eg * rr
+            last = tl.minimum(T - 1 - c * BT, BT - 1)
+            dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * sds, 0.0)
+            dgam -= y + bge * rr
+            dgam = tl.where(m, dgam, 0.0)
+            dg = tl.cumsum(dgam, axis=0, reverse=True)
+            tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
+            tl.store(dg_ptr + (b * T + t) * HV + h, dg.to(dg_ptr.dtype.element_ty), mask=m)
+        tl.debug_barrier()  # every warp's loads of this group before the next group's stores
+    if STORE_DH0:  # noqa: SIM102 (a constexpr and a runtime test: two ifs compile on every Triton)
+        if seg == 0:
+            tl.store(dh0_ptr + bh * D * D + sq, tl.load(ds0 + p * D * D + sq))
+
+
+def fused_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor,
+    tm: torch.Tensor, kept: tuple[torch.Tensor, torch.Tensor | None, int], do: torch.Tensor,
+    dht: torch.Tensor | None, scale: float, g_dtype: torch.dtype, *, want_dh0: bool, cfg: KernelConfig,
+) -> tuple[torch.Tensor, ...]:
+    """dq, dk ([B, T, Hqk, D], summed over each q/k head's value heads), dv, dg, dβ and dh0 (fp32,
+    or None) from the fused forward's `kept` (group states, segment maps, chunks per segment)."""
+    check_fused(cfg)
+    sg, maps, cps = kept
+    B, T, Hqk, _ = q.shape
+    Hv = v.shape[2]
+    R = Hv // Hqk
+    nt = num_chunks(T)
+    nseg = triton.cdiv(nt, cps)
+    kg = cfg.fused_group
+    prec = dot_precision(cfg, q.dtype, "vn")
+    dend = dht
+    if nseg > 1:
+        dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
+        bv = cfg.fused_maps_bv
+        _fused_dmaps_kernel[(D // bv, B * Hv, nseg - 1)](
+            q_ptr=q, k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, do_ptr=do, dext_ptr=dext,
+            scale=scale, T=T, NT=nt, CPS=cps, HQK=Hqk, HV=Hv, R=R, PREC=prec, BT=BT, D=D, BV=bv,
+            num_warps=cfg.fused_maps_warps,
+        )
+        dend = segment_scan(maps, dext, dht, reverse=True, cfg=cfg)
+        del dext
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dg = torch.empty(B, T, Hv, device=q.device, dtype=g_dtype)
+    dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
+    dq32 = dk32 = None
+    if R > 1:
+        dq32 = torch.empty(B, T, Hqk, D, device=q.device, dtype=torch.float32)
+        dk32 = torch.empty_like(dq32)
+    scr = torch.empty(B * Hqk * nseg, kg * (D * D + 2 * BT * D) + 2 * D * D + BT * D, device=q.device,
+                      dtype=q.dtype)
+    scr32 = torch.empty(B * Hqk * nseg, 2 * D * D + BT * BT, device=q.device, dtype=torch.float32)
+    for r in range(R):
+        _fused_bwd_kernel[(B * Hqk, nseg)](
+            q_ptr=q, k_ptr=k, v_ptr=v, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, sg_ptr=sg, do_ptr=do,
+            dend_ptr=dend if dend is not None else dq, dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, dbeta_ptr=dbeta,
+            dg_ptr=dg, dh0_ptr=dh0 if dh0 is not None else dq, dq32_ptr=dq32 if dq32 is not None else dq,
+            dk32_ptr=dk32 if dk32 is not None else dq, scr_ptr=scr, scr32_ptr=scr32, scale=scale,
+            T=T, NT=nt, NG=sg.shape[1], CPS=cps, r=r, HQK=Hqk, HV=Hv, R=R, HAS_DEND=dend is not None,
+            STORE_DH0=want_dh0, CARRY_IN=r > 0, CARRY_OUT=r < R - 1, PREC=prec,
+            PREC_DT=dot_precision(cfg, q.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, q.dtype, "wy_da"),
+            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, KG=kg, HD=D // cfg.fused_bwd_split,
+            num_warps=cfg.fused_bwd_warps,
+            num_stages=cfg.fused_bwd_stages,
+        )
+    return dq, dk, dv, dg, dbeta, dh0
