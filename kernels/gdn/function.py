@@ -33,10 +33,11 @@ def _forward(
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
     cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
-    """o, the final state and, when `keep`, (Wk, T, per-chunk S, Vn, segment maps or None) for the
-    backward. `table`: the chunk table of packed
-    sequences (`varlen`): every stage reads and writes the packed rows chunk by chunk through it,
-    and the state passes restart at every sequence.
+    """o, the final state and, when `keep`, what the backward takes: (Wk, T, per-chunk S, Vn,
+    segment maps or None), or with cfg.fused (T, the group states, the segment maps or None, chunks
+    per segment). `table`: the chunk table of packed sequences (`varlen`): every stage reads and
+    writes the packed rows chunk by chunk through it, and the state passes restart at every
+    sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]

@@ -121,9 +121,10 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     (o.float().sum() + s.sum()).backward()
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
-    # the fused path: one walk, then split into 2 segments (the maps kernels, the scans)
+    # the fused path: one walk, then split into 2 segments of one-chunk groups (the maps kernels,
+    # the scans)
     for segments in (1, 2):
-        with mod.config_overrides(fused=True, seq_segments=segments):
+        with mod.config_overrides(fused=True, seq_segments=segments, fused_group=1):
             o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
             (o.float().sum() + s.sum()).backward()
 
@@ -431,7 +432,7 @@ def test_npu_device_gets_the_npu_fields() -> None:
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert gdn_config.NPU_FIELDS == {"f32_dot_tm": "hf32", "f32_dot_wu": "hf32", "f32_dot_inv": "ieee",
-                                     "f32_dot_scan": "ieee", "t_fp16": False}
+                                     "f32_dot_scan": "ieee", "f32_dot_vn": "hf32", "t_fp16": False}
     npu_bf16 = gdn_config.DEFAULT.replace(**gdn_config.NPU_FIELDS)
     assert gdn_config.t_dtype(npu_bf16, torch.bfloat16) == torch.float32
 
