@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
@@ -71,11 +71,10 @@ def ray_token() -> bytes:
     return token.encode()
 
 
-def driver_environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The driver's environment: the service's, less its own secrets (a local cluster the driver
-    starts copies it to every worker)."""
-    source = os.environ if source is None else source
-    return {k: v for k, v in source.items() if k not in SECRETS}
+def driver_environment() -> dict[str, str]:
+    """The driver's environment: this process's, less the service's own secrets (a local
+    cluster the driver starts copies it to every worker)."""
+    return {k: v for k, v in os.environ.items() if k not in SECRETS}
 
 
 class _PipeSink:
@@ -215,12 +214,12 @@ class DriverServer:
             time.sleep(BEAT_S)
 
 
-def spawn_driver(sock: socket.socket, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_driver(sock: socket.socket) -> subprocess.Popen[bytes]:
     """A driver process serving `sock` (the socket is handed over; the caller closes its copy)."""
     return subprocess.Popen(
         [sys.executable, "-m", "workers.executors.ray_driver", "--fd", str(sock.fileno())],
-        pass_fds=(sock.fileno(),), env=dict(driver_environment() if env is None else env),
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        pass_fds=(sock.fileno(),), env=driver_environment(), stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
