@@ -373,8 +373,11 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     # fla); the head's Triton is the planted 1.3x slower one: 1.12 / 1.3 = 0.86x
     sp = _row(page, "speed-table", fp8, metric="fwd_bwd_ms")
     expect(sp).to_contain_text(f"vs fla ({T8_FLA})")
-    gain = re.compile(r"^0\.8[5-7]× ?slower$")  # a backend's speed-up: baseline median / this one
+    # a backend's speed-up, baseline median / this one, with the repetitions' 95% interval; coloured
+    # (significant: 20 repetitions a side, 1.3x apart)
+    gain = re.compile(r"^0\.8[5-7]\d?× \[0\.8\d+, 0\.8\d+\] ?slower$")
     expect(sp.locator("td.num").nth(4)).to_contain_text(gain)
+    expect(sp.locator("td.num").nth(4)).to_have_class(re.compile(r"\bbad\b"))
     mem = _row(page, "memory-table", fp8, metric="peak_bytes")
     expect(mem.locator("td.num").nth(0)).to_have_text("400.0 MiB")
     expect(mem.locator("td.num").nth(1)).to_have_text("20.0 MiB lower (-4.8%)")  # 400 against 420 MiB
@@ -399,9 +402,10 @@ def test_job_page_shows_the_stored_matrices_and_draws_the_plots(site: Any, page:
     assert dl.value.suggested_filename == "trace-p2p.trace.json.gz"
     report = download("Markdown report")
     assert report.ok and "text/markdown" in report.headers["content-type"]
-    assert f"/jobs/{seeded.head}#case-{fp16}" in report.text()
+    # no public URL configured: the report names the case and links nowhere (never a loopback URL)
+    assert "T16384_stateful_hqk16_hv32_b1_triton" in report.text() and "127.0.0.1" not in report.text()
     shot(page, "job-desktop")
-    # the report's link lands on the case
+    # the case's anchor, as a report under a public URL links it, lands on the case
     page.goto(f"{base}/jobs/{seeded.head}#case-{fp16}")
     expect(page.locator(f"#case-{fp16}")).to_be_in_viewport()
     expect(page.locator(f"#case-{fp16} .badge").first).to_have_text("failed")
