@@ -17,6 +17,16 @@ db_option = click.option(
 )
 
 
+def store_installed() -> bool:
+    """Whether this machine has what the results store needs (SQLAlchemy, Alembic)."""
+    from importlib.util import find_spec
+
+    try:
+        return all(find_spec(name) is not None for name in ("sqlalchemy", "alembic"))
+    except ImportError:  # a finder that refuses the name outright
+        return False
+
+
 def store_url(db_url: str | None) -> str:
     """The store's URL: `db_url`, else the settings' (GDNVAL_DB_URL, else sqlite:///gdnval.db),
     a relative SQLite file made absolute (so the CLI can say where it wrote)."""
@@ -48,6 +58,9 @@ def open_store(db_url: str | None, *, create: bool = False) -> Any:
     """An engine on the store, migrated to this code's schema. Without `create`, the store must
     exist and hold gdnval results (a typo in --db must not leave an empty database behind); with
     it, a missing SQLite file is created and migrated (what `gdnval db upgrade` does)."""
+    if not store_installed():
+        fail("the results store needs sqlalchemy and alembic, which are not installed here; "
+             "install gdnval's service dependencies (pip install gdnval)")
     from sqlalchemy import inspect
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError

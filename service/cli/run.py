@@ -9,7 +9,9 @@ default SQLite file `gdnval.db`; created and migrated when missing) by
 `service.persistence.runs.store_run`, in the service's own shape: `gdnval compare`, the pages
 of a service on that store and `gdnval push` (to another service) read it like any job. The
 store is opened before the run starts, so a store that cannot be opened is one line and exit 2
-at once; `--no-store` keeps nothing.
+at once; `--no-store` keeps nothing. On a machine without the store's packages (an accelerator
+machine with torch and Triton only) the default store is left out with a line saying so; a
+`--db` asked for there is one line and exit 2.
 
 `--json FILE` writes (format "gdnval-run/1", `service.persistence.runs.RunDocument`):
     {format, run_id, suite, preset, overrides, params, device, world_size, commit, snapshot,
@@ -50,12 +52,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service.cli import output
-from service.cli.local_store import db_option, open_store, shown
+from service.cli.local_store import db_option, open_store, shown, store_installed
 from service.domain import exit_codes
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
@@ -476,6 +479,12 @@ def run(
             why = suite.misfit(case, world_size)
             click.echo(f"  {case.name}" + (f" (skipped: {why})" if why else ""))
         raise SystemExit(0)
+    asked = click.get_current_context().get_parameter_source("db_url") == ParameterSource.COMMANDLINE
+    if store and not asked and not store_installed():
+        click.echo("not storing this run: the results store needs sqlalchemy and alembic, which this "
+                   "machine lacks (--json keeps the run; `gdnval push` sends that file to a service)",
+                   err=True)
+        store = False
     engine = open_store(db_url, create=True) if store else None  # before the run: a bad store fails fast
     console = Console(stderr=True)
     spec = JobSpec(

@@ -57,6 +57,7 @@ def test_gdnval_run_capability_needs_none_of_the_service_dependencies(tmp_path: 
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=SOURCE_ROOT, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "verdict passed" in out.stdout and "capability" in out.stdout
+    assert "not storing this run: the results store needs sqlalchemy" in out.stderr  # said, not silent
     doc = json.loads(report.read_text())
     assert doc["format"] == "gdnval-run/1" and doc["status"] == "succeeded" and doc["exit_code"] == 0
     cases = {c["name"]: c for c in doc["cases"]}
