@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,22 @@ class MetricStats:
     @property
     def finite(self) -> bool:
         return self.nonfinite == 0
+
+
+@dataclass
+class CaseStats:
+    """One case of one job with its metrics' statistics: the one case record from the store
+    (`service.persistence.summaries.case_summaries`) and `gdnval run` to the pages, the reports,
+    the API's `CaseOut` and the CLI's tables."""
+
+    case_id: int | None  # the store's id; None for a run not stored
+    name: str
+    fingerprint: str
+    params: dict[str, Any]
+    status: str | None  # None: no result reported (yet)
+    error: str | None
+    expected_error: str | None
+    metrics: dict[str, MetricStats] = field(default_factory=dict)
 
 
 def worst_value(direction: str, lo: float, hi: float, nonfinite: int) -> float:

@@ -47,7 +47,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from service.cli.local_store import db_option, open_store, shown, store_installe
 from service.domain import exit_codes
 from workers import verdict
 from workers.executors.base import JobOutcome, JobSpec
-from workers.stats import MetricStats, reduce_ranks, summarise_samples
+from workers.stats import CaseStats, MetricStats, reduce_ranks, summarise_samples
 from workers.suite import Sample, Suite, UnknownSuiteInput
 
 
@@ -184,21 +184,10 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class _CaseStats:
-    name: str
-    fingerprint: str
-    params: dict[str, Any]
-    status: str | None
-    error: str | None
-    expected_error: str | None
-    metrics: dict[str, MetricStats]
-
-
 def case_stats(
     cases: Sequence[Any], sink: CollectingSink, stats: Mapping[tuple[str, str], MetricStats], device: str,
     world_size: int,
-) -> list[_CaseStats]:
+) -> list[CaseStats]:
     """The run's cases with their statistics, in the shape the report's pivots take."""
     by_case: dict[str, dict[str, MetricStats]] = defaultdict(dict)
     for (case, name), m in stats.items():
@@ -206,7 +195,7 @@ def case_stats(
     out = []
     for c in cases:
         status, error = sink.cases.get(c.name, ("not run", None))
-        out.append(_CaseStats(c.name, c.fingerprint(device, world_size), dict(c.params), status, error,
+        out.append(CaseStats(None, c.name, c.fingerprint(device, world_size), dict(c.params), status, error,
                               c.expected_error, by_case.get(c.name, {})))
     return out
 
@@ -254,7 +243,7 @@ def _fit_columns(columns: list[tuple[str, str]], cells: list[dict[str, str]], fi
 
 
 def _render_cases(
-    console: Console, suite: Suite, stats: list[_CaseStats], *, failures: bool, tracked: bool = True,
+    console: Console, suite: Suite, stats: list[CaseStats], *, failures: bool, tracked: bool = True,
     values_of: Callable[[str, str], Sequence[float] | None] | None = None, device: str | None = None,
     width: int | None = None,
 ) -> int:

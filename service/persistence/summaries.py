@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
@@ -24,7 +24,7 @@ from service.persistence.models import (
 from service.persistence.reduced_cases import drop_earlier_reduced, drop_reduced, store_reduced_cases
 from service.persistence.samples import worst_rank_arrays
 from workers import verdict
-from workers.stats import MetricStats, summarise, worst_value
+from workers.stats import CaseStats, MetricStats, summarise, worst_value
 
 
 def _judged(stats: MetricStats) -> MetricStats:
@@ -33,16 +33,7 @@ def _judged(stats: MetricStats) -> MetricStats:
     return replace(stats, passes=judged.ok)
 
 
-@dataclass
-class CaseSummary:
-    case_id: int
-    name: str
-    fingerprint: str
-    params: dict[str, Any]
-    status: str | None  # None: no result reported (yet)
-    error: str | None
-    expected_error: str | None
-    metrics: dict[str, MetricStats] = field(default_factory=dict)
+CaseSummary = CaseStats  # the store's cases are the one case record (`workers.stats.CaseStats`)
 
 
 def _nan(v: float | None) -> float:

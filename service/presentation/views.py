@@ -17,13 +17,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from service.presentation import conventions
 from service.presentation.conventions import BYTE_UNITS, human_bytes
 from service.presentation.numbers import fmt
 from workers import verdict
-from workers.stats import MetricStats
+from workers.stats import CaseStats, MetricStats
 
 # An accuracy metric named "<tensor>_<suffix>" lands in the column of its suffix.
 ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -37,18 +37,6 @@ ACCURACY_COLUMNS: tuple[tuple[str, str], ...] = (
 # `baseline_pairs`. The CP mode comes first: a P2P+Triton case is measured against
 # Ulysses+Triton, as in the report.
 BASELINE_PARAMS: tuple[tuple[str, str], ...] = (("mode", "ulysses"), ("backend", "eager"))
-
-
-class CaseStats(Protocol):
-    """One case of one job with its metrics (the store's CaseSummary fits)."""
-
-    name: str
-    fingerprint: str
-    params: dict[str, Any]
-    status: str | None
-    error: str | None
-    expected_error: str | None
-    metrics: dict[str, Any]
 
 
 @dataclass(frozen=True)
