@@ -176,3 +176,14 @@ def run_job_command(
                 os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=5)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -41,6 +41,7 @@ from service.persistence.records import JobRecord
 from service.persistence.summaries import judge_job
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL
+from workers.job_env import pid_alive
 
 if TYPE_CHECKING:
     pass
@@ -345,16 +346,6 @@ def heartbeat(engine: Engine, owner: str, job_ids: list[int]) -> set[int]:
         )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _orphan_reason(job: JobRow, owner: str, lease_s: float, held_here: Collection[int] | None,
                    lease_ok: bool) -> tuple[str, bool] | None:
     """Why `job` (held by a dispatcher) is an orphan, and whether that counts as a crash; None
@@ -369,7 +360,7 @@ def _orphan_reason(job: JobRow, owner: str, lease_s: float, held_here: Collectio
         return "its dispatcher lost track of it while the store was unreachable", False
     host, _, rest = (job.claimed_by or "").partition(":")
     pid = rest.partition(":")[0]
-    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+    if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
         return f"its dispatcher (pid {pid}) exited while it ran", True
     if lease_ok and (job.heartbeat_at is None or utcnow() - job.heartbeat_at > timedelta(seconds=lease_s)):
         return f"its dispatcher {job.claimed_by} sent no heartbeat for {lease_s:g} s", True

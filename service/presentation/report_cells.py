@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from service.domain.compare.judgment import Difference, difference, interval_excludes_one
+from service.domain.compare.judgment import Difference, difference
 from service.presentation import conventions as cv
 from service.presentation import views
 from service.presentation.numbers import fmt
@@ -136,19 +136,9 @@ def compare(
     )
 
 
-def _within_effect(d: Difference) -> str:
-    """'; within the ±100% minimum effect' for a difference the judgment calls the same although
-    its interval excludes none (on a CPU a time's minimum effect is a doubling): why no claim."""
-    if d.verdict == "same" and interval_excludes_one(d.ci_low, d.ci_high):
-        return f"; within the ±{d.min_effect:.0%} minimum effect"
-    return ""
-
-
 def claim_text(d: Difference, style: Literal["gain", "speedup", "ratio"]) -> str:
     """The judgment's description of `d` (`Difference.describe`): the value with its interval
     where the data supports a claim, else 'no significant difference' with the interval."""
-    if within := _within_effect(d):
-        return f"no significant difference ({d.interval_text(style)}{within})"
     return d.describe(style)
 
 
@@ -169,8 +159,7 @@ def growth_text(d: Difference) -> str:
     g, lo, hi = d.ratio - 1.0, d.ci_low - 1.0, d.ci_high - 1.0
     ci = f"{d.ci_level:.0%} CI {cv.percent(lo, signed=True)} to {cv.percent(hi, signed=True)}"
     if not d.significant:
-        few = "" if d.p_value is not None else ", too few repetitions for significance"
-        return f"no significant difference ({ci}{few}{_within_effect(d)})"
+        return f"no significant difference ({ci}{d.why_no_claim()})"
     return f"{cv.percent(g, signed=True)} ({ci})"
 
 

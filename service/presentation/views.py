@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from service.domain.compare import difference
 from service.presentation import conventions
 from service.presentation.conventions import BYTE_UNITS, human_bytes
 from service.presentation.numbers import fmt
@@ -237,8 +238,6 @@ def versus_cell(base: MetricStats, this: MetricStats, base_values: Sequence[floa
     Ulysses, time saved (U − P) / U ('+17.0% [12.1, 21.5]'), or a backend's speed-up over the
     baseline backend, base / this ('2.46× [2.31, 2.60]'). Coloured only when the difference is
     significant; otherwise marked '~'. Without the values no interval, and no claim, is made."""
-    from service.domain.compare import difference
-
     style = "gain" if cp_mode else "speedup"
     if not (base.median > 0 and this.median > 0):
         return Cell("–")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
 from tests.support.hardening_suites import NAME, SUITE
+from tests.support.waiting import wait_until as _wait
 from workers.deadline import default_deadline_s
 from workers.executors._process import PARENT_ENV
 
@@ -29,14 +29,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXECUTOR = "tests.support.hardening_suites:make_executor"
 
 
-def _wait(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not met in {timeout} s: {what}"
-        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:

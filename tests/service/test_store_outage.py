@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
+from tests.support.waiting import wait_until as _wait
 
 pytestmark = pytest.mark.slow  # a PostgreSQL server of its own, stopped and started; a real service
 
@@ -47,14 +48,6 @@ def _job(base: str, job_id: int) -> dict:
     return httpx.get(f"{base}/api/v1/jobs/{job_id}", timeout=10).json()
 
 
-def _wait(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not met in {timeout} s: {what}"
-        time.sleep(0.1)
 
 
 def _stored_samples(pg, database: str, job_id: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]

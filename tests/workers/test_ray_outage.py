@@ -12,13 +12,13 @@ finished; a job submitted afterwards passes.
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.api_support import TOKEN, make_server
+from tests.support.waiting import wait_until as _wait
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray clusters and a real server
@@ -41,14 +41,6 @@ def _cluster(gcs_port: int):  # type: ignore[no-untyped-def]
     return c
 
 
-def _wait(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not met in {timeout} s: {what}"
-        time.sleep(0.2)
 
 
 def _readyz(base: str) -> httpx.Response:

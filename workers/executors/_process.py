@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.job_env import JobUser
+from workers.job_env import JobUser, pid_alive
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
 OUTPUT_TAIL_LINES = 40
@@ -172,20 +172,10 @@ def remove_stale_folders(root: str | Path | None = None) -> list[Path]:
     base = Path(root or tempfile.gettempdir())
     for folder in [*base.glob(f"{TMP_PREFIX}*-p*-*"), *base.glob(f"{SHIP_PREFIX}-p*-*")]:
         owner = folder.name.split("-p", 1)[1].split("-", 1)[0]
-        if owner.isdigit() and folder.is_dir() and not _alive(int(owner)):
+        if owner.isdigit() and folder.is_dir() and not pid_alive(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe_exit(returncode: int) -> str:

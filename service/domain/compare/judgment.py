@@ -251,15 +251,24 @@ class Difference:
         _, lo, hi = self.speedup() if style == "speedup" else (self.ratio, self.ci_low, self.ci_high)
         return f"{level} {lo:.3g}–{hi:.3g}×"
 
+    def why_no_claim(self) -> str:
+        """What keeps a difference from being a claim, as a suffix for its interval: too few
+        repetitions to test, or an interval that excludes 1 but stays within the minimum effect
+        (on a CPU a raw time's is a doubling); '' when the data is merely not significant."""
+        if self.p_value is None:
+            return ", too few repetitions for significance"
+        if self.verdict == "same" and interval_excludes_one(self.ci_low, self.ci_high):
+            return f"; within the ±{self.min_effect:.0%} minimum effect"
+        return ""
+
     def describe(self, style: Literal["gain", "speedup", "ratio"] = "ratio") -> str:
         """The claim the data supports: the value with its interval when significant, else 'no
-        significant difference' with the interval (or why none can be given)."""
+        significant difference' with the interval and what kept it from a claim."""
         if self.verdict == "unknown":
             return "no difference can be given (no finite positive medians)"
         ci = self.interval_text(style)
         if not self.significant:
-            few = "" if self.p_value is not None else ", too few repetitions for significance"
-            return f"no significant difference ({ci}{few})"
+            return f"no significant difference ({ci}{self.why_no_claim()})"
         if style == "gain":
             return f"{self.gain()[0]:+.1%} ({ci})"
         if style == "speedup":

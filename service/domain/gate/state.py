@@ -58,7 +58,8 @@ class GateState:
             "rounds": self.rounds,
             "undecided": list(self.undecided),
             "comparisons": [c.to_dict() for c in self.comparisons],
-            "measured": [c.to_dict() for c in self.measured if c not in self.comparisons],
+            # the first pairs as measured, where pooled rounds replaced them (same objects otherwise)
+            "measured": [c.to_dict() for c in self.measured if all(c is not d for d in self.comparisons)],
             "findings": findings(self.comparisons),
             "gate_id": self.gate_id,
         }
