@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,8 @@ import pytest
 
 from tests.support.api_support import ROOT, TOKEN, Server, make_server
 from tests.support.browser import chromium_page, clipped_tables, shot
+from tests.support.cli import gdnval as run_gdnval
+from tests.support.report_markdown import sections
 
 pytestmark = pytest.mark.slow  # a real server and twelve jobs on up to eight CPU ranks
 
@@ -54,10 +55,8 @@ def gdnval(command: str, server: Server, cwd: Path, timeout: float) -> subproces
     """`command` as the doc writes it, through this interpreter's `gdnval` entry point."""
     argv = shlex.split(command)
     assert argv[0] == "gdnval"
-    env = {**os.environ, "GDNVAL_SERVER": server.base, "GDNVAL_API_TOKEN": TOKEN,
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "service.cli", *argv[1:]], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "GDNVAL_SERVER": server.base, "GDNVAL_API_TOKEN": TOKEN}
+    return run_gdnval(*argv[1:], env=env, cwd=cwd, timeout=timeout)
 
 
 @pytest.mark.timeout(2400)  # twelve jobs one after another; minutes on a shared 2-core machine
@@ -119,11 +118,6 @@ def test_cpu_plan_campaign_at_cp4_and_cp8(server: Server, tmp_path: Path) -> Non
     assert written.returncode == 0, written.stdout + written.stderr
     out = tmp_path / "report.md"
     assert out.read_text() == md.text and written.stdout.startswith("wrote report.md")
-
-
-def sections(md: str) -> dict[str, str]:
-    parts = re.split(r"^## (.+)$", md, flags=re.M)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
 def report_sections(md: str) -> None:

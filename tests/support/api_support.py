@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.paths import ROOT
 from workers import registry
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
-ROOT = Path(__file__).resolve().parents[2]
 FAKE = "fake-store"
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 ARTIFACTS = ROOT / "test-artifacts" / "web"  # git-ignored: screenshots for a person to look at
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/*.md", "docs/decisions/*.md")
 SHELLS = ("bash", "sh", "shell")
 # Programs whose inline spans are commands; `gdnval.db` or a bare `python` are not.

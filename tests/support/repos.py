@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 RUNTIME_PACKAGES = ("gdn", "kernels", "workers")  # what a rank imports
 
 
