@@ -28,6 +28,9 @@ class ProbeParams(SuiteParams):
     repeats: int = 3
     bound_violation: bool = False
     pause_s: float = 0.0  # how long the `bounded` case sleeps first (a job that runs a while)
+    # with a path, the `bounded` case sleeps only while that file exists (still at most pause_s):
+    # a test holds a job mid-run exactly as long as it needs, and a re-run of it goes straight on
+    hold_file: str = ""
     scratch: bool = False  # `collective` makes a temporary folder and prints its path
 
 
@@ -73,7 +76,7 @@ class ProbeSuite(Suite):
 
                 print(f"scratch {tempfile.mkdtemp(prefix='gdnval-probe-')}", flush=True)
         elif case.name == "bounded":
-            time.sleep(float(p["pause_s"]))
+            _pause(float(p["pause_s"]), p.get("hold_file", ""))
             value = 2.0 if p["bound_violation"] else 0.5
             yield Sample(case.name, "value", value, rank=ctx.rank)
         elif case.name == "expects_value_error":
@@ -101,6 +104,17 @@ class ProbeSuite(Suite):
                 t = torch.tensor([float(ctx.rank + 1)])
                 dist.all_reduce(t, group=ctx.group)
                 yield Sample(case.name, "allreduce_sum", float(t.item()), rank=ctx.rank)
+
+
+
+def _pause(seconds: float, hold_file: str) -> None:
+    """Sleep `seconds`; with `hold_file`, only while that file exists (at most `seconds`)."""
+    if not hold_file:
+        time.sleep(seconds)
+        return
+    end = time.monotonic() + seconds
+    while Path(hold_file).exists() and time.monotonic() < end:
+        time.sleep(0.1)
 
 
 SUITE = ProbeSuite()

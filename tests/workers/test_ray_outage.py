@@ -11,13 +11,12 @@ finished; a job submitted afterwards passes.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.api_support import TOKEN, make_server
+from tests.support.api_support import TOKEN, free_port, make_server
 from tests.support.waiting import wait_until as _wait
 
 ray = pytest.importorskip("ray")
@@ -25,12 +24,6 @@ pytestmark = pytest.mark.slow  # Ray clusters and a real server
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXECUTOR = "tests.support.suites:make_ray_executor"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cluster(gcs_port: int):  # type: ignore[no-untyped-def]
@@ -66,15 +59,18 @@ def _submit(base: str, params: dict) -> int:
 def test_the_service_outlives_a_ray_restart_and_requeues_the_job_it_ran(tmp_path: Path) -> None:
     if ray.is_initialized():
         ray.shutdown()
-    port = _free_port()
+    port = free_port()
     first = _cluster(port)
     second = None
     server = make_server(tmp_path, executor=EXECUTOR, GDNVAL_RAY_ADDRESS=first.address)
     try:
         server.start(timeout=90)  # ready: the service's Ray driver joined and placed a group
         pid = server.proc.pid
-        # the `bounded` case sleeps 30 s: the job is mid-run when the cluster goes
-        job_id = _submit(server.base, {"repeats": 1, "pause_s": 30})
+        # the `bounded` case sleeps while `hold` exists: the job is mid-run when the cluster goes,
+        # and its re-run (the file gone by then) goes straight on
+        hold = tmp_path / "hold"
+        hold.touch()
+        job_id = _submit(server.base, {"repeats": 1, "pause_s": 120, "hold_file": str(hold)})
         _wait(lambda: _job(server.base, job_id)["progress"]["done"] >= 1, 90, "the first case ended")
         first.shutdown()
         not_ready = _wait(lambda: (r := _readyz(server.base)).status_code == 503 and r, 15, "/readyz 503")
@@ -87,6 +83,7 @@ def test_the_service_outlives_a_ray_restart_and_requeues_the_job_it_ran(tmp_path
                              headers=AUTH, timeout=30)
         assert refused.status_code == 503, refused.text
 
+        hold.unlink()
         second = _cluster(port)
         _wait(lambda: _readyz(server.base).status_code == 200, 120, "ready again")
         done = _wait(lambda: _ended(server.base, job_id), 180, "the re-queued job ends")
