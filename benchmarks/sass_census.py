@@ -5,7 +5,10 @@ instructions each step issues bound how fast it can go. This compiles one record
 kernel (the launches `tests/kernels/test_kernels_compile.py` records from the real wiring) for
 sm_90 with the installed Triton and its ptxas, disassembles it with the wheel's cuobjdump and
 counts the instructions of its main loop (between the target of the longest backward branch and
-that branch), or of the whole kernel when it has none, by opcode (STL / LDL: register spills).
+that branch), or of the whole kernel when it has none, by opcode (STL / LDL: register spills),
+and each loop inside the main loop apart, indented by depth: a loop that is not unrolled (the
+fused backward's value and key parts) runs its body once per trip, so a step's dynamic count
+adds (trips − 1) × that loop's count.
 Run it under the Triton version the device runs (the code differs
 between versions), e.g. with that wheel unpacked on PYTHONPATH ahead of the installed one:
 
@@ -35,9 +38,13 @@ OPS = ("HGMMA", "HMMA", "BAR", "WARPGROUP", "LDGSTS", "LDG", "STG", "LDS", "LDSM
        "MUFU", "FMUL", "FFMA", "F2FP", "BRA")
 
 
-def loop_census(sass: str) -> tuple[str, int, collections.Counter]:
+Ops = collections.Counter
+
+
+def loop_census(sass: str) -> tuple[str, int, Ops, list[tuple[int, int, Ops]]]:
     """Instructions of the longest loop of a cuobjdump -sass listing and their opcodes, or of the
-    whole listing when it has no loop (a chunk-parallel stage runs it once per program)."""
+    whole listing when it has no loop (a chunk-parallel stage runs it once per program); and each
+    loop inside it (depth, instructions, opcodes), whose bodies run once per trip."""
     ins = [(int(m.group(1), 16), m.group(2).strip())
            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
@@ -45,13 +52,21 @@ def loop_census(sass: str) -> tuple[str, int, collections.Counter]:
         target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             loops.append((addr - int(target.group(1), 16), int(target.group(1), 16), addr))
-    if loops:
-        scope, lo, hi = "main loop", *max(loops)[1:]
-    else:
-        scope, lo, hi = "whole kernel", 0, (ins[-1][0] if ins else -1)
-    body = [text for addr, text in ins if lo <= addr <= hi]
-    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-    return scope, len(body), ops
+
+    def census(lo: int, hi: int) -> tuple[int, Ops]:
+        body = [text for addr, text in ins if lo <= addr <= hi]
+        return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                                              for t in body)
+
+    if not loops:
+        return "whole kernel", *census(0, ins[-1][0] if ins else -1), []
+    _, lo, hi = max(loops)
+    inner = []
+    for _, a, b in sorted(loops, key=lambda x: x[1]):
+        if lo <= a and b <= hi and (a, b) != (lo, hi):
+            depth = sum(1 for _, a2, b2 in loops if a2 <= a and b <= b2 and (a2, b2) != (a, b))
+            inner.append((depth, *census(a, b)))
+    return "main loop", *census(lo, hi), inner
 
 
 def main() -> None:
@@ -98,12 +113,15 @@ def main() -> None:
             for ext in ("ttgir", "ptx"):
                 (out / f"{args.kernel}.{ext}").write_text(ck.asm[ext])
             (out / f"{args.kernel}.sass").write_text(sass)
-        scope, n, ops = loop_census(sass)
+        scope, n, ops, inner = loop_census(sass)
         regs, stack = tc._resources(ck.asm["cubin"])
         print(f"{args.kernel} Triton {triton.__version__} sm_90 {args.dtype} {ce}")
         print(f"  warps={options.num_warps} stages={options.num_stages} shared={ck.metadata.shared} "
               f"regs={regs} stack={stack}")
         print(f"  {scope}: {n} instructions; " + ", ".join(f"{op} {ops[op]}" for op in OPS if ops[op]))
+        for depth, n_in, ops_in in inner:
+            print(f"  {'  ' * depth}inner loop: {n_in} instructions; "
+                  + ", ".join(f"{op} {ops_in[op]}" for op in OPS if ops_in[op]))
         return
     raise SystemExit(f"no launch of {args.kernel} matched {want}")
 

@@ -99,7 +99,11 @@ class KernelConfig:
     fused_fwd_stages: int = 1
     fused_bwd_warps: int = 8
     fused_bwd_stages: int = 1
-    fused_bwd_split: int = 2  # the backward step's value and key columns in this many parts
+    # Value columns per backward program (128: the whole dS of a head; 64 or 32: a [D, BV] slice
+    # of it, the slices of a head one launch each, dq, dk, dβ and dg summed over them in fp32 in a
+    # fixed order). The step's key columns and the program's value columns in fused_bwd_split parts.
+    fused_bwd_bv: int = 128
+    fused_bwd_split: int = 2
     fused_maps_bv: int = 32  # value columns per program of the segment maps (separable columns)
     fused_maps_warps: int = 4
     # Sequence-parallel state passes (state_segments): 0 = choose from the shape, N > 0 = N segments.

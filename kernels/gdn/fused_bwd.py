@@ -1,9 +1,16 @@
-"""The fused backward: one program walks a segment of a value head backwards, the whole dS [D, D]
-its own, and does every gradient of each chunk there (dq, dk, dv, dβ, dg and, at the start, dh0):
-the reverse walk and the WY backward together, so no dVn, dS', dWk, fp32 dk partial or dγ partial
-reaches memory. dS (fp32) sits in two buffers of the program's scratch, read from one and written
-to the other each step, so that no [D, D] tile stays in registers across the step's products
-(held in registers, it made the step spill 4 KB per thread on sm_90).
+"""The fused backward: one program walks a segment of a value head backwards, its dS [D, BV]
+(`fused_bwd_bv` value columns: 128, the whole state, or a slice) its own, and does every
+gradient of each chunk there (dq, dk, dv, dβ, dg and, at the start, dh0): the reverse walk and
+the WY backward together, so no dVn, dS', dWk, fp32 dk partial or dγ partial reaches memory.
+Every gradient is a sum over value columns of terms of those columns alone, so a slice's program
+forms its part, and the parts meet in fp32 running sums in a fixed launch order.
+
+Register pressure, not arithmetic, bounds the step on sm_90 (one 8-warp program per
+multiprocessor at 255 registers): dS and the re-walk's state (fp32) sit in the program's scratch,
+never in registers across a step; the step runs its value and key columns in `fused_bwd_split`
+parts as loops that are not unrolled (unrolled, the compiler hoisted the later parts' loads and
+spilled); K, Q and T are read where each product needs them (L1 or L2 hits) and the decay tiles
+formed where used, instead of held across the parts.
 
 It reads what the fused forward kept: T and the fp32 state entering every group of
 `fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
@@ -35,7 +42,7 @@ import triton.language as tl
 
 from kernels.gdn.common import load_rows, mm, state_next, transpose_via
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, num_chunks
-from kernels.gdn.fused_fwd import check_fused, chunk_inputs, chunk_vn, value_rows
+from kernels.gdn.fused_fwd import check_fused, chunk_inputs, chunk_t, chunk_vn, value_rows
 from kernels.gdn.segments import segment_scan
 
 
@@ -79,21 +86,34 @@ def _fused_dmaps_kernel(
     tl.store(dext_ptr + (bh * nseg + seg) * D * D + dk[:, None] * D + dv[None, :], dS)
 
 
-@triton.jit(do_not_specialize=["r"])
+@triton.jit
+def decay_t(gam, i):
+    """Eᵀ of a chunk: e^{γ_j−γ_i} on and above the diagonal, 0 below."""
+    up = i[:, None] <= i[None, :]
+    return tl.where(up, tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0)
+
+
+@triton.jit(do_not_specialize=["r", "iv"])
 def _fused_bwd_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, sg_ptr, do_ptr, dend_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr, dq32_ptr, dk32_ptr, scr_ptr, scr32_ptr, scale,
-    T, NT, NG, CPS, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_DEND: tl.constexpr,
-    STORE_DH0: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr, PREC: tl.constexpr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, dh0_ptr, dq32_ptr, dk32_ptr, db32_ptr, dg32_ptr,
+    scr_ptr, scr32_ptr, scale,
+    T, NT, NG, CPS, r, iv, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_DEND: tl.constexpr,
+    STORE_DH0: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
+    VCARRY_IN: tl.constexpr, VCARRY_OUT: tl.constexpr, PREC: tl.constexpr,
     PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, KG: tl.constexpr, HD: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr, KG: tl.constexpr, HDV: tl.constexpr,
+    HDK: tl.constexpr,
 ):
-    """Value head hk·R + r of q/k head b·Hqk + hk (program_id 0), segment program_id 1 of CPS
-    chunks, from the gradient leaving it dend[bh, seg] (dHT when one segment; zero without).
-    A group's value heads run one launch each, r = 0 .. R − 1 in order; dq and dk sum them through
-    fp32 running sums (dq32, dk32 [B, T, Hqk, D]: CARRY_IN adds the previous heads', CARRY_OUT
-    leaves the sum there instead of storing the input-dtype result), a fixed order, so the sums
-    repeat bit for bit."""
+    """Value columns iv·BV .. (iv + 1)·BV of value head hk·R + r of q/k head b·Hqk + hk
+    (program_id 0), segment program_id 1 of CPS chunks, from the gradient leaving it dend[bh, seg]
+    (dHT when one segment; zero without). Every gradient is a sum over value columns of terms of
+    those columns alone, so a program forms its slice's part. The slices of a value head, and the
+    value heads of a group, run one launch each in a fixed order (r, then iv): dq and dk go
+    through fp32 running sums (dq32, dk32 [B, T, Hqk, D]: CARRY_IN adds the earlier launches',
+    CARRY_OUT leaves the sum there instead of storing the input-dtype result), dβ and the
+    per-row dg terms likewise over a head's slices (db32, dg32 [B, T, Hv]: VCARRY_IN,
+    VCARRY_OUT), so the sums repeat bit for bit."""
     bhk = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
     nseg = tl.num_programs(1)
@@ -101,25 +121,27 @@ def _fused_bwd_kernel(
     h = hk * R + (r if R > 1 else 0)
     bh = b * HV + h
     dk = tl.arange(0, D)
+    vv = tl.arange(0, BV)
+    vcol = iv * BV + vv  # the program's value columns
     i = tl.arange(0, BT)
     dt = q_ptr.dtype.element_ty
-    sq = dk[:, None] * D + dk[None, :]  # a [D, D] state
-    rows = i[:, None] * D + dk[None, :]  # a [BT, D] chunk tile
-    slot_len = D * D + 2 * BT * D
-    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * D + BT * D)
+    sq = dk[:, None] * BV + vv[None, :]  # a [D, BV] state slice in the scratch
+    sq_g = dk[:, None] * D + vcol[None, :]  # the same slice of a [D, D] state in memory
+    rows = i[:, None] * BV + vv[None, :]  # a [BT, BV] chunk tile in the scratch
+    slot_len = D * BV + 2 * BT * BV
+    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * BV + BT * BV)
     dsb0 = scr + KG * slot_len  # dS in the input dtype beside the fp32 one: the products' operand
-    dxs_ptr = dsb0 + 2 * D * D  # the step's dX [BT, D], an operand of dX·Sᵀ read back whole
-    causal = i[:, None] >= i[None, :]
-    up = i[:, None] <= i[None, :]
-    # dS lives in two fp32 [D, D] buffers of the program's scratch, read from one and written to
-    # the other each step (so no [D, D] tile stays in registers across a step); then BT x BT fp32
+    dxs_ptr = dsb0 + 2 * D * BV  # the step's dX [BT, BV], an operand of dX·Sᵀ read back whole
+    # dS lives in two fp32 [D, BV] buffers of the program's scratch, read from one and written to
+    # the other each step (so no state tile stays in registers across a step); then BT x BT fp32
     # for the transpose of B
-    ds0 = scr32_ptr + (bhk * nseg + seg) * (2 * D * D + BT * BT)
-    tr = ds0 + 2 * D * D
+    ds0 = scr32_ptr + (bhk * nseg + seg) * (3 * D * BV + BT * BT)
+    s32 = ds0 + 2 * D * BV  # the re-walk's state
+    tr = s32 + D * BV
     if HAS_DEND:
-        dS = tl.load(dend_ptr + (bh * nseg + seg) * D * D + sq)
+        dS = tl.load(dend_ptr + (bh * nseg + seg) * D * D + sq_g)
     else:
-        dS = tl.zeros([D, D], dtype=tl.float32)
+        dS = tl.zeros([D, BV], dtype=tl.float32)
     tl.store(ds0 + sq, dS)
     tl.store(dsb0 + sq, dS.to(dt))
     p = 0
@@ -131,98 +153,118 @@ def _fused_bwd_kernel(
         g = g_hi - 1 - gi
         ca = g * KG
         cb = tl.minimum(ca + KG, c1)
-        # the group re-walked from its kept state: each chunk's S, X and Vn into the scratch
-        S = tl.load(sg_ptr + (bh * NG + g) * D * D + sq)
+        # the group re-walked from its kept state: each chunk's S, X and Vn into the scratch, the
+        # state itself (fp32) in the scratch too and stepped in parts of HDV value columns (the
+        # columns are separable), so that no [D, BV] state tile stays in registers across a chunk
+        tl.store(s32 + sq, tl.load(sg_ptr + (bh * NG + g) * D * D + sq_g))
         for c in range(ca, cb):
             kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
                 k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
-            v = value_rows(v_ptr, b, h, t, m, dk, T, HV, D)
-            Sb = S.to(dt)
-            vn, x = chunk_vn(tmat, kc, v, bt, gam, Sb, PREC)
             slot = scr + (c - ca) * slot_len
-            tl.store(slot + sq, Sb)
-            tl.store(slot + D * D + rows, x.to(dt))
-            tl.store(slot + D * D + BT * D + rows, vn.to(dt))
-            S = state_next(S, vn, kc, gam, g_last)
+            for hv in range(0, BV, HDV):
+                vloc = hv + tl.arange(0, HDV)
+                part = i[:, None] * BV + vloc[None, :]
+                sq_h = dk[:, None] * BV + vloc[None, :]
+                tl.debug_barrier()  # the last part's or chunk's stores of this state part first
+                S = tl.load(s32 + sq_h)
+                Sb = S.to(dt)
+                v_h = value_rows(v_ptr, b, h, t, m, iv * BV + vloc, T, HV, D)
+                vn, x = chunk_vn(tmat, kc, v_h, bt, gam, Sb, PREC)
+                tl.store(slot + sq_h, Sb)
+                tl.store(slot + D * BV + part, x.to(dt))
+                tl.store(slot + D * BV + BT * BV + part, vn.to(dt))
+                S = state_next(S, vn, kc, gam, g_last)
+                tl.debug_barrier()  # every warp's loads of this state part before its stores
+                tl.store(s32 + sq_h, S)
         for jj in range(cb - ca):
             # every warp's stores (the re-walk's, the last step's dS and dX) before any warp's
             # loads, and the last step's loads of what this step overwrites before its stores
             tl.debug_barrier()
             c = cb - 1 - jj
             slot = scr + (c - ca) * slot_len
-            ds_in = ds0 + p * D * D  # dS' leaving the chunk (fp32; dsb_in: in the input dtype)
-            ds_out = ds0 + (1 - p) * D * D  # dS entering it
-            dsb_in = dsb0 + p * D * D
-            dsb_out = dsb0 + (1 - p) * D * D
+            ds_in = ds0 + p * D * BV  # dS' leaving the chunk (fp32; dsb_in: in the input dtype)
+            ds_out = ds0 + (1 - p) * D * BV  # dS entering it
+            dsb_in = dsb0 + p * D * BV
+            dsb_out = dsb0 + (1 - p) * D * BV
             p = 1 - p
-            kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
+            # K, Q and T are read where used (L1 or L2 hits), not held in registers across the step
+            _, bt, gam, g_last, _, t, m = chunk_inputs(
                 k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
-            qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
+            q_base = q_ptr + b * T * HQK * D + hk * D
+            k_base = k_ptr + b * T * HQK * D + hk * D
             eg = tl.exp(gam)
             ekd = tl.exp(g_last - gam)
             bge = bt * eg
-            et = tl.where(up, tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0)
-            kqt = (tl.dot(kc, tl.trans(qc)) * et * scale).to(dt)
-            # value halves (the value columns are separable): dVn, dX (into the scratch), dv, the
-            # dS update of those columns; dT, dO·Vnᵀ, Vn·dOᵀ and dX·V summed over the halves
+            kqt = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.trans(load_rows(q_base, t, m, HQK * D, D)))
+            kqt = (kqt * decay_t(gam, i) * scale).to(dt)
+            # value parts of HDV columns: dVn, dX (into the scratch), dv, the dS update of those
+            # columns; dT, dO·Vnᵀ, Vn·dOᵀ and dX·V summed over the parts
             dtm = tl.zeros([BT, BT], dtype=tl.float32)
             dp = tl.zeros([BT, BT], dtype=tl.float32)
             dpt = tl.zeros([BT, BT], dtype=tl.float32)
             dbeta = tl.zeros([BT], dtype=tl.float32)
-            for hv in tl.static_range(0, D, HD):
-                vcols = hv + tl.arange(0, HD)
-                half = i[:, None] * D + vcols[None, :]
-                sq_h = dk[:, None] * D + vcols[None, :]
-                do_h = value_rows(do_ptr, b, h, t, m, vcols, T, HV, D)
-                vn_h = tl.load(slot + D * D + BT * D + half)
-                dvn = tl.dot(kqt, do_h) + tl.dot(kc, tl.load(dsb_in + sq_h)) * ekd[:, None]
-                dx = mm(tl.trans(tmat), dvn, PREC)
-                tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + vcols[None, :],
+            for hv in range(0, BV, HDV):
+                vloc = hv + tl.arange(0, HDV)
+                vglob = iv * BV + vloc
+                part = i[:, None] * BV + vloc[None, :]
+                sq_h = dk[:, None] * BV + vloc[None, :]
+                do_h = value_rows(do_ptr, b, h, t, m, vglob, T, HV, D)
+                vn_h = tl.load(slot + D * BV + BT * BV + part)
+                kds = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.load(dsb_in + sq_h))
+                dvn = tl.dot(kqt, do_h) + kds * ekd[:, None]
+                dx = mm(tl.trans(chunk_t(tm_ptr, bh, t, m, T, BT)), dvn, PREC)
+                tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + vglob[None, :],
                          (dx * bt[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
-                dtm += mm(dvn, tl.trans(tl.load(slot + D * D + half).to(tl.float32)), PREC_DT)
-                tl.store(dxs_ptr + half, dx.to(dt))
-                v_h = value_rows(v_ptr, b, h, t, m, vcols, T, HV, D).to(tl.float32)
+                dtm += mm(dvn, tl.trans(tl.load(slot + D * BV + part).to(tl.float32)), PREC_DT)
+                tl.store(dxs_ptr + part, dx.to(dt))
+                v_h = value_rows(v_ptr, b, h, t, m, vglob, T, HV, D).to(tl.float32)
                 dbeta += tl.sum(dx * v_h, axis=1)
                 dog = (do_h.to(tl.float32) * (scale * eg)[:, None]).to(dt)
                 dxg = (-dx * bge[:, None]).to(dt)
-                ds_h = tl.dot(tl.trans(qc), dog, tl.load(ds_in + sq_h) * tl.exp(g_last))
-                ds_h = tl.dot(tl.trans(kc), dxg, ds_h)
+                ds_h = tl.load(ds_in + sq_h) * tl.exp(g_last)
+                ds_h = tl.dot(tl.trans(load_rows(q_base, t, m, HQK * D, D)), dog, ds_h)
+                ds_h = tl.dot(tl.trans(load_rows(k_base, t, m, HQK * D, D)), dxg, ds_h)
                 tl.store(ds_out + sq_h, ds_h)
                 tl.store(dsb_out + sq_h, ds_h.to(dt))
                 dp = tl.dot(do_h, tl.trans(vn_h), dp)
                 dpt = tl.dot(vn_h, tl.trans(do_h), dpt)
-            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle, B + Bᵀ
-            strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
-            da = -mm(mm(tl.trans(tmat), dtm, PREC_DA), tl.trans(tmat), PREC_DA)
-            dae = tl.where(strict, da * tl.exp(tl.where(strict, gam[:, None] - gam[None, :], 0.0)), 0.0)
-            kk = tl.dot(kc, tl.trans(kc))
-            dbeta += tl.sum(dae * kk, axis=1)
-            zz = dae * kk * bt[:, None]
-            dgam = tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
-            bd = dae * bt[:, None]
-            bsum = bd + transpose_via(tr, bd, i, m, BT)  # its barriers also order the dX stores
-            # the attention terms: dP ⊙ E for dq, its transpose for dk, and their γ terms
+            # the attention terms first, so that dP and its transpose leave registers as input-dtype
+            # tiles: dP ⊙ E for dq, its transpose for dk, and their γ terms (E: the causal decay
+            # e^{γ_i−γ_j}, which dA's strict triangle shares)
+            causal = i[:, None] >= i[None, :]
             e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
             dpe = dp * e * scale
-            z = dpe * tl.dot(qc, tl.trans(kc))
-            dgam += tl.sum(z, axis=1) - tl.sum(z, axis=0)
+            kc = load_rows(k_base, t, m, HQK * D, D)
+            z = dpe * tl.dot(load_rows(q_base, t, m, HQK * D, D), tl.trans(kc))
+            dgam = tl.sum(z, axis=1) - tl.sum(z, axis=0)
             dpe = dpe.to(dt)
-            dpet = (dpt * et * scale).to(dt)
-            # key halves: dq and dk, with the row sums of X's K·S term and of Kd's
+            dpet = (dpt * decay_t(gam, i) * scale).to(dt)  # formed again: not live across the parts
+            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle, B + Bᵀ
+            strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
+            tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
+            da = -mm(mm(tl.trans(tmat), dtm, PREC_DA), tl.trans(tmat), PREC_DA)
+            dae = tl.where(strict, da * e, 0.0)
+            w = dae * tl.dot(kc, tl.trans(kc))
+            dbeta += tl.sum(w, axis=1)
+            zz = w * bt[:, None]
+            dgam += tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
+            bd = dae * bt[:, None]
+            bsum = bd + transpose_via(tr, bd, i, m, BT)  # its barriers also order the dX stores
+            # key parts of HDK columns: dq and dk, with the row sums of X's K·S term and of Kd's
             rr = tl.zeros([BT], dtype=tl.float32)  # dX_i·(K·S)_i
             y = tl.zeros([BT], dtype=tl.float32)
             sds = 0.0  # Σ S ⊙ dS'
-            for hk0 in tl.static_range(0, D, HD):
-                kcols = hk0 + tl.arange(0, HD)
-                key_rows = kcols[:, None] * D + dk[None, :]
-                s_h = tl.load(slot + key_rows)  # S rows of these keys, every value column
+            for hk0 in range(0, D, HDK):
+                kcols = hk0 + tl.arange(0, HDK)
+                key_rows = kcols[:, None] * BV + vv[None, :]
+                s_h = tl.load(slot + key_rows)  # S rows of these keys, the program's value columns
                 dsp_h = tl.load(ds_in + key_rows)
                 sds += tl.sum(tl.sum(s_h.to(tl.float32) * dsp_h, axis=1), axis=0)
                 q_h = tl.load(q_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
                               mask=m[:, None], other=0.0)
                 k_h = tl.load(k_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
                               mask=m[:, None], other=0.0)
-                dos = tl.dot(value_rows(do_ptr, b, h, t, m, dk, T, HV, D), tl.trans(s_h))
+                dos = tl.dot(value_rows(do_ptr, b, h, t, m, vcol, T, HV, D), tl.trans(s_h))
                 dgam += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
                 dq = dos * (scale * eg)[:, None] + tl.dot(dpe, k_h)
                 qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + kcols[None, :]
@@ -233,7 +275,7 @@ def _fused_bwd_kernel(
                 else:
                     tl.store(dq_ptr + qk_rows, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
                 dxs = tl.dot(tl.load(dxs_ptr + rows), tl.trans(s_h))
-                wt = tl.dot(tl.load(slot + D * D + BT * D + rows), tl.trans(tl.load(dsb_in + key_rows)))
+                wt = tl.dot(tl.load(slot + D * BV + BT * BV + rows), tl.trans(tl.load(dsb_in + key_rows)))
                 k32 = k_h.to(tl.float32)
                 rr += tl.sum(k32 * dxs, axis=1)
                 y += ekd * tl.sum(k32 * wt, axis=1)
@@ -249,13 +291,21 @@ def _fused_bwd_kernel(
             dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * sds, 0.0)
             dgam -= y + bge * rr
             dgam = tl.where(m, dgam, 0.0)
-            dg = tl.cumsum(dgam, axis=0, reverse=True)
-            tl.store(dbeta_ptr + (b * T + t) * HV + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
-            tl.store(dg_ptr + (b * T + t) * HV + h, dg.to(dg_ptr.dtype.element_ty), mask=m)
+            hrow = (b * T + t) * HV + h
+            if VCARRY_IN:
+                dbeta += tl.load(db32_ptr + hrow, mask=m, other=0.0)
+                dgam += tl.load(dg32_ptr + hrow, mask=m, other=0.0)
+            if VCARRY_OUT:
+                tl.store(db32_ptr + hrow, dbeta, mask=m)
+                tl.store(dg32_ptr + hrow, dgam, mask=m)
+            else:
+                tl.store(dbeta_ptr + hrow, dbeta.to(dbeta_ptr.dtype.element_ty), mask=m)
+                dg = tl.cumsum(dgam, axis=0, reverse=True)
+                tl.store(dg_ptr + hrow, dg.to(dg_ptr.dtype.element_ty), mask=m)
         tl.debug_barrier()  # every warp's loads of this group before the next group's stores
     if STORE_DH0:  # noqa: SIM102 (a constexpr and a runtime test: two ifs compile on every Triton)
         if seg == 0:
-            tl.store(dh0_ptr + bh * D * D + sq, tl.load(ds0 + p * D * D + sq))
+            tl.store(dh0_ptr + bh * D * D + sq_g, tl.load(ds0 + p * D * BV + sq))
 
 
 def fused_backward(
@@ -277,10 +327,10 @@ def fused_backward(
     dend = dht
     if nseg > 1:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)
-        bv = cfg.fused_maps_bv
-        _fused_dmaps_kernel[(D // bv, B * Hv, nseg - 1)](
+        mbv = cfg.fused_maps_bv
+        _fused_dmaps_kernel[(D // mbv, B * Hv, nseg - 1)](
             q_ptr=q, k_ptr=k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, do_ptr=do, dext_ptr=dext,
-            scale=scale, T=T, NT=nt, CPS=cps, HQK=Hqk, HV=Hv, R=R, PREC=prec, BT=BT, D=D, BV=bv,
+            scale=scale, T=T, NT=nt, CPS=cps, HQK=Hqk, HV=Hv, R=R, PREC=prec, BT=BT, D=D, BV=mbv,
             num_warps=cfg.fused_maps_warps,
         )
         dend = segment_scan(maps, dext, dht, reverse=True, cfg=cfg)
@@ -289,24 +339,32 @@ def fused_backward(
     dbeta = torch.empty_like(beta)
     dg = torch.empty(B, T, Hv, device=q.device, dtype=g_dtype)
     dh0 = torch.empty(B, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
-    dq32 = dk32 = None
-    if R > 1:
+    bv = cfg.fused_bwd_bv
+    nv = D // bv
+    dq32 = dk32 = db32 = dg32 = None
+    if R * nv > 1:
         dq32 = torch.empty(B, T, Hqk, D, device=q.device, dtype=torch.float32)
         dk32 = torch.empty_like(dq32)
-    scr = torch.empty(B * Hqk * nseg, kg * (D * D + 2 * BT * D) + 2 * D * D + BT * D, device=q.device,
+    if nv > 1:
+        db32 = torch.empty(B, T, Hv, device=q.device, dtype=torch.float32)
+        dg32 = torch.empty_like(db32)
+    scr = torch.empty(B * Hqk * nseg, kg * (D * bv + 2 * BT * bv) + 2 * D * bv + BT * bv, device=q.device,
                       dtype=q.dtype)
-    scr32 = torch.empty(B * Hqk * nseg, 2 * D * D + BT * BT, device=q.device, dtype=torch.float32)
-    for r in range(R):
+    scr32 = torch.empty(B * Hqk * nseg, 3 * D * bv + BT * BT, device=q.device, dtype=torch.float32)
+    split = cfg.fused_bwd_split
+    launches = [(r, iv) for r in range(R) for iv in range(nv)]  # the fixed order of the sums
+    for n, (r, iv) in enumerate(launches):
         _fused_bwd_kernel[(B * Hqk, nseg)](
             q_ptr=q, k_ptr=k, v_ptr=v, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, sg_ptr=sg, do_ptr=do,
             dend_ptr=dend if dend is not None else dq, dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, dbeta_ptr=dbeta,
             dg_ptr=dg, dh0_ptr=dh0 if dh0 is not None else dq, dq32_ptr=dq32 if dq32 is not None else dq,
-            dk32_ptr=dk32 if dk32 is not None else dq, scr_ptr=scr, scr32_ptr=scr32, scale=scale,
-            T=T, NT=nt, NG=sg.shape[1], CPS=cps, r=r, HQK=Hqk, HV=Hv, R=R, HAS_DEND=dend is not None,
-            STORE_DH0=want_dh0, CARRY_IN=r > 0, CARRY_OUT=r < R - 1, PREC=prec,
+            dk32_ptr=dk32 if dk32 is not None else dq, db32_ptr=db32 if db32 is not None else dq,
+            dg32_ptr=dg32 if dg32 is not None else dq, scr_ptr=scr, scr32_ptr=scr32, scale=scale,
+            T=T, NT=nt, NG=sg.shape[1], CPS=cps, r=r, iv=iv, HQK=Hqk, HV=Hv, R=R, HAS_DEND=dend is not None,
+            STORE_DH0=want_dh0, CARRY_IN=n > 0, CARRY_OUT=n < len(launches) - 1, VCARRY_IN=iv > 0,
+            VCARRY_OUT=iv < nv - 1, PREC=prec,
             PREC_DT=dot_precision(cfg, q.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, q.dtype, "wy_da"),
-            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, KG=kg, HD=D // cfg.fused_bwd_split,
-            num_warps=cfg.fused_bwd_warps,
-            num_stages=cfg.fused_bwd_stages,
+            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, BV=bv, KG=kg, HDV=bv // split,
+            HDK=D // split, num_warps=cfg.fused_bwd_warps, num_stages=cfg.fused_bwd_stages,
         )
     return dq, dk, dv, dg, dbeta, dh0

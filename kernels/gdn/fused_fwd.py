@@ -40,8 +40,15 @@ def chunk_inputs(k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, t0, T, HQK: tl.c
     kc = load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
     bt = tl.load(beta_ptr + (b * T + t) * HV + bh % HV, mask=m, other=0.0).to(tl.float32)
     gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, T, T, BT)
+    return kc, bt, gam, g_last, chunk_t(tm_ptr, bh, t, m, T, BT), t, m
+
+
+@triton.jit
+def chunk_t(tm_ptr, bh, t, m, T, BT: tl.constexpr):
+    """The chunk's T [BT, BT] (rows t, masked rows 0) in fp32."""
+    i = tl.arange(0, BT)
     tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
-    return kc, bt, gam, g_last, tmat.to(tl.float32), t, m
+    return tmat.to(tl.float32)
 
 
 @triton.jit
@@ -163,8 +170,11 @@ def check_fused(cfg: KernelConfig) -> None:
         raise ValueError(f"fused_maps_bv = {cfg.fused_maps_bv}: expected 16, 32, 64 or 128")
     if cfg.fused_group < 1:
         raise ValueError(f"fused_group = {cfg.fused_group}: expected at least 1 chunk per kept state")
-    if cfg.fused_bwd_split not in (1, 2, 4):
-        raise ValueError(f"fused_bwd_split = {cfg.fused_bwd_split}: expected 1, 2 or 4 parts of D = {D}")
+    if cfg.fused_bwd_bv not in (32, 64, 128):
+        raise ValueError(f"fused_bwd_bv = {cfg.fused_bwd_bv}: expected 32, 64 or 128 (value columns)")
+    if cfg.fused_bwd_split not in (1, 2, 4) or cfg.fused_bwd_bv // cfg.fused_bwd_split < 16:
+        raise ValueError(f"fused_bwd_split = {cfg.fused_bwd_split}: expected 1, 2 or 4 parts of D = {D} and "
+                         f"of fused_bwd_bv = {cfg.fused_bwd_bv}, at least 16 columns each")
 
 
 def fused_forward(

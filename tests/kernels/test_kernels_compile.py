@@ -95,7 +95,7 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     """Run the real wiring: grouped heads with and without states and the CP summary at T = 65 (the
     failing H200 case), the split state passes, packed sequences and the fused path (one walk and
-    two segments) at T = 130. `full` (the
+    two segments, the backward also in value slices) at T = 130. `full` (the
     `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment
     specialisation); measured with Triton 3.9 they change no kernel's shared memory, and
     compiling them all cold takes ~10 min on two cores."""
@@ -122,9 +122,9 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     with torch.no_grad():
         mod.gated_delta_rule_triton_varlen(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0s)
     # the fused path: one walk, then split into 2 segments of one-chunk groups (the maps kernels,
-    # the scans)
-    for segments in (1, 2):
-        with mod.config_overrides(fused=True, seq_segments=segments, fused_group=1):
+    # the scans), then the backward in value slices of 64 columns (the slices' running sums)
+    for over in ({"seq_segments": 1}, {"seq_segments": 2}, {"seq_segments": 2, "fused_bwd_bv": 64}):
+        with mod.config_overrides(fused=True, fused_group=1, **over):
             o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
             (o.float().sum() + s.sum()).backward()
 

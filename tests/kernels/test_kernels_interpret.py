@@ -66,6 +66,10 @@ FUSED_CASES = [
     ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 64, "fused_bwd_split": 4}),
     # five chunks in 3 segments of groups of 2 (the last one short), a group's middle value head
     ((300, (1, 3), torch.float32, True, True), {"fused": True, "fused_group": 2, "seq_segments": 3}),
+    # the backward in value slices: 2 value heads x 2 slices summed in order; 4 slices, 3 segments
+    ((65, (2, 4), torch.float16, True, True), {"fused": True, "fused_bwd_bv": 64}),
+    ((300, (1, 3), torch.float32, True, True),
+     {"fused": True, "fused_group": 2, "seq_segments": 3, "fused_bwd_bv": 32, "fused_bwd_split": 1}),
     pytest.param((130, (2, 4), torch.float16, False, True),
                  {"fused": True, "seq_segments": 2, "fused_group": 1, "fused_bv": 64},
                  marks=pytest.mark.slow),
