@@ -10,8 +10,9 @@ executor's cancel event, and settles orphans left by a crash at start and period
 claims only jobs its executor can place now (`Executor.free_ranks` per device kind and
 placement strategy, less what this tick already claimed), so a job that fits the cluster but
 not its free resources stays queued instead of failing on a timeout. A re-run of an interrupted
-job keeps the cases its earlier runs finished and runs only the rest
-(`service.persistence.resume`); when none is left, the job just ends. A store that goes away is
+job keeps the cases its earlier runs finished and runs only the rest, and a job labelled to take
+cases from another job copies them instead of running them (`service.persistence.resume`); when
+none is left, the job just ends. A store that goes away is
 waited out (`until_stored`): no write is lost and no job thread ends on it. A run its executor
 ends `interrupted` (its cluster went away) is re-queued without spending an attempt.
 """
@@ -36,7 +37,7 @@ from service.persistence import samples as sample_store
 from service.persistence import summaries as summary_store
 from service.persistence.db import StoreUnavailable, first_line, is_unreachable, until_stored, write_tx
 from service.persistence.models import CASE_STATUSES, JobRow, MetricRow
-from service.persistence.resume import carry_finished_cases, kept_before
+from service.persistence.resume import carry_finished_cases, kept_before, take_cases
 from service.settings import Settings
 from workers.deadline import job_deadline_s, stall_limit_s
 from workers.executors.base import Executor, ExecutorUnavailable, JobOutcome, JobSpec
@@ -108,6 +109,9 @@ class StoreSink:
                 cases, metric_ids, expected = [], {}, []
                 job_store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
             case_ids = case_store.ensure_cases(s, cases, job.device, job.world_size)
+            # cases another job measured with the same code (its labels name it) are this run's too
+            taken = take_cases(s, job, self.attempt, [c for c in cases if c.name in expected])
+            kept = {**kept, **dict.fromkeys(taken, self.attempt)}
             stored = sample_store.count_attempt_samples(s, job.id, self.attempt)
         self.kept, self.metric_ids, self.expected = kept, metric_ids, expected
         self.case_ids, self.samples_stored = case_ids, stored

@@ -77,6 +77,7 @@ class CaseStats:
     error: str | None
     expected_error: str | None
     metrics: dict[str, MetricStats] = field(default_factory=dict)
+    source_job_id: int | None = None  # the job that measured it, when this job took it from one
 
 
 def worst_value(direction: str, lo: float, hi: float, nonfinite: int) -> float:

@@ -135,6 +135,10 @@ class CaseOut(BaseModel):
     error: str | None
     expected_error: str | None
     metrics: dict[str, MetricSummaryOut]
+    source_job_id: int | None = Field(
+        None, description="the job that measured this case, when this job took it from that job (the same "
+        "code: a backend gate's head job takes the reference backend's cases from its base job); null: "
+        "measured by this job")
 
 
 class SampleOut(BaseModel):

@@ -62,12 +62,13 @@ def load_side(session: Session, job_id: int) -> JobSide:
     rows, defined, case_rows = stored.samples, stored.metrics, stored.case_rows
     case_ids_s, case_codes = np.unique(rows.case_id, return_inverse=True)
     metric_ids_s, metric_codes = np.unique(rows.metric_id, return_inverse=True)
-    by_result = {cid: (status, error) for cid, status, error in stored.results}
+    by_result = {cid: (status, error, source) for cid, status, error, source in stored.results}
     cases: dict[str, CaseInfo] = {}
     for cid in sorted(case_rows):
         c = case_rows[cid]
-        status, error = by_result.get(cid, (None, None))
-        cases[c.fingerprint] = CaseInfo(c.fingerprint, c.name, dict(c.params or {}), status, error)  # type: ignore[arg-type]
+        status, error, source = by_result.get(cid, (None, None, None))
+        cases[c.fingerprint] = CaseInfo(c.fingerprint, c.name, dict(c.params or {}), status, error,  # type: ignore[arg-type]
+                                        source)
     table = SampleTable(
         case=case_codes.reshape(-1),
         metric=metric_codes.reshape(-1),

@@ -12,6 +12,10 @@ backend's `content_hash`) are equal, worked out for the commit before anything r
 - a backend's commit: our code as the service runs it, and the backend's package as installed
   for that commit (the install its jobs use, built once per commit on this machine; a commit
   that cannot be fetched or built matches nothing, and its own jobs then say why).
+
+The same rule, case by case: a backend commit that is not byte-identical to a measured one
+still runs our reference backends (`eager`) exactly as that commit's job ran them, so those
+cases are taken from its job instead of measured again (`CodeUnderTest.shared_backends`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,17 @@ class CodeUnderTest:
                 return False
         return self.backend is None or any(
             isinstance(b, Mapping) and b.get("backend") == self.backend for b in info.get("backends") or [])
+
+    def shared_backends(self, info: Mapping[str, Any]) -> list[str]:
+        """The backends of a job that recorded `info` whose cases ran exactly the code this
+        commit's cases of them would: ours (their content is our tree's), when our code hash is
+        equal; never the backend under test. A backend from elsewhere is left out (its content
+        for this commit is not known before a rank records it), and so measured again."""
+        if info.get("code_hash") != self.code_hash:
+            return []
+        return [str(b["backend"]) for b in info.get("backends") or []
+                if isinstance(b, Mapping) and b.get("distribution") == OURS and b.get("backend")
+                and b.get("backend") != self.backend]
 
 
 def _suite_file(suite: str) -> Path | None:

@@ -27,7 +27,8 @@ class StoredJob:
     attempt: int
     metrics: dict[int, Metric]  # by metric id: the suite's, plus any other metric the samples name
     samples: ReducedRows  # the latest run's samples reduced over ranks (`reduced_rows`)
-    results: list[tuple[int, str, str | None]]  # (case id, status, error) of the latest run
+    # (case id, status, error, the job that measured it when taken from one) of the latest run
+    results: list[tuple[int, str, str | None, int | None]]
     case_rows: dict[int, Any]  # every case with samples or a result: (id, fingerprint, name, params) rows
     # (metric id, kind, direction, bound, diagnostic): the definitions the run was judged with
     judged: list[tuple[int, str, str, float | None, bool | None]]
@@ -44,7 +45,8 @@ def read_job_for_compare(session: Session, job_id: int) -> StoredJob | None:
     attempt = max(1, job.attempts or 0)
     rows = reduced_rows(session, job, attempt)
     results = session.execute(
-        select(CaseResultRow.case_id, CaseResultRow.status, CaseResultRow.error).where(
+        select(CaseResultRow.case_id, CaseResultRow.status, CaseResultRow.error,
+               CaseResultRow.source_job_id).where(
             CaseResultRow.job_id == job_id, CaseResultRow.attempt == attempt
         )
     ).all()

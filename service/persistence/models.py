@@ -191,6 +191,8 @@ class CaseResultRow(Base):
     status: Mapped[str] = mapped_column(String(20))
     error: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(default=utcnow)
+    # the job that measured the case when this one took its rows instead (NULL: measured here)
+    source_job_id: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", "case_id"),)
 

@@ -274,6 +274,7 @@ def case_summaries(session: Session, job_id: int) -> list[CaseSummary]:
             status=r.status if r else None,
             error=r.error if r else None,
             expected_error=c.expected_error,
+            source_job_id=r.source_job_id if r else None,
         )
         for (case_id, _), ms in sorted(summaries.items()):
             if case_id == cid:

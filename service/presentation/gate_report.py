@@ -34,6 +34,8 @@ def counted_word(conf: Mapping[str, Any]) -> str:
 def _job_note(j: GateJob) -> str:
     if j.reused:
         return "reused"
+    if j.takes_from is not None:
+        return f"reference cases taken from job #{j.takes_from}"
     return ("error: " + md_escape(j.error))[:200] if j.error else ""
 
 

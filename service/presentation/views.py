@@ -210,10 +210,13 @@ def _baseline_of(c: CaseStats, m: MetricStats,
                  case_base: tuple[CaseStats, str] | None) -> tuple[MetricStats, str, str] | None:
     """The value this metric is measured against: the same metric of the baseline case (Ulysses
     mode / the job's baseline backend), else the baseline's metric in the same case. Returns
-    (its statistics, the label, the fingerprint of the case it belongs to)."""
+    (its statistics, the label, the fingerprint of the case it belongs to); the label names the
+    job that measured the baseline case when this job took it from one (another process's times)."""
     if case_base is not None and m.metric in case_base[0].metrics:
         other_case = case_base[0]
-        return other_case.metrics[m.metric], f"{case_base[1]} ({other_case.name})", other_case.fingerprint
+        taken = f", measured by job {other_case.source_job_id}" if other_case.source_job_id else ""
+        return (other_case.metrics[m.metric], f"{case_base[1]} ({other_case.name}{taken})",
+                other_case.fingerprint)
     other = baseline_metric(m.metric, c.metrics)
     if other is not None:
         return c.metrics[other], f"vs {other}", c.fingerprint
@@ -427,6 +430,7 @@ class CaseView:
     error: str | None
     expected_error: str | None
     bad_metrics: list[str] = field(default_factory=list)
+    source_job_id: int | None = None  # the job that measured it, when this job took it from one
 
 
 def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
@@ -443,7 +447,8 @@ def case_views(cases: Sequence[CaseStats]) -> list[CaseView]:
             if cell.state == "bad":
                 bad.append(m.metric)
         word, css = case_verdict(c.status, cells)
-        out.append(CaseView(c.name, c.fingerprint, dict(c.params), word, css, c.error, c.expected_error, bad))
+        out.append(CaseView(c.name, c.fingerprint, dict(c.params), word, css, c.error, c.expected_error, bad,
+                            c.source_job_id))
     return out
 
 

@@ -48,6 +48,7 @@ def job_cases(job_id: JobId, session: SessionDep) -> Page[CaseOut]:
             status=c.status,
             error=c.error,
             expected_error=c.expected_error,
+            source_job_id=c.source_job_id,
             metrics={
                 k: MetricSummaryOut.model_validate(m, from_attributes=True) for k, m in c.metrics.items()
             },

@@ -101,6 +101,8 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
             head_status=hstat,
             base_error=binfo.error if binfo else None,
             head_error=hinfo.error if hinfo else None,
+            base_source_job=binfo.source_job_id if binfo else None,
+            head_source_job=hinfo.source_job_id if hinfo else None,
         )
         case_results.append(cr)
         if hstat == "error":
@@ -117,13 +119,16 @@ def _compare(base: JobSide, head: JobSide, config: CompareConfig | None) -> Comp
         names = hnames if hnames == bnames else list(dict.fromkeys([*hnames, *bnames]))
         results = cr.metrics
         ref_fp = reference_fp.get(fp)
+        ref_info = head.cases.get(ref_fp) if ref_fp is not None else None
+        ref_job = ref_info.source_job_id if ref_info is not None else None
         for name in names:
             key = (fp, name)
             bg = bgroups.get(key) if base_usable else None
             hg = hgroups.get(key)
             rg = hgroups.get((ref_fp, name)) if ref_fp is not None else None
             reference = hsums[rg].worst if rg is not None else None
-            results.append(metric_result(rules[name], bser, bsums, bg, hser, hsums, hg, pending, reference))
+            results.append(metric_result(rules[name], bser, bsums, bg, hser, hsums, hg, pending, reference,
+                                         ref_job))
         undecided.append(cr)
 
     for (n1, n2), items in pending.items():

@@ -138,10 +138,13 @@ def memory_change(b: float, h: float, rule: Rule) -> tuple[Verdict, str]:
     return "unchanged", f"{mib:+.2f} MiB ({rel:+.1%}) within 1 MiB or {eff:.0%}"
 
 
-def accuracy_change(b: float, h: float, rule: Rule, reference: float | None = None) -> tuple[Verdict, str]:
+def accuracy_change(b: float, h: float, rule: Rule, reference: float | None = None,
+                    reference_job: int | None = None) -> tuple[Verdict, str]:
     """Worst errors of base and head: worsened only beyond the minimum effect (a factor, 2x by
-    default) above the floor and, where the job measured the reference backend on the same case,
-    beyond `REFERENCE_ERROR_FACTOR` times the reference's error; improved symmetrically."""
+    default) above the floor and, where the job has the reference backend on the same case,
+    beyond `REFERENCE_ERROR_FACTOR` times the reference's error; improved symmetrically.
+    `reference_job`: the job that measured the reference case, when the head job took it from
+    one (the reason names it)."""
     floor = rule.floor
     f = 1.0 + rule.min_effect
     known = reference is not None and math.isfinite(reference)
@@ -152,14 +155,15 @@ def accuracy_change(b: float, h: float, rule: Rule, reference: float | None = No
     else:
         worse = b > f * h and b > floor
         better = h > f * b and h > floor
-    ref_txt = (f", {REFERENCE_ERROR_FACTOR:g}x the {REFERENCE_BACKEND} reference's {reference:.3g}"
+    by = f" (measured by job {reference_job})" if reference_job is not None else ""
+    ref_txt = (f", {REFERENCE_ERROR_FACTOR:g}x the {REFERENCE_BACKEND} reference's {reference:.3g}{by}"
                if ref_level is not None else "")
     if worse:
         return "worsened", f"{b:.3g} -> {h:.3g} (more than {f:g}x, above floor {floor:.1g}{ref_txt})"
     if better:
         return "improved", f"{b:.3g} -> {h:.3g} (more than {f:g}x better)"
     if ref_level is not None and h > f * b and h > floor:
-        within = f"within {REFERENCE_ERROR_FACTOR:g}x the {REFERENCE_BACKEND} reference's {reference:.3g}"
+        within = f"within {REFERENCE_ERROR_FACTOR:g}x the {REFERENCE_BACKEND} reference's {reference:.3g}{by}"
         return "unchanged", f"{b:.3g} -> {h:.3g} ({within})"
     return "unchanged", f"{b:.3g} -> {h:.3g}"
 

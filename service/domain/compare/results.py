@@ -92,6 +92,9 @@ class CaseResult:
     base_error: str | None = None
     head_error: str | None = None
     metrics: list[MetricResult] = field(default_factory=list)
+    # the job that measured the side's case when its job took it from one (None: measured there)
+    base_source_job: int | None = None
+    head_source_job: int | None = None
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ class CaseInfo:
     params: Mapping[str, Any] = field(default_factory=dict)
     status: CaseStatus | None = None  # None: no case result recorded (treated as passed)
     error: str | None = None
+    source_job_id: int | None = None  # the job that measured it, when this job took it from one
 
 
 @dataclass(frozen=True)

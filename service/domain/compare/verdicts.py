@@ -57,9 +57,11 @@ def metric_result(
     hg: int | None,
     pending: dict[tuple[int, int], list[tuple[MetricResult, int, int]]],
     reference: float | None = None,
+    reference_job: int | None = None,
 ) -> MetricResult:
     """`reference`: the reference backend's worst value of this metric on the same case in the
-    head job (`judgment.reference_case_params`), for an accuracy change; None where there is none."""
+    head job (`judgment.reference_case_params`), for an accuracy change; None where there is none.
+    `reference_job`: the job that measured that case, when the head job took it from one."""
     metric = rule.metric
     kind = metric.kind
     h = hsums[hg] if hg is not None else None
@@ -115,7 +117,7 @@ def metric_result(
     elif kind == "time":  # a one-value time metric (not repeated)
         mr.verdict, mr.reason = judgment.recorded_change(b.median, h.median, rule)
     else:
-        mr.verdict, mr.reason = judgment.accuracy_change(b.worst, h.worst, rule, reference)
+        mr.verdict, mr.reason = judgment.accuracy_change(b.worst, h.worst, rule, reference, reference_job)
     return mr
 
 

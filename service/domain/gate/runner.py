@@ -8,18 +8,20 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any, Literal
 
 from service.domain import submission
+from service.domain.backend_gate import REFERENCE
 from service.domain.baselines import NotFound, compare_jobs, compare_pooled, resolve_base
 from service.domain.compare import Comparison
 from service.domain.gate import decision
 from service.domain.gate.decision import EXIT_INFRA, GateVerdict
 from service.domain.gate.request import GateInputError, GateRequest, params_for, preset_for, validate_gate
 from service.domain.gate.state import GateJob, GateState, Role
-from service.domain.same_code import identical_job
+from service.domain.same_code import code_under_test, identical_job
 from service.persistence import gates as gate_store
 from service.persistence import queue
 from service.persistence.gates import GateJobLink
 from service.persistence.jobs import find_commit_job, job_by_idempotency_key, job_record
 from service.persistence.records import JobRecord
+from service.persistence.resume import TAKE_FROM_LABEL, take_labels
 from workers.backend_source import BACKEND_SOURCE_LABEL
 from workers.snapshot import REPO_ENV
 
@@ -28,6 +30,7 @@ SubmitFn = Callable[..., int]
 
 
 def _job_view(job: JobRecord, role: Role, reused: bool) -> GateJob:
+    source = (job.labels or {}).get(TAKE_FROM_LABEL)
     return GateJob(
         role=role,
         suite=job.suite,
@@ -39,6 +42,7 @@ def _job_view(job: JobRecord, role: Role, reused: bool) -> GateJob:
         message=job.progress_message or "",
         error=job.error,
         reused=reused,
+        takes_from=int(source) if str(source).isdigit() else None,
     )
 
 
@@ -214,6 +218,7 @@ def _measure_pair(
     b = _ensure_job(engine, req, suite, roles[0], base.commit or state.base or "", submit,
                     key_extra=extra, cases=cases, like=base)
     h = _ensure_job(engine, req, suite, roles[1], req.head, submit, key_extra=extra, cases=cases, like=head)
+    assert b is not None and h is not None  # only a job that takes cases waits (`takes_from`)
     state.jobs += [b, h]
     return b, h
 
@@ -253,8 +258,19 @@ def _jobs(
 ) -> list[tuple[str, GateJob, GateJob]] | None:
     """Find or submit the head and base job of every suite (None: the state is already done)."""
     pairs: list[tuple[str, GateJob, GateJob]] = []
+    bases_first: list[GateJob] = []  # base jobs whose head job waits to take their reference cases
     for suite in suites:
+        if base.kind != "job" and _takes_reference_cases(req):
+            base_job = _ensure_job(engine, req, suite, "base", base.value, submit)
+            head = _ensure_job(engine, req, suite, "head", req.head, submit, takes_from=base_job)
+            if head is None:
+                bases_first.append(base_job)
+                continue
+            state.jobs += [head, base_job]
+            pairs.append((suite, head, base_job))
+            continue
         head_job = _ensure_job(engine, req, suite, "head", req.head, submit)
+        assert head_job is not None
         if base.kind == "job":
             base_job = _existing_job(engine, int(base.value), "base")
             if base_job is None:
@@ -268,7 +284,48 @@ def _jobs(
             base_job = _ensure_job(engine, req, suite, "base", base.value, submit)
         state.jobs += [head_job, base_job]
         pairs.append((suite, head_job, base_job))
+    if bases_first:
+        state.jobs += bases_first
+        ids = [j.job_id for j in bases_first]
+        waiting = (f"waiting for base job(s) {ids}: the head's jobs take their {REFERENCE} cases (the "
+                   "backend alone changed), so they start once those ended")
+        if _unsettled(engine, state, bases_first, "could not run", waiting) is None:
+            state.reason = waiting  # succeeded meanwhile: the next step submits the head's jobs
+        return None
     return pairs
+
+
+def _takes_reference_cases(req: GateRequest) -> bool:
+    """Whether the head's jobs may take the base jobs' cases of our reference backends: a gate of
+    a backend's own repository (our code the same on both sides) that may reuse measurements."""
+    return bool(req.backend_repo) and req.reuse
+
+
+def _reference_labels(engine: Any, req: GateRequest, suite: str, base: GateJob) -> tuple[dict[str, str], str]:
+    """The labels that make the head's job of `suite` take the cases of the backends the
+    succeeded base job ran byte for byte as the head will (`CodeUnderTest.shared_backends`),
+    or no labels and why its job measures every case."""
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as s:
+        job = job_record(s, base.job_id)
+    code = code_under_test(suite, req.head, req.backend_repo, req.backend)
+    if code is None or job is None:
+        return {}, (f"the code under test of {req.head[:12]} cannot be worked out here to match with base "
+                    f"job {base.job_id}")
+    shared = code.shared_backends(job.info or {})
+    if not shared:
+        return {}, f"base job {base.job_id} ran none of our backends with our code as it is now"
+    return take_labels(base.job_id, shared), ""
+
+
+def _note(engine: Any, job_id: int, message: str) -> None:
+    """A line in a job's log (what the gate decided about it)."""
+    from service.persistence.db import write_tx
+    from service.persistence.jobs import add_event
+
+    with write_tx(engine) as s:
+        add_event(s, job_id, "log", message)
 
 
 def _done(state: GateState, code: int, verdict: GateVerdict, reason: str) -> GateState:
@@ -306,12 +363,14 @@ def _ensure_job(
     key_extra: str = "",
     cases: Sequence[str] | None = None,
     like: GateJob | None = None,
-) -> GateJob:
+    takes_from: GateJob | None = None,
+) -> GateJob | None:
     """This gate's job for (suite, role): its own keyed job if submitted before, else (head and
     base only) the newest succeeded or in-flight job of the commit with the same setting, or the
     newest succeeded one of a commit whose code under test is byte-identical
     (`service.domain.same_code`), else a new one. `cases`: run only these (re-measurements);
-    `like`: the job whose setting it repeats."""
+    `like`: the job whose setting it repeats; `takes_from`: the base job whose cases of the
+    backends it shares byte for byte a new job takes (None is returned until that job succeeded)."""
     from sqlalchemy.orm import Session
 
     preset = preset_for(req, suite)
@@ -336,8 +395,14 @@ def _ensure_job(
         if like is not None:
             template = job_record(s, like.job_id)
             preset = template.preset if template is not None else preset
+    if takes_from is not None and takes_from.status != "succeeded":
+        return None
     extra: dict[str, Any] = {"cases": list(cases)} if cases else {}
     labels = {"gate": req.key(), "role": role}
+    why_not = ""
+    if takes_from is not None:
+        taking, why_not = _reference_labels(engine, req, suite, takes_from)
+        labels.update(taking)
     if req.backend_repo:  # the commits are the backend's: installed per job, our code as it is
         labels[BACKEND_SOURCE_LABEL] = f"git+{req.backend_repo}@{commit}"
     job_id = submit(
@@ -351,6 +416,8 @@ def _ensure_job(
         labels=labels,
         **extra,
     )
+    if why_not:
+        _note(engine, job_id, f"measures its {REFERENCE} cases itself, none taken from the base's: {why_not}")
     with Session(engine) as s:
         job = job_record(s, job_id)
     if job is None:

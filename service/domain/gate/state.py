@@ -24,6 +24,7 @@ class GateJob:
     message: str = ""
     error: str | None = None
     reused: bool = False  # an existing job (earlier gate or run), not submitted by this gate
+    takes_from: int | None = None  # the job whose reference backends' cases it takes (same code)
 
 
 @dataclass

@@ -30,6 +30,7 @@ class C:
     status: str | None = "passed"
     error: str | None = None
     expected_error: str | None = None
+    source_job_id: int | None = None
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or f"fp-{self.name}"
