@@ -118,10 +118,10 @@ def commit_range(req: FindRequest) -> list[str]:
     """The request's commits, or the first-parent range the service's repository lists."""
     if req.commits:
         return list(req.commits)
-    repo = backend_repository(req.gate.backend_repo) if req.gate.backend_repo else service_repository()
-    if repo is None:
-        raise FindInputError("give the commits to bisect: the service knows no repository (GDNVAL_REPO)")
     try:
+        repo = backend_repository(req.gate.backend_repo) if req.gate.backend_repo else service_repository()
+        if repo is None:
+            raise FindInputError("give the commits to bisect: the service knows no repository (GDNVAL_REPO)")
         commits = first_parent(repo, req.gate.head, since=req.gate.base, limit=MAX_RANGE)
     except (RangeError, ValueError) as exc:
         raise FindInputError(str(exc)) from exc

@@ -139,6 +139,11 @@ def test_a_find_through_the_api_and_its_pages(env) -> None:
         wrong["commits"] = wrong["commits"][:-1]
         refused = client.post("/api/v1/find", json=wrong)
         assert refused.status_code == 422 and "expected the bad commit" in refused.text
+        unreadable = req.model_dump(mode="json")
+        unreadable["commits"] = []
+        unreadable["gate"].update(backend_repo="no-such-backend-repo", backend="toy")
+        refused = client.post("/api/v1/find", json=unreadable)  # the service lists the range: cannot
+        assert refused.status_code == 422 and "cannot fetch backend repository" in refused.text, refused.text
 
 
 def test_code_under_test_matches_only_a_job_that_ran_exactly_it() -> None:
