@@ -7,7 +7,9 @@ device call on the same inputs. A backend's time at a shape is the median over i
 each process's fwd+bwd (the lower of its two back-to-back `do_bench` medians), with the spread
 over processes beside it (min–max); the forward likewise; the peak and the worst relative L2
 (against the fp32 eager backend, over the accuracy seeds) come from each backend's first process.
-A second table gives each `--variant` of ours against the default, process by process.
+A second table gives each `--variant` of ours against the default, process by process; a third
+names every backend, variant and shape of the call that has no measurement, with the reason the
+file gives (the run's error, or its process's exit, timeout or skip).
 """
 
 from __future__ import annotations
@@ -160,6 +162,76 @@ def ran(doc: Mapping[str, Any]) -> str:
     return "; ".join(out)
 
 
+def expected(doc: Mapping[str, Any]) -> list[tuple[str, str, Shape]]:
+    """(backend, variant, shape) of every measurement the call's settings asked for, plus any the
+    file holds: each backend's default, ours' `--variant`s, at every (T, Hqk)."""
+    st = doc["settings"]
+    sizes = [(int(t), int(h)) for t in str(st.get("seq_lens", "")).split(",") if t
+             for h in str(st.get("qk_heads", "")).split(",") if h]
+    variants = st.get("variant") or []
+    names = [v.split("=", 1)[0] for v in ([variants] if isinstance(variants, str) else variants)]
+    who = [(b, v) for b in str(st.get("backends", "")).split(",") if b
+           for v in (["default", *names] if b == "ours" else ["default"])]
+    want = {(b, v, s) for b, v in who for s in sizes}
+    for proc in doc["processes"]:
+        for r in (proc.get("result") or {}).get("runs", []):
+            want.add((proc["backend"], r.get("variant", "default"), (int(r["T"]), int(r["hqk"]))))
+    order = {bv: i for i, bv in enumerate(who)}
+    return sorted(want, key=lambda k: (order.get(k[:2], len(order)), k[1], k[2][0], -k[2][1]))
+
+
+def _short(error: str) -> str:
+    """An error's first line, cut to fit a table cell."""
+    line = next((x.strip() for x in str(error).splitlines() if x.strip()), "error")
+    line = line.replace("|", "/")
+    return line if len(line) <= 100 else line[:97] + "..."
+
+
+def _process_end(proc: Mapping[str, Any]) -> str:
+    if proc.get("skipped"):
+        return f"#{proc['process']} skipped, {proc['skipped']}"
+    rc = proc.get("rc")
+    wall = f" after {proc['wall_s']:g} s" if proc.get("wall_s") is not None else ""
+    return f"#{proc['process']} {'timeout' if rc == 'timeout' else f'rc {rc}'}{wall}"
+
+
+def failures(doc: Mapping[str, Any]) -> list[tuple[str, str, Shape, str]]:
+    """(backend, variant, shape, why) of every measurement asked for that failed or did not
+    complete: a run that raised ("failed: its error"), or one that no process measured ("did not
+    complete: how its processes ended", or "not run" when no process of the backend started)."""
+    done = runs(doc)
+    out = []
+    for backend, variant, shape in expected(doc):
+        procs = [p for p in doc["processes"] if p["backend"] == backend]
+        errors = [(p["process"], r["error"]) for p in procs for r in (p.get("result") or {}).get("runs", [])
+                  if "error" in r and r.get("variant", "default") == variant
+                  and (int(r["T"]), int(r["hqk"])) == shape]
+        measured = len(done.get((backend, variant, shape), []))
+        if errors:
+            where = f" (#{errors[0][0]}; measured in {measured} other processes)" if measured else ""
+            out.append((backend, variant, shape, f"failed: {_short(errors[0][1])}{where}"))
+        elif not measured:
+            ended = [_process_end(p) for p in procs if p.get("rc") != 0]
+            why = (f"did not complete: {'; '.join(ended)}" if ended else
+                   f"not run: no process of {backend} in the file" if not procs else
+                   "not run: absent from every process's result")
+            out.append((backend, variant, shape, why))
+    return out
+
+
+def failure_table(doc: Mapping[str, Any]) -> str:
+    """A row per failed or missing measurement; ours' default is `ours`, another variant of ours
+    goes by its name, a peer by its backend (empty when everything asked for was measured)."""
+    rows = failures(doc)
+    if not rows:
+        return ""
+    lines = ["| backend or variant | T, Hqk | not measured |", "| --- | --- | --- |"]
+    for backend, variant, shape, why in rows:
+        name = backend if variant == "default" else variant
+        lines.append(f"| {name} | {_k(shape[0])}, {shape[1]} | {why} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", type=Path)
@@ -169,7 +241,10 @@ def main() -> int:
     print(header(doc) + "\n")
     print(bar_table(doc, args.variant) + "\n")
     if any(v != "default" for (b, v, _) in runs(doc) if b == "ours"):
-        print(variant_table(doc))
+        print(variant_table(doc) + "\n")
+    missing = failure_table(doc)
+    if missing:
+        print(missing)
     return 0
 
 

@@ -4,6 +4,7 @@ file the tables read; the tables' arithmetic on a file of several backends."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,34 @@ def test_the_tables_take_medians_over_processes_and_ratios_within_the_file() -> 
     assert "flashqla 2 complete (#2 rc timeout)" in gdn_tables.header(doc)
     with pytest.raises(ValueError, match="expected 'gdn-one-call/1'"):
         gdn_tables.load(ROOT / "benchmarks" / "results" / "cp_layer_quick_cpu_w2.json")
+
+
+def test_the_tables_name_every_measurement_that_failed_or_did_not_complete(tmp_path: Path) -> None:
+    """A variant whose runs raised, a peer whose process timed out before a shape and a peer that
+    never started each get a row with the file's reason; what was measured gets none."""
+    ours = _process("ours", 0, 3.0, 100.0)
+    ours["result"]["runs"] += [
+        {"T": 16384, "hqk": 32, "variant": "narrow", "wall_s": 1.0,
+         "error": "AcceleratorError: CUDA error: an illegal memory access was encountered\nSearch for ..."},
+        dict(_process("ours", 0, 9.0, 50.0)["result"]["runs"][0], variant="fused")]
+    fla = {"backend": "fla", "process": 0, "rc": "timeout", "wall_s": 140.0}
+    settings = {"processes": 1, "backends": "ours,fla,flashqla", "seq_lens": "16384", "qk_heads": "32",
+                "variant": ['fused={"fused":true}', 'narrow={"fused":true,"fused_bwd_bv":64}']}
+    doc = {"format": "gdn-one-call/1", "machine": {}, "settings": settings, "processes": [ours, fla]}
+    path = tmp_path / "call.json"
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gdn_tables.py"), str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "not measured" in line or "failed" in line
+            or "did not complete" in line or "not run" in line]
+    assert rows == [
+        "| backend or variant | T, Hqk | not measured |",
+        "| narrow | 16K, 32 | failed: AcceleratorError: CUDA error: an illegal memory access was "
+        "encountered |",
+        "| fla | 16K, 32 | did not complete: #0 timeout after 140 s |",
+        "| flashqla | 16K, 32 | not run: no process of flashqla in the file |"]
+    assert "| fused | 16K, 32 | 3.000 | 9.000 | 3.000 |" in proc.stdout
+    ours["result"]["runs"] = [r for r in ours["result"]["runs"] if "error" not in r]
+    complete = dict(doc, processes=[ours], settings=dict(settings, backends="ours", variant=['fused={}']))
+    assert gdn_tables.failure_table(complete) == ""
