@@ -1,6 +1,6 @@
 """Measurement helpers shared by every suite: timing repetitions, memory, tensor errors.
 
-The report's method (docs/benchmarks.md gives it beside each table): warm up (which also
+The report's method (docs/architecture.md, "How the suites time"): warm up (which also
 absorbs Triton compile and autotune), then time the repetitions back to back with device events
 (`time_repeats`, the method of `triton.testing.do_bench`); reset peak memory after warm-up.
 

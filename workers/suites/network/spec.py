@@ -162,7 +162,8 @@ class NetworkSuite(Suite):
         # Per-commit GPU check on one device: the report's 4-layer model, Triton vs eager, bf16.
         # lr 1e-5 (NETWORK_GPU_LR): at 1e-4 this model amplifies rounding so fast that a candidate
         # differing only in rounding (eager, chunk 32) leaves the 4e-4 / 4e-3 bar after ~40 steps
-        # (docs/benchmarks.md, "the rounding floor"), so the bar could not tell a good kernel from a bad one.
+        # (docs/decisions/0016-network-trajectory-at-lr-1e-5.md), so the bar could not tell a good kernel
+        # from a bad one.
         "gate": {
             "model": "qwen35-4l", "seq_len": 8192, "batch_size": 1, "valid_lengths": None,
             "dtype": "bfloat16", "backend": "triton", "modes": ("none",), "steps": 50, "lr": NETWORK_GPU_LR,
