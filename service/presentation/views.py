@@ -98,6 +98,18 @@ def backend_records(info: Mapping[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def rank_backend_versions(info: Mapping[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """backend -> version -> the ranks that loaded it, from each rank's record
+    (`info["ranks"][i]["backends"]`; a job stored before ranks recorded it has none)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for i, r in enumerate(info.get("ranks") or []):
+        if not isinstance(r, Mapping) or not isinstance(r.get("backends"), Mapping):
+            continue
+        for name, version in r["backends"].items():
+            out.setdefault(str(name), {}).setdefault(str(version or "–"), []).append(int(r.get("rank", i)))
+    return out
+
+
 def params_key(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, default=str)
 
