@@ -83,26 +83,16 @@ def environment(jobs: Sequence[ReportJob], links: Links) -> Section | None:
     return Section("environment", "Environment and backends", blocks)
 
 
-def job_commit(d: Any) -> str | None:
-    """The commit of our code a job ran: the job's own, else the one its ranks recorded."""
-    return d.commit or d.info.get("commit") or None
-
-
 def backend_rows(jobs: Sequence[ReportJob]) -> tuple[dict[tuple[str, str, str, str], list[int]], list[str]]:
     """(backend, distribution, version, commit) -> the jobs that ran it, and one line per job
-    whose ranks disagree on a backend's version.
-
-    A built-in backend (distribution gdnval) is our code, so its commit is the job's own: jobs at
-    different commits ran different code, whatever commit the ranks' record names (a snapshot's
-    folder may sit inside a checkout at another commit). Another distribution keeps the commit
-    its ranks found installed."""
+    whose ranks disagree on a backend's version. A built-in backend is at each job's own commit
+    (`views.backend_records`): jobs at different commits ran different code."""
     rows: dict[tuple[str, str, str, str], list[int]] = {}
     lines = []
     for j in jobs:
         d = j.data
-        for b in views.backend_records(d.info):
-            commit = (job_commit(d) if b["distribution"] == "gdnval" else None) or b["commit"]
-            key = (b["backend"], b["distribution"], b["version"], commit[:12] or "–")
+        for b in views.backend_records(d.info, d.our_commit):
+            key = (b["backend"], b["distribution"], b["version"], b["commit"][:12] or "–")
             if d.job_id not in rows.setdefault(key, []):
                 rows[key].append(d.job_id)
         for name, versions in views.rank_backend_versions(d.info).items():

@@ -11,11 +11,10 @@ from pathlib import Path
 from tests.service.presentation.suite_sections.test_network_model import (
     LAYER,
     SEPARATED,
-    document,
     layer_cases,
     network_cases,
-    report,
 )
+from tests.support.stored_report import document, report
 
 A, B, HEAD = "a" * 40, "b" * 40, "f" * 40  # two jobs' commits, and another checkout's HEAD
 FLA = {"backend": "fla", "distribution": "flash-linear-attention", "version": "0.3.0", "commit": "e" * 40}
