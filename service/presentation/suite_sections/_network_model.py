@@ -85,6 +85,7 @@ class Fit:
     layers: tuple[int, int]
     medians: tuple[float, float]
     samples: tuple[np.ndarray, np.ndarray]  # each run's fwd+bwd repetitions (worst rank)
+    extra: tuple[str, ...] = ()  # backend, dtype, batch: a fit joins only runs alike in them
 
     def slope(self, m: np.ndarray) -> np.ndarray:
         """per layer from medians (..., 2) at (fewer, more) layers."""
@@ -103,17 +104,21 @@ class Fit:
         return estimate(self.samples, self.intercept)
 
 
+FIT_ALIKE = ("backend", "dtype", "batch_size")
+
+
 def fits(rows: Sequence[Row]) -> tuple[list[Fit], list[int]]:
-    """The two-point model of each (world size, length, mode) measured at two layer counts (the
-    fewest and the most), and the layer counts the rows hold."""
-    by: dict[tuple[int, int, str], dict[int, Row]] = {}
+    """The two-point model of each (world size, length, mode, and `FIT_ALIKE`) measured at two
+    layer counts (the fewest and the most), and the layer counts the rows hold."""
+    by: dict[tuple[Any, ...], dict[int, Row]] = {}
     for j, v in rows:
         n = layers_of(v)
         if n is not None and v.params.get("seq_len"):
-            key = (j.world_size, int(v.params["seq_len"]), str(v.params.get("mode")))
+            extra = tuple(str(v.params.get(k)) for k in FIT_ALIKE)
+            key = (j.world_size, int(v.params["seq_len"]), str(v.params.get("mode")), extra)
             by.setdefault(key, {})[n] = (j, v)
     out = []
-    for (w, T, mode), at in sorted(by.items()):
+    for (w, T, mode, extra), at in sorted(by.items()):
         if len(at) >= 2:
             lo, hi = min(at), max(at)
             out.append(
@@ -124,6 +129,7 @@ def fits(rows: Sequence[Row]) -> tuple[list[Fit], list[int]]:
                     (lo, hi),
                     (at[lo][1].metrics["fwd_bwd_ms"].median, at[hi][1].metrics["fwd_bwd_ms"].median),
                     (values_of(*at[lo], "fwd_bwd_ms"), values_of(*at[hi], "fwd_bwd_ms")),
+                    extra,
                 )
             )
     return out, sorted({n for at in by.values() for n in at})
@@ -133,10 +139,11 @@ def _ms_est(e: Estimate) -> str:
     return e.against_zero(ms)
 
 
-def _versus(u: Fit, p: Fit) -> str:
+def _versus(u: Fit, p: Fit, several: bool) -> str:
     """P2P's per-layer and fixed cost against Ulysses' at one shape: the differences U − P, each
     bootstrapped over the four runs."""
     four = (*u.samples, *p.samples)
+    where = f" ({', '.join(p.extra)})" if several else ""
     per = estimate(four, lambda m: u.slope(m[..., :2]) - p.slope(m[..., 2:]))
     fixed = estimate(four, lambda m: u.intercept(m[..., :2]) - p.intercept(m[..., 2:]))
     if per.excludes(0.0):
@@ -144,7 +151,7 @@ def _versus(u: Fit, p: Fit) -> str:
     else:
         saved = f"the per-layer difference U − P {per.text(ms)} ms is {NOT_ZERO}"
     return (
-        f"CP{p.world_size} at {length(p.seq_len)}: per layer P2P {p.per_layer.text(ms)} ms against "
+        f"CP{p.world_size} at {length(p.seq_len)}{where}: per layer P2P {p.per_layer.text(ms)} ms against "
         f"Ulysses' {u.per_layer.text(ms)} ms, so {saved}; fixed U − P {_ms_est(fixed)} ms."
     )
 
@@ -156,13 +163,14 @@ def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
     if not found:
         ran = ", ".join(str(n) for n in counts) or "none recorded"
         return NotRun(MODEL_TITLE, f"it needs one shape at two layer counts; the network ran at {ran} layers")
+    several = len({f.extra for f in found}) > 1
     table = Table(
         ["topology", "global/local T", "mode", "layers", "fwd+bwd", "per layer", "fixed"],
         [
             [
                 f"CP{f.world_size}",
                 f"{length(f.seq_len)}/{length(f.seq_len // f.world_size)}",
-                f.mode,
+                f.mode + (f" ({', '.join(f.extra)})" if several else ""),
                 f"{f.layers[0]} → {f.layers[1]}",
                 f"{ms(f.medians[0])} → {ms(f.medians[1])}",
                 _ms_est(f.per_layer),
@@ -180,11 +188,11 @@ def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
         f"and the number recomputed; where the interval contains zero it is {NOT_ZERO}."
     )
     blocks: list[str | Table] = [head, table]
-    by = {(f.world_size, f.seq_len, f.mode): f for f in found}
+    by = {(f.world_size, f.seq_len, f.mode, f.extra): f for f in found}
     for f in found:
-        u = by.get((f.world_size, f.seq_len, BASE_MODE))
+        u = by.get((f.world_size, f.seq_len, BASE_MODE, f.extra))
         if f.mode == "p2p" and u is not None:
-            blocks.append(_versus(u, f))
+            blocks.append(_versus(u, f, several))
     return Section("network-model", MODEL_TITLE, blocks)
 
 
