@@ -143,10 +143,12 @@ def _dist_commit(dist_name: str) -> str | None:
     return (direct.get("vcs_info") or {}).get("commit_id")
 
 
-def backend_provenance(name: str) -> dict[str, str | None]:
+def backend_provenance(name: str, commit: str | None = None) -> dict[str, str | None]:
     """Where backend `name`'s code comes from: its distribution, version and (when known) commit.
-    Our built-ins report gdnval and this tree's commit; a backend that cannot be loaded reports
-    the reason instead of a distribution."""
+    Our built-ins report gdnval and `commit`, the commit of our code the job runs (a job run from
+    a commit's snapshot names it: the snapshot's folder may sit inside a checkout at another
+    commit), else this tree's; a backend that cannot be loaded reports the reason instead of a
+    distribution."""
     from gdn.backends import get_backend
     from gdn.ops import UnsupportedGDNRequest
 
@@ -157,7 +159,7 @@ def backend_provenance(name: str) -> dict[str, str | None]:
     top = (backend.module or getattr(backend.fn, "__module__", "") or "").split(".")[0]
     if top in ("gdn", "kernels"):
         return {"backend": name, "distribution": "gdnval", "version": installed_version(),
-                "commit": source_commit(), "content_hash": source_content_hash()}
+                "commit": commit or source_commit(), "content_hash": source_content_hash()}
     content = module_content_hash(top) if top else None
     dist = backend.distribution or _distribution_of(top)
     if dist is None:

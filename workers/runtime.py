@@ -443,7 +443,8 @@ def run_rank(payload: Mapping[str, Any], rank: int, world_size: int, channel: Ch
     info = rank_info(device, kind, payload.get("commit"))
     # the bytes of the code under test: the runtime packages and the suite's own module
     info["code_hash"] = source_content_hash(extra=(Path(inspect.getfile(type(suite))).resolve(),))
-    info["backends"] = [backend_provenance(b) for b in suite.backends(params)]
+    # a built-in backend is our code: the job's commit, not that of the tree the snapshot sits in
+    info["backends"] = [backend_provenance(b, info["commit"]) for b in suite.backends(params)]
     # this code's metric definitions judge this job (and are what its summaries are stored with)
     metrics = [m.to_dict() for m in suite.metrics]
     channel.send("info", info={**info, "suite_version": suite.version, "metrics": metrics})

@@ -68,21 +68,41 @@ def environment(jobs: Sequence[ReportJob], links: Links) -> Section | None:
     blocks: list[str | Table] = [
         Table(["job", "suite", "preset", "device", "software", "commit", "verdict"], rows)
     ]
-    backends: dict[tuple[str, ...], None] = {}
-    for j in jobs:
-        for b in views.backend_records(j.data.info):
-            backends[(b["backend"], b["distribution"], b["version"], b["commit"][:12] or "–")] = None
-    if backends:
+    found, disagree = backend_rows(jobs)
+    if found:
         blocks.append(
             Table(
-                ["backend", "distribution", "version", "commit"],
+                ["backend", "distribution", "version", "commit", "jobs"],
                 [
-                    [b, dist, version, Cell(commit, code=commit != "–")]
-                    for b, dist, version, commit in backends
+                    [b, dist, version, Cell(commit, code=commit != "–"), ", ".join(f"#{i}" for i in ids)]
+                    for (b, dist, version, commit), ids in found.items()
                 ],
             )
         )
+    blocks += disagree
     return Section("environment", "Environment and backends", blocks)
+
+
+def backend_rows(jobs: Sequence[ReportJob]) -> tuple[dict[tuple[str, str, str, str], list[int]], list[str]]:
+    """(backend, distribution, version, commit) -> the jobs that ran it, and one line per job
+    whose ranks disagree on a backend's version. A built-in backend is at each job's own commit
+    (`views.backend_records`): jobs at different commits ran different code."""
+    rows: dict[tuple[str, str, str, str], list[int]] = {}
+    lines = []
+    for j in jobs:
+        d = j.data
+        for b in views.backend_records(d.info, d.our_commit):
+            key = (b["backend"], b["distribution"], b["version"], b["commit"][:12] or "–")
+            if d.job_id not in rows.setdefault(key, []):
+                rows[key].append(d.job_id)
+        for name, versions in views.rank_backend_versions(d.info).items():
+            if len(versions) > 1:
+                told = "; ".join(
+                    f"{version} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                    for version, ranks in versions.items()
+                )
+                lines.append(f"Job #{d.job_id}: its ranks disagree on {name}'s version: {told}.")
+    return rows, lines
 
 
 def header_notes(jobs: Sequence[ReportJob]) -> list[str]:

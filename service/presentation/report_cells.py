@@ -151,15 +151,16 @@ def speedup_text(d: Difference) -> str:
     return claim_text(d, "speedup")
 
 
-def growth_text(d: Difference) -> str:
+def growth_text(d: Difference, none: str = "no significant difference") -> str:
     """(after − before) / before (`conventions.growth`) with its interval: the judgment's ratio
-    after/before minus one; 'no significant difference' unless the interval supports a claim."""
+    after/before minus one; `none` unless the interval supports a claim (a scaling statement
+    says 'no change the data can support')."""
     if d.verdict == "unknown":
         return d.describe()
     g, lo, hi = d.ratio - 1.0, d.ci_low - 1.0, d.ci_high - 1.0
     ci = f"{d.ci_level:.0%} CI {cv.percent(lo, signed=True)} to {cv.percent(hi, signed=True)}"
     if not d.significant:
-        return f"no significant difference ({ci}{d.why_no_claim()})"
+        return f"{none} ({ci}{d.why_no_claim()})"
     return f"{cv.percent(g, signed=True)} ({ci})"
 
 

@@ -36,6 +36,7 @@ def load_job_data(session: Session, job_id: int) -> JobData:
         job.started_at,
         job.finished_at,
         job.verdict,
+        job.commit_sha,
     )
 
 

@@ -185,6 +185,7 @@ class JobData:
     started: Any = None
     finished: Any = None
     verdict: str | None = None  # the stored job verdict (workers.verdict.job_verdict)
+    our_commit: str | None = None  # our code's commit (`commit` is the backend's when it runs one)
 
 
 @dataclass

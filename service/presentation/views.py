@@ -87,14 +87,38 @@ def case_backends(cases: Sequence[Any]) -> dict[str, str]:
     return {c.fingerprint: b for c in cases if (b := backend_of(c.params or {})) is not None}
 
 
-def backend_records(info: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The ranks' record of where each backend's code came from (`info["backends"]`), as text."""
+OWN_DISTRIBUTION = "gdnval"  # a backend of this distribution is our code: built in
+
+
+def backend_records(info: Mapping[str, Any], our_commit: str | None = None) -> list[dict[str, str]]:
+    """The ranks' record of where each backend's code came from (`info["backends"]`), as text.
+
+    A built-in backend (distribution gdnval) is the job's own code, so its commit is the job's:
+    `our_commit` (the job's record of our code's commit), else the one its ranks ran
+    (`info["commit"]`), whatever the backend's record names (a job run from a commit's snapshot
+    once recorded the commit of the checkout the snapshot sat in). Another distribution keeps the
+    commit its ranks found installed."""
     out = []
     for b in info.get("backends") or []:
         if isinstance(b, Mapping) and b.get("backend"):
             where = b.get("distribution") or (f"not found: {b['error']}" if b.get("error") else "–")
+            commit = b.get("commit")
+            if where == OWN_DISTRIBUTION:
+                commit = our_commit or info.get("commit") or commit
             out.append({"backend": str(b["backend"]), "distribution": str(where),
-                        "version": str(b.get("version") or "–"), "commit": str(b.get("commit") or "")})
+                        "version": str(b.get("version") or "–"), "commit": str(commit or "")})
+    return out
+
+
+def rank_backend_versions(info: Mapping[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """backend -> version -> the ranks that loaded it, from each rank's record
+    (`info["ranks"][i]["backends"]`; a job stored before ranks recorded it has none)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for i, r in enumerate(info.get("ranks") or []):
+        if not isinstance(r, Mapping) or not isinstance(r.get("backends"), Mapping):
+            continue
+        for name, version in r["backends"].items():
+            out.setdefault(str(name), {}).setdefault(str(version or "–"), []).append(int(r.get("rank", i)))
     return out
 
 

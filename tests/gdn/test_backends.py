@@ -99,6 +99,9 @@ def test_entry_point_backend_is_found_checked_and_traced(
     tiny_bytes = prov["content_hash"]
     assert tiny_bytes is not None and tiny_bytes == backend_provenance("tiny")["content_hash"]
     assert backend_provenance("eager")["distribution"] == "gdnval"
+    # a built-in is the job's code: the commit the job runs, not the importing tree's
+    assert backend_provenance("eager", "c" * 40)["commit"] == "c" * 40
+    assert backend_provenance("tiny", "c" * 40)["commit"] != "c" * 40  # another distribution's own
     assert "not supported" in (backend_provenance("missing")["error"] or "")
     sys.modules.pop("tiny_gdn", None)
 

@@ -193,6 +193,19 @@ class _NullSink:
         return lambda *a, **k: self.calls.append((name, a))
 
 
+def test_monitor_keeps_every_rank_s_backend_versions() -> None:
+    """The job keeps the first rank's provenance and each rank's backend versions, so a report
+    can say where ranks loaded different versions."""
+    sink = _NullSink()
+    mon = JobMonitor(JobSpec(1, "s", world_size=2), sink)  # type: ignore[arg-type]
+    for r, version in ((0, "0.3.0"), (1, "0.2.9")):
+        backends = [{"backend": "fla", "distribution": "flash-linear-attention", "version": version}]
+        mon.handle(r, {"t": "info", "info": {"host": "h", "backends": backends}})
+    info = next(a[0] for name, a in sink.calls if name == "info")
+    assert info["backends"][0]["version"] == "0.3.0"
+    assert [r["backends"] for r in info["ranks"]] == [{"fla": "0.3.0"}, {"fla": "0.2.9"}]
+
+
 def test_monitor_prefers_a_dead_rank_over_its_peers_complaints() -> None:
     mon = JobMonitor(JobSpec(1, "s", world_size=2), _NullSink())  # type: ignore[arg-type]
     mon.handle(1, {"t": "case_start", "case": "c"})

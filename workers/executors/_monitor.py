@@ -25,6 +25,16 @@ _CAUSE_ORDER = {"died": 0, "stalled": 0, "raised": 1, "deadline": 1, "peer": 2}
 GRACE_S = 0.5  # after the first failure, how long to wait for a more telling one from another rank
 
 
+def _backend_versions(info: Mapping[str, Any]) -> dict[str, str | None]:
+    """backend -> the version this rank loaded (`workers.provenance.backend_provenance`): the job
+    keeps the first rank's full provenance, and every rank's versions so a disagreement shows."""
+    return {
+        str(b["backend"]): b.get("version")
+        for b in info.get("backends") or ()
+        if isinstance(b, Mapping) and b.get("backend")
+    }
+
+
 @dataclass
 class _Failure:
     cause: str
@@ -127,6 +137,7 @@ class JobMonitor:
         first = self._infos[min(self._infos)]
         ranks = [
             {k: info.get(k) for k in ("host", "pid", "device_name", "visible_devices")}
+            | {"backends": _backend_versions(info)}
             | self.rank_extras.get(r, {})
             | {"rank": r}
             for r, info in sorted(self._infos.items())

@@ -5,39 +5,51 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from service.domain.compare.judgment import Difference
+from service.presentation.estimates import CONFIG, NO_CHANGE, estimate
 from service.presentation.numbers import fmt
-from service.presentation.report_cells import claim_text, length
+from service.presentation.report_cells import claim_text, length, shape_key, values_of
 from service.presentation.report_model import ReportJob
 from service.presentation.report_tables import Variant
-
-GROWTH_FACTOR = 2.0  # an error "grows with T" when the longest T's worst exceeds this × the shortest's
 
 
 @dataclass(frozen=True)
 class WorstError:
-    """One tensor's worst relative-L2 of one row."""
+    """One tensor's worst relative-L2 of one row, with the row's values it summarises and what
+    makes two rows alike but for their length (`like`)."""
 
     value: float
     tensor: str
     seq_len: Any
     backend: Any
     bound: float | None
+    samples: np.ndarray = field(default_factory=lambda: np.empty(0), compare=False)
+    like: str = ""  # the row's world size and parameters but its length: rows at two T compared
 
 
 def worst_errors(
     rows: Iterable[tuple[ReportJob, Variant]], tensors: Sequence[tuple[str, str]]
 ) -> list[WorstError]:
     out = []
-    for _, v in rows:
+    for j, v in rows:
         for t, label in tensors:
             m = v.metrics.get(f"{t}_rel_l2")
             if m is not None:
                 out.append(
-                    WorstError(m.worst, label, v.params.get("seq_len"), v.params.get("backend"), m.bound)
+                    WorstError(
+                        m.worst,
+                        label,
+                        v.params.get("seq_len"),
+                        v.params.get("backend"),
+                        m.bound,
+                        values_of(j, v, f"{t}_rel_l2"),
+                        f"{j.world_size} {shape_key(v, ('seq_len',))}",
+                    )
                 )
     return out
 
@@ -47,23 +59,39 @@ def _where(r: WorstError) -> str:
 
 
 def _growth_with_t(found: Sequence[WorstError]) -> str | None:
-    by_t: dict[int, float] = {}
+    """Each tensor's error at the longest T against the shortest, of rows alike but for T (same
+    world size, backend, mode, heads and every other parameter): the ratio of the medians with
+    its bootstrap interval; growth claimed only where the interval lies above 1."""
+    by: dict[tuple[str, str], dict[int, WorstError]] = {}
     for r in found:
         if isinstance(r.seq_len, int) and r.value == r.value:
-            by_t[r.seq_len] = max(by_t.get(r.seq_len, 0.0), r.value)
-    if len(by_t) < 2:
+            by.setdefault((r.tensor, r.like), {}).setdefault(r.seq_len, r)
+    pairs = [(at[min(at)], at[max(at)]) for at in by.values() if len(at) >= 2]
+    if not pairs:
         return None
-    lo, hi = min(by_t), max(by_t)
-    grows = by_t[hi] > GROWTH_FACTOR * by_t[lo]
-    return (
-        f"{'grows' if grows else 'does not grow'} with T (worst {fmt(by_t[lo])} at {length(lo)}, "
-        f"{fmt(by_t[hi])} at {length(hi)}; grows means more than {GROWTH_FACTOR:g}× the shortest T's)"
+    moved, held = [], 0
+    for a, b in pairs:
+        ratio = estimate([a.samples, b.samples], lambda m: m[..., 1] / m[..., 0])
+        if ratio.excludes(1.0):
+            way = "grows" if ratio.value > 1 else "falls"
+            moved.append(
+                f"{way} for {_where(a)} → {length(b.seq_len)}: ×{ratio.text(lambda x: f'{x:.2f}')}"
+            )
+        else:
+            held += 1
+    rule = (
+        f"error at the longest T against the shortest, rows alike but for T (same backend, mode, heads "
+        f"and other parameters): ratio of the medians, {CONFIG.ci_level:.0%} interval"
     )
+    if not moved:
+        return f"{NO_CHANGE} with T in any of {len(pairs)} comparison(s) ({rule})"
+    rest = f"; {NO_CHANGE} in the other {held} of {len(pairs)}" if held else ""
+    return f"{'; '.join(moved)}{rest} ({rule})"
 
 
 def accuracy_line(label: str, found: Sequence[WorstError]) -> str | None:
-    """The worst relative-L2, the values beyond their bound (the furthest named), whether the
-    error grows with T."""
+    """The worst relative-L2, the values beyond their bound (the furthest named), and whether the
+    error grows with T (`_growth_with_t`)."""
     if not found:
         return None
     nan = [r for r in found if r.value != r.value]
@@ -86,7 +114,7 @@ def accuracy_line(label: str, found: Sequence[WorstError]) -> str | None:
     own = f", bound {fmt(w.bound)}" if w.bound is not None else ""
     grows = _growth_with_t(found)
     return f"{label}: worst relative-L2 {fmt(w.value)} ({_where(w)}{own}); {held}" + (
-        f"; it {grows}." if grows else "."
+        f"; {grows}." if grows else "."
     )
 
 

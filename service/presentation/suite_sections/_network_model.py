@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.domain.compare.judgment import Difference
+import numpy as np
+
 from service.presentation import conventions as cv
-from service.presentation.report_cells import BASE_MODE, compare, length, ms, rows_of
+from service.presentation.estimates import CONFIG, NOT_ZERO, Estimate, estimate
+from service.presentation.report_cells import BASE_MODE, length, ms, rows_of, values_of
 from service.presentation.report_model import (
     NotRun,
     ReportJob,
@@ -74,38 +76,84 @@ def layers_label(v: Variant) -> str:
 
 @dataclass(frozen=True)
 class Fit:
-    """fwd+bwd median = fixed + per_layer × layers through two layer counts of one mode."""
+    """fwd+bwd median = fixed + per_layer × layers through two layer counts of one mode, each
+    derived number with its bootstrap interval over the two runs' repetitions."""
 
     world_size: int
     seq_len: int
     mode: str
     layers: tuple[int, int]
     medians: tuple[float, float]
+    samples: tuple[np.ndarray, np.ndarray]  # each run's fwd+bwd repetitions (worst rank)
+    extra: tuple[str, ...] = ()  # backend, dtype, batch: a fit joins only runs alike in them
+
+    def slope(self, m: np.ndarray) -> np.ndarray:
+        """per layer from medians (..., 2) at (fewer, more) layers."""
+        return (m[..., 1] - m[..., 0]) / (self.layers[1] - self.layers[0])
+
+    def intercept(self, m: np.ndarray) -> np.ndarray:
+        """fixed from medians (..., 2) at (fewer, more) layers."""
+        return m[..., 0] - self.slope(m) * self.layers[0]
 
     @property
-    def per_layer(self) -> float:
-        return (self.medians[1] - self.medians[0]) / (self.layers[1] - self.layers[0])
+    def per_layer(self) -> Estimate:
+        return estimate(self.samples, self.slope)
 
     @property
-    def fixed(self) -> float:
-        return self.medians[0] - self.per_layer * self.layers[0]
+    def fixed(self) -> Estimate:
+        return estimate(self.samples, self.intercept)
+
+
+FIT_ALIKE = ("backend", "dtype", "batch_size")
 
 
 def fits(rows: Sequence[Row]) -> tuple[list[Fit], list[int]]:
-    """The two-point model of each (world size, length, mode) measured at two layer counts (the
-    fewest and the most), and the layer counts the rows hold."""
-    by: dict[tuple[int, int, str], dict[int, float]] = {}
+    """The two-point model of each (world size, length, mode, and `FIT_ALIKE`) measured at two
+    layer counts (the fewest and the most), and the layer counts the rows hold."""
+    by: dict[tuple[Any, ...], dict[int, Row]] = {}
     for j, v in rows:
         n = layers_of(v)
         if n is not None and v.params.get("seq_len"):
-            key = (j.world_size, int(v.params["seq_len"]), str(v.params.get("mode")))
-            by.setdefault(key, {})[n] = v.metrics["fwd_bwd_ms"].median
+            extra = tuple(str(v.params.get(k)) for k in FIT_ALIKE)
+            key = (j.world_size, int(v.params["seq_len"]), str(v.params.get("mode")), extra)
+            by.setdefault(key, {})[n] = (j, v)
     out = []
-    for (w, T, mode), at in sorted(by.items()):
+    for (w, T, mode, extra), at in sorted(by.items()):
         if len(at) >= 2:
             lo, hi = min(at), max(at)
-            out.append(Fit(w, T, mode, (lo, hi), (at[lo], at[hi])))
+            out.append(
+                Fit(
+                    w,
+                    T,
+                    mode,
+                    (lo, hi),
+                    (at[lo][1].metrics["fwd_bwd_ms"].median, at[hi][1].metrics["fwd_bwd_ms"].median),
+                    (values_of(*at[lo], "fwd_bwd_ms"), values_of(*at[hi], "fwd_bwd_ms")),
+                    extra,
+                )
+            )
     return out, sorted({n for at in by.values() for n in at})
+
+
+def _ms_est(e: Estimate) -> str:
+    return e.against_zero(ms)
+
+
+def _versus(u: Fit, p: Fit, several: bool) -> str:
+    """P2P's per-layer and fixed cost against Ulysses' at one shape: the differences U − P, each
+    bootstrapped over the four runs."""
+    four = (*u.samples, *p.samples)
+    where = f" ({', '.join(p.extra)})" if several else ""
+    per = estimate(four, lambda m: u.slope(m[..., :2]) - p.slope(m[..., 2:]))
+    fixed = estimate(four, lambda m: u.intercept(m[..., :2]) - p.intercept(m[..., 2:]))
+    if per.excludes(0.0):
+        saved = f"P2P {'saves' if per.value > 0 else 'adds'} per layer: U − P {per.text(ms)} ms"
+    else:
+        saved = f"the per-layer difference U − P {per.text(ms)} ms is {NOT_ZERO}"
+    return (
+        f"CP{p.world_size} at {length(p.seq_len)}{where}: per layer P2P {p.per_layer.text(ms)} ms against "
+        f"Ulysses' {u.per_layer.text(ms)} ms, so {saved}; fixed U − P {_ms_est(fixed)} ms."
+    )
 
 
 def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
@@ -115,17 +163,18 @@ def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
     if not found:
         ran = ", ".join(str(n) for n in counts) or "none recorded"
         return NotRun(MODEL_TITLE, f"it needs one shape at two layer counts; the network ran at {ran} layers")
+    several = len({f.extra for f in found}) > 1
     table = Table(
         ["topology", "global/local T", "mode", "layers", "fwd+bwd", "per layer", "fixed"],
         [
             [
                 f"CP{f.world_size}",
                 f"{length(f.seq_len)}/{length(f.seq_len // f.world_size)}",
-                f.mode,
+                f.mode + (f" ({', '.join(f.extra)})" if several else ""),
                 f"{f.layers[0]} → {f.layers[1]}",
                 f"{ms(f.medians[0])} → {ms(f.medians[1])}",
-                ms(f.per_layer),
-                ms(f.fixed),
+                _ms_est(f.per_layer),
+                _ms_est(f.fixed),
             ]
             for f in found
         ],
@@ -134,20 +183,16 @@ def model_section(rows: Sequence[Row]) -> Section | NotRun | None:
     head = (
         "Two-point model of the fwd+bwd median (ms) against the decoder layer count, checkpoint off: "
         "per layer = (T(more) − T(fewer)) / (layers apart), fixed = T(fewer) − per layer × layers. "
-        "A fit through two medians: no interval is given."
+        f"Each derived number is estimate [low, high], its {CONFIG.ci_level:.0%} percentile bootstrap "
+        f"interval: each run's repetitions resampled ({CONFIG.bootstrap} resamples, seed {CONFIG.seed}) "
+        f"and the number recomputed; where the interval contains zero it is {NOT_ZERO}."
     )
     blocks: list[str | Table] = [head, table]
-    by = {(f.world_size, f.seq_len, f.mode): f for f in found}
+    by = {(f.world_size, f.seq_len, f.mode, f.extra): f for f in found}
     for f in found:
-        u = by.get((f.world_size, f.seq_len, BASE_MODE))
+        u = by.get((f.world_size, f.seq_len, BASE_MODE, f.extra))
         if f.mode == "p2p" and u is not None:
-            saved = u.per_layer - f.per_layer
-            less = f"{ms(abs(saved))} ms {'less' if saved >= 0 else 'more'}"
-            blocks.append(
-                f"CP{f.world_size} at {length(f.seq_len)}: P2P costs {ms(f.per_layer)} ms per layer "
-                f"against Ulysses' {ms(u.per_layer)} ms ({less}), "
-                f"fixed {ms(f.fixed)} against {ms(u.fixed)} ms."
-            )
+            blocks.append(_versus(u, f, several))
     return Section("network-model", MODEL_TITLE, blocks)
 
 
@@ -172,10 +217,37 @@ def _layer_rows(inp: SuiteInput, world_size: int, seq_len: int, net: Variant) ->
     return out
 
 
+def share_estimates(net_u: Row, net_p: Row, layer_u: Row, layer_p: Row, linear: int) -> tuple[Estimate, ...]:
+    """The network's P2P saving U − P, the single layer's, and the share of `linear` single-layer
+    savings the network keeps, each of the medians, bootstrapped over the four runs."""
+    four = [values_of(*r, "fwd_bwd_ms") for r in (net_u, net_p, layer_u, layer_p)]
+    net = estimate(four[:2], lambda m: m[..., 0] - m[..., 1])
+    one = estimate(four[2:], lambda m: m[..., 0] - m[..., 1])
+    share = estimate(four, lambda m: (m[..., 0] - m[..., 1]) / (linear * (m[..., 2] - m[..., 3])))
+    return net, one, share
+
+
+def share_text(net: Estimate, one: Estimate, share: Estimate, linear: int, layer_job: int) -> str:
+    """The share with its interval; not informative where the single layer's saving is not
+    distinguishable from zero (the share divides by it) or the share's interval is not finite;
+    not distinguishable from zero where its interval contains zero."""
+    savings = (
+        f"the network saves {net.text(ms)} ms against {linear} GDN layers × {one.text(ms)} ms, the "
+        f"layer's saving in cp-layer job #{layer_job}; savings of the medians"
+    )
+    if not one.excludes(0.0):
+        return f"not informative: the single layer's P2P saving {one.text(ms)} ms is {NOT_ZERO}"
+    if not share.has_interval:
+        return f"not informative: {share.text(cv.percent)} ({savings})"
+    if not share.excludes(0.0):
+        return f"{share.text(cv.percent)}, {NOT_ZERO} ({savings})"
+    return f"{share.text(cv.percent)} ({savings})"
+
+
 def share_lines(inp: SuiteInput, rows: Sequence[Row]) -> tuple[list[str], NotRun | None]:
     """Per network shape and layer count: the network's P2P saving (U − P of the medians) over
-    its GDN layers × the single layer's saving at the same shape; written only where both
-    savings are significant, else why not."""
+    its GDN layers × the single layer's saving at the same shape, with its bootstrap interval;
+    stated as a finding only where that interval supports one (`share_text`)."""
     pairs = _pairs(rows)
     out, missing = [], []
     for (job_id, T, n, mode), (j, p2p) in sorted(pairs.items(), key=lambda x: str(x[0])):
@@ -191,19 +263,9 @@ def share_lines(inp: SuiteInput, rows: Sequence[Row]) -> tuple[list[str], NotRun
         if linear is None:
             out.append(f"{SHARE_TITLE}, {where}: not given: the job did not record its GDN layer count.")
             continue
-        net_d = compare(u[0], u[1], j, p2p)
-        layer_d = compare(*layer[BASE_MODE], *layer["p2p"])
-        why = _unsupported(net_d, "the network's", layer_d)
-        if why:
-            out.append(f"{SHARE_TITLE}, {where}: not given: {why}.")
-            continue
-        net_saved = u[1].metrics["fwd_bwd_ms"].median - p2p.metrics["fwd_bwd_ms"].median
-        one = layer[BASE_MODE][1].metrics["fwd_bwd_ms"].median - layer["p2p"][1].metrics["fwd_bwd_ms"].median
-        out.append(
-            f"{SHARE_TITLE}, {where}: {cv.percent(net_saved / (linear * one))} (the network saves "
-            f"{ms(net_saved)} ms of {linear} GDN layers × {ms(one)} ms, the layer's saving in "
-            f"cp-layer job #{layer['p2p'][0].job_id}; savings of the medians)."
-        )
+        net, one, share = share_estimates(u, (j, p2p), layer[BASE_MODE], layer["p2p"], linear)
+        text = share_text(net, one, share, linear, layer["p2p"][0].job_id)
+        out.append(f"{SHARE_TITLE}, {where}: {text}.")
     not_run = None
     if missing and not out:
         not_run = NotRun(
@@ -213,15 +275,6 @@ def share_lines(inp: SuiteInput, rows: Sequence[Row]) -> tuple[list[str], NotRun
             + ", batch 1, same backend and dtype)",
         )
     return out, not_run
-
-
-def _unsupported(net: Difference, what: str, layer: Difference) -> str | None:
-    for label, d in ((f"{what} P2P saving", net), ("the single layer's P2P saving", layer)):
-        if not d.significant:
-            return f"{label} is not significant ({d.interval_text('gain')})"
-    if net.verdict != layer.verdict:
-        return "the network and the single layer disagree on which mode is faster"
-    return None
 
 
 def layer_sweep(rows: Sequence[Row]) -> Sweep | None:

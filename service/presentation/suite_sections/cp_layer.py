@@ -11,6 +11,7 @@ from typing import Any
 
 from service.domain.compare.judgment import Difference, within_bound_text
 from service.presentation import conventions as cv
+from service.presentation.estimates import NO_CHANGE
 from service.presentation.numbers import fmt
 from service.presentation.report_cells import (
     BASE_MODE,
@@ -238,7 +239,7 @@ def scaling_table(
             s.mode,
             ms(s.rows[0][1].metrics["fwd_bwd_ms"].median),
             ms(s.rows[1][1].metrics["fwd_bwd_ms"].median),
-            growth_text(s.change),
+            growth_text(s.change, NO_CHANGE),
         ]
         for s in found
     ]
@@ -257,7 +258,7 @@ def scaling_conclusions(label: Callable[[Scaling], str], found: Sequence[Scaling
     for s in found:
         by.setdefault((s.extra, s.before, s.after, s.local), {})[s.mode] = s
     for (_, a, b, local), modes in by.items():
-        text = "; ".join(f"{m} {growth_text(s.change)}" for m, s in sorted(modes.items()))
+        text = "; ".join(f"{m} {growth_text(s.change, NO_CHANGE)}" for m, s in sorted(modes.items()))
         claim = ""
         p, u = modes.get("p2p"), modes.get(BASE_MODE)
         if p is not None and u is not None:
@@ -356,7 +357,7 @@ def report(inp: SuiteInput) -> SuiteReport:
     timed = [(j, v) for j, v in rows if "fwd_bwd_ms" in v.metrics]
     gains = against_ulysses(timed, GAIN_MODES)
     out.add(speed(inp, timed, gains))
-    found, locals_ = weak_scaling(timed, ("batch", "dtype"))
+    found, locals_ = weak_scaling(timed, ("batch", "dtype", "qk_heads", "v_heads"))
     if found:
         head = (
             "Weak scaling: the same local length per rank on more ranks; growth = (after − before) / before "

@@ -173,7 +173,7 @@ def _peer_lines(inp: SuiteInput, rows: Sequence[Row]) -> list[str]:
         b["backend"]
         for j in inp.mine
         for b in views.backend_records(j.data.info)
-        if b["distribution"] == "gdnval"
+        if b["distribution"] == views.OWN_DISTRIBUTION
     }
     by = {(j.job_id, shape_key(v, ("backend",)), str(v.params.get("backend"))): (j, v) for j, v in rows}
     found: dict[tuple[str, str], list[tuple[int, Difference]]] = {}

@@ -231,7 +231,7 @@ def job_page(
         artifacts=artifacts, history_metrics=history_metrics, previous=prev.id if prev else None,
         history_repo=urlencode({"backend_repo": repo}) if (repo := queue.job_backend_repo(job)) else "",
         deadline=_deadline(settings, job), case_backends=views.case_backends(cases),
-        backend_records=views.backend_records(job.info or {}),
+        backend_records=views.backend_records(job.info or {}, job.commit_sha),
         gates=gate_store.gates_of_jobs(session, [job.id]).get(job.id, []),
         finds=find_store.finds_of_jobs(session, [job.id]).get(job.id, []),
         downloads={"csv": api_samples_url(job_id, "csv"), "json": api_samples_url(job_id, "json"),
