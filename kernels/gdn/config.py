@@ -21,6 +21,11 @@ import triton
 
 BT = 64  # chunk size
 D = 128  # head dim (dk = dv)
+# The narrowest part of the fused backward's step, in value and in key columns (`fused_bwd_parts`).
+# On sm_90 at 8 warps 64-column parts compile to wgmma instructions of n = 32 and 64; 32- and
+# 16-column value parts (n down to 16 and 8) ended in an illegal memory access on the H100 with
+# Triton 3.6, no index of ours out of bounds (tests/kernels/test_kernels_compile.py checks n >= 32).
+FUSED_BWD_MIN_PART = 64
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,11 @@ class KernelConfig:
     fused_fwd_stages: int = 1
     fused_bwd_warps: int = 8
     fused_bwd_stages: int = 1
-    # Value columns per backward program (128: the whole dS of a head; 64 or 32: a [D, BV] slice
-    # of it, the slices of a head one launch each, dq, dk, dβ and dg summed over them in fp32 in a
-    # fixed order). The step's key columns and the program's value columns in fused_bwd_split parts.
+    # Value columns per backward program (128: the whole dS of a head; 64: a [D, 64] slice of it,
+    # the slices of a head one launch each, dq, dk, dβ and dg summed over them in fp32 in a fixed
+    # order). The step runs D's key columns in fused_bwd_split parts and the program's value
+    # columns in parts of the same width, one part when it has no more (`fused_bwd_parts`); no
+    # part narrower than FUSED_BWD_MIN_PART.
     fused_bwd_bv: int = 128
     fused_bwd_split: int = 2
     fused_maps_bv: int = 32  # value columns per program of the segment maps (separable columns)
@@ -184,6 +191,25 @@ def dot_precision(cfg: KernelConfig, dtype: torch.dtype, group: str) -> str:
         accepted += ["low"] * (group != "scan")
         raise ValueError(f"f32_dot_{group} = {prec!r}; expected {', '.join(accepted[:-1])} or {accepted[-1]}")
     return prec
+
+
+def fused_bwd_parts(cfg: KernelConfig) -> tuple[int, int]:
+    """The fused backward step's part widths (value columns, key columns): D in fused_bwd_split
+    parts, the program's fused_bwd_bv value columns in parts of that width or one part of all of
+    them when fewer. Refuses a combination whose part would be narrower than FUSED_BWD_MIN_PART,
+    or that does not divide into whole parts."""
+    bv, split = cfg.fused_bwd_bv, cfg.fused_bwd_split
+    widths = [w for w in (16, 32, 64, 128) if w >= FUSED_BWD_MIN_PART]  # D's power-of-two slices
+    splits = sorted(D // w for w in widths)
+    if bv not in widths:
+        raise ValueError(f"fused_bwd_bv = {bv}: expected {' or '.join(map(str, widths))} (value columns "
+                         f"per program; parts narrower than FUSED_BWD_MIN_PART = {FUSED_BWD_MIN_PART} are "
+                         "refused)")
+    if split not in splits:
+        raise ValueError(f"fused_bwd_split = {split}: expected {' or '.join(map(str, splits))} (parts of "
+                         f"D = {D}, at least FUSED_BWD_MIN_PART = {FUSED_BWD_MIN_PART} columns each)")
+    part = D // split
+    return min(bv, part), part
 
 
 def t_dtype(cfg: KernelConfig, dtype: torch.dtype) -> torch.dtype:

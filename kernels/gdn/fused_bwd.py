@@ -7,10 +7,10 @@ forms its part, and the parts meet in fp32 running sums in a fixed launch order.
 
 Register pressure, not arithmetic, bounds the step on sm_90 (one 8-warp program per
 multiprocessor at 255 registers): dS and the re-walk's state (fp32) sit in the program's scratch,
-never in registers across a step; the step runs its value and key columns in `fused_bwd_split`
-parts as loops that are not unrolled (unrolled, the compiler hoisted the later parts' loads and
-spilled); K, Q and T are read where each product needs them (L1 or L2 hits) and the decay tiles
-formed where used, instead of held across the parts.
+never in registers across a step; the step runs its value and key columns in parts of at least
+`FUSED_BWD_MIN_PART` columns (`config.fused_bwd_parts`) as loops that are not unrolled (unrolled,
+the compiler hoisted the later parts' loads and spilled); K, Q and T are read where each product
+needs them (L1 or L2 hits) and the decay tiles formed where used, instead of held across them.
 
 It reads what the fused forward kept: T and the fp32 state entering every group of
 `fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import load_rows, mm, state_next, transpose_via
-from kernels.gdn.config import BT, D, KernelConfig, dot_precision, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.fused_fwd import check_fused, chunk_inputs, chunk_t, chunk_vn, value_rows
 from kernels.gdn.segments import segment_scan
 
@@ -351,7 +351,7 @@ def fused_backward(
     scr = torch.empty(B * Hqk * nseg, kg * (D * bv + 2 * BT * bv) + 2 * D * bv + BT * bv, device=q.device,
                       dtype=q.dtype)
     scr32 = torch.empty(B * Hqk * nseg, 3 * D * bv + BT * BT, device=q.device, dtype=torch.float32)
-    split = cfg.fused_bwd_split
+    hdv, hdk = fused_bwd_parts(cfg)
     launches = [(r, iv) for r in range(R) for iv in range(nv)]  # the fixed order of the sums
     for n, (r, iv) in enumerate(launches):
         _fused_bwd_kernel[(B * Hqk, nseg)](
@@ -364,7 +364,7 @@ def fused_backward(
             STORE_DH0=want_dh0, CARRY_IN=n > 0, CARRY_OUT=n < len(launches) - 1, VCARRY_IN=iv > 0,
             VCARRY_OUT=iv < nv - 1, PREC=prec,
             PREC_DT=dot_precision(cfg, q.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, q.dtype, "wy_da"),
-            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, BV=bv, KG=kg, HDV=bv // split,
-            HDK=D // split, num_warps=cfg.fused_bwd_warps, num_stages=cfg.fused_bwd_stages,
+            PREC_DX=dot_precision(cfg, q.dtype, "wy_dx"), BT=BT, D=D, BV=bv, KG=kg, HDV=hdv, HDK=hdk,
+            num_warps=cfg.fused_bwd_warps, num_stages=cfg.fused_bwd_stages,
         )
     return dq, dk, dv, dg, dbeta, dh0

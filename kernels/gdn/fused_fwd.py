@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import load_gamma, load_rows, mm, state_next
-from kernels.gdn.config import BT, D, KernelConfig, dot_precision, num_chunks
+from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.segments import segment_scan
 
 
@@ -170,11 +170,7 @@ def check_fused(cfg: KernelConfig) -> None:
         raise ValueError(f"fused_maps_bv = {cfg.fused_maps_bv}: expected 16, 32, 64 or 128")
     if cfg.fused_group < 1:
         raise ValueError(f"fused_group = {cfg.fused_group}: expected at least 1 chunk per kept state")
-    if cfg.fused_bwd_bv not in (32, 64, 128):
-        raise ValueError(f"fused_bwd_bv = {cfg.fused_bwd_bv}: expected 32, 64 or 128 (value columns)")
-    if cfg.fused_bwd_split not in (1, 2, 4) or cfg.fused_bwd_bv // cfg.fused_bwd_split < 16:
-        raise ValueError(f"fused_bwd_split = {cfg.fused_bwd_split}: expected 1, 2 or 4 parts of D = {D} and "
-                         f"of fused_bwd_bv = {cfg.fused_bwd_bv}, at least 16 columns each")
+    fused_bwd_parts(cfg)
 
 
 def fused_forward(

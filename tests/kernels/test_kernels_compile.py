@@ -9,6 +9,7 @@ device (same binder, constexprs, alignment attributes, num_warps/num_stages) but
 `metadata.shared` is the dynamic shared memory the launch asks for, the number that raised
 `OutOfResources` on the H200 for fp32 inputs (bwd_dqk); it is final once the MLIR passes of the
 LLVM IR stage have allocated shared memory, where the test stops each compile (before LLVM -O3).
+The n of the Hopper tensor-core (wgmma) instructions comes from the TTGIR's `nvidia_mma` layouts.
 The report (`python -m tests.kernels.test_kernels_compile` prints the table) compiles on through
 PTX and ptxas: registers and spills come from cuobjdump and are reported, not asserted.
 
@@ -69,8 +70,15 @@ class Compiled:
     num_stages: int
     constexprs: dict
     shared: int
+    mma_n: list[int]  # the distinct n of its wgmma instructions (versionMajor 3 nvidia_mma layouts)
     regs: int | None
     spill_bytes: int | None  # local-memory stack frame (spills and local arrays)
+
+
+def _wgmma_n(ttgir: str) -> list[int]:
+    """The distinct n of the wgmma instruction shapes of a TTGIR module's layouts."""
+    found = re.findall(r"nvidia_mma<\{versionMajor = 3,[^}]*instrShape = \[\d+, (\d+), \d+\]", ttgir)
+    return sorted({int(n) for n in found})
 
 
 class _Recorder:
@@ -207,6 +215,7 @@ def _stop_after_shared_allocation() -> Iterator[None]:
         make_llir = stages["llir"]
 
         def llir_then_stop(src, metadata):  # type: ignore[no-untyped-def]
+            metadata["mma_n"] = _wgmma_n(str(src))  # the TTGIR, before the passes rewrite it
             try:
                 make_llir(src, metadata)  # its pass manager rewrites `src` in place
             except _Lowered:
@@ -255,9 +264,12 @@ def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = Tru
     regs = stack = None
     cache, digest = (None, None) if to_ptxas else _cache_of(src, target, options)
     known = cache.get_file(SHARED_FILE) if cache is not None else None
+    facts = None
     if known is not None:
         with open(known) as f:
-            shared = json.load(f)["shared"]
+            facts = json.load(f)
+    if facts is not None and "mma_n" in facts:
+        shared, mma_n = facts["shared"], facts["mma_n"]
     else:
         try:
             with ExitStack() as stop:
@@ -265,14 +277,15 @@ def _compile_one(dtype: torch.dtype, launch: tuple, target, to_ptxas: bool = Tru
                     stop.enter_context(_stop_after_shared_allocation())
                 ck = triton.compile(src, target=target, options=options.__dict__)
             shared, (regs, stack) = ck.metadata.shared, _resources(ck.asm["cubin"])
+            mma_n = _wgmma_n(ck.asm["ttgir"])
         except _SharedKnown as known_shared:
-            shared = known_shared.metadata["shared"]
+            shared, mma_n = known_shared.metadata["shared"], known_shared.metadata["mma_n"]
             assert known_shared.metadata["hash"] == digest, "the cache key differs from triton.compile's"
-            cache.put(json.dumps({"shared": shared}), SHARED_FILE, binary=False)
+            cache.put(json.dumps({"shared": shared, "mma_n": mma_n}), SHARED_FILE, binary=False)
     names = {p.num: p.name for p in fn.params}
     return Compiled(
         kernel=fn.__name__, dtype=str(dtype).split(".")[-1], num_warps=options.num_warps,
-        num_stages=options.num_stages, shared=shared, regs=regs, spill_bytes=stack,
+        num_stages=options.num_stages, shared=shared, mma_n=mma_n, regs=regs, spill_bytes=stack,
         constexprs={names[p[0]]: v for p, v in constexprs.items() if names[p[0]].isupper()},
     )
 
@@ -333,7 +346,7 @@ def serve_queue(dtypes: tuple[torch.dtype, ...], counter: str) -> dict[str, list
 
 def _row(c: Compiled) -> str:
     return (f"{c.kernel:20s} {c.dtype:8s} warps={c.num_warps} stages={c.num_stages} shared={c.shared:6d} "
-            f"regs={c.regs} stack={c.spill_bytes} {c.constexprs}")
+            f"wgmma_n={c.mma_n} regs={c.regs} stack={c.spill_bytes} {c.constexprs}")
 
 
 COMPILE_WORKERS = 2  # CI's cores; the test run itself is serial
@@ -392,6 +405,18 @@ def test_every_launch_fits_hopper_shared_memory(compiled: dict, dtype: torch.dty
     assert all(c.shared > 0 for c in rows if c.kernel != "_gate_cumsum_kernel")
     over = [_row(c) for c in rows if c.shared > HOPPER_SMEM]
     assert not over, f"over {HOPPER_SMEM} B of shared memory on sm_90:\n" + "\n".join(over)
+
+
+def test_fused_backward_runs_no_wgmma_narrower_than_its_whole_state_program(compiled: dict) -> None:
+    """The fused backward at every allowed fused_bwd_bv (bf16: its products on the tensor cores)
+    issues wgmma instructions no narrower than n = 32, the narrowest of the whole-state program
+    (parts of FUSED_BWD_MIN_PART = 64 columns over its two warp groups); the refused 32- and
+    16-column parts issued n = 16 and 8, and ended in an illegal memory access on the H100."""
+    rows = [Compiled(**r) for r in compiled["bfloat16"] if r["kernel"] == "_fused_bwd_kernel"]
+    assert {c.constexprs["BV"] for c in rows} == {64, 128}, [c.constexprs for c in rows]
+    assert all(c.mma_n for c in rows), [_row(c) for c in rows]
+    narrow = [_row(c) for c in rows if min(c.mma_n) < 32]
+    assert not narrow, "wgmma narrower than n = 32:\n" + "\n".join(narrow)
 
 
 def test_fp32_config_changes_only_the_tile_settings_fp32_needs() -> None:

@@ -132,7 +132,7 @@ def test_triton_available_on_production_shapes() -> None:
     [({"seq_segments": 4}, (32, 32)), ({"seq_segments": 4}, (16, 32)), ({"fused": True}, (32, 32)),
      ({"fused": True}, (16, 32)), ({"fused": True, "seq_segments": 4}, (16, 32)),
      ({"fused": True, "fused_bv": 64}, (32, 32)), ({"fused": True, "fused_bwd_bv": 64}, (32, 32)),
-     ({"fused": True, "fused_bwd_bv": 32}, (16, 32))],
+     ({"fused": True, "fused_bwd_bv": 64}, (16, 32))],
     ids=_param_id,
 )
 def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:

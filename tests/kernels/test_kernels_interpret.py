@@ -63,13 +63,15 @@ def test_other_wu_settings_match_oracle(over: dict) -> None:
 FUSED_CASES = [
     ((65, (2, 4), torch.float16, True, True), {"fused": True}),
     ((1, (1, 1), torch.float32, True, True), {"fused": True}),
-    ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 64, "fused_bwd_split": 4}),
+    # the backward's step in one part of 128 value and of 128 key columns
+    ((200, (1, 1), torch.float32, False, False), {"fused": True, "fused_bv": 64, "fused_bwd_split": 1}),
     # five chunks in 3 segments of groups of 2 (the last one short), a group's middle value head
     ((300, (1, 3), torch.float32, True, True), {"fused": True, "fused_group": 2, "seq_segments": 3}),
-    # the backward in value slices: 2 value heads x 2 slices summed in order; 4 slices, 3 segments
+    # the backward in value slices of 64 (one value part each): 2 value heads x 2 slices summed in
+    # order, key parts of 64; 2 slices, 3 segments, one key part of 128
     ((65, (2, 4), torch.float16, True, True), {"fused": True, "fused_bwd_bv": 64}),
     ((300, (1, 3), torch.float32, True, True),
-     {"fused": True, "fused_group": 2, "seq_segments": 3, "fused_bwd_bv": 32, "fused_bwd_split": 1}),
+     {"fused": True, "fused_group": 2, "seq_segments": 3, "fused_bwd_bv": 64, "fused_bwd_split": 1}),
     pytest.param((130, (2, 4), torch.float16, False, True),
                  {"fused": True, "seq_segments": 2, "fused_group": 1, "fused_bv": 64},
                  marks=pytest.mark.slow),
@@ -120,6 +122,36 @@ def test_fused_path_refuses_packed_sequences() -> None:
         gated_delta_rule_triton_varlen(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=torch.tensor([0, 5, 70]))
     with config_overrides(fused=True, fused_bv=32), pytest.raises(ValueError, match="fused_bv = 32"):
         gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, backend="triton")
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [pytest.param({"fused_bwd_bv": 32}, r"fused_bwd_bv = 32: expected 64 or 128 .*FUSED_BWD_MIN_PART = 64",
+                  id="bv32"),
+     pytest.param({"fused_bwd_bv": 16, "fused_bwd_split": 1}, r"fused_bwd_bv = 16: expected 64 or 128",
+                  id="bv16-split1"),
+     pytest.param({"fused_bwd_split": 4}, r"fused_bwd_split = 4: expected 1 or 2 \(parts of D = 128, at "
+                  r"least FUSED_BWD_MIN_PART = 64 columns each\)", id="split4")],
+)
+def test_fused_backward_refuses_parts_narrower_than_64(over: dict, message: str) -> None:
+    """A fused backward whose value or key parts would be narrower than FUSED_BWD_MIN_PART is
+    refused before any launch, naming the value and what is expected."""
+    from kernels.gdn import config_overrides
+
+    x = make_inputs(1, 70, 1, 1, 128, dtype=torch.float32, stateful=False, seed=1)
+    with config_overrides(fused=True, **over), pytest.raises(ValueError, match=message):
+        gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, backend="triton")
+
+
+def test_fused_backward_parts() -> None:
+    """The step's part widths (value, key): D in fused_bwd_split parts, a 64-column program's
+    value columns in one part whatever the split."""
+    from kernels.gdn.config import DEFAULT, FUSED_BWD_MIN_PART, fused_bwd_parts
+
+    assert FUSED_BWD_MIN_PART == 64
+    got = {(bv, split): fused_bwd_parts(DEFAULT.replace(fused_bwd_bv=bv, fused_bwd_split=split))
+           for bv in (64, 128) for split in (1, 2)}
+    assert got == {(64, 1): (64, 128), (64, 2): (64, 64), (128, 1): (128, 128), (128, 2): (64, 64)}
 
 
 def _check_against_oracle(case: tuple) -> dict[str, torch.Tensor]:
