@@ -152,7 +152,8 @@ def _versus(u: Fit, p: Fit, several: bool) -> str:
         saved = f"the per-layer difference U − P {per.text(ms)} ms is {NOT_ZERO}"
     return (
         f"CP{p.world_size} at {length(p.seq_len)}{where}: per layer P2P {p.per_layer.text(ms)} ms against "
-        f"Ulysses' {u.per_layer.text(ms)} ms, so {saved}; fixed U − P {_ms_est(fixed)} ms."
+        f"Ulysses' {u.per_layer.text(ms)} ms, so {saved}; fixed U − P {fixed.text(ms)} ms"
+        f"{'' if fixed.excludes(0.0) else f', {NOT_ZERO}'}."
     )
 
 
