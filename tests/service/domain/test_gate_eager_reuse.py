@@ -95,7 +95,7 @@ def test_the_head_takes_eager_from_the_base_and_the_verdicts_stand(server: Simpl
     assert f'data-taken-from="{base}"' in page and f"measured by job {base}" in page
 
     slower = gate(server, shas["c3"], shas["c7"], "gdn-op")  # c7's job is the base: eager from c1's
-    walls["c3 vs c2, eager taken"] = slower.wall
+    walls["c3 vs c7, eager taken"] = slower.wall
     assert slower.code == 1, slower.stdout
     assert any(f["case"] == CASE and f["metric"] in ("fwd_rel", "fwd_bwd_rel")
                for f in slower.gate["findings"] if f["change"] == "regression"), slower.stdout
