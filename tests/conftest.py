@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,13 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokens") / "sample.bin"
     build_sample_token_file(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def backend_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The backend repository of tests/support/backend_repo.py and the store its gates run
+    against, once per session: the backend-gate tests (tests/e2e, tests/service/domain) each serve
+    it (`serve_backend_store`) and reuse the jobs the others measured."""
+    from tests.support.backend_repo import make_backend_store
+
+    return make_backend_store(tmp_path_factory.mktemp("backend-store"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.backend_repo import PYPROJECT
 from tests.support.suites import RecordingSink
 from workers.backend_source import BackendSource, BackendSourceError, install_backend_source
 from workers.executors.base import JobSpec
@@ -55,17 +56,6 @@ def core(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state
 '''
 RIGHT = "def DECAY(g):\n    return g.exp()\n"
 WRONG = "def DECAY(g):\n    return (0.5 * g).exp()  # the gate half applied\n"
-PYPROJECT = """[build-system]
-requires = ["setuptools"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "ext-gdn"
-version = "0.2.0"
-
-[project.entry-points."gdnval.backends"]
-extgdn = "extgdn:core"
-"""
 
 
 def _git(repo: Path, *args: str) -> str:

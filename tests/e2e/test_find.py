@@ -24,7 +24,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from tests.e2e.test_external_backend import PYPROJECT
+from tests.support.backend_repo import PYPROJECT
 from tests.support.gate_suite import SUITE_MODULE, git, serve_in_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

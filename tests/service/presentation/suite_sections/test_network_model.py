@@ -99,8 +99,9 @@ def test_overlapping_runs_are_not_distinguishable_from_zero(tmp_path: Path) -> N
     assert fixed.endswith(", not distinguishable from zero")
     assert "per-layer difference U − P 5.000 [" in model and "is not distinguishable from zero" in model
     assert "P2P saves" not in model
-    fixed_diff = re.search(r"fixed U − P (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] ms(, not distinguishable from zero)?\.",
-                           model)
+    number = r"-?[\d.]+"
+    unit_then_reading = rf"fixed U − P {number} \[{number}, {number}\] ms(, not distinguishable from zero)?\."
+    fixed_diff = re.search(unit_then_reading, model)
     assert fixed_diff, model  # the unit beside the number, the reading after it
     share = re.search(r"CP2 at 8K, 4 layers: 166\.7% \[(-?[\d.]+)%, (-?[\d.]+)%\], not distinguishable from "
                       r"zero \(the network saves", got["Conclusions"])
