@@ -103,8 +103,7 @@ for name, case in json.load(open(sys.argv[1]))["cases"].items():
                 --param 'qk_heads=[32]' --param accuracy_max_seq_len=0 \
                 --deadline $((limit - 10)) --json "$OUT/gdnspeed.json" ;;
         precgroups)
-            # the named dot groups at tf32, the rest tf32x3: accuracy (1 seed) and time at 8K. Measured
-            # in the second session: wu, wy_dx, wu+wy_dx, wy_dt (docs/benchmarks.md); next: is dA the one?
+            # the named dot groups at tf32, the rest tf32x3: accuracy (1 seed) and time at 8K
             for v in wu,wy_dx,wy_dt wy_da wu,wy_dx; do
                 python3 -c 'import json, sys
 tf32 = sys.argv[1].split(",")

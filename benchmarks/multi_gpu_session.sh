@@ -7,8 +7,8 @@
 #
 #   bash benchmarks/multi_gpu_session.sh [step ...]          (default: plan nccl cplayer p2plate)
 #
-# Two commands of at most 10 minutes cover the issue; the trajectories are opt-in (times: the
-# CP2 run on two H200s and the single-H200 runs of docs/benchmarks.md; CP4/CP8 not run yet):
+# Two commands of at most 10 minutes each; the trajectories are opt-in (times: the CP2 run on two
+# H200s and the single-H200 runs of docs/benchmarks.md):
 #   1. bash benchmarks/multi_gpu_session.sh plan nccl cplayer p2plate      ~5-8 min
 #   2. bash benchmarks/multi_gpu_session.sh stability network network8l    ~6-9 min
 #   3. opt-in: bash benchmarks/multi_gpu_session.sh traj[:STEPS[:LIMIT[:SEQ]]]  up to LIMIT (560 s)

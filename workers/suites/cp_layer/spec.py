@@ -81,7 +81,7 @@ class CPLayerParams(SuiteParams):
     # "same" (the candidate's dtype), as the report compares: its 1e-2 bound is for bf16 against
     # the bf16 eager layer. "float32" measures against an fp32 truth instead, where the bf16
     # layer's own rounding (its projections) is already ~1.3e-2 on the input gradient, with or
-    # without CP (docs/benchmarks.md, CP layer, the CP2 run)
+    # without CP (docs/cp.md, the cp-layer suite)
     ref_dtype: DType | Literal["same"] = "same"
     accuracy_max_seq_len: int = 32768
     eager_max_seq_len: int = 32768  # candidates on the eager backend stop here
