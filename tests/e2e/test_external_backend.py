@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.backend_repo import PYPROJECT
+from tests.support.backend_repo import CORE_PROLOGUE, PYPROJECT
 from tests.support.suites import RecordingSink
 from workers.backend_source import BackendSource, BackendSourceError, install_backend_source
 from workers.executors.base import JobSpec
@@ -27,23 +27,7 @@ CORE = '''"""A per-token gated delta rule in plain torch; autograd gives the bac
 import torch
 
 
-def core(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
-    if cu_seqlens is not None:
-        cu = cu_seqlens.tolist()
-        outs, finals = [], []
-        for i in range(len(cu) - 1):
-            a, b = cu[i], cu[i + 1]
-            h0 = None if initial_state is None else initial_state[i : i + 1]
-            o, s = core(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], scale=scale,
-                        initial_state=h0, output_final_state=True)
-            outs.append(o)
-            finals.append(s)
-        return torch.cat(outs, 1), (torch.cat(finals, 0) if output_final_state else None)
-    B, T, hq, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-    scale = dk ** -0.5 if scale is None else scale
-    qh = q.to(dt).repeat_interleave(hv // hq, dim=2)
+''' + CORE_PROLOGUE + '''    qh = q.to(dt).repeat_interleave(hv // hq, dim=2)
     kh = k.to(dt).repeat_interleave(hv // hq, dim=2)
     S = initial_state.to(dt) if initial_state is not None else q.new_zeros(B, hv, dk, dv, dtype=dt)
     outs = []

@@ -47,12 +47,9 @@ extgdn = "extgdn:core"
 
 BACKEND = "extgdn"
 CASE = f"T512_stateful_hqk2_hv4_b1_{BACKEND}"
-CORE = '''"""A chunked gated delta rule in plain torch (the WY form); autograd gives the backward."""
-import torch
-
-CHUNK = 4
-
-
+# The toy backends' entry: the packed batch split into its sequences, then the shapes every
+# core reads; each toy core (below, tests/e2e/test_external_backend.py) goes on from there.
+CORE_PROLOGUE = '''\
 def core(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     if cu_seqlens is not None:
         cu = cu_seqlens.tolist()
@@ -69,7 +66,14 @@ def core(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state
     hv, dv = v.shape[2], v.shape[3]
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
     scale = dk ** -0.5 if scale is None else scale
-    C = CHUNK
+'''
+CORE = '''"""A chunked gated delta rule in plain torch (the WY form); autograd gives the backward."""
+import torch
+
+CHUNK = 4
+
+
+''' + CORE_PROLOGUE + '''    C = CHUNK
     pad = (-T) % C
     def heads(x, rep):  # [B, T, H, D] -> [B, Hv, T + pad, D]
         x = x.to(dt).repeat_interleave(rep, dim=2) if rep > 1 else x.to(dt)
