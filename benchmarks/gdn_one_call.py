@@ -9,12 +9,12 @@ seeds, B = 1, Hv = 32, D = 128, bf16, stateful), the processes taken in turns (o
 FlashQLA, ours, ...) so that a backend's launch state that differs from process to process shows
 as a spread across its processes rather than as one number. FLA runs from `--fla-path` with
 `FLA_FLASH_QLA=0` and without FlashQLA's folder on its path (FLA 0.6.0 dispatches to FlashQLA
-whenever it can import it); FlashQLA from `--qla-path`. Ours' first process also measures
-accuracy over `--accuracy-seeds` against the fp32 eager backend (the peers' first over
-`--peer-accuracy-seeds`, none by default), compares two identical runs bit for bit and runs the
-`--variant`s; ours' later processes time the
-variants too (`--variant-processes`: only the first N), so that a variant's ratio to the default
-is read process by process.
+whenever it can import it); FlashQLA from `--qla-path`. Ours' process 0 also measures accuracy
+over `--accuracy-seeds` against the fp32 eager backend (the peers' over `--peer-accuracy-seeds`,
+none by default), compares two identical runs bit for bit and runs the `--variant`s; ours' other
+processes time the variants too (`--variant-processes`: only processes 0 to N - 1), so that a
+variant's ratio to the default is read process by process. Process 0 of every backend runs in the
+last turn: its extra work (minutes at 64K) never costs a peer its timing turns before the deadline.
 
 The file records the host, the GPU, the driver, torch / Triton and each backend's versions, the
 commit (`--commit`, else the checkout's), a content hash of the code that ran, the start and end
@@ -121,7 +121,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         result["machine"].update(commit=args.commit, modified=None, commit_given=True)
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="gdn-one-call-") as tmp:
-        for index in range(args.processes):
+        for index in [*range(1, args.processes), 0]:
             for backend in backends:
                 left = args.deadline - (time.monotonic() - started)
                 entry: dict[str, Any] = {"backend": backend, "process": index}

@@ -6,7 +6,7 @@ Every number of a table comes from that one file, so every ratio is between back
 device call on the same inputs. A backend's time at a shape is the median over its processes of
 each process's fwd+bwd (the lower of its two back-to-back `do_bench` medians), with the spread
 over processes beside it (min–max); the forward likewise; the peak and the worst relative L2
-(against the fp32 eager backend, over the accuracy seeds) come from each backend's first process.
+(against the fp32 eager backend, over the accuracy seeds) come from each backend's process 0.
 A second table gives each `--variant` of ours against the default, process by process; a third
 names every backend, variant and shape of the call that has no measurement, with the reason the
 file gives (the run's error, or its process's exit, timeout or skip).
@@ -36,9 +36,10 @@ def load(path: Path) -> dict[str, Any]:
 
 def runs(doc: Mapping[str, Any]) -> dict[tuple[str, str, Shape], list[dict[str, Any]]]:
     """(backend, variant, (T, Hqk)) -> that shape's run of every process that measured it, in
-    process order (a run that raised is left out)."""
+    process order, process 0 (the one that measured accuracy) first, whichever turn it ran in (a
+    run that raised is left out)."""
     out: dict[tuple[str, str, Shape], list[dict[str, Any]]] = defaultdict(list)
-    for proc in doc["processes"]:
+    for proc in sorted(doc["processes"], key=lambda p: p["process"]):
         for r in (proc.get("result") or {}).get("runs", []):
             if "error" not in r and "fwd_bwd_ms" in r:
                 r = dict(r, process=proc["process"])
@@ -52,7 +53,7 @@ def fwd_bwd(r: Mapping[str, Any]) -> float:
 
 
 def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and spread over processes; peak, accuracy and repeatability from the first."""
+    """Median and spread over processes; peak, accuracy and repeatability from process 0 (the first)."""
     fb = [fwd_bwd(r) for r in rs]
     fw = [float(r["fwd_ms"]) for r in rs]
     first = rs[0]

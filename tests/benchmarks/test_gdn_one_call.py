@@ -30,10 +30,10 @@ def test_the_documented_dry_run_writes_one_file_the_tables_read(tmp_path: Path) 
     assert {"host", "gpu", "driver", "commit", "code_hash"} <= doc["machine"].keys()
     assert doc["started_utc"] <= doc["ended_utc"] and doc["settings"]["processes"] == 2
     ran = [(p["backend"], p["process"], p["rc"]) for p in doc["processes"]]
-    assert ran == [("ours", 0, 0), ("ours", 1, 0)]
-    first = doc["processes"][0]["result"]["runs"]
+    assert ran == [("ours", 1, 0), ("ours", 0, 0)]  # process 0, with accuracy and variants, last
+    first = doc["processes"][1]["result"]["runs"]
     assert first[0]["differ_between_runs"] == [] and first[0]["worst_rel_l2"] < 3e-2  # fp16 at T = 65
-    assert "rel_l2" not in doc["processes"][1]["result"]["runs"][0]  # accuracy: the first process only
+    assert "rel_l2" not in doc["processes"][0]["result"]["runs"][0]  # accuracy: process 0 only
     variants = gdn_tables.variant_table(doc).splitlines()
     assert len(variants) == 3 and variants[2].startswith("| fused | 65, 1 |")
 
@@ -51,11 +51,12 @@ def test_the_tables_take_medians_over_processes_and_ratios_within_the_file() -> 
     divide figures of the same file; peak and accuracy come from the first process."""
     settings = {"processes": 3, "backends": "ours,fla,flashqla"}
     doc = {"format": "gdn-one-call/1", "machine": {}, "settings": settings,
-           "processes": [_process("ours", 0, 3.0, 100.0), _process("fla", 0, 4.0, 200.0),
-                         _process("flashqla", 0, 1.5, 50.0), _process("ours", 1, 3.2, 100.0),
-                         _process("fla", 1, 4.4, 200.0), _process("flashqla", 1, 1.9, 50.0),
-                         _process("ours", 2, 2.9, 100.0), _process("fla", 2, 4.2, 200.0),
-                         {"backend": "flashqla", "process": 2, "rc": "timeout"}]}
+           "processes": [_process("ours", 1, 3.2, 100.0), _process("fla", 1, 4.4, 200.0),
+                         _process("flashqla", 1, 1.9, 50.0), _process("ours", 2, 2.9, 100.0),
+                         _process("fla", 2, 4.2, 200.0),
+                         {"backend": "flashqla", "process": 2, "rc": "timeout"},
+                         _process("ours", 0, 3.0, 100.0), _process("fla", 0, 4.0, 200.0),
+                         _process("flashqla", 0, 1.5, 50.0)]}  # the turns' order: process 0 last
     row = gdn_tables.bar_table(doc).splitlines()[2].split(" | ")
     ours, fla, qla = (gdn_tables.summary(gdn_tables.runs(doc)[(b, "default", (16384, 32))])
                       for b in ("ours", "fla", "flashqla"))
