@@ -320,16 +320,21 @@ def test_intra_solve_low_wu_products_round_t_only(x, ref) -> None:
 
 def test_intra_solve_column_split_is_exact_and_checked(x, ref) -> None:
     """Wk and U do not depend on how their columns are split over programs (intra_wu_bd: two
-    products of 64 columns per program at 128, one at 64 or 32); a split that does not divide D
-    is refused with its value."""
+    products of 64 columns per program at 128, one at 64 or 32): bit for bit where the products
+    keep their 64-column width; at 32 columns within fp32 rounding, since the interpreter hands
+    each product to numpy, whose BLAS may sum a narrower product in another order (rel-L2 1.7e-8
+    with OpenBLAS 0.3.31 on an AVX-512 CPU). A split that does not divide D is refused with its
+    value."""
     from kernels.gdn import config_overrides, intra_solve
 
     gamma = ref["gam"].float()
     base = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)[:2]
-    for bd in (64, 32):
-        with config_overrides(intra_wu_bd=bd):
-            got = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)[:2]
-        assert all(torch.equal(a, b) for a, b in zip(got, base, strict=True)), bd
+    with config_overrides(intra_wu_bd=64):
+        got = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)[:2]
+    assert all(torch.equal(a, b) for a, b in zip(got, base, strict=True))
+    with config_overrides(intra_wu_bd=32):
+        got = intra_solve(x["k"], x["v"], x["beta"], gamma, HV)[:2]
+    assert all(rel_l2(a, b) <= 1e-6 for a, b in zip(got, base, strict=True))  # fp32 eps 1.2e-7
     refused = pytest.raises(ValueError, match="intra_wu_bd = 48")
     with config_overrides(intra_wu_bd=48), refused:
         intra_solve(x["k"], x["v"], x["beta"], gamma, HV)
