@@ -18,12 +18,15 @@ if shutil.which("nvidia-smi") is None:
     # Must be set before anything imports triton; GPU machines run the compiled kernels.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-if "GDNVAL_DB_URL" not in os.environ:
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+if "GDNVAL_DB_URL" not in os.environ or os.environ.get("GDNVAL_TEST_RUNS_OF") not in (None, _WORKER):
     # `gdnval run` keeps each run in the results store (default: ./gdnval.db): the tests' runs,
-    # in this process and in the CLI processes they start, go to a store of this session's own
+    # in this process and in the CLI processes they start, go to a store of this session's own,
+    # one per pytest-xdist worker (a worker inherits the environment of the process that made it)
     _RUNS = tempfile.mkdtemp(prefix="gdnval-test-runs-")
     atexit.register(shutil.rmtree, _RUNS, ignore_errors=True)
     os.environ["GDNVAL_DB_URL"] = f"sqlite:///{_RUNS}/runs.db"
+    os.environ["GDNVAL_TEST_RUNS_OF"] = _WORKER
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -35,6 +38,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ray_module_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The Ray test modules (tests/workers/test_ray_*.py) each start local Ray clusters, and Ray's
+    state API and `ray.init()` find the newest cluster on the machine: under pytest-xdist (`-n 2`)
+    a module waits for the other worker's Ray module to end (an exclusive lock on a file)."""
+    if not request.path.name.startswith("test_ray_"):
+        yield
+        return
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "gdnval-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="module")
