@@ -40,19 +40,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_RAY_LOCK_HELD = "GDNVAL_TESTS_RAY_LOCK_HELD"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_ray_module_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
     """The Ray test modules (tests/workers/test_ray_*.py) each start local Ray clusters, and Ray's
     state API and `ray.init()` find the newest cluster on the machine: under pytest-xdist (`-n 2`)
-    a module waits for the other worker's Ray module to end (an exclusive lock on a file)."""
-    if not request.path.name.startswith("test_ray_"):
+    a module waits for the other worker's Ray module to end (an exclusive lock on a file). A
+    pytest run that a holder starts (test_ray_range's, at Ray's lower bound) runs under its lock."""
+    if not request.path.name.startswith("test_ray_") or os.environ.get(_RAY_LOCK_HELD):
         yield
         return
     import fcntl
 
     with open(Path(tempfile.gettempdir()) / "gdnval-tests-ray.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        os.environ[_RAY_LOCK_HELD] = "1"
+        try:
+            yield
+        finally:
+            del os.environ[_RAY_LOCK_HELD]
 
 
 @pytest.fixture(scope="module")
