@@ -41,7 +41,8 @@
 #                             FlashQLA: PARAMS='candidates=["p2p_emulated+flashqla"]' ... suite:cp-layer:gate:400
 # Environment: SEEDS (accuracy seeds, default 0), REP (do_bench ms, default 200), GPUTEST_LIMIT (s,
 # default 330), SET (JSON of
-# KernelConfig overrides for ours' default settings in the ours/sweep/prof/stages steps).
+# KernelConfig overrides for ours' default settings in the ours/sweep/prof/stages/call steps),
+# STAGES_LIMIT (s, default 200) and TUNING_OUT (a file for the best overrides a stages sweep found).
 # Carry `.whl`. FLA runs from a folder without flash_qla and with FLA_FLASH_QLA=0 (FLA 0.6.0 would
 # otherwise run FlashQLA); FlashQLA compiles its TileLang kernels on first use (~2 min cold).
 set -u
@@ -143,7 +144,7 @@ for step in "$@"; do
                 --seq-lens "${a:-16384,32768,65536}" --qk-heads "${b:-32,16}" --processes "${PROCS:-3}" \
                 --accuracy-seeds "${CALL_SEEDS:-0,1,2}" --rep "$REP" --fla-path /tmp/site_fla --qla-path /tmp/site_qla \
                 --deadline "$((${CALL_LIMIT:-540} - 15))" --variant-processes "${VARIANT_PROCS:-1}" "${vargs[@]}" \
-                ${COMMIT:+--commit "$COMMIT"} \
+                ${COMMIT:+--commit "$COMMIT"} ${SET:+--set "$SET"} \
                 2>&1 | tee -a "$OUT/call.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         fla) setup_fla; FLA_FLASH_QLA=0 bench fla 560 fla /tmp/site_fla --seq-lens "${a:-$DEFAULT_LENS}" --qk-heads "${b:-32,16}" ;;
@@ -165,8 +166,9 @@ for step in "$@"; do
             t0=$SECONDS
             sweep=()
             [ "${knobs:--}" != - ] && sweep=(--sweep --knobs "$knobs")
-            PYTHONPATH=$ROOT timeout 200 python3 benchmarks/profile_gdn_stages.py --seq-len "$len" \
-                --qk-heads "${heads%,*}" --v-heads "${heads#*,}" ${SET:+--set "$SET"} "${sweep[@]}" 2>&1 | tee -a "$OUT/stages.log"
+            PYTHONPATH=$ROOT timeout "${STAGES_LIMIT:-200}" python3 benchmarks/profile_gdn_stages.py --seq-len "$len" \
+                --qk-heads "${heads%,*}" --v-heads "${heads#*,}" ${SET:+--set "$SET"} "${sweep[@]}" \
+                ${TUNING_OUT:+--write-tuning "$TUNING_OUT"} 2>&1 | tee -a "$OUT/stages.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
         gdnop)
             setup_py; setup_fla; setup_qla
