@@ -44,6 +44,7 @@ SWEEP: list[tuple[str, str, list[int | str]]] = [
 ]
 ADOPT_MARGIN = 0.01
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=65536)
@@ -168,7 +169,7 @@ def main() -> None:
             if res and (not now or min(res)[0] < now[0] * (1 - ADOPT_MARGIN)):
                 best[knob] = min(res)[1]
             print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res)
-                  + f"  -> {best.get(knob, getattr(K.kernel_config(bf), knob))}", flush=True)
+                  + f"  -> {best.get(knob, current)}", flush=True)
         with K.config_overrides(**best):
             print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {best}")
         if args.write_tuning:

@@ -9,7 +9,7 @@ import fnmatch
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,21 +56,26 @@ SHARED_WORKER = {
 
 
 # The units sent out first, one to each worker: the two longest, which judge no timing. The gate and
-# find tests judge timings, and beside the campaign's eight CPU ranks they took 2-3x as long (a
-# noisier machine asks for more confirmation rounds).
+# find tests judge timings, and a saturated machine asks them for more confirmation rounds: beside
+# the campaign's eight CPU ranks test_find took 185 s, elsewhere 70 s.
 LEAD = ("tests/e2e/test_campaign.py", "tests/workers/test_ray_*.py")
+
+
+def matching_pattern(nodeid: str, patterns: Iterable[str]) -> str | None:
+    """The first of `patterns` (fnmatch, on paths from the root) that a test's module matches."""
+    module = nodeid.split("::", 1)[0]
+    return next((pattern for pattern in patterns if fnmatch.fnmatch(module, pattern)), None)
 
 
 def shared_unit(nodeid: str) -> str | None:
     """The SHARED_WORKER unit of a test's module, or None."""
-    module = nodeid.split("::", 1)[0]
-    return next((unit for pattern, unit in SHARED_WORKER.items() if fnmatch.fnmatch(module, pattern)), None)
+    return SHARED_WORKER.get(matching_pattern(nodeid, SHARED_WORKER) or "")
 
 
 def lead_rank(nodeid: str) -> int:
     """A test's module's place in LEAD, len(LEAD) when it is not there."""
-    module = nodeid.split("::", 1)[0]
-    return next((i for i, pattern in enumerate(LEAD) if fnmatch.fnmatch(module, pattern)), len(LEAD))
+    pattern = matching_pattern(nodeid, LEAD)
+    return LEAD.index(pattern) if pattern else len(LEAD)
 
 
 @pytest.hookimpl(optionalhook=True)
