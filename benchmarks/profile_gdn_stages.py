@@ -170,10 +170,10 @@ def main() -> None:
                 best[knob] = min(res)[1]
             print(f"  sweep {stage:10s} {knob:13s} " + "  ".join(f"{v}:{t:.3f}" for t, v in res)
                   + f"  -> {best.get(knob, current)}", flush=True)
+            if args.write_tuning:  # after every knob: a sweep cut at its limit keeps what it found
+                Path(args.write_tuning).write_text(json.dumps(best))
         with K.config_overrides(**best):
             print(f"  tuned fwd+bwd  {bench(ours_fb):8.3f} ms  {best}")
-        if args.write_tuning:
-            Path(args.write_tuning).write_text(json.dumps(best))
 
 
 if __name__ == "__main__":
