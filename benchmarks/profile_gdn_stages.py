@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--write-tuning", default=None, help="write the best overrides found as JSON here")
     ap.add_argument("--set", default="", help="config overrides (JSON) applied to everything")
     args = ap.parse_args()
+    unknown = sorted({x for x in args.knobs.split(",") if x} - {knob for _, knob, _ in SWEEP})
+    if unknown:  # a sweep that times nothing would also write no --write-tuning file
+        ap.error(f"--knobs {unknown} are not swept; expected some of {[knob for _, knob, _ in SWEEP]}")
 
     import torch
     import torch.nn.functional as F
