@@ -123,7 +123,7 @@ def test_a_cancel_is_refused_while_the_store_is_away_and_honoured_once_it_is_bac
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
         finally:
             pg.resume()
-        asked = _wait(lambda: (r := _cancel(server.base, job_id)).status_code == 200 and r, 15, "a cancel")
+        asked = _wait(lambda: (r := _cancel(server.base, job_id)).status_code == 200 and r, 60, "a cancel")
         assert asked.json()["cancel_requested"] is True
         t0 = time.monotonic()
         done = _wait(lambda: _ended(server.base, job_id), 15, "the job ends")
