@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workers.executors._fork_server import ForkedProcess, start_rank
 from workers.job_env import JobUser, pid_alive
 from workers.runtime import CHANNEL_FD_ENV, PAYLOAD_ENV, RANK_TMP_ENV
 
@@ -201,7 +202,10 @@ class RankProcess:
         python: str = sys.executable,
         wakeup: threading.Event | None = None,
         user: JobUser | None = None,
+        fork: bool = False,
     ) -> None:
+        """`fork`: fork the rank from this process's preloaded server for `python` and the rank's
+        environment (`workers.executors._fork_server`) instead of starting a fresh interpreter."""
         self.rank = rank
         self._messages: collections.deque[dict[str, Any]] = collections.deque()
         self._output: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
@@ -227,7 +231,10 @@ class RankProcess:
             user.hand_over(self.tmpdir)
             child_env["HOME"] = user.home_or(scratch["tmp"])
         try:
-            self._proc = subprocess.Popen(
+            self._proc: subprocess.Popen[bytes] | ForkedProcess = start_rank(
+                python, RANK_BOOT, child_env, str(cwd) if cwd else os.getcwd(),
+                {CHANNEL_FD_ENV: write_fd, LIFE_FD_ENV: life_read, BEAT_FD_ENV: beat_write}, PARENT_ENV, user,
+            ) if fork else subprocess.Popen(
                 [python, "-c", RANK_BOOT],
                 env=child_env,
                 cwd=str(cwd) if cwd else None,
@@ -243,7 +250,8 @@ class RankProcess:
             )
         except BaseException:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-            os.close(beat_read)
+            for fd in (beat_read, read_fd, self._life):
+                os.close(fd)
             raise
         finally:
             os.close(write_fd)

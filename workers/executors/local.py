@@ -1,8 +1,9 @@
 """Runs a job's ranks as local processes: for machines without Ray (the GPU box, `gdnval run`).
 
-One spawned process per rank (`python -m workers.runtime`), rendezvous on 127.0.0.1 and a free
-port, each accelerator rank restricted to its own device through the family's visible-devices
-variable. Imports no torch (only `max_world_size` for an accelerator asks torch, lazily).
+One process per rank (`workers.runtime`, forked from a server that imported torch once),
+rendezvous on 127.0.0.1 and a free port, each accelerator rank restricted to its own device
+through the family's visible-devices variable. Imports no torch (only `max_world_size` for an
+accelerator asks torch, lazily).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class LocalExecutor(Executor):
     repo: git repository whose commits jobs may ask for (default GDNVAL_REPO; none: the installed
     code runs and its commit is recorded). cache_dir: snapshot cache (default
     GDNVAL_SNAPSHOT_CACHE). cpu_max_world_size: the most CPU ranks a job may have. python: the
-    interpreter that runs the ranks.
+    interpreter that runs the ranks. fork_ranks: fork them from a server that imported torch once
+    (`workers.executors._fork_server`) rather than start each as a fresh interpreter.
     """
 
     kind = "local"
@@ -139,6 +141,7 @@ class LocalExecutor(Executor):
         cpu_max_world_size: int = 8,
         python: str = sys.executable,
         poll_s: float = 0.2,
+        fork_ranks: bool = True,
     ) -> None:
         repo = repo or os.environ.get(REPO_ENV) or None  # the service's setting, or the environment
         self.snapshots = SnapshotCache(repo, cache_dir) if repo else None
@@ -146,6 +149,7 @@ class LocalExecutor(Executor):
         self.cpu_max_world_size = cpu_max_world_size
         self.python = python
         self.poll_s = poll_s
+        self.fork_ranks = fork_ranks
         remove_stale_folders()  # what ranks of a killed executor left on this machine
         self.job_user = job_user()  # who job code runs as (None: this process's user)
         self._pools: dict[str, DevicePool] = {}
@@ -261,7 +265,7 @@ class LocalExecutor(Executor):
             for rank in range(spec.world_size):
                 env = self.rank_env(spec, rank, root, port, devices, extra_paths)
                 procs.append(RankProcess(rank, payload, env, cwd=root, python=self.python, wakeup=wakeup,
-                                         user=self.job_user))
+                                         user=self.job_user, fork=self.fork_ranks))
             return self._watch(spec, procs, monitor, wakeup, cancel, start)
         except Exception as exc:  # the executor itself broke (cannot spawn, ...): say so, never hang
             return JobOutcome("failed", f"local executor error: {type(exc).__name__}: {exc}")

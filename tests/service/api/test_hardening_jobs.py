@@ -23,7 +23,6 @@ from tests.support.api_support import FAKE, TOKEN, make_server
 from tests.support.hardening_suites import NAME, SUITE
 from tests.support.waiting import wait_until as _wait
 from workers.deadline import default_deadline_s
-from workers.executors._process import PARENT_ENV
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXECUTOR = "tests.support.hardening_suites:make_executor"
@@ -39,19 +38,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _job_processes(server_pid: int) -> list[int]:
-    """Every live process started for a rank of that server (they inherit the rank's parent id)."""
-    marker = f"{PARENT_ENV}={server_pid}".encode()
-    found = []
+def _descendants(pid: int, below: int = 1) -> set[int]:
+    """The live processes `below` or more levels under `pid`: for the server at 1, its rank fork
+    server, ranks and their children; at 2, the ranks (the fork server's) and their children."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    children.setdefault(int(f.read().rsplit(b")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
                 continue
-            if marker in env and _alive(int(entry)):
-                found.append(int(entry))
-    return found
+    found, todo = set(), [(pid, 0)]
+    while todo:
+        parent, level = todo.pop()
+        for child in children.get(parent, ()):
+            if level + 1 >= below:
+                found.add(child)
+            todo.append((child, level + 1))
+    return {p for p in found if _alive(p)}
 
 
 def _submit(base: str, params: dict) -> dict:
@@ -86,11 +91,10 @@ def test_kill9_of_the_server_ends_the_rank_and_its_child(tmp_path: Path) -> None
         _submit(server.base, {"child": "group", "pid_file": str(pid_file)})
         rank, child = map(int, _wait(lambda: pid_file.exists() and pid_file.read_text(), 60, "pids").split())
         assert os.getpgid(child) == os.getpgid(rank) == rank  # the child is in the rank's group
-        server_pid = server.proc.pid
-        assert set(_job_processes(server_pid)) >= {rank, child}
+        started = _descendants(server.proc.pid)
+        assert started >= {rank, child}
         server.kill9()
-        _wait(lambda: not _alive(rank) and not _alive(child) and _job_processes(server_pid) == [], 5.0,
-              "no process of the job alive 5 s after the kill")
+        _wait(lambda: not any(map(_alive, started)), 5.0, "no process under the server alive 5 s later")
     finally:
         server.stop()
 
@@ -184,4 +188,4 @@ def test_a_hung_rank_ends_its_job_within_the_default_deadline(hung_job) -> None:
     assert elapsed.total_seconds() < expected + 15, elapsed
     page = httpx.get(f"{server.base}/jobs/{job['id']}").text
     assert 'id="job-deadline">17.0 s (suite default)' in page
-    assert _job_processes(server.proc.pid) == []
+    assert _descendants(server.proc.pid, below=2) == set()  # no rank, nor a child of one
