@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.executors._fork_server import ForkedProcess, fork_server, start_rank
+from tests.support.waiting import wait_until
+from workers.executors._fork_server import IDLE_SERVERS, ForkedProcess, fork_server, start_rank
 
 pytestmark = pytest.mark.slow  # interpreters that import torch
 
@@ -145,3 +146,21 @@ def test_a_rank_is_killed_and_waited_for_like_a_popen(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == -signal.SIGKILL
     waited.join(30)
     assert not waited.is_alive() and proc.poll() == -signal.SIGKILL
+
+
+def test_idle_servers_beyond_the_limit_end_and_a_busy_one_stays(tmp_path: Path) -> None:
+    busy_env = _env(tmp_path, "5")
+    note_read, note_write = os.pipe()
+    busy = start_rank(sys.executable, "import time; time.sleep(600)", busy_env, str(tmp_path),
+                      {"TEST_NOTE_FD": note_write}, "TEST_PARENT")
+    os.close(note_write)
+    os.close(note_read)
+    try:
+        busy_server = fork_server(sys.executable, busy_env)
+        idle = [fork_server(sys.executable, _env(tmp_path, str(n))) for n in (6, 7, 8, 9)]
+        assert IDLE_SERVERS == 2  # of 6, 7 and 8 (9 is the newest), the two used last stay
+        wait_until(lambda: not idle[0].alive, 30, "the idle server used longest ago ends")
+        assert all(server.alive for server in (*idle[1:], busy_server))
+    finally:
+        os.killpg(busy.pid, signal.SIGKILL)
+        busy.wait(30)

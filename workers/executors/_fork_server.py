@@ -8,10 +8,11 @@ child becomes what `python -c CODE` started with the rank's environment would be
 session, that environment (`os.environ` and the C environment), that working folder, the
 `sys.path` a fresh interpreter would build from it, stdin from /dev/null, stdout and stderr to
 the executor's pipe, and the executor's pipes as inheritable descriptors whose numbers its
-variables name. `tempfile` forgets the server's folder, OpenMP reads the rank's thread count
-only at load, so the server's environment must equal the rank's: servers are keyed by the
-rank environment less what `PER_RANK` names (read after start-up), so ranks of another thread
-count, hash seed or library path get a server of their own.
+variables name; `tempfile` forgets the server's folder. What is read only at start-up (by the
+loader, the interpreter, OpenMP and BLAS, and torch's import: `START_UP_NAMES`,
+`START_UP_PREFIXES`) must be the rank's already, so a server is started with just those of the
+rank's variables and keyed by them: ranks of another thread count, hash seed or library path
+get a server of their own. At most `IDLE_SERVERS` servers without a running child are kept.
 
 A server lives as long as the process that started it: it ends when its control socket closes
 (that process ended) or its parent changes; it runs in its own session, so a Ctrl-C meant for
@@ -33,18 +34,20 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
 from workers.job_env import JobUser
 
 PRELOAD = ("torch", "torch.distributed")
-# Set per rank or per job and read after start-up: not part of a server's key or environment.
-PER_RANK = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "PYTHONPATH", "TMPDIR", "TMP", "TEMP", "HOME", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
-})
-PER_RANK_PREFIXES = ("GDNVAL_RANK_", "GDNVAL_CHANNEL_")
+# Read at start-up: by the loader and libc, the interpreter (all PYTHON* but the path, which the
+# child sets), OpenMP and BLAS as they load, and torch's import (its logging, compile and JIT
+# settings; numpy's). A server's environment is these of the rank's, and its key.
+START_UP_NAMES = frozenset({"PATH", "LANG", "LANGUAGE"})
+START_UP_PREFIXES = ("LD_", "MALLOC_", "LC_", "PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_",
+                     "TORCH", "PYTORCH_", "KINETO_", "FX_", "COMPILE_", "NPY_", "NUMPY_")
+IDLE_SERVERS = 2  # servers with no running child kept for later ranks; older ones are ended
 START_TIMEOUT_S = 300.0  # the first rank waits for the server's imports, on a machine busy with others
 MAX_FDS = 16
 
@@ -207,14 +210,10 @@ while True:
 """
 
 
-def server_key(env: Mapping[str, str], user: JobUser | None) -> tuple:
-    """What a server's interpreter must share with a rank: its user and its start-up environment."""
-    return (None if user is None else user.uid, tuple(sorted(server_environment(env).items())))
-
-
 def server_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` less the variables set per rank or per job (`PER_RANK`)."""
-    return {k: v for k, v in env.items() if k not in PER_RANK and not k.startswith(PER_RANK_PREFIXES)}
+    """The variables of `env` read at start-up: a server's environment."""
+    return {k: v for k, v in env.items()
+            if (k in START_UP_NAMES or k.startswith(START_UP_PREFIXES)) and k != "PYTHONPATH"}
 
 
 class ForkedProcess:
@@ -225,6 +224,7 @@ class ForkedProcess:
         self.stdout = stdout
         self.returncode: int | None = None
         self._status = status
+        self._server = server
         self._exited = threading.Event()
         self.pid = int(self._line(server).removeprefix("pid "))
         threading.Thread(target=self._await_exit, name=f"gdnval-forked-{self.pid}", daemon=True).start()
@@ -246,6 +246,8 @@ class ForkedProcess:
         self.returncode = int(line.removeprefix("exit ")) if line.startswith("exit ") else -signal.SIGHUP
         self._reader.close()
         self._status.close()
+        with _servers_lock:
+            self._server.running -= 1
         self._exited.set()
 
     def poll(self) -> int | None:
@@ -270,6 +272,8 @@ class ForkServer:
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._lock = threading.Lock()
         self._errors: collections.deque[str] = collections.deque(maxlen=20)
+        self.running = 0  # children started and not yet ended; changed under `_servers_lock`
+        self.used_at = time.monotonic()
         try:
             self._proc = subprocess.Popen(
                 [python, "-c", SERVER, str(theirs.fileno()),
@@ -286,6 +290,7 @@ class ForkServer:
         assert self._proc.stderr is not None
         for raw in self._proc.stderr:
             self._errors.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        self._proc.wait()  # the server ended (its control socket closed): no zombie is left
 
     @property
     def alive(self) -> bool:
@@ -323,22 +328,41 @@ class ForkServer:
         return ForkedProcess(ours, os.fdopen(out_read, "rb"), self)
 
 
+    def close(self) -> None:
+        """Let the server end (at its control socket's end): for one without a running child."""
+        self._control.close()
+
+
 _servers: dict[tuple, ForkServer] = {}
-_servers_lock = threading.Lock()
+_servers_lock = threading.RLock()
 
 
 def fork_server(python: str, env: Mapping[str, str], user: JobUser | None = None) -> ForkServer:
     """This process's server for ranks of `python` with `env` as `user`: started on first use,
-    started anew when the last one died."""
-    key = (python, *server_key(env, user))
+    started anew when the last one died; idle servers beyond `IDLE_SERVERS` are ended."""
+    key = (python, None if user is None else user.uid, tuple(sorted(server_environment(env).items())))
     with _servers_lock:
         server = _servers.get(key)
         if server is None or not server.alive:
             server = _servers[key] = ForkServer(python, env, user)
+            idle = sorted((s for s in _servers.values() if s.running == 0 and s is not server),
+                          key=lambda s: s.used_at, reverse=True)
+            for old in idle[IDLE_SERVERS:]:
+                _servers.pop(next(k for k, s in _servers.items() if s is old))
+                old.close()
+        server.used_at = time.monotonic()
         return server
 
 
 def start_rank(python: str, code: str, env: Mapping[str, str], cwd: str, fds: Mapping[str, int],
                parent_env: str, user: JobUser | None = None) -> ForkedProcess:
     """`code` forked from the server for `python`, `env` and `user` (see `ForkServer.start`)."""
-    return fork_server(python, env, user).start(code, env, cwd, fds, parent_env)
+    with _servers_lock:
+        server = fork_server(python, env, user)
+        server.running += 1
+    try:
+        return server.start(code, env, cwd, fds, parent_env)
+    except BaseException:
+        with _servers_lock:
+            server.running -= 1
+        raise
