@@ -2,10 +2,12 @@
 
     results = run_distributed(fn, world_size=2, args=(cfg,))   # fn(rank, world_size, *args)
 
-`fn` must be importable (a module-level function) because ranks are spawned. Each rank joins a
-gloo group on a free local port with a timeout; results travel back pickled (tensors are moved to
-CPU, fp64 stays fp64). A rank that raises fails the call with that rank's traceback; a rank that
-hangs past `timeout_s` fails it too and every process is terminated.
+`fn` must be importable (a module-level function): ranks are forked from a server process that
+imported torch once (multiprocessing's forkserver), then import `fn`'s module and run in the
+caller's current environment. Each rank joins a gloo group on a free local port with a timeout;
+results travel back pickled (tensors are moved to CPU, fp64 stays fp64). A rank that raises
+fails the call with that rank's traceback; a rank that hangs past `timeout_s` fails it too and
+every process is terminated.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def _entry(
+    env: dict[str, str],
     rank: int,
     world_size: int,
     port: int,
@@ -53,7 +56,8 @@ def _entry(
     timeout_s: float,
     threads: int,
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.clear()  # the caller's, not the fork server's from when it started
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     try:
         dist.init_process_group(
@@ -77,13 +81,14 @@ def run_distributed(
     threads_per_rank: int = 1,
 ) -> list[Any]:
     """`[fn(0, world_size, *args), ..., fn(world_size-1, world_size, *args)]`, each in its own process."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
     queue = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
             target=_entry,
-            args=(r, world_size, port, fn, args, queue, timeout_s, threads_per_rank),
+            args=(dict(os.environ), r, world_size, port, fn, args, queue, timeout_s, threads_per_rank),
             daemon=True,
         )
         for r in range(world_size)
