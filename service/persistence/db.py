@@ -180,10 +180,14 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to `revision` (the service calls this on start)."""
+    """Bring the schema to `revision` (the service calls this on start). Processes that open
+    one store at once (`gdnval run`s side by side on a new file) each migrate holding the
+    store's write lock, as `write_tx` does: the later ones wait, then find the work done."""
     from alembic import command
 
-    with engine.begin() as conn:
+    with immediate(engine).begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
         command.upgrade(alembic_config(conn), revision)
 
 

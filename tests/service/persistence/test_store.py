@@ -70,6 +70,28 @@ def test_migrations_up_down_up_and_orm_matches(db_url: str) -> None:
     eng.dispose()
 
 
+MIGRATE_AT_ONCE = """
+import sys, time
+from service.persistence import db
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))  # every process begins together
+db.upgrade(db.make_engine(sys.argv[1]))
+"""
+
+
+def test_processes_that_open_a_new_store_at_once_all_migrate_it(db_url: str) -> None:
+    """`gdnval run`s started side by side on a store nobody created yet: each migrates under
+    the write lock, none fails with "database is locked" or a table that already exists."""
+    import time
+
+    start = time.time() + 8  # past every interpreter's start-up
+    procs = [subprocess.Popen([sys.executable, "-c", MIGRATE_AT_ONCE, db_url, str(start)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    assert db.current_revision(db.make_engine(db_url)) == db.head_revision()
+
+
 def test_migration_tags_existing_case_results_with_their_jobs_attempt(db_url: str) -> None:
     """0003: a case result takes its job's attempt (max(1, attempts)); downgrading keeps each job's
     latest-attempt rows only and restores the (job, case) key."""
