@@ -69,7 +69,8 @@ def _run(tmp_path: Path, code: str, *, fork: bool, env: dict[str, str] | None = 
     try:
         if fork:
             proc: ForkedProcess | subprocess.Popen[bytes] = start_rank(
-                sys.executable, code, env, str(tmp_path), {"TEST_NOTE_FD": note_write}, "TEST_PARENT")
+                sys.executable, code, env, str(tmp_path), {"TEST_NOTE_FD": note_write}, "TEST_PARENT",
+                "test-rank")
         else:
             env.update(TEST_NOTE_FD=str(note_write), TEST_PARENT=str(os.getpid()))
             proc = subprocess.Popen(
@@ -130,16 +131,19 @@ def test_one_server_per_start_up_environment(tmp_path: Path) -> None:
         assert returncode == 0 and json.loads(out[0])["threads"] == threads, out
 
 
-def test_a_rank_is_killed_and_waited_for_like_a_popen(tmp_path: Path) -> None:
+def test_a_rank_is_named_killed_and_waited_for_like_a_popen(tmp_path: Path) -> None:
     env = _env(tmp_path)
     note_read, note_write = os.pipe()
     proc = start_rank(sys.executable, "import time; time.sleep(600)", env, str(tmp_path),
-                      {"TEST_NOTE_FD": note_write}, "TEST_PARENT")
+                      {"TEST_NOTE_FD": note_write}, "TEST_PARENT", "test-rank")
     os.close(note_write)
     os.close(note_read)
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.5)
     assert proc.poll() is None
+    assert Path(f"/proc/{proc.pid}/comm").read_text() == "test-rank\n"  # what ps -o comm and pgrep show
+    server = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert Path(f"/proc/{server}/comm").read_text() == "gdnval-ranksrv\n"
     waited = threading.Thread(target=proc.wait)  # a second waiter, as the rank's reader thread is
     waited.start()
     os.killpg(proc.pid, signal.SIGKILL)  # the rank leads its own group
@@ -152,7 +156,7 @@ def test_idle_servers_beyond_the_limit_end_and_a_busy_one_stays(tmp_path: Path) 
     busy_env = _env(tmp_path, "5")
     note_read, note_write = os.pipe()
     busy = start_rank(sys.executable, "import time; time.sleep(600)", busy_env, str(tmp_path),
-                      {"TEST_NOTE_FD": note_write}, "TEST_PARENT")
+                      {"TEST_NOTE_FD": note_write}, "TEST_PARENT", "test-rank")
     os.close(note_write)
     os.close(note_read)
     try:

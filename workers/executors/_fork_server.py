@@ -57,6 +57,18 @@ import array, atexit, importlib, json, os, select, signal, socket, struct, sys, 
 
 PARENT = os.getppid()
 CONTROL = socket.socket(fileno=int(sys.argv[1]))
+
+
+def call_me(name):
+    # what ps -o comm, top and pgrep show: the command line stays the server's
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
+
+
+call_me("gdnval-ranksrv")
 SETTINGS = json.loads(sys.argv[2])
 BASE_PATH = sys.path[1:]
 # the server's environment is the ranks' less what is set per rank: what it holds beyond theirs,
@@ -78,6 +90,7 @@ children = {}  # pid -> its status socket
 def become(request, fds):
     status, out, passed = fds[0], fds[1], fds[2:]
     os.setsid()
+    call_me(request["name"])
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -303,13 +316,14 @@ class ForkServer:
         return f" (server pid {self._proc.pid} {state})" + (f":\n{tail}" if tail else "")
 
     def start(self, code: str, env: Mapping[str, str], cwd: str, fds: Mapping[str, int],
-              parent_env: str) -> ForkedProcess:
+              parent_env: str, name: str) -> ForkedProcess:
         """Fork a child running `code` as `python -c` would, in `env` and `cwd`, with `fds` (the
-        variable naming each one -> our descriptor) passed on and `parent_env` set to its parent."""
+        variable naming each one -> our descriptor) passed on, `parent_env` set to its parent and
+        `name` as its process name (at most 15 characters kept)."""
         if len(fds) + 2 > MAX_FDS:
             raise ValueError(f"{len(fds)} descriptors to pass; a fork server passes at most {MAX_FDS - 2}")
         request = json.dumps({"code": code, "env": dict(env), "cwd": cwd, "fd_env": list(fds),
-                              "parent_env": parent_env}).encode()
+                              "parent_env": parent_env, "name": name}).encode()
         ours, status = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_read, out_write = os.pipe()
         try:
@@ -355,13 +369,13 @@ def fork_server(python: str, env: Mapping[str, str], user: JobUser | None = None
 
 
 def start_rank(python: str, code: str, env: Mapping[str, str], cwd: str, fds: Mapping[str, int],
-               parent_env: str, user: JobUser | None = None) -> ForkedProcess:
+               parent_env: str, name: str, user: JobUser | None = None) -> ForkedProcess:
     """`code` forked from the server for `python`, `env` and `user` (see `ForkServer.start`)."""
     with _servers_lock:
         server = fork_server(python, env, user)
         server.running += 1
     try:
-        return server.start(code, env, cwd, fds, parent_env)
+        return server.start(code, env, cwd, fds, parent_env, name)
     except BaseException:
         with _servers_lock:
             server.running -= 1

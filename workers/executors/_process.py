@@ -233,7 +233,8 @@ class RankProcess:
         try:
             self._proc: subprocess.Popen[bytes] | ForkedProcess = start_rank(
                 python, RANK_BOOT, child_env, str(cwd) if cwd else os.getcwd(),
-                {CHANNEL_FD_ENV: write_fd, LIFE_FD_ENV: life_read, BEAT_FD_ENV: beat_write}, PARENT_ENV, user,
+                {CHANNEL_FD_ENV: write_fd, LIFE_FD_ENV: life_read, BEAT_FD_ENV: beat_write}, PARENT_ENV,
+                f"gdnval-rank{rank}", user,
             ) if fork else subprocess.Popen(
                 [python, "-c", RANK_BOOT],
                 env=child_env,
