@@ -71,8 +71,8 @@ def call_me(name):
 call_me("gdnval-ranksrv")
 SETTINGS = json.loads(sys.argv[2])
 BASE_PATH = sys.path[1:]
-# the server's environment is the ranks' less what is set per rank: what it holds beyond theirs,
-# the interpreter added at start (PEP 538's LC_CTYPE), as it will to a fresh rank's
+# the server's environment is the part of the ranks' read at start-up: what it holds beyond
+# theirs, the interpreter added at start (PEP 538's LC_CTYPE), as it will to a fresh rank's
 STARTED_WITH = dict(os.environ)
 for name in SETTINGS["preload"]:
     try:
@@ -105,6 +105,8 @@ def become(request, fds):
         os.set_inheritable(fd, True)
     env[request["parent_env"]] = str(os.getppid())
     keep = {0, 1, 2, *passed}
+    for owner in (CONTROL, *children.values()):
+        owner.detach()  # closed below: no object of the server's may close a number reused later
     for entry in os.listdir("/proc/self/fd"):
         fd = int(entry)
         if fd not in keep:
