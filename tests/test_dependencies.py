@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("service", "workers", "gdn", "kernels", "migrations")
@@ -75,12 +76,6 @@ def test_the_base_install_is_the_service_without_torch() -> None:
     assert names(meta["optional-dependencies"]["torch"]) == {"torch"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_fresh_service_install_imports_and_serves_without_torch(tmp_path: Path) -> None:
@@ -105,7 +100,7 @@ print(json.dumps({"torch": importlib.util.find_spec("torch") is not None, "suite
     got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     assert got["torch"] is False and got["loaded"] == [] and "cp-layer" in got["suites"]
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "GDNVAL_DB_URL": f"sqlite:///{tmp_path / 'store.db'}", "GDNVAL_API_TOKEN": "t",
            "GDNVAL_ARTIFACTS_DIR": str(tmp_path / "artifacts"), "PYTHONPATH": ""}
     serve = [str(venv / "bin" / "gdnval"), "serve", "--host", "127.0.0.1", "--port", str(port)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 from workers import registry
 from workers.executors.base import Executor, JobOutcome, JobSink, JobSpec
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
@@ -149,12 +149,6 @@ def make_job_python_executor() -> Executor:
 # ------------------------------------------------------------------------------ server harness
 
 TOKEN = "test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

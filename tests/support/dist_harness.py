@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,15 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.ports import free_port
+
 
 class DistributedRunError(RuntimeError):
     """A rank raised, died or timed out; the message carries which and why."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tests.support.ports import free_port
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
@@ -109,9 +109,7 @@ def serve_in_thread(settings: Any) -> Iterator[str]:
 
     from service.app import create_app
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 DEBIAN_BIN_GLOB = "/usr/lib/postgresql/*/bin"  # Debian's layout: one bin dir per major version
 
@@ -40,12 +41,6 @@ def find_bindir() -> Path:
         f"no PostgreSQL server binaries (looked in {DEBIAN_BIN_GLOB} and PATH); "
         "install Debian's `postgresql` package (scripts/bootstrap.sh test does)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -124,7 +119,7 @@ def start_server() -> PostgresServer:
     root = Path(tempfile.mkdtemp(prefix="gdnval-pg-"))
     if os.geteuid() == 0:
         os.chown(root, pw.pw_uid, pw.pw_gid)
-    port = _free_port()
+    port = free_port()
     opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
             "-c shared_buffers=32MB")

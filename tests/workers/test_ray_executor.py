@@ -10,7 +10,6 @@ takes a CPU node away for good.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
+from tests.support.ports import free_port
 from tests.support.suites import RecordingSink, make_marker_repo
 from workers.executors.base import JobSpec
 from workers.registry import SUITE_MODULES
@@ -26,11 +26,6 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    """A free local port for the dashboard: the default one may be another cluster's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 DEADLINE_S = 45.0  # the hang test's deadline: actors + rank start-up must reach the faulty case first,
 # which took over 20 s on a loaded 2-core machine
 HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.api_support import TOKEN, free_port, make_server
+from tests.support.api_support import TOKEN, make_server
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until as _wait
 
 ray = pytest.importorskip("ray")
@@ -32,8 +33,6 @@ def _cluster(gcs_port: int):  # type: ignore[no-untyped-def]
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "gcs_server_port": gcs_port})
     c.add_node(num_cpus=2, resources={"cpu_node": 1})
     return c
-
-
 
 
 def _readyz(base: str) -> httpx.Response:

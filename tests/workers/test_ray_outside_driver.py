@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.api_support import ROOT, TOKEN, free_port, make_server
+from tests.support.api_support import ROOT, TOKEN, make_server
+from tests.support.ports import free_port
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster, a driver listener and a real server

@@ -150,8 +150,6 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
     CPU nodes alive is claimed and waits for a node; the API, the list filters, the job page and
     `gdnval jobs` all say `queued` and what it waits for. A second node starts it: it turns
     `running`, then succeeds, and its status events tell that story."""
-    import socket
-
     import httpx
     import uvicorn
     from click.testing import CliRunner
@@ -160,6 +158,7 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
     from service.app import create_app
     from service.cli import main
     from service.settings import Settings
+    from tests.support.ports import free_port
     from workers.registry import SUITE_MODULES
 
     if ray.is_initialized():
@@ -174,9 +173,7 @@ def test_a_job_waiting_for_nodes_reads_queued_with_its_reason_in_api_page_and_cl
         settings = Settings(db_url=f"sqlite:///{tmp_path / 'w.db'}", executor="ray", ray_address=c.address,
                             ray_max_resources=[node, node], ray_node_wait_s=120, poll_interval_s=0.1,
                             artifacts_dir=tmp_path / "art")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                                log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)

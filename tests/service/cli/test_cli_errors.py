@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from service.cli.output import dumps, strict_json
-from tests.support.api_support import FAKE, TOKEN, free_port, make_server
+from tests.support.api_support import FAKE, TOKEN, make_server
 from tests.support.cli import gdnval, one_line_error
+from tests.support.ports import free_port
 
 
 def test_commands_against_a_service_that_is_down() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.api_support import free_port
 from tests.support.cli import gdnval, one_line_error
 from tests.support.gate_suite import git
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support.api_support import free_port
 from tests.support.cli import gdnval_here
 from tests.support.gate_suite import NOISE_ENV, SUITE_MODULE, make_repo, serve_in_thread
+from tests.support.ports import free_port
 from workers.job_env import EXTRA_ENV
 
 
@@ -151,7 +151,6 @@ def test_gate_api_rejects_unknown_suites_with_the_reason(server: SimpleNamespace
     assert resp.status_code == 422 and "give exactly one of head" in resp.json()["detail"]
     resp = httpx.get(f"{server.url}/api/v1/compare", params={"base": 1, "head_commit": "abc1234"})
     assert resp.status_code == 422 and "needs suite=NAME" in resp.json()["detail"]
-
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def test_a_run_its_cluster_took_down_is_requeued_until_the_cluster_losses_run_ou
 
 def test_until_stored_waits_for_a_store_that_refuses_connections() -> None:
     pytest.importorskip("psycopg")
-    from tests.support.api_support import free_port
+    from tests.support.ports import free_port
 
     eng = db.make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none")
     stop = threading.Event()

@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from service.persistence import summaries as summary_store
 from service.persistence.models import CaseRow, JobRow
 from tests.support.browser import ARTIFACTS, CHROMIUM
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 from workers.suite import Case, Metric
 
 TOKEN = "web-test-token"
@@ -234,12 +234,6 @@ def seed(engine: Any, artifacts_dir: Path, shas: dict[str, str]) -> Seeded:
 # ------------------------------------------------------------------------------------- fixtures
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serving(
     script: str, db_url: str, artifacts: Path, ready_path: str, timeout: float = 60, **env_vars: str
@@ -248,7 +242,7 @@ def _serving(
     process, wait until `ready_path` answers 200, yield its base URL, stop it afterwards."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     proc = subprocess.Popen([sys.executable, "-c", script, db_url, TOKEN, str(port), str(artifacts)],
                             cwd=artifacts.parent, env=env, stdout=subprocess.PIPE,
