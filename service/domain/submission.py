@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator
 from sqlalchemy import Engine
 
 from service.executor_choice import get_executor
 from service.persistence.queue import JobRequest, submit
 from service.persistence.records import JobRecord
+from service.persistence.resume import TAKE_BACKENDS_LABEL, TAKE_FROM_LABEL
 from workers.backend_source import BACKEND_SOURCE_LABEL, BackendSource, BackendSourceError
 from workers.executors.base import PLACEMENT_LABEL, Executor, check_placement
 from workers.refs import REF_RULE, REF_SCHEMA, check_commit
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 Device = Literal["cuda", "npu", "cpu"]
 LabelKey = Annotated[str, Field(min_length=1, max_length=100)]
 LabelValue = Annotated[str, Field(max_length=500)]
+# labels only the gate sets: they make a job copy another job's measurements as its own
+GATE_LABELS = (TAKE_FROM_LABEL, TAKE_BACKENDS_LABEL)
+GATE_CONTEXT = {"gate": True}  # the validation context of the gate's own submissions
 
 
 class JobCreate(BaseModel):
@@ -53,6 +57,17 @@ class JobCreate(BaseModel):
     def _commit(cls, value: str | None) -> str | None:
         return None if value is None else check_commit(value)
 
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        reserved = sorted(set(value) & set(GATE_LABELS))
+        if reserved and info.context != GATE_CONTEXT:
+            raise ValueError(
+                f"label(s) {', '.join(reserved)} are set by the gate only (they make a job take another "
+                "job's measurements as its own); expected other label names"
+            )
+        return value
+
 
 class InvalidJob(ValueError):
     """A submission the service can never run; the message names the bad value and the choices."""
@@ -62,13 +77,15 @@ class SuiteUnavailable(RuntimeError):
     """A registered suite whose module fails to load: the service's fault, not the request's."""
 
 
-def validate_request(body: Any, executor: Executor | None) -> JobRequest:
-    """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor.
+def validate_request(body: Any, executor: Executor | None, *, gate: bool = False) -> JobRequest:
+    """Check a submission (a `JobCreate` or its dict) against the suite catalogue and the executor;
+    `gate`: the gate's own submission, which may carry `GATE_LABELS`.
 
     Unknown suite/preset/parameter, a device the suite does not run on, and a world size no
     device pool can ever give all raise `InvalidJob` (the API answers 422 with the message).
     """
-    req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body)
+    context = GATE_CONTEXT if gate else None
+    req = body if isinstance(body, JobCreate) else JobCreate.model_validate(body, context=context)
     try:
         suite = get_suite(req.suite)
         params = suite.resolve_params(req.preset, req.params, device=req.device)
@@ -145,12 +162,13 @@ def runs_here(suite: Suite, preset: str, device: str, world_size: int) -> bool:
 
 
 def submit_checked(
-    engine: Engine, settings: Settings, body: Any, executor: Executor | None = None
+    engine: Engine, settings: Settings, body: Any, executor: Executor | None = None, *, gate: bool = False
 ) -> tuple[JobRecord, bool]:
-    """Validate and queue; returns (job, created). The API and the web form share this path."""
+    """Validate and queue; returns (job, created). The API, the web form and the gate share this
+    path (`gate`: see `validate_request`)."""
     if executor is None:
         executor = get_executor(settings)
-    return submit(engine, validate_request(body, executor))
+    return submit(engine, validate_request(body, executor, gate=gate))
 
 
 def submit_job(engine: Engine, settings: Settings, body: Any, executor: Executor | None = None) -> JobRecord:

@@ -61,7 +61,7 @@ def default_submit(engine: Any, settings: Any = None, executor: Any = None, wake
             job, _ = queue.submit(engine, queue.JobRequest(**kw, cases=tuple(cases) if cases else None))
         else:
             try:
-                job, _ = submission.submit_checked(engine, settings, kw, executor)
+                job, _ = submission.submit_checked(engine, settings, kw, executor, gate=True)
             except submission.InvalidJob as exc:
                 raise CannotRun(str(exc)) from exc
         if wake is not None:

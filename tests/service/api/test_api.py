@@ -487,6 +487,21 @@ def test_bad_input(
         assert r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize("take", [{"take_cases_from": "{job}", "take_backends": "eager"},
+                                  {"take_backends": "eager"}], ids=["both", "backends"])
+def test_labels_that_take_another_jobs_measurements_are_refused(
+    http: httpx.Client, any_job: int, take: dict[str, str]
+) -> None:
+    """A caller cannot make its job copy another job's cases as its own: only the gate sets the
+    take labels. The answer names them, and no job is queued."""
+    labels = {"who": "taker", **{k: v.replace("{job}", str(any_job)) for k, v in take.items()}}
+    r = http.post("/api/v1/jobs", json={"suite": FAKE, "labels": labels}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    detail = json.dumps(r.json()["detail"])
+    assert "set by the gate only" in detail and all(k in detail for k in take), detail
+    assert http.get("/api/v1/jobs", params={"label": "who=taker"}).json()["items"] == []
+
+
 def test_reused_idempotency_key_with_other_parameters_is_a_conflict(http: httpx.Client) -> None:
     submit(http, idempotency_key="conflict-key", params={"cases": 1})
     r = http.post("/api/v1/jobs", headers=AUTH, json={"suite": FAKE, "idempotency_key": "conflict-key"})
