@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tests.support.ports import free_port
 from workers.context import RankContext
 from workers.suite import Case, Metric, Sample, Suite, SuiteParams
 
@@ -108,6 +107,7 @@ def serve_in_thread(settings: Any) -> Iterator[str]:
     import uvicorn
 
     from service.app import create_app
+    from tests.support.ports import free_port  # here: the snapshot holds this module alone
 
     port = free_port()
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
