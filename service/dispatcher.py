@@ -103,11 +103,13 @@ class StoreSink:
             try:
                 suite = get_suite(job.suite)
                 cases = suite.cases(suite.resolve_params(job.preset, job.params, device=job.device))
-                metric_ids = sample_store.ensure_metrics(s, suite.name, suite.metrics)
                 expected = [c.name for c in select_cases(cases, job.cases)]
             except Exception as exc:  # the executor reports the real failure; keep the sink usable
-                cases, metric_ids, expected = [], {}, []
+                suite, cases, expected = None, [], []
                 job_store.add_event(s, job.id, "log", f"could not expand the suite's cases: {exc}")
+            # a store error must leave the transaction (and `until_stored` retries it): never
+            # caught above, where the session would go on after a failed flush
+            metric_ids = sample_store.ensure_metrics(s, suite.name, suite.metrics) if suite else {}
             case_ids = case_store.ensure_cases(s, cases, job.device, job.world_size)
             # cases another job measured with the same code (its labels name it) are this run's too
             taken = take_cases(s, job, self.attempt, [c for c in cases if c.name in expected])

@@ -6,19 +6,25 @@
   until the settling dispatcher has reached the store for a whole lease;
 - a run ended because its cluster went away is re-queued without spending an attempt, up to
   `MAX_CLUSTER_LOSSES` times, then failed naming the count;
-- `until_stored` waits out a store that refuses connections and gives up only when told to stop.
+- `until_stored` waits out a store that refuses connections and gives up only when told to stop;
+- a job whose connection is cut while its sink starts (PostgreSQL terminating the session, as a
+  restart does) waits the store out and starts, instead of failing on the broken transaction.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from service.dispatcher import StoreSink
 from service.persistence import db, queue
-from service.persistence.models import JobRow
+from service.persistence.models import JobEventRow, JobRow
 from tests.support.queue_jobs import fake_request, job_row, mark_running
 
 
@@ -84,3 +90,34 @@ def test_until_stored_waits_for_a_store_that_refuses_connections() -> None:
     with pytest.raises(ZeroDivisionError):  # an error of the work itself is never retried
         db.until_stored(lambda: 1 / 0, "a test read", stop)
     eng.dispose()
+
+
+@pytest.mark.stores("postgresql")  # a server that terminates one session, as a restart does
+def test_a_sink_whose_connection_is_cut_while_it_starts_waits_the_store_out(engine, tmp_path: Path) -> None:
+    import psycopg
+
+    queue.submit(engine, fake_request())
+    job = queue.claim(engine, "me", {"cpu": 1})
+    assert job is not None
+    cut: list[int] = []
+
+    def terminate_once(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        """Before the first write of the suite's metrics, have the server end this session."""
+        if cut or not statement.lstrip().startswith("INSERT INTO metric"):
+            return
+        cut.append(cursor.connection.info.backend_pid)
+        url = engine.url.set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (cut[0],))
+
+    event.listen(engine, "before_cursor_execute", terminate_once)
+    try:
+        sink = StoreSink(engine, job, tmp_path / "artifacts", threading.Event())
+    finally:
+        event.remove(engine, "before_cursor_execute", terminate_once)
+    assert cut, "the metrics' insert never ran: nothing was cut"
+    assert set(sink.metric_ids) == {"time_ms", "throughput"}, sink.metric_ids
+    assert sink.expected, "the suite's cases were not expanded"
+    with Session(engine) as s:
+        logs = s.scalars(select(JobEventRow.message).where(JobEventRow.job_id == job.id)).all()
+    assert not [m for m in logs if "could not expand" in m], logs

@@ -48,8 +48,6 @@ def _job(base: str, job_id: int) -> dict:
     return httpx.get(f"{base}/api/v1/jobs/{job_id}", timeout=10).json()
 
 
-
-
 def _stored_samples(pg, database: str, job_id: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(rows, distinct (attempt, case, metric, rank, idx)) of the job's samples, read directly."""
     import psycopg
@@ -66,8 +64,9 @@ def _serve(pg, tmp_path: Path):  # type: ignore[no-untyped-def]
     return server, database
 
 
-def _submit(base: str) -> int:
-    made = httpx.post(f"{base}/api/v1/jobs", json={"suite": FAKE, "params": PARAMS}, headers=AUTH, timeout=10)
+def _submit(base: str, **params: float) -> int:
+    body = {"suite": FAKE, "params": {**PARAMS, **params}}
+    made = httpx.post(f"{base}/api/v1/jobs", json=body, headers=AUTH, timeout=10)
     assert made.status_code == 201, made.text
     return int(made.json()["id"])
 
@@ -115,7 +114,7 @@ def test_a_job_outlives_a_store_outage_with_every_sample_stored_once(pg, tmp_pat
 def test_a_cancel_is_refused_while_the_store_is_away_and_honoured_once_it_is_back(pg, tmp_path: Path) -> None:
     server, _ = _serve(pg, tmp_path)
     try:
-        job_id = _submit(server.base)
+        job_id = _submit(server.base, linger_s=600)  # it cannot end before the cancel: only a cancel ends it
         _wait(lambda: _job(server.base, job_id)["status"] == "running", 60, "the job runs")
         pg.halt()
         try:
@@ -123,7 +122,19 @@ def test_a_cancel_is_refused_while_the_store_is_away_and_honoured_once_it_is_bac
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
         finally:
             pg.resume()
-        asked = _wait(lambda: (r := _cancel(server.base, job_id)).status_code == 200 and r, 60, "a cancel")
+        answers: list[str] = []
+
+        def honoured() -> httpx.Response | None:
+            r = _cancel(server.base, job_id)
+            answers.append(f"{r.status_code}: {r.text[:160]}")
+            return r if r.status_code == 200 else None
+
+        try:
+            asked = _wait(honoured, 60, "a cancel")
+        except AssertionError as exc:
+            job, log = _job(server.base, job_id), server.log_text()[-4000:]
+            raise AssertionError(f"{exc}; {len(answers)} answers, first {answers[:2]}, last {answers[-2:]}; "
+                                 f"job {job}; log:\n{log}") from None
         assert asked.json()["cancel_requested"] is True
         t0 = time.monotonic()
         done = _wait(lambda: _ended(server.base, job_id), 15, "the job ends")
