@@ -138,3 +138,25 @@ def state_next(S, vn, kc, gam, g_last):
     <= 1) is rounded to K's dtype, which Wk shares."""
     vg = (vn * tl.exp(g_last - gam)[:, None]).to(kc.dtype)
     return S * tl.exp(g_last) + tl.dot(tl.trans(kc), vg)
+
+
+@triton.jit
+def chunk_t(tm_ptr, bh, t, m, T, BT: tl.constexpr):
+    """The chunk's T [BT, BT] (rows t, masked rows 0) in fp32."""
+    i = tl.arange(0, BT)
+    tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
+    return tmat.to(tl.float32)
+
+
+@triton.jit
+def value_rows(ptr, b, h, t, m, dv, T, HV: tl.constexpr, D: tl.constexpr):
+    """Columns dv of rows t of a [B, T, Hv, D] tensor (v, dO), masked rows 0."""
+    return tl.load(ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+
+
+@triton.jit
+def chunk_vn(tmat, kc, v, bt, gam, Sb, PREC: tl.constexpr):
+    """Vn = T·X of a chunk with X = β⊙V − βe^γ⊙(K·S) (`Sb`: the state in the input dtype, `v` its
+    value columns); also X, which the backward's dT = dVn·Xᵀ takes. Mathematically U − Wk·S."""
+    x = v.to(tl.float32) * bt[:, None] - (bt * tl.exp(gam))[:, None] * tl.dot(kc, Sb)
+    return mm(tmat, x, PREC), x

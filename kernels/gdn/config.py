@@ -57,6 +57,15 @@ class KernelConfig:
     # The fused path's products with T: Vn = T·X and dX = Tᵀ·dVn (tf32: T and X at about fp16's
     # precision with fp32's range; "low" rounds both to the input dtype).
     f32_dot_vn: str = "tf32"
+    # Where the forward walk's Vn comes from: "load": U − Wk·S with Wk and U written by the intra
+    # stage; "u": U = (T·diag(β))·V formed in the walk's step at the wu precision (it does not
+    # depend on the state), so the intra stage writes Wk alone; "t": Vn = T·(β⊙V − βe^γ⊙(K·S)) at
+    # the vn precision, so the forward writes neither (the backward forms Wk for its reverse
+    # walk from the kept T). dvl_in_walk: the reverse walk forms the intra-chunk part of dVn
+    # (`dvn_local.local_dvn`) from the K, Q and dO tiles it loads anyway, so dvl makes no round
+    # trip through memory.
+    walk_vn: str = "load"
+    dvl_in_walk: bool = False
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3

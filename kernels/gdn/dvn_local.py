@@ -12,6 +12,18 @@ from kernels.gdn.config import BT, D, KernelConfig, kernel_config, num_chunks
 
 
 @triton.jit
+def local_dvn(kc, q, do, gam, scale, BT: tl.constexpr):
+    """scale·(K·Qᵀ ⊙ Eᵀ)·dO of one chunk (fp32) from its K, Q, dO tiles (masked rows zero) and γ:
+    this stage's body, and the reverse walk's when it forms the term in its step
+    (`KernelConfig.dvl_in_walk`)."""
+    i = tl.arange(0, BT)
+    up = i[:, None] <= i[None, :]  # key i, query j >= i
+    pt = tl.dot(kc, tl.trans(q))
+    pt = tl.where(up, pt * tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0) * scale
+    return tl.dot(pt.to(do.dtype), do)
+
+
+@triton.jit
 def _dvn_local_kernel(
     q_ptr, k_ptr, do_ptr, gamma_ptr, dvl_ptr, spans_ptr, scale,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr,
@@ -24,17 +36,13 @@ def _dvn_local_kernel(
     d = tl.arange(0, D)
     t0, t1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
     t = t0 + tl.arange(0, BT)
-    i = tl.arange(0, BT)
     m = t < t1
     qk_off = b * T * HQK * D + hk * D
     q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
     kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
     do = load_rows(do_ptr + b * T * HV * D + h * D, t, m, HV * D, D)
     gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-    up = i[:, None] <= i[None, :]  # key i, query j >= i
-    pt = tl.dot(kc, tl.trans(q))
-    pt = tl.where(up, pt * tl.exp(tl.where(up, gam[None, :] - gam[:, None], 0.0)), 0.0) * scale
-    dvl = tl.dot(pt.to(do.dtype), do)
+    dvl = local_dvn(kc, q, do, gam, scale, BT)
     tl.store(dvl_ptr + (bh * T + t[:, None]) * D + d[None, :], dvl.to(dvl_ptr.dtype.element_ty),
              mask=m[:, None])
 

@@ -12,7 +12,7 @@ from kernels.gdn.dqk import bwd_dqk
 from kernels.gdn.fused_bwd import fused_backward
 from kernels.gdn.fused_fwd import fused_forward
 from kernels.gdn.gate import gate_cumsum
-from kernels.gdn.intra import intra_solve, intra_t
+from kernels.gdn.intra import intra_solve, intra_t, intra_wu
 from kernels.gdn.output import output
 from kernels.gdn.state import state_backward, state_forward
 from kernels.gdn.wy_bwd import bwd_wy
@@ -33,11 +33,11 @@ def _forward(
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
     cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
-    """o, the final state and, when `keep`, what the backward takes: (Wk, T, per-chunk S, Vn,
-    segment maps or None), or with cfg.fused (T, the group states, the segment maps or None, chunks
-    per segment). `table`: the chunk table of packed sequences (`varlen`): every stage reads and
-    writes the packed rows chunk by chunk through it, and the state passes restart at every
-    sequence.
+    """o, the final state and, when `keep`, what the backward takes: (Wk (None under walk_vn "t"),
+    T, per-chunk S, Vn, segment maps or None), or with cfg.fused (T, the group states, the segment
+    maps or None, chunks per segment). `table`: the chunk table of packed sequences (`varlen`):
+    every stage reads and writes the packed rows chunk by chunk through it, and the state passes
+    restart at every sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
@@ -49,17 +49,38 @@ def _forward(
         if on_final_state is not None and ht is not None:
             on_final_state(ht)
         return o, ht, ((tm, *fkept) if keep else ())
-    spans, seq_chunks = table_parts(table)
-    w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=keep, spans=spans, cfg=cfg)
-    s, vn, ht, maps = state_forward(
-        k, w, u, gamma, Hv, initial_state, store_states=True, store_vn=True,
-        store_final=output_final_state, keep_maps=keep, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
-    )
-    del u
+    w, tm, s, vn, ht, maps = _walk(k, v, beta, gamma, initial_state, output_final_state, keep, cfg, table)
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
-    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, spans, cfg=cfg)
+    o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, table_parts(table)[0], cfg=cfg)
     return o, ht, ((w, tm, s, vn, maps) if keep else ())
+
+
+def _walk(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor,
+    initial_state: torch.Tensor | None, store_final: bool, keep: bool, cfg: KernelConfig,
+    table: ChunkTable | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None,
+           torch.Tensor | None]:
+    """The staged path's solve and forward state pass: Wk (None under walk_vn "t"), T (when
+    `keep`), per-chunk S, Vn, the final state (when `store_final`) and the segment maps (when
+    `keep` and split). cfg.walk_vn says what the intra stage writes for the walk: Wk and U
+    ("load"), Wk ("u": the walk forms U), nothing but T ("t": the walk forms Vn from T)."""
+    spans, seq_chunks = table_parts(table)
+    mode = cfg.walk_vn
+    if mode not in ("load", "u", "t"):
+        raise ValueError(f"walk_vn = {mode!r}: expected 'load', 'u' or 't'")
+    if mode == "t":
+        w, u, tm = None, None, intra_t(k, beta, gamma, v.shape[2], spans=spans, cfg=cfg)
+    else:
+        w, u, tm = intra_solve(k, v if mode == "load" else None, beta, gamma, v.shape[2],
+                               store_t=keep or mode == "u", spans=spans, cfg=cfg)
+    s, vn, ht, maps = state_forward(
+        k, w, u, gamma, v.shape[2], initial_state, store_states=True, store_vn=True, store_final=store_final,
+        keep_maps=keep, vn_from=None if mode == "load" else (v, beta, tm), seq_chunks=seq_chunks,
+        spans=spans, cfg=cfg,
+    )
+    return w, tm if keep else None, s, vn, ht, maps
 
 
 class GatedDeltaRuleFunction(torch.autograd.Function):
@@ -127,12 +148,9 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             w, tm, s, vn, maps = kept
             del kept
         else:
-            w, u, tm = intra_solve(k, v, beta, gamma, Hv, store_t=True, spans=spans, cfg=cfg)
-            s, vn, _, maps = state_forward(
-                k, w, u, gamma, Hv, h0, store_states=True, store_vn=True, store_final=False,
-                keep_maps=True, seq_chunks=seq_chunks, spans=spans, cfg=cfg,
-            )
-            del u
+            w, tm, s, vn, _, maps = _walk(k, v, beta, gamma, h0, False, True, cfg, table)
+        if w is None:  # walk_vn "t": the forward wrote no Wk; the reverse walk reads it
+            w, _ = intra_wu(k, None, beta, gamma, tm, spans=spans, cfg=cfg)
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
             seq_chunks=seq_chunks, spans=spans, cfg=cfg,

@@ -14,7 +14,7 @@ needs them (L1 or L2 hits) and the decay tiles formed where used, instead of hel
 
 It reads what the fused forward kept: T and the fp32 state entering every group of
 `fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
-(the forward's own steps, `fused_fwd.chunk_vn` and `state_next`) into a scratch of its own (each
+(the forward's own steps, `common.chunk_vn` and `state_next`) into a scratch of its own (each
 chunk's S, X and Vn in the input dtype, a few hundred KB per program that stays in L2), then
 walks the group's chunks back. A head's segments start from the gradients the reverse scan of
 the segment maps gives (`_fused_dmaps_kernel`: each segment's affine part from a zero gradient).
@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_rows, mm, state_next, transpose_via
+from kernels.gdn.common import chunk_t, chunk_vn, load_rows, mm, state_next, transpose_via, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
-from kernels.gdn.fused_fwd import check_fused, chunk_inputs, chunk_t, chunk_vn, value_rows
+from kernels.gdn.fused_fwd import check_fused, chunk_inputs
 from kernels.gdn.segments import segment_scan
 
 

@@ -16,17 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, mm, state_next
+from kernels.gdn.common import chunk_t, chunk_vn, load_gamma, load_rows, mm, state_next, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.segments import segment_scan
-
-
-@triton.jit
-def chunk_vn(tmat, kc, v, bt, gam, Sb, PREC: tl.constexpr):
-    """Vn = T·X of a chunk with X = β⊙V − βe^γ⊙(K·S) (`Sb`: the state in the input dtype, `v` its
-    value columns); also X, which the backward's dT = dVn·Xᵀ takes. Mathematically U − Wk·S."""
-    x = v.to(tl.float32) * bt[:, None] - (bt * tl.exp(gam))[:, None] * tl.dot(kc, Sb)
-    return mm(tmat, x, PREC), x
 
 
 @triton.jit
@@ -41,20 +33,6 @@ def chunk_inputs(k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, t0, T, HQK: tl.c
     bt = tl.load(beta_ptr + (b * T + t) * HV + bh % HV, mask=m, other=0.0).to(tl.float32)
     gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, T, T, BT)
     return kc, bt, gam, g_last, chunk_t(tm_ptr, bh, t, m, T, BT), t, m
-
-
-@triton.jit
-def chunk_t(tm_ptr, bh, t, m, T, BT: tl.constexpr):
-    """The chunk's T [BT, BT] (rows t, masked rows 0) in fp32."""
-    i = tl.arange(0, BT)
-    tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + i[None, :], mask=m[:, None], other=0.0)
-    return tmat.to(tl.float32)
-
-
-@triton.jit
-def value_rows(ptr, b, h, t, m, dv, T, HV: tl.constexpr, D: tl.constexpr):
-    """Columns dv of rows t of a [B, T, Hv, D] tensor (v, dO), masked rows 0."""
-    return tl.load(ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, inv_unit_lower16, mm
+from kernels.gdn.common import chunk_span, chunk_t, chunk_vn, inv_unit_lower16, mm, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks, t_dtype
 
 # Columns per Wk/U product inside a program (H200 32K, intra_wu_bd 128: the intra stage 0.720 ms
@@ -129,6 +129,48 @@ def _intra_t_kernel(
 
 
 @triton.jit
+def u_cols(tmat, bt, v_ptr, b, h, t, m, dcol, T, HV: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+    """Columns dcol of U = (T·diag(β))·V for the chunk at rows t, fp32: T·diag(β) at PREC (the
+    wu group: "low" rounds it to the input dtype) times the exact V tile. The intra stage stores
+    it; a forward walk forms it in its step instead under `KernelConfig.walk_vn` "u"."""
+    vt = value_rows(v_ptr, b, h, t, m, dcol, T, HV, D)
+    return mm(tmat * bt[None, :], vt.to(tl.float32), PREC)
+
+
+@triton.jit
+def walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV: tl.constexpr,
+            VN_FROM: tl.constexpr, WITH_V: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
+            D: tl.constexpr):
+    """A forward walk's Vn for value columns dv (fp32), from the state S entering the chunk, as
+    `KernelConfig.walk_vn` says: "load": U − Wk·S, both read; "u": U formed here from T, β and V
+    (`u_cols`, at PREC; it does not depend on S), Wk read; "t": T·(β⊙V − βe^γ⊙(K·S)) at PREC
+    (`common.chunk_vn`), neither read. Without WITH_V, V = 0 (no U)."""
+    if VN_FROM == "t":
+        tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
+        bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+        if WITH_V:
+            v = value_rows(v_ptr, b, h, t, m, dv, T, HV, D)
+        else:
+            v = (bt * 0.0)[:, None]
+        vn, _ = chunk_vn(tmat, kc, v, bt, gam, S.to(kc.dtype), PREC)
+    else:
+        dk = tl.arange(0, D)
+        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+        ws = tl.dot(wk, S.to(wk.dtype))
+        if WITH_V:
+            if VN_FROM == "u":
+                tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
+                bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+                u = u_cols(tmat, bt, v_ptr, b, h, t, m, dv, T, HV, D, PREC)
+            else:
+                u = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+            vn = u - ws
+        else:
+            vn = -ws
+    return vn
+
+
+@triton.jit
 def _intra_wu_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, w_ptr, u_ptr, spans_ptr,
     T, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, STORE_U: tl.constexpr,
@@ -145,27 +187,47 @@ def _intra_wu_kernel(
     hk = h // R
     r0, r1 = chunk_span(c, T, spans_ptr, VARLEN, BT)
     last = tl.minimum(r0 + BT - 1, r1 - 1)
-    j = tl.arange(0, BT)
-    t = r0 + j
+    t = r0 + tl.arange(0, BT)
     m = t < r1
-    tmat = tl.load(tm_ptr + (bh * T + t[:, None]) * BT + j[None, :], mask=m[:, None], other=0.0)
-    tmat = tmat.to(tl.float32)
+    tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
     bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
     tw = tmat * (bt * tl.exp(gt))[None, :]
-    tu = tmat * bt[None, :]
     k_rows = (b * T + t[:, None]) * HQK * D + hk * D
-    v_rows = (b * T + t[:, None]) * HV * D + h * D
     for s0 in tl.static_range(0, BD, BS):
         dcol = d0 + s0 + tl.arange(0, BS)
         out = (bh * T + t[:, None]) * D + dcol[None, :]
         kt = tl.load(k_ptr + k_rows + dcol[None, :], mask=m[:, None], other=0.0)
         tl.store(w_ptr + out, mm(tw, kt.to(tl.float32), PREC).to(w_ptr.dtype.element_ty), mask=m[:, None])
         if STORE_U:
-            vt = tl.load(v_ptr + v_rows + dcol[None, :], mask=m[:, None], other=0.0)
-            tl.store(u_ptr + out, mm(tu, vt.to(tl.float32), PREC).to(u_ptr.dtype.element_ty),
-                     mask=m[:, None])
+            u = u_cols(tmat, bt, v_ptr, b, h, t, m, dcol, T, HV, D, PREC)
+            tl.store(u_ptr + out, u.to(u_ptr.dtype.element_ty), mask=m[:, None])
+
+
+VnFrom = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (v, beta, T): what a walk forms U or Vn from
+
+
+def walk_vn_operands(
+    w: torch.Tensor | None, u: torch.Tensor | None, vn_from: VnFrom | None, fill: torch.Tensor,
+    cfg: KernelConfig,
+) -> dict[str, object]:
+    """The Vn arguments of a forward walk kernel (`walk_vn`): Wk and U read (`vn_from` None; u None:
+    V = 0), U formed in the step from `vn_from` = (v, beta, T) with Wk read (w given), or Vn formed
+    from `vn_from` with no Wk (w None). `fill` stands in for the pointers not read."""
+    if vn_from is None:
+        if w is None:
+            raise ValueError("a walk without vn_from = (v, beta, T) reads Wk: w is required")
+        v, beta, tm = fill, fill, fill
+        mode, prec = "load", dot_precision(cfg, fill.dtype, "wu")
+    else:
+        if u is not None:
+            raise ValueError("a walk reads U from u or forms it from vn_from = (v, beta, T), not both")
+        v, beta, tm = vn_from
+        mode = "u" if w is not None else "t"
+        prec = dot_precision(cfg, fill.dtype, "wu" if w is not None else "vn")
+    return dict(w_ptr=fill if w is None else w, u_ptr=fill if u is None else u, v_ptr=v, beta_ptr=beta,
+                tm_ptr=tm, VN_FROM=mode, WITH_V=u is not None or vn_from is not None, PREC=prec)
 
 
 def intra_t(
@@ -202,20 +264,30 @@ def intra_solve(
     `t_dtype` if asked (always formed: the second kernel reads it). `spans`: the chunk table of
     packed sequences (`chunks.ChunkTable`); rows stay packed."""
     cfg = cfg or kernel_config(k.dtype, k.device)
+    tm = intra_t(k, beta, gamma, num_v_heads, spans=spans, cfg=cfg)
+    w, u = intra_wu(k, v, beta, gamma, tm, spans=spans, cfg=cfg)
+    return w, u, tm if store_t else None
+
+
+def intra_wu(
+    k: torch.Tensor, v: torch.Tensor | None, beta: torch.Tensor, gamma: torch.Tensor, tm: torch.Tensor, *,
+    spans: torch.Tensor | None = None, cfg: KernelConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Wk and U (None when v is None) from T (`intra_t`), [B·Hv, T, D] in k's dtype; also the
+    backward's Wk when the forward formed Vn from T (`KernelConfig.walk_vn` "t")."""
+    cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
-    Hv = num_v_heads
+    Hv = tm.shape[0] // B
     if D % cfg.intra_wu_bd or cfg.intra_wu_bd % 16:
         raise ValueError(f"intra_wu_bd = {cfg.intra_wu_bd}: expected a multiple of 16 that divides D = {D}")
-    nc = num_chunks(T, spans)
-    tm = intra_t(k, beta, gamma, Hv, spans=spans, cfg=cfg)
     w = torch.empty(B * Hv, T, D, device=k.device, dtype=k.dtype)
     u = torch.empty_like(w) if v is not None else None
     table = spans if spans is not None else w
-    _intra_wu_kernel[(nc, D // cfg.intra_wu_bd, B * Hv)](
+    _intra_wu_kernel[(num_chunks(T, spans), D // cfg.intra_wu_bd, B * Hv)](
         k_ptr=k, v_ptr=v if v is not None else k, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, w_ptr=w,
         u_ptr=u if u is not None else w, spans_ptr=table, T=T, HQK=Hqk, HV=Hv, R=Hv // Hqk,
         STORE_U=v is not None, PREC=dot_precision(cfg, k.dtype, "wu"), VARLEN=spans is not None,
         BT=BT, D=D, BD=cfg.intra_wu_bd, BS=min(cfg.intra_wu_bd, WU_PRODUCT_COLS),
         num_warps=cfg.intra_wu_warps,
     )
-    return w, u, tm if store_t else None
+    return w, u

@@ -10,16 +10,17 @@ import triton.language as tl
 
 from kernels.gdn.common import load_gamma, load_rows, state_next
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
+from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands
 
 
 @triton.jit
 def _segment_fwd_summary_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, m_ptr, e_ptr,
-    T, NT, CPS, NSEG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, HAS_U: tl.constexpr,
-    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    k_ptr, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, gamma_ptr, m_ptr, e_ptr,
+    T, NT, CPS, NSEG, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, VN_FROM: tl.constexpr,
+    WITH_V: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """Segment seg's affine map S_out = M·S_in + E (columns dv of both): E from S_in = 0 with U,
-    M from S_in = I with V = 0, walked together so each chunk's Wk and K are loaded once.
+    M from S_in = I with V = 0, walked together (each chunk's Vn as `intra.walk_vn` forms it).
     Written to m/e [B·Hv, NSEG, D, D] fp32 (the last segment's is never needed)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -29,7 +30,6 @@ def _segment_fwd_summary_kernel(
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
     k_base = k_ptr + b * T * HQK * D + hk * D
-    dt = w_ptr.dtype.element_ty
     E = tl.zeros([D, BV], dtype=tl.float32)
     M = (dk[:, None] == dv[None, :]).to(tl.float32)
     c0 = seg * CPS
@@ -37,13 +37,12 @@ def _segment_fwd_summary_kernel(
     for c in range(c0, c1):
         t = c * BT + tl.arange(0, BT)
         m = t < T
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
-        ve = -tl.dot(wk, E.to(dt))
-        if HAS_U:
-            ve += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
-        vm = -tl.dot(wk, M.to(dt))
         gam, g_last, _ = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
+        ve = walk_vn(E, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM,
+                     WITH_V, PREC, BT, D)
+        vm = walk_vn(M, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM,
+                     False, PREC, BT, D)
         E = state_next(E, ve, kc, gam, g_last)
         M = state_next(M, vm, kc, gam, g_last)
     off = (bh * NSEG + seg) * D * D + dk[:, None] * D + dv[None, :]
@@ -117,12 +116,12 @@ def _even_segments(nt: int, want: int) -> int:
 
 
 def segment_forward_summary(
-    k: torch.Tensor, w: torch.Tensor, u: torch.Tensor | None, gamma: torch.Tensor, num_v_heads: int,
-    nseg: int, *, with_last: bool, cfg: KernelConfig | None = None,
+    k: torch.Tensor, w: torch.Tensor | None, u: torch.Tensor | None, gamma: torch.Tensor, num_v_heads: int,
+    nseg: int, *, with_last: bool, vn_from: VnFrom | None = None, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None: V = 0),
-    and of the last segment too when `with_last` (the backward's scan needs M of segments
-    1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
+    """Per-segment maps (M, E), [B·Hv, nseg, D, D] fp32, of segments 0 .. nseg−2 (u=None and no
+    vn_from: V = 0; w, u and vn_from as in `state_forward`), and of the last segment too when `with_last`
+    (the backward's scan needs M of segments 1 .. nseg−1; the forward's needs 0 .. nseg−2)."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = num_v_heads, num_chunks(T)
@@ -131,9 +130,10 @@ def segment_forward_summary(
     BV = cfg.state_bv
     if nseg > 1:
         _segment_fwd_summary_kernel[(D // BV, B * Hv, nseg if with_last else nseg - 1)](
-            k_ptr=k, w_ptr=w, u_ptr=u if u is not None else w, gamma_ptr=gamma, m_ptr=mm, e_ptr=ee,
+            k_ptr=k, gamma_ptr=gamma, m_ptr=mm, e_ptr=ee,
             T=T, NT=NT, CPS=triton.cdiv(NT, nseg), NSEG=nseg, HQK=Hqk, HV=Hv, R=Hv // Hqk,
-            HAS_U=u is not None, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps, num_stages=cfg.state_stages,
+            **walk_vn_operands(w, u, vn_from, k, cfg), BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
+            num_stages=cfg.state_stages,
         )
     return mm, ee
 

@@ -11,7 +11,8 @@ import triton.language as tl
 
 from kernels.gdn.common import load_gamma, load_rows, state_next, state_slot, walk_range, walk_span
 from kernels.gdn.config import BT, D, KernelConfig, chunk_count, kernel_config
-from kernels.gdn.dvn_local import dvn_local
+from kernels.gdn.dvn_local import dvn_local, local_dvn
+from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
 
@@ -27,17 +28,18 @@ def state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale):
 
 @triton.jit
 def _state_fwd_kernel(
-    k_ptr, w_ptr, u_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr, spans_ptr,
-    T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    HAS_U: tl.constexpr, HAS_H0: tl.constexpr, STORE_S: tl.constexpr, STORE_VN: tl.constexpr,
-    STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
+    k_ptr, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, gamma_ptr, h0_ptr, s_ptr, vn_ptr, ht_ptr, seq_ptr,
+    spans_ptr, T, NT, CPS, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    VN_FROM: tl.constexpr, WITH_V: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr,
+    STORE_S: tl.constexpr, STORE_VN: tl.constexpr, STORE_HT: tl.constexpr, VARLEN: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """One segment (program_id 2) of CPS chunks: S starts from h0[bh, seg] (or 0) and walks the
     segment's chunks; the last segment writes the final state. One segment = the whole sequence.
     VARLEN (B = 1): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1] at the
     rows of the chunk table, from h0[n, h] to ht[n, h]; no state crosses a sequence boundary.
-    STORE_S: every chunk's incoming S in w's dtype, [B·Hv, NT, D, D]."""
+    STORE_S: every chunk's incoming S in k's dtype, [B·Hv, NT, D, D]. VN_FROM, WITH_V, PREC: where
+    each chunk's Vn comes from (`intra.walk_vn`)."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -47,7 +49,7 @@ def _state_fwd_kernel(
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
     k_base = k_ptr + b * T * HQK * D + hk * D
-    dt = w_ptr.dtype.element_ty
+    dt = k_ptr.dtype.element_ty
     st = state_slot(bh, h, seg, nseg, HV, VARLEN)
     if HAS_H0:
         S = tl.load(h0_ptr + st * D * D + dk[:, None] * D + dv[None, :]).to(tl.float32)
@@ -60,14 +62,12 @@ def _state_fwd_kernel(
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
-        vn = -tl.dot(wk, S.to(dt))
-        if HAS_U:
-            vn += tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
-        if STORE_VN:
-            tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_base, t, m, HQK * D, D)
+        vn = walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM,
+                     WITH_V, PREC, BT, D)
+        if STORE_VN:
+            tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         S = state_next(S, vn, kc, gam, g_last)
     if STORE_HT:
         if VARLEN:
@@ -81,12 +81,13 @@ def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
     scale, T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    DVL_IN_STEP: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
     STORE: write dVn and every chunk's dS' in w's dtype [B·Hv, NT, D, D]. The segment's start
     gradient goes to dh0[bh, seg] when ALL_DH0 (the summary run of every segment), else segment
-    0's to dh0[bh] when STORE_DH0.
+    0's to dh0[bh] when STORE_DH0. DVL_IN_STEP: the intra-chunk part of dVn is formed in the step
+    (`local_dvn` on the K, Q, dO tiles the step loads anyway) instead of read from dvl.
     VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
     walked back from dht[n, h] to dh0[n, h]."""
     iv = tl.program_id(0)
@@ -116,12 +117,15 @@ def _state_bwd_kernel(
         rows = (bh * T + t[:, None]) * D
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-        dvn = tl.dot(kc, dS.to(dt)) * tl.exp(g_last - gam)[:, None]
-        dvn += tl.load(dvl_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
-        if STORE:
-            tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])
         q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
         do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+        dvn = tl.dot(kc, dS.to(dt)) * tl.exp(g_last - gam)[:, None]
+        if DVL_IN_STEP:
+            dvn += local_dvn(kc, q, do, gam, scale, BT)
+        else:
+            dvn += tl.load(dvl_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
+        if STORE:
+            tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])
         wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
         dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
     if ALL_DH0:
@@ -135,7 +139,7 @@ def _state_bwd_kernel(
 
 def state_forward(
     k: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     u: torch.Tensor | None,
     gamma: torch.Tensor,
     num_v_heads: int,
@@ -145,6 +149,7 @@ def state_forward(
     store_vn: bool,
     store_final: bool,
     keep_maps: bool = False,
+    vn_from: VnFrom | None = None,
     seq_chunks: torch.Tensor | None = None,
     spans: torch.Tensor | None = None,
     cfg: KernelConfig | None = None,
@@ -156,7 +161,9 @@ def state_forward(
     With nseg = `state_segments(...)` > 1 the sequence is cut into nseg runs of chunks: every
     segment's affine map (M, E) from a zero start in parallel, a scan over segments for the state
     entering each, then every segment's pass from its true state in parallel. Exact: the same
-    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary).
+    recurrence, regrouped. u=None means V = 0 (the transition-product run of the CP summary),
+    unless `vn_from` = (v, beta, T) is given: then every walk forms U's columns in its step, or,
+    with w=None too, each chunk's Vn from T without Wk (`KernelConfig.walk_vn` "u" and "t").
 
     `seq_chunks` and `spans` (packed sequences, B = 1: `chunks.ChunkTable`): int32 chunk offsets
     of the N sequences and each chunk's rows; each sequence is walked from its own initial state
@@ -174,19 +181,20 @@ def state_forward(
     nseg = state_segments(B * Hv, T, dev, cfg) if seq_chunks is None else n_states
     mm = None
     if nseg > 1 and seq_chunks is None:
-        mm, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps, cfg=cfg)
+        mm, ee = segment_forward_summary(k, w, u, gamma, Hv, nseg, with_last=keep_maps, vn_from=vn_from,
+                                         cfg=cfg)
         h0 = segment_scan(mm, ee, h0, reverse=False, cfg=cfg)
         del ee
         if not keep_maps:
             mm = None
     BV = cfg.state_bv
     _state_fwd_kernel[(D // BV, B * Hv, nseg)](
-        k_ptr=k, w_ptr=w, u_ptr=u if u is not None else w, gamma_ptr=gamma,
-        h0_ptr=h0 if h0 is not None else w, s_ptr=s if s is not None else w,
-        vn_ptr=vn if vn is not None else w, ht_ptr=ht if ht is not None else w,
-        seq_ptr=seq_chunks if seq_chunks is not None else w, spans_ptr=spans if spans is not None else w,
+        k_ptr=k, gamma_ptr=gamma, **walk_vn_operands(w, u, vn_from, k, cfg),
+        h0_ptr=h0 if h0 is not None else k, s_ptr=s if s is not None else k,
+        vn_ptr=vn if vn is not None else k, ht_ptr=ht if ht is not None else k,
+        seq_ptr=seq_chunks if seq_chunks is not None else k, spans_ptr=spans if spans is not None else k,
         T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=Hv // Hqk,
-        HAS_U=u is not None, HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
+        HAS_H0=h0 is not None, STORE_S=store_states, STORE_VN=store_vn,
         STORE_HT=store_final, VARLEN=seq_chunks is not None, BT=BT, D=D, BV=BV,
         num_warps=cfg.state_warps, num_stages=cfg.state_stages,
     )
@@ -212,16 +220,18 @@ def state_backward(
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
-    dvl = dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
+    in_step = cfg.dvl_in_walk
+    dvl = None if in_step else dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
-    dvn = torch.empty_like(dvl)
+    dvn = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvl, gamma_ptr=gamma,
-                    scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
-                    BT=BT, D=D, BV=BV, num_warps=cfg.state_warps, num_stages=cfg.state_stages)
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn if dvl is None else dvl,
+                    gamma_ptr=gamma, scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
+                    DVL_IN_STEP=in_step, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
+                    num_stages=cfg.state_stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:
         dext = torch.empty(B * Hv, nseg, D, D, device=q.device, dtype=torch.float32)

@@ -42,7 +42,8 @@ LOWERS = {
 # tf32x3, which the front end refuses ("please use input_precision='hf32' on Ascend").
 PRECISION_CONSTEXPRS = {k: "PREC" for k in (
     "_intra_t_kernel", "_intra_wu_kernel", "_segment_scan_kernel", "_fused_fwd_kernel", "_fused_maps_kernel",
-    "_fused_bwd_kernel", "_fused_dmaps_kernel")}
+    "_fused_bwd_kernel", "_fused_dmaps_kernel")} | {
+    "_state_fwd_kernel": "PREC", "_segment_fwd_summary_kernel": "PREC"}  # U or Vn formed in the walk
 
 
 def _skip_reason() -> str | None:
@@ -138,7 +139,8 @@ def test_every_kernel_lowers_under_the_npu_config(lowered: list[dict]) -> None:
 
 def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) -> None:
     """The precision constexprs of the launches: hf32 for the intra products of half-precision
-    inputs, IEEE for fp32 ones and for the segment scan; never tf32 or tf32x3."""
+    inputs (U's too, where a walk forms it), IEEE for fp32 ones and for the segment scan; never
+    tf32 or tf32x3."""
     seen = {}
     for r in lowered:
         name = PRECISION_CONSTEXPRS.get(r["kernel"])
@@ -147,10 +149,13 @@ def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) 
             continue
         seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
     fused = {"_fused_fwd_kernel", "_fused_maps_kernel", "_fused_bwd_kernel", "_fused_dmaps_kernel"}
+    walks = {"_state_fwd_kernel", "_segment_fwd_summary_kernel"}  # the product that forms U or Vn
     assert seen == {("_intra_t_kernel", "bfloat16"): {"hf32"}, ("_intra_t_kernel", "float32"): {"ieee"},
                     ("_intra_wu_kernel", "bfloat16"): {"hf32"}, ("_intra_wu_kernel", "float32"): {"ieee"},
                     ("_segment_scan_kernel", "bfloat16"): {"ieee"},
                     ("_segment_scan_kernel", "float32"): {"ieee"},
+                    **{(k, "bfloat16"): {"hf32"} for k in walks},
+                    **{(k, "float32"): {"ieee"} for k in walks},
                     **{(k, "bfloat16"): {"hf32"} for k in fused},
                     **{(k, "float32"): {"ieee"} for k in fused}}, seen
 

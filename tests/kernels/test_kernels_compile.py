@@ -102,8 +102,9 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
 
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     """Run the real wiring: grouped heads with and without states and the CP summary at T = 65 (the
-    failing H200 case), the split state passes, packed sequences and the fused path (one walk and
-    two segments, the backward also in value slices) at T = 130. `full` (the
+    failing H200 case), the split state passes (also with U or Vn and the local dVn formed in the walks),
+    packed sequences and the fused path (one walk and two segments, the backward also in value
+    slices) at T = 130. `full` (the
     `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment
     specialisation); measured with Triton 3.9 they change no kernel's shared memory, and
     compiling them all cold takes ~10 min on two cores."""
@@ -121,6 +122,11 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     with mod.config_overrides(seq_segments=2):
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         (o.float().sum() + s.sum()).backward()
+    # the walks that form U and the intra-chunk dVn in their steps (split: the summary walk too)
+    for walk_vn in ("u", "t"):
+        with mod.config_overrides(seq_segments=2, walk_vn=walk_vn, dvl_in_walk=True):
+            o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+            (o.float().sum() + s.sum()).backward()
     # packed sequences (every stage through the chunk table, one walk per sequence in the state
     # passes), and a forward without autograd
     cu, h0s = torch.tensor([0, 65, 130]), torch.zeros(2, 2, 128, 128).requires_grad_()

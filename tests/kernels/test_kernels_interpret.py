@@ -60,6 +60,62 @@ def test_other_wu_settings_match_oracle(over: dict) -> None:
         _check_against_oracle((65, (2, 4), torch.float16, True, True))
 
 
+IN_WALK = {"walk_vn": "u", "dvl_in_walk": True}
+
+
+@pytest.mark.parametrize(
+    "case,over",
+    [((65, (2, 4), torch.float16, True, True), IN_WALK),
+     # two segments: the summary walk forms U too; a group's middle value head
+     ((200, (1, 3), torch.float32, True, True), {**IN_WALK, "seq_segments": 2}),
+     ((64, (2, 4), torch.float32, False, True), {"walk_vn": "u"}),
+     ((65, (1, 1), torch.float32, True, False), {"dvl_in_walk": True})],
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
+)
+def test_walks_that_form_u_and_the_local_dvn_match_the_oracle(case: tuple, over: dict) -> None:
+    """The forward walk forming U in its step and the reverse walk forming the intra-chunk dVn:
+    within the oracle's bound, and for fp32 inputs the default's bits (the staged path keeps U and
+    dvl in the input dtype, so fp32 loses nothing there and the sums are the same)."""
+    from kernels.gdn import config_overrides
+
+    segments = {k: v for k, v in over.items() if k == "seq_segments"}
+    with config_overrides(**over):
+        got = _check_against_oracle(case)
+    if case[2] == torch.float32:
+        with config_overrides(**segments):
+            default = _check_against_oracle(case)
+        for name, t in got.items():
+            assert torch.equal(t, default[name]), f"{name} differs from the default path's"
+
+
+@pytest.mark.parametrize(
+    "case,over",
+    [((65, (2, 4), torch.float16, True, True), {"walk_vn": "t"}),
+     # split: the summary walks form Vn from T (E with V, M without); the local dVn in the walk
+     ((200, (1, 3), torch.float32, True, True), {"walk_vn": "t", "seq_segments": 2, "dvl_in_walk": True}),
+     ((1, (1, 1), torch.float32, False, True), {"walk_vn": "t"})],
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
+)
+def test_walk_that_forms_vn_from_t_matches_the_oracle_and_repeats(case: tuple, over: dict) -> None:
+    """Vn = T·(β⊙V − βe^γ⊙(K·S)) in the forward walk, no Wk or U written, and the backward's Wk
+    formed from the kept T: within the oracle's bound, the same bits twice."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(**over):
+        first = _check_against_oracle(case)
+        second = _check_against_oracle(case)
+    for name, t in first.items():
+        assert torch.equal(t, second[name]), f"{name} differs between two runs"
+
+
+def test_unknown_walk_vn_is_refused() -> None:
+    from kernels.gdn import config_overrides
+
+    expected = "walk_vn = 'x': expected 'load', 'u' or 't'"
+    with config_overrides(walk_vn="x"), pytest.raises(ValueError, match=expected):
+        _check_against_oracle((1, (1, 1), torch.float32, False, False))
+
+
 FUSED_CASES = [
     ((65, (2, 4), torch.float16, True, True), {"fused": True}),
     ((1, (1, 1), torch.float32, True, True), {"fused": True}),

@@ -148,6 +148,21 @@ def test_packed_sequences_match_each_sequence_alone_in_one_launch_chain() -> Non
         assert torch.equal(grads[name], g_1[name]), f"d{name} differs from the dense path's"
 
 
+def test_packed_walks_that_form_u_and_the_local_dvn_give_the_same_bits() -> None:
+    """Packed sequences with the walks forming U and the intra-chunk dVn in their steps
+    (`walk_vn` "u", `dvl_in_walk`; one walk per sequence through the chunk table): in fp32 the same
+    bits as the default path's, which stores both."""
+    from kernels.gdn import config_overrides
+
+    p = _problem([65, 1, 64], seed=3)
+    o, ht, grads = _run(p, _packed(p), torch.float32)
+    with config_overrides(walk_vn="u", dvl_in_walk=True):
+        o_w, ht_w, grads_w = _run(p, _packed(p), torch.float32)
+    assert torch.equal(o, o_w) and torch.equal(ht, ht_w)
+    for name in NAMES:
+        assert torch.equal(grads[name], grads_w[name]), f"d{name} differs from the default path's"
+
+
 @pytest.mark.slow
 def test_packed_fp16() -> None:
     """fp16 (WY products in fp16 through "low"): within fp16's rounding of the oracle (a
