@@ -144,7 +144,8 @@ def walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, d
     """A forward walk's Vn for value columns dv (fp32), from the state S entering the chunk, as
     `KernelConfig.walk_vn` says: "load": U − Wk·S, both read; "u": U formed here from T, β and V
     (`u_cols`, at PREC; it does not depend on S), Wk read; "t": T·(β⊙V − βe^γ⊙(K·S)) at PREC
-    (`common.chunk_vn`), neither read. Without WITH_V, V = 0 (no U)."""
+    (`common.chunk_vn`), neither read; kc and gam (K and γ of the chunk) are read by "t" only.
+    Without WITH_V, V = 0 (no U)."""
     if VN_FROM == "t":
         tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
         bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)

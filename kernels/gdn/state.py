@@ -9,7 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import load_gamma, load_rows, state_next, state_slot, walk_range, walk_span
+from kernels.gdn.common import (
+    load_gamma,
+    load_rows,
+    state_next,
+    state_slot,
+    value_rows,
+    walk_range,
+    walk_span,
+)
 from kernels.gdn.config import BT, D, KernelConfig, chunk_count, kernel_config
 from kernels.gdn.dvn_local import dvn_local, local_dvn
 from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands
@@ -62,12 +70,19 @@ def _state_fwd_kernel(
         t0, t1 = walk_span(c, c0, r0, r1, T, VARLEN, BT)
         t = t0 + tl.arange(0, BT)
         m = t < t1
-        gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
-        kc = load_rows(k_base, t, m, HQK * D, D)
-        vn = walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM,
-                     WITH_V, PREC, BT, D)
+        if VN_FROM == "t":  # K and γ enter Vn's product
+            gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            kc = load_rows(k_base, t, m, HQK * D, D)
+            vn = walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV,
+                         VN_FROM, WITH_V, PREC, BT, D)
+        else:  # Wk's product first, K and γ after (the order the sm_90 schedule was measured in)
+            vn = walk_vn(S, S, S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV,
+                         VN_FROM, WITH_V, PREC, BT, D)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
+        if VN_FROM != "t":
+            gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
+            kc = load_rows(k_base, t, m, HQK * D, D)
         S = state_next(S, vn, kc, gam, g_last)
     if STORE_HT:
         if VARLEN:
@@ -117,8 +132,9 @@ def _state_bwd_kernel(
         rows = (bh * T + t[:, None]) * D
         gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
         kc = load_rows(k_ptr + qk_off, t, m, HQK * D, D)
-        q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
-        do = tl.load(do_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)
+        if DVL_IN_STEP:
+            q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+            do = value_rows(do_ptr, b, h, t, m, dv, T, HV, D)
         dvn = tl.dot(kc, dS.to(dt)) * tl.exp(g_last - gam)[:, None]
         if DVL_IN_STEP:
             dvn += local_dvn(kc, q, do, gam, scale, BT)
@@ -126,6 +142,9 @@ def _state_bwd_kernel(
             dvn += tl.load(dvl_ptr + rows + dv[None, :], mask=m[:, None], other=0.0)
         if STORE:
             tl.store(dvn_ptr + rows + dv[None, :], dvn.to(dt), mask=m[:, None])
+        if not DVL_IN_STEP:
+            q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
+            do = value_rows(do_ptr, b, h, t, m, dv, T, HV, D)
         wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
         dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
     if ALL_DH0:
