@@ -149,6 +149,12 @@ def chunk_t(tm_ptr, bh, t, m, T, BT: tl.constexpr):
 
 
 @triton.jit
+def chunk_beta(beta_ptr, b, h, t, m, T, HV: tl.constexpr):
+    """β of rows t of value head h ([B, T, Hv]), fp32, masked rows 0."""
+    return tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def value_rows(ptr, b, h, t, m, dv, T, HV: tl.constexpr, D: tl.constexpr):
     """Columns dv of rows t of a [B, T, Hv, D] tensor (v, dO), masked rows 0."""
     return tl.load(ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :], mask=m[:, None], other=0.0)

@@ -16,7 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_t, chunk_vn, load_gamma, load_rows, mm, state_next, value_rows
+from kernels.gdn.common import (
+    chunk_beta,
+    chunk_t,
+    chunk_vn,
+    load_gamma,
+    load_rows,
+    mm,
+    state_next,
+    value_rows,
+)
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.segments import segment_scan
 
@@ -30,7 +39,7 @@ def chunk_inputs(k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, t0, T, HQK: tl.c
     t = t0 + i
     m = t < T
     kc = load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
-    bt = tl.load(beta_ptr + (b * T + t) * HV + bh % HV, mask=m, other=0.0).to(tl.float32)
+    bt = chunk_beta(beta_ptr, b, bh % HV, t, m, T, HV)
     gam, g_last, _ = load_gamma(gamma_ptr, bh, t0, T, T, BT)
     return kc, bt, gam, g_last, chunk_t(tm_ptr, bh, t, m, T, BT), t, m
 

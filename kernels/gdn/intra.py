@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, chunk_t, chunk_vn, inv_unit_lower16, mm, value_rows
+from kernels.gdn.common import chunk_beta, chunk_span, chunk_t, chunk_vn, inv_unit_lower16, mm, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks, t_dtype
 
 # Columns per Wk/U product inside a program (H200 32K, intra_wu_bd 128: the intra stage 0.720 ms
@@ -138,36 +138,44 @@ def u_cols(tmat, bt, v_ptr, b, h, t, m, dcol, T, HV: tl.constexpr, D: tl.constex
 
 
 @triton.jit
+def wk_vn(S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV: tl.constexpr,
+          VN_FROM: tl.constexpr, WITH_V: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
+          D: tl.constexpr):
+    """Vn = U − Wk·S for value columns dv (fp32), Wk read: U read ("load") or formed here from T,
+    β and V ("u": `u_cols` at PREC; it does not depend on S); without WITH_V, U = 0."""
+    dk = tl.arange(0, D)
+    wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
+    ws = tl.dot(wk, S.to(wk.dtype))
+    if WITH_V:
+        if VN_FROM == "u":
+            u = u_cols(chunk_t(tm_ptr, bh, t, m, T, BT), chunk_beta(beta_ptr, b, h, t, m, T, HV), v_ptr, b, h,
+                       t, m, dv, T, HV, D, PREC)
+        else:
+            u = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
+        vn = u - ws
+    else:
+        vn = -ws
+    return vn
+
+
+@triton.jit
 def walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV: tl.constexpr,
             VN_FROM: tl.constexpr, WITH_V: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
             D: tl.constexpr):
     """A forward walk's Vn for value columns dv (fp32), from the state S entering the chunk, as
-    `KernelConfig.walk_vn` says: "load": U − Wk·S, both read; "u": U formed here from T, β and V
-    (`u_cols`, at PREC; it does not depend on S), Wk read; "t": T·(β⊙V − βe^γ⊙(K·S)) at PREC
-    (`common.chunk_vn`), neither read; kc and gam (K and γ of the chunk) are read by "t" only.
-    Without WITH_V, V = 0 (no U)."""
+    `KernelConfig.walk_vn` says: "load" and "u" through Wk (`wk_vn`); "t": T·(β⊙V − βe^γ⊙(K·S))
+    at PREC (`common.chunk_vn`) from the chunk's K (kc) and γ, neither Wk nor U read. Without
+    WITH_V, V = 0."""
     if VN_FROM == "t":
-        tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
-        bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+        bt = chunk_beta(beta_ptr, b, h, t, m, T, HV)
         if WITH_V:
             v = value_rows(v_ptr, b, h, t, m, dv, T, HV, D)
         else:
-            v = (bt * 0.0)[:, None]
-        vn, _ = chunk_vn(tmat, kc, v, bt, gam, S.to(kc.dtype), PREC)
+            v = (bt * 0.0)[:, None]  # X = −βe^γ⊙(K·S), broadcast over dv
+        vn, _ = chunk_vn(chunk_t(tm_ptr, bh, t, m, T, BT), kc, v, bt, gam, S.to(kc.dtype), PREC)
     else:
-        dk = tl.arange(0, D)
-        wk = tl.load(w_ptr + (bh * T + t[:, None]) * D + dk[None, :], mask=m[:, None], other=0.0)
-        ws = tl.dot(wk, S.to(wk.dtype))
-        if WITH_V:
-            if VN_FROM == "u":
-                tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
-                bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
-                u = u_cols(tmat, bt, v_ptr, b, h, t, m, dv, T, HV, D, PREC)
-            else:
-                u = tl.load(u_ptr + (bh * T + t[:, None]) * D + dv[None, :], mask=m[:, None], other=0.0)
-            vn = u - ws
-        else:
-            vn = -ws
+        vn = wk_vn(S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM, WITH_V,
+                   PREC, BT, D)
     return vn
 
 
@@ -191,7 +199,7 @@ def _intra_wu_kernel(
     t = r0 + tl.arange(0, BT)
     m = t < r1
     tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
-    bt = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+    bt = chunk_beta(beta_ptr, b, h, t, m, T, HV)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
     tw = tmat * (bt * tl.exp(gt))[None, :]

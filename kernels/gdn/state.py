@@ -20,7 +20,7 @@ from kernels.gdn.common import (
 )
 from kernels.gdn.config import BT, D, KernelConfig, chunk_count, kernel_config
 from kernels.gdn.dvn_local import dvn_local, local_dvn
-from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands
+from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands, wk_vn
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
 
@@ -76,8 +76,8 @@ def _state_fwd_kernel(
             vn = walk_vn(S, kc, gam, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV,
                          VN_FROM, WITH_V, PREC, BT, D)
         else:  # Wk's product first, K and γ after (the order the sm_90 schedule was measured in)
-            vn = walk_vn(S, S, S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV,
-                         VN_FROM, WITH_V, PREC, BT, D)
+            vn = wk_vn(S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV, VN_FROM, WITH_V,
+                       PREC, BT, D)
         if STORE_VN:
             tl.store(vn_ptr + (bh * T + t[:, None]) * D + dv[None, :], vn.to(dt), mask=m[:, None])
         if VN_FROM != "t":

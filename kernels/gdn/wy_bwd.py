@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_span, load_gamma, mm, transpose_via
+from kernels.gdn.common import chunk_beta, chunk_span, load_gamma, mm, transpose_via
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config, num_chunks
 
 
@@ -37,7 +37,7 @@ def _bwd_wy_kernel(
     m = t < t1
     k_base = k_ptr + b * T * HQK * D + hk * D
     v_base = v_ptr + b * T * HV * D + h * D
-    beta = tl.load(beta_ptr + (b * T + t) * HV + h, mask=m, other=0.0).to(tl.float32)
+    beta = chunk_beta(beta_ptr, b, h, t, m, T, HV)
     gam, _, _ = load_gamma(gamma_ptr, bh, t0, t1, T, BT)
     eg = tl.exp(gam)
     bg = beta * eg
