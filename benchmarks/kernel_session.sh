@@ -123,13 +123,16 @@ for step in "$@"; do
             export TRITON_CACHE_AUTOTUNING=1  # FLA autotunes once here; `call` reads the choice back
             setup_fla; setup_qla
             t0=$SECONDS
+            wargs=()
+            IFS=';' read -ra vs <<<"${WARM_SET:-}"
+            for v in "${vs[@]}"; do wargs+=(--variant "$v"); done
             for bk in ours fla flashqla; do
                 path=""
                 [ "$bk" = fla ] && path=/tmp/site_fla
                 [ "$bk" = flashqla ] && path=/tmp/site_qla
                 FLA_FLASH_QLA=0 PYTHONPATH="$ROOT${path:+:$path}" timeout 400 python3 benchmarks/bench_gdn_peers.py \
                     --backend "$bk" --seq-lens "${a:-16384}" --qk-heads "${b:-32,16}" --accuracy-seeds "" --rep 1 \
-                    --warmup 1 --out "/tmp/warm_$bk.json" ${WARM_SET:+--variant "$WARM_SET"} >"$OUT/warm_$bk.log" 2>&1 &
+                    --warmup 1 --out "/tmp/warm_$bk.json" "${wargs[@]}" >"$OUT/warm_$bk.log" 2>&1 &
             done
             wait
             echo "$step took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
