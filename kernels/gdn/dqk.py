@@ -17,13 +17,14 @@ def _bwd_dqk_kernel(
     q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr, ds_ptr, gamma_ptr,
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, spans_ptr, scale,
     T, NT, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
-    CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
+    CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr, SLOT: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """Columns [ik·BK, (ik+1)·BK) of dq, dk, dWk for one chunk of value head hk·R + r of q/k head
     b·Hqk + hk (program_id 2), from the per-chunk S and dS' ([B·Hv, NT, D, D]). A group's heads
     run one launch each, r = 0 .. R − 1 in order (`dqk_chunk`: dq's running sum passes from
-    launch to launch, so the sum has a fixed order and is bitwise reproducible)."""
+    launch to launch, so the sum has a fixed order and is bitwise reproducible). The dk partial
+    goes to chunk slots of SLOT fp32 elements (`dqk_buffers`)."""
     j = tl.program_id(0)
     ik = tl.program_id(1)
     bhk = tl.program_id(2).to(tl.int64)
@@ -32,27 +33,30 @@ def _bwd_dqk_kernel(
     bh = b * HV + hk * R + (r if R > 1 else 0)  # R == 1: no runtime head offset at all
     slot = (bh * NT + j) * D * D
     dqk_chunk(
-        q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + slot, ds_ptr + slot,
-        gamma_ptr, dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, tl.num_programs(2) * R,
-        t0, t1, T, HQK, HV, R, CARRY_IN, CARRY_OUT, BT, D, BK, BV,
+        q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_ptr + slot, ds_ptr + slot, s_ptr + (slot - NT * D * D),
+        gamma_ptr, dq_ptr, dk_ptr + (bh * NT + j) * SLOT, dw_ptr, dgam_ptr, scale, ik, bh,
+        tl.num_programs(2) * R, t0, t1, T, HQK, HV, R, CARRY_IN, CARRY_OUT, BT, D, BK, BV,
     )
 
 
 @triton.jit
 def dqk_chunk(
-    q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_base, ds_base, gamma_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
+    q_ptr, k_ptr, vn_ptr, do_ptr, dvn_ptr, s_base, ds_base, s_prev, gamma_ptr,
+    dq_ptr, dk_base, dw_ptr, dgam_ptr, scale, ik, bh, NBH, t0, t1, T,
     HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, CARRY_IN: tl.constexpr, CARRY_OUT: tl.constexpr,
     BT: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """bwd_dqk's work for the chunk at rows t0 .. t1 of value head bh (of NBH), key columns
     [ik·BK, (ik+1)·BK): S and dS' are the chunk's [D, D] states at `s_base` and `ds_base` (row
-    stride D). dq of a q/k head sums its
-    value heads' terms, carried from one head's launch to the next through the next head's dk
-    tile (fp32, written by nobody else before that head's launch overwrites it): CARRY_IN adds
-    what the previous head left in this head's tile, CARRY_OUT leaves the sum in the next head's
-    tile instead of storing dq. Every γ-gradient term is linear in the column split, so each key
-    slice writes its own dγ partial (summed by the WY stage)."""
+    stride D); the dk partial's rows start at `dk_base` (fp32, row stride D).
+
+    Once the chunk's tiles are loaded, the program overwrites what only it reads: rows ik·BK ..
+    of S (its share of the state slot) hold dq's running sum, and, where `dqk_buffers` put them
+    there, dS' holds the dk partial and Vn holds dWk. dq of a q/k head sums its value heads' terms
+    in launch order: CARRY_OUT leaves this head's sum (fp32 [BT, BK]) in its S share instead of
+    storing dq, CARRY_IN adds the previous head's (`s_prev`, the same chunk's slot of head bh − 1).
+    Every γ-gradient term is linear in the column split, so each key slice writes its own dγ
+    partial (summed by the WY stage)."""
     b, h = bh // HV, bh % HV
     hk = h // R
     dkc = ik * BK + tl.arange(0, BK)
@@ -82,6 +86,7 @@ def dqk_chunk(
         dw_acc += tl.dot(dvn, tl.trans(S))
         dp += tl.dot(do, tl.trans(vn))
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
+    tl.debug_barrier()  # every warp's S, dS' and Vn loads are done before the slots are overwritten
     causal = i[:, None] >= i[None, :]
     e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
     dpm = dp * e * scale
@@ -89,17 +94,18 @@ def dqk_chunk(
     eg = tl.exp(gam)
     ekd = tl.exp(g_last - gam)
     dq = dq_acc * (scale * eg)[:, None] + tl.dot(dpm.to(dt), kc)
-    dk_tile = dk_ptr + (bh * T + t[:, None]) * D + dkc[None, :]
+    carry = i[:, None] * BK + tl.arange(0, BK)[None, :]  # fp32 [BT, BK] in a BK·D-element share
+    f32 = tl.pointer_type(tl.float32)
     if CARRY_IN:
-        dq += tl.load(dk_tile, mask=m[:, None], other=0.0)
-        tl.debug_barrier()  # every warp has read the carry before the transpose overwrites it
+        dq += tl.load((s_prev + ik * BK * D).to(f32) + carry, mask=m[:, None], other=0.0)
     if CARRY_OUT:
-        tl.store(dk_tile + T * D, dq, mask=m[:, None])
+        tl.store((s_base + ik * BK * D).to(f32) + carry, dq, mask=m[:, None])
     else:
         dq_off = ((b * T + t[:, None]) * HQK + hk) * D + dkc[None, :]
         tl.store(dq_ptr + dq_off, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
+    dk_tile = dk_base + i[:, None] * D + dkc[None, :]
     # dpmᵀ through this program's own dk tile (BK >= BT columns; written with dk below)
-    dpmt = transpose_via(dk_ptr + (bh * T + t0) * D + ik * BK, dpm, i, m, D)
+    dpmt = transpose_via(dk_base + ik * BK, dpm, i, m, D)
     dk = dk_acc * ekd[:, None] + tl.dot(dpmt.to(dt), q)
     z = dpm * qk
     y = ekd * tl.sum(kc.to(tl.float32) * dk_acc, axis=1)
@@ -113,21 +119,35 @@ def dqk_chunk(
 
 
 def dqk_buffers(
-    q: torch.Tensor, num_v_heads: int, cfg: KernelConfig, BK: int
+    q: torch.Tensor, num_v_heads: int, cfg: KernelConfig, BK: int, ds: torch.Tensor, vn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The outputs of bwd_dqk's work (`dqk_chunk`) in key slices of BK columns, uninitialised: dq
     ([B, T, Hqk, D] in q's dtype, summed over each q/k head's value heads), the dk partial (fp32,
-    per value head, head-major), dWk (q's dtype with cfg.dw_low, else fp32) and the dγ partials
-    [D/BK, B·Hv, T]."""
+    per value head in chunk slots [B·Hv, NT, SLOT]: chunk c's rows from the start of slot c, row
+    stride D), dWk ([B·Hv, T, D], q's dtype with cfg.dw_low, else fp32) and the dγ partials
+    [D/BK, B·Hv, T].
+
+    With one key slice per chunk (BK = D) a chunk's program is the only reader of its dS' slot
+    and of its Vn rows, so the dk partial takes dS' ([B·Hv, NT, D, D]: D·D 16- or 32-bit elements
+    a slot hold the BT·D fp32 rows) and dWk takes Vn when it has Vn's dtype: the backward's
+    largest step then allocates neither (1.5 GiB at 64K, 32 value heads, bf16)."""
     B, T, _, _ = q.shape
     if BK < BT or D % BK:
         raise ValueError(f"key slice of {BK} columns: bwd_dqk's work transposes a {BT}x{BT} tile in its "
                          f"dk columns, so it needs at least {BT} columns, and a divisor of {D}")
+    BH, NT = ds.shape[0], ds.shape[1]
+    if ds.shape != (B * num_v_heads, NT, D, D) or not ds.is_contiguous():
+        raise ValueError(f"dS' of shape {tuple(ds.shape)}: expected a contiguous "
+                         f"[{B * num_v_heads}, NT, {D}, {D}]")
+    in_place = BK == D
     dq = torch.empty_like(q)
-    dkp = torch.empty(B * num_v_heads, T, D, device=q.device, dtype=torch.float32)
-    low_dw = cfg.dw_low and q.dtype != torch.float32
-    dw = torch.empty_like(dkp, dtype=q.dtype if low_dw else torch.float32)
-    dgam = torch.empty(D // BK, B * num_v_heads, T, device=q.device, dtype=torch.float32)
+    if in_place:
+        dkp = ds.view(torch.float32).view(BH, NT, -1)
+    else:
+        dkp = torch.empty(BH, NT, BT * D, device=q.device, dtype=torch.float32)
+    dw_dtype = q.dtype if cfg.dw_low and q.dtype != torch.float32 else torch.float32
+    dw = vn if in_place and vn.dtype == dw_dtype else torch.empty(BH, T, D, device=q.device, dtype=dw_dtype)
+    dgam = torch.empty(D // BK, BH, T, device=q.device, dtype=torch.float32)
     return dq, dkp, dw, dgam
 
 
@@ -137,14 +157,15 @@ def bwd_dqk(
     spans: torch.Tensor | None = None, *, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (final: [B, T, Hqk, D] in q's dtype), the state/output part of dk (fp32, per value
-    head, head-major), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
+    head, in chunk slots), dWk and the dγ partials [D/BK, B·Hv, T] (`dqk_buffers`); `spans` as in
     `intra_solve`. With grouped heads (Hv = R·Hqk) R launches, one per value head of every group
-    (`_bwd_dqk_kernel`)."""
+    (`_bwd_dqk_kernel`). Consumes its inputs: S is overwritten with dq's running sum (grouped
+    heads), dS' and Vn may be overwritten with the dk partial and dWk."""
     cfg = cfg or kernel_config(q.dtype, q.device)
     B, T, Hqk, _ = q.shape
     Hv, NT = num_v_heads, num_chunks(T, spans)
     BK = cfg.dqk_bk
-    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK)
+    dq, dkp, dw, dgam = dqk_buffers(q, Hv, cfg, BK, ds, vn)
     R = Hv // Hqk
     for r in range(R):
         _bwd_dqk_kernel[(NT, D // BK, B * Hqk)](
@@ -152,7 +173,7 @@ def bwd_dqk(
             dq_ptr=dq, dk_ptr=dkp, dw_ptr=dw, dgam_ptr=dgam,
             spans_ptr=spans if spans is not None else dq, scale=scale,
             T=T, NT=NT, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_IN=r > 0, CARRY_OUT=r < R - 1,
-            VARLEN=spans is not None, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
+            SLOT=dkp.stride(1), VARLEN=spans is not None, BT=BT, D=D, BK=BK, BV=cfg.dqk_bv,
             num_warps=cfg.dqk_warps,
         )
     return dq, dkp, dw, dgam

@@ -90,7 +90,8 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
     them anyway, and recomputing them costs a second sequential state pass (measured ~2 ms of a
     64K fwd+bwd on an H200). They are held on ctx rather than by save_for_backward so that the
     backward can drop each one as soon as its last stage has run (Wk and the segment maps after
-    the reverse pass, S, dS and Vn after bwd_dqk), which lowers the backward's peak. A second
+    the reverse pass, S after bwd_dqk, whose dk partial and dWk take dS' and Vn's memory), which
+    lowers the backward's peak. A second
     backward through the same graph (retain_graph) finds them gone and recomputes them. So does a
     forward under a saved-tensors hook, which keeps only the inputs and γ (an activation
     checkpoint drops the saved tensors and re-runs the forward, but would never see what ctx
@@ -159,7 +160,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched
         del maps, w  # bwd_dqk does not read Wk
         dq, dkp, dw, dgam = bwd_dqk(q, k, Hv, gamma, s, ds, vn, dvn, do, ctx.scale, spans, cfg=cfg)
-        del s, ds, vn
+        del s, ds, vn  # overwritten by bwd_dqk; dkp and dw may hold the memory of the last two
         dk, dv, dbeta, dg = bwd_wy(k, v, beta, ctx.g_dtype, gamma, tm, dw, dvn, dkp, dgam, spans, cfg=cfg)
         del tm, dw, dvn, dkp, dgam
         if dh0 is not None:

@@ -240,14 +240,15 @@ def state_backward(
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
     in_step = cfg.dvl_in_walk
-    dvl = None if in_step else dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
+    # dVn is written over dvl: each element is read by the one program that then writes it
+    dvn = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype) if in_step else dvn_local(
+        q, k, do, gamma, scale, spans, cfg=cfg)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
-    dvn = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn if dvl is None else dvl,
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn,
                     gamma_ptr=gamma, scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
                     DVL_IN_STEP=in_step, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
                     num_stages=cfg.state_stages)

@@ -16,16 +16,18 @@ from kernels.gdn.config import BT, D, KernelConfig, dot_precision, kernel_config
 def _bwd_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tm_ptr, dw_ptr, du_ptr, dkp_ptr, dgam_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, spans_ptr,
-    T, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, CARRY_OUT: tl.constexpr,
+    T, NT, r, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr, CARRY_OUT: tl.constexpr,
+    SLOT: tl.constexpr,
     DK_ROW_F32: tl.constexpr, PREC_DT: tl.constexpr, PREC_DA: tl.constexpr, PREC_DX: tl.constexpr,
     VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NK: tl.constexpr,
 ):
     """Chunk c of value head hk·R + r of q/k head b·Hqk + hk (program_id 1). Two passes over D
     slices keep only 64×BD tiles live: the first builds dT and K·Kᵀ (sums over D), the second
-    applies Tᵀ and writes dk, dv slice by slice. A group's heads run one launch each, r = 0 ..
-    R − 1 in order; dk sums them: CARRY_OUT adds this head's dk into the next head's partial
-    (fp32, read by nobody before that head's launch), the last head stores the sum in k's dtype
-    (a fixed order: bitwise reproducible)."""
+    applies Tᵀ and writes dk, dv slice by slice. The dk partial is bwd_dqk's, in chunk slots of
+    SLOT fp32 elements (`dqk.dqk_buffers`). A group's heads run one launch each, r = 0 .. R − 1 in
+    order; dk sums them: CARRY_OUT adds this head's dk into the next head's partial (read by
+    nobody before that head's launch), the last head stores the sum in k's dtype (a fixed order:
+    bitwise reproducible)."""
     c = tl.program_id(0)
     bhk = tl.program_id(1).to(tl.int64)
     b, hk = bhk // HQK, bhk % HQK
@@ -81,13 +83,14 @@ def _bwd_wy_kernel(
         dus = tl.load(du_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
         dxk = mm(tmt, dws, PREC_DX)
         dxv = mm(tmt, dus.to(tl.float32), PREC_DX)
-        dks = tl.load(dkp_ptr + (bh * T + t[:, None]) * D + d[None, :], mask=m[:, None], other=0.0)
+        dkp_rows = dkp_ptr + (bh * NT + c) * SLOT + i[:, None] * D + d[None, :]
+        dks = tl.load(dkp_rows, mask=m[:, None], other=0.0)
         dks += dxk * bg[:, None]
         dks += mm(bdl, ks, PREC_DX)
         dbeta += tl.sum(dxk * ks, axis=1) * eg + tl.sum(dxv * vs, axis=1)
         dgam += tl.sum(dxk * ks, axis=1) * bg
         if CARRY_OUT:
-            nxt = dkp_ptr + ((bh + 1) * T + t[:, None]) * D + d[None, :]
+            nxt = dkp_rows + NT * SLOT
             tl.store(nxt, tl.load(nxt, mask=m[:, None], other=0.0) + dks, mask=m[:, None])
         else:
             tl.store(dk_ptr + ((b * T + t[:, None]) * HQK + hk) * D + d[None, :],
@@ -108,7 +111,8 @@ def bwd_wy(
     """dk ([B, T, Hqk, D] in k's dtype, summed over each q/k head's value heads), dv, dβ and dg
     through the WY representation; `spans` as in `intra_solve`. With grouped heads (Hv = R·Hqk)
     R launches, one per value head of every group, which carry dk's running sum through the
-    next head's rows of `dkp` (bwd_dqk's dk partial, fp32): `dkp` is overwritten."""
+    next head's rows of `dkp` (bwd_dqk's dk partial, fp32 in chunk slots [B·Hv, NT, SLOT]): `dkp`
+    is overwritten."""
     cfg = cfg or kernel_config(k.dtype, k.device)
     B, T, Hqk, _ = k.shape
     Hv, NT = v.shape[2], num_chunks(T, spans)
@@ -122,7 +126,7 @@ def bwd_wy(
             k_ptr=k, v_ptr=v, beta_ptr=beta, gamma_ptr=gamma, tm_ptr=tm, dw_ptr=dw, du_ptr=dvn,
             dkp_ptr=dkp, dgam_ptr=dgam, dk_ptr=dk, dv_ptr=dv, dbeta_ptr=dbeta, dg_ptr=dg,
             spans_ptr=spans if spans is not None else dg,
-            T=T, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_OUT=r < R - 1,
+            T=T, NT=NT, r=r, HQK=Hqk, HV=Hv, R=R, CARRY_OUT=r < R - 1, SLOT=dkp.stride(1),
             DK_ROW_F32=dk.stride(1) * dk.element_size() // 4,
             PREC_DT=dot_precision(cfg, k.dtype, "wy_dt"), PREC_DA=dot_precision(cfg, k.dtype, "wy_da"),
             PREC_DX=dot_precision(cfg, k.dtype, "wy_dx"), VARLEN=spans is not None, BT=BT, D=D,

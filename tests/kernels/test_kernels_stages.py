@@ -31,6 +31,18 @@ def chunks() -> list[slice]:
     return [slice(c, min(c + BT, T)) for c in range(0, T, BT)]
 
 
+def slot_rows(dkp: torch.Tensor) -> torch.Tensor:
+    """The dk partial's rows [Hv, T, D] from its chunk slots [Hv, NT, SLOT] (`dqk.dqk_buffers`)."""
+    return dkp[:, :, : BT * D].reshape(HV, -1, D)[:, :T]
+
+
+def in_slots(rows: torch.Tensor) -> torch.Tensor:
+    """Rows [Hv, T, D] laid out in chunk slots [Hv, NT, BT·D], as bwd_wy reads the dk partial."""
+    out = torch.zeros(HV, len(chunks()) * BT, D, dtype=rows.dtype)
+    out[:, :T] = rows
+    return out.view(HV, len(chunks()), BT * D)
+
+
 @pytest.fixture(scope="module")
 def x() -> dict[str, torch.Tensor]:
     """fp32 stage inputs and their fp64 copies (suffix 64), head-major where the stages are."""
@@ -215,11 +227,14 @@ def test_state_backward(x, ref, segments: int) -> None:
         assert rel_l2(dh0[0, h], d0) <= TOL
 
 
-def test_bwd_dqk(x, ref) -> None:
+@pytest.mark.parametrize("bk", [64, 128], ids=lambda bk: f"dqk_bk{bk}")
+def test_bwd_dqk(x, ref, bk: int) -> None:
     """dq, the state/output part of dk and Σ dγ partials are the gradients of
     <O, dO> + <S', dS'> in q, k and γ with S, Vn, dS' held (dq summed over a q/k head's value
-    heads, the dk partial per value head); dWk = −dVn·Sᵀ."""
-    from kernels.gdn import bwd_dqk
+    heads, the dk partial per value head); dWk = −dVn·Sᵀ. In two key slices, and in one, where
+    the dk partial is written over dS' and dWk over Vn (fp32 dWk, fp32 Vn): those are the
+    inputs' own tensors afterwards, and S holds dq's carry."""
+    from kernels.gdn import bwd_dqk, config_overrides
 
     gamma = ref["gam"].float()
     s = torch.stack([torch.stack(ref["fwd"][h][0]) for h in range(HV)]).float()
@@ -227,7 +242,14 @@ def test_bwd_dqk(x, ref) -> None:
     back = [_ref_state_backward(x, ref, h) for h in range(HV)]
     ds = torch.stack([torch.stack(back[h][0]) for h in range(HV)]).float()
     dvn = torch.stack([torch.cat(back[h][1]) for h in range(HV)]).float()
-    dq, dkp, dw, dgam = bwd_dqk(x["q"], x["k"], HV, gamma, s, ds, vn, dvn, x["do"], SCALE)
+    s_in, ds_in, vn_in = s.clone(), ds.clone(), vn.clone()
+    with config_overrides(dqk_bk=bk):
+        dq, dkp, dw, dgam = bwd_dqk(x["q"], x["k"], HV, gamma, s_in, ds_in, vn_in, dvn, x["do"], SCALE)
+    in_place = bk == D
+    assert (dkp.untyped_storage().data_ptr() == ds_in.untyped_storage().data_ptr()) == in_place
+    assert (dw.data_ptr() == vn_in.data_ptr()) == in_place
+    assert not torch.equal(s_in, s)  # the first head's dq carry
+    dkp = slot_rows(dkp)
     want_dq = torch.zeros(dq.shape, dtype=torch.float64)
     for h in range(HV):
         q = head(x["q"], h // R).requires_grad_()
@@ -260,7 +282,8 @@ def test_bwd_wy(x, ref) -> None:
     _, _, tm = intra_solve(x["k"], x["v"], x["beta"], gamma, HV, store_t=True)
     dw, du, dkp = (torch.randn(HV, T, D, generator=gen) for _ in range(3))
     dgam = torch.randn(1, HV, T, generator=gen)
-    dk, dv, dbeta, dg = bwd_wy(x["k"], x["v"], x["beta"], torch.float32, gamma, tm, dw, du, dkp.clone(), dgam)
+    dkp_slots = in_slots(dkp)
+    dk, dv, dbeta, dg = bwd_wy(x["k"], x["v"], x["beta"], torch.float32, gamma, tm, dw, du, dkp_slots, dgam)
     want_dk = torch.zeros(dk.shape, dtype=torch.float64)
     for h in range(HV):
         k = head(x["k"], h // R).requires_grad_()
@@ -357,7 +380,7 @@ def test_t_fp16_keeps_t_rounded_and_leaves_the_low_wy_backward_unchanged(x, ref)
     for fp16 in (False, True):
         with config_overrides(t_fp16=fp16):
             w, u, tm = intra_solve(k, v, beta, gamma, HV, store_t=True)
-            grads = bwd_wy(k, v, beta, torch.float32, gamma, tm, dw, du, dkp.clone(), dgam)
+            grads = bwd_wy(k, v, beta, torch.float32, gamma, tm, dw, du, in_slots(dkp), dgam)
         out[fp16] = (w, u, tm, grads)
     assert out[False][2].dtype == torch.float32 and out[True][2].dtype == torch.float16
     assert torch.equal(out[True][2], out[False][2].half())
