@@ -63,9 +63,12 @@ class KernelConfig:
     # the vn precision, so the forward writes neither (the backward forms Wk for its reverse
     # walk from the kept T). dvl_in_walk: the reverse walk forms the intra-chunk part of dVn
     # (`dvn_local.local_dvn`) from the K, Q and dO tiles it loads anyway, so dvl makes no round
-    # trip through memory.
+    # trip through memory. walk_wk: the reverse walk forms Wk = (T·diag(βe^γ))·K at the wu
+    # precision from the kept T and the K tile it loads anyway, so the forward keeps no Wk and the
+    # backward writes none (under walk_vn "t" no Wk exists at all).
     walk_vn: str = "load"
     dvl_in_walk: bool = False
+    walk_wk: bool = False
     state_bv: int = 32  # value columns per program of the sequential passes (D/BV programs per head)
     state_warps: int = 4
     state_stages: int = 3  # H200 64K: both passes 5.96 -> 5.46 ms from 2 to 3

@@ -33,11 +33,11 @@ def _forward(
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, keep: bool,
     cfg: KernelConfig, on_final_state: StateCallback | None = None, table: ChunkTable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
-    """o, the final state and, when `keep`, what the backward takes: (Wk (None under walk_vn "t"),
-    T, per-chunk S, Vn, segment maps or None), or with cfg.fused (T, the group states, the segment
-    maps or None, chunks per segment). `table`: the chunk table of packed sequences (`varlen`):
-    every stage reads and writes the packed rows chunk by chunk through it, and the state passes
-    restart at every sequence.
+    """o, the final state and, when `keep`, what the backward takes: (Wk (None under walk_vn "t"
+    or walk_wk), T, per-chunk S, Vn, segment maps or None), or with cfg.fused (T, the group
+    states, the segment maps or None, chunks per segment). `table`: the chunk table of packed
+    sequences (`varlen`): every stage reads and writes the packed rows chunk by chunk through it,
+    and the state passes restart at every sequence.
     `on_final_state(ht)` runs as soon as the state pass has the final state, before the output
     stage is launched (a CP chain can send it on while the output is computed)."""
     Hv = v.shape[2]
@@ -53,6 +53,8 @@ def _forward(
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
     o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, table_parts(table)[0], cfg=cfg)
+    if cfg.walk_wk:
+        w = None  # the reverse walk forms Wk from T
     return o, ht, ((w, tm, s, vn, maps) if keep else ())
 
 
@@ -150,11 +152,13 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             del kept
         else:
             w, tm, s, vn, _, maps = _walk(k, v, beta, gamma, h0, False, True, cfg, table)
-        if w is None:  # walk_vn "t": the forward wrote no Wk; the reverse walk reads it
+        if cfg.walk_wk:
+            w = None
+        elif w is None:  # walk_vn "t": the forward wrote no Wk; the reverse walk reads it
             w, _ = intra_wu(k, None, beta, gamma, tm, spans=spans, cfg=cfg)
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
-            seq_chunks=seq_chunks, spans=spans, cfg=cfg,
+            seq_chunks=seq_chunks, spans=spans, wk_from=(beta, tm) if cfg.walk_wk else None, cfg=cfg,
         )
         if ctx.on_initial_state_grad is not None and dh0 is not None:
             ctx.on_initial_state_grad(dh0)  # before the input-gradient stages are launched

@@ -138,6 +138,14 @@ def u_cols(tmat, bt, v_ptr, b, h, t, m, dcol, T, HV: tl.constexpr, D: tl.constex
 
 
 @triton.jit
+def t_wk(tmat, bt, gam):
+    """T·diag(βe^γ), fp32: Wk = T·diag(βe^γ)·K at the wu precision, where the intra stage writes
+    Wk and where a reverse walk forms it (`KernelConfig.walk_wk`). Scaling T's 64 columns costs
+    less than scaling the [64, D] K tile."""
+    return tmat * (bt * tl.exp(gam))[None, :]
+
+
+@triton.jit
 def wk_vn(S, w_ptr, u_ptr, v_ptr, beta_ptr, tm_ptr, bh, b, h, t, m, dv, T, HV: tl.constexpr,
           VN_FROM: tl.constexpr, WITH_V: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
           D: tl.constexpr):
@@ -202,7 +210,7 @@ def _intra_wu_kernel(
     bt = chunk_beta(beta_ptr, b, h, t, m, T, HV)
     g_last = tl.load(gamma_ptr + bh * T + last)
     gt = tl.where(m, tl.load(gamma_ptr + bh * T + t, mask=m, other=0.0), g_last)
-    tw = tmat * (bt * tl.exp(gt))[None, :]
+    tw = t_wk(tmat, bt, gt)
     k_rows = (b * T + t[:, None]) * HQK * D + hk * D
     for s0 in tl.static_range(0, BD, BS):
         dcol = d0 + s0 + tl.arange(0, BS)

@@ -10,17 +10,20 @@ import triton
 import triton.language as tl
 
 from kernels.gdn.common import (
+    chunk_beta,
+    chunk_t,
     load_gamma,
     load_rows,
+    mm,
     state_next,
     state_slot,
     value_rows,
     walk_range,
     walk_span,
 )
-from kernels.gdn.config import BT, D, KernelConfig, chunk_count, kernel_config
+from kernels.gdn.config import BT, D, KernelConfig, chunk_count, dot_precision, kernel_config
 from kernels.gdn.dvn_local import dvn_local, local_dvn
-from kernels.gdn.intra import VnFrom, walk_vn, walk_vn_operands, wk_vn
+from kernels.gdn.intra import VnFrom, t_wk, walk_vn, walk_vn_operands, wk_vn
 from kernels.gdn.segments import segment_forward_summary, segment_scan, state_segments
 
 
@@ -94,15 +97,18 @@ def _state_fwd_kernel(
 @triton.jit
 def _state_bwd_kernel(
     q_ptr, k_ptr, w_ptr, do_ptr, dvl_ptr, gamma_ptr, dht_ptr, ds_ptr, dvn_ptr, dh0_ptr, seq_ptr, spans_ptr,
-    scale, T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
+    beta_ptr, tm_ptr, scale, T, NT, CPS, SEG0, HQK: tl.constexpr, HV: tl.constexpr, R: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE: tl.constexpr, STORE_DH0: tl.constexpr, ALL_DH0: tl.constexpr,
-    DVL_IN_STEP: tl.constexpr, VARLEN: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
+    DVL_IN_STEP: tl.constexpr, WK_IN_STEP: tl.constexpr, PREC_WU: tl.constexpr, VARLEN: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
 ):
     """Segment seg = SEG0 + program_id 2 of CPS chunks, walked in reverse from dht[bh, seg] (or 0).
     STORE: write dVn and every chunk's dS' in w's dtype [B·Hv, NT, D, D]. The segment's start
     gradient goes to dh0[bh, seg] when ALL_DH0 (the summary run of every segment), else segment
     0's to dh0[bh] when STORE_DH0. DVL_IN_STEP: the intra-chunk part of dVn is formed in the step
     (`local_dvn` on the K, Q, dO tiles the step loads anyway) instead of read from dvl.
+    WK_IN_STEP: the step forms Wk = T·diag(βe^γ)·K at PREC_WU (`intra.t_wk`) from the chunk's T
+    and the K tile instead of reading it; w_ptr then only gives the dtype.
     VARLEN (B = 1, SEG0 = 0): segment n is packed sequence n, chunks seq_ptr[n] .. seq_ptr[n+1],
     walked back from dht[n, h] to dh0[n, h]."""
     iv = tl.program_id(0)
@@ -145,7 +151,11 @@ def _state_bwd_kernel(
         if not DVL_IN_STEP:
             q = load_rows(q_ptr + qk_off, t, m, HQK * D, D)
             do = value_rows(do_ptr, b, h, t, m, dv, T, HV, D)
-        wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
+        if WK_IN_STEP:
+            tw = t_wk(chunk_t(tm_ptr, bh, t, m, T, BT), chunk_beta(beta_ptr, b, h, t, m, T, HV), gam)
+            wk = mm(tw, kc.to(tl.float32), PREC_WU).to(dt)
+        else:
+            wk = tl.load(w_ptr + rows + dk[None, :], mask=m[:, None], other=0.0)
         dS = state_grad_step(dS, q, do, wk, dvn, gam, g_last, scale)
     if ALL_DH0:
         tl.store(dh0_ptr + st * D * D + cols, dS)
@@ -221,12 +231,13 @@ def state_forward(
 
 
 def state_backward(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, gamma: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, do: torch.Tensor, gamma: torch.Tensor,
     dht: torch.Tensor | None, scale: float, *, want_dh0: bool, maps: torch.Tensor | None = None,
     seq_chunks: torch.Tensor | None = None, spans: torch.Tensor | None = None,
-    cfg: KernelConfig | None = None,
+    wk_from: tuple[torch.Tensor, torch.Tensor] | None = None, cfg: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-chunk dS at chunk ends [B·Hv, NT, D, D], full dVn [B·Hv, T, D] and dh0 (fp32) if asked.
+    The walk reads Wk from `w`, or forms it in its step from `wk_from` = (β, T) (w None).
 
     `maps` are the forward's segment transitions (state_forward's fourth result): with them the
     reverse pass is segmented the same way. Every segment but the first walks back from a zero
@@ -239,6 +250,9 @@ def state_backward(
     R = Hv // Hqk
     if seq_chunks is not None and maps is not None:
         raise ValueError("packed sequences (seq_chunks) walk one segment per sequence: no segment maps")
+    if (w is None) == (wk_from is None):
+        raise ValueError("the reverse walk reads Wk from w or forms it from wk_from = (beta, T): give one")
+    beta, tm = wk_from if wk_from is not None else (k, k)
     in_step = cfg.dvl_in_walk
     # dVn is written over dvl: each element is read by the one program that then writes it
     dvn = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype) if in_step else dvn_local(
@@ -248,9 +262,11 @@ def state_backward(
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn,
+    w = k if w is None else w  # formed in the step: the pointer gives the dtype
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn, beta_ptr=beta, tm_ptr=tm,
                     gamma_ptr=gamma, scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
-                    DVL_IN_STEP=in_step, BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
+                    DVL_IN_STEP=in_step, WK_IN_STEP=wk_from is not None,
+                    PREC_WU=dot_precision(cfg, k.dtype, "wu"), BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,
                     num_stages=cfg.state_stages)
     dend = dht
     if nseg > 1 and seq_chunks is None:

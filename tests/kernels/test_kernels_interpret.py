@@ -69,13 +69,16 @@ IN_WALK = {"walk_vn": "u", "dvl_in_walk": True}
      # two segments: the summary walk forms U too; a group's middle value head
      ((200, (1, 3), torch.float32, True, True), {**IN_WALK, "seq_segments": 2}),
      ((64, (2, 4), torch.float32, False, True), {"walk_vn": "u"}),
-     ((65, (1, 1), torch.float32, True, False), {"dvl_in_walk": True})],
+     ((65, (1, 1), torch.float32, True, False), {"dvl_in_walk": True}),
+     # the reverse walk forms Wk: two segments (the affine pass too), a group's middle value head
+     ((200, (1, 3), torch.float32, True, True), {"walk_wk": True, "seq_segments": 2}),
+     ((65, (2, 4), torch.float16, True, True), {"walk_wk": True})],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
-def test_walks_that_form_u_and_the_local_dvn_match_the_oracle(case: tuple, over: dict) -> None:
-    """The forward walk forming U in its step and the reverse walk forming the intra-chunk dVn:
-    within the oracle's bound, and for fp32 inputs the default's bits (the staged path keeps U and
-    dvl in the input dtype, so fp32 loses nothing there and the sums are the same)."""
+def test_walks_that_form_u_wk_or_the_local_dvn_match_the_oracle(case: tuple, over: dict) -> None:
+    """The forward walk forming U in its step, the reverse walk forming Wk or the intra-chunk dVn:
+    within the oracle's bound, and for fp32 inputs the default's bits (the staged path keeps U, Wk
+    and dvl in the input dtype, so fp32 loses nothing there and the sums are the same)."""
     from kernels.gdn import config_overrides
 
     segments = {k: v for k, v in over.items() if k == "seq_segments"}
@@ -93,7 +96,9 @@ def test_walks_that_form_u_and_the_local_dvn_match_the_oracle(case: tuple, over:
     [((65, (2, 4), torch.float16, True, True), {"walk_vn": "t"}),
      # split: the summary walks form Vn from T (E with V, M without); the local dVn in the walk
      ((200, (1, 3), torch.float32, True, True), {"walk_vn": "t", "seq_segments": 2, "dvl_in_walk": True}),
-     ((1, (1, 1), torch.float32, False, True), {"walk_vn": "t"})],
+     ((1, (1, 1), torch.float32, False, True), {"walk_vn": "t"}),
+     # no Wk anywhere: the reverse walk forms it too
+     ((65, (2, 4), torch.float16, True, True), {"walk_vn": "t", "walk_wk": True})],
     ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
 )
 def test_walk_that_forms_vn_from_t_matches_the_oracle_and_repeats(case: tuple, over: dict) -> None:
