@@ -43,7 +43,8 @@ LOWERS = {
 PRECISION_CONSTEXPRS = {k: "PREC" for k in (
     "_intra_t_kernel", "_intra_wu_kernel", "_segment_scan_kernel", "_fused_fwd_kernel", "_fused_maps_kernel",
     "_fused_bwd_kernel", "_fused_dmaps_kernel")} | {
-    "_state_fwd_kernel": "PREC", "_segment_fwd_summary_kernel": "PREC"}  # U or Vn formed in the walk
+    "_state_fwd_kernel": "PREC", "_segment_fwd_summary_kernel": "PREC",  # U or Vn formed in the walk
+    "_state_bwd_kernel": "PREC_WU"}  # Wk formed in the reverse walk
 
 
 def _skip_reason() -> str | None:
@@ -139,8 +140,8 @@ def test_every_kernel_lowers_under_the_npu_config(lowered: list[dict]) -> None:
 
 def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) -> None:
     """The precision constexprs of the launches: hf32 for the intra products of half-precision
-    inputs (U's too, where a walk forms it), IEEE for fp32 ones and for the segment scan; never
-    tf32 or tf32x3."""
+    inputs (U's, Vn's and Wk's too, where a walk forms them), IEEE for fp32 ones and for the
+    segment scan; never tf32 or tf32x3."""
     seen = {}
     for r in lowered:
         name = PRECISION_CONSTEXPRS.get(r["kernel"])
@@ -149,7 +150,7 @@ def test_npu_config_sets_the_dot_precisions_ascend_accepts(lowered: list[dict]) 
             continue
         seen.setdefault((r["kernel"], r["dtype"]), set()).add(r["constexprs"][name])
     fused = {"_fused_fwd_kernel", "_fused_maps_kernel", "_fused_bwd_kernel", "_fused_dmaps_kernel"}
-    walks = {"_state_fwd_kernel", "_segment_fwd_summary_kernel"}  # the product that forms U or Vn
+    walks = {"_state_fwd_kernel", "_segment_fwd_summary_kernel", "_state_bwd_kernel"}  # U, Vn or Wk
     assert seen == {("_intra_t_kernel", "bfloat16"): {"hf32"}, ("_intra_t_kernel", "float32"): {"ieee"},
                     ("_intra_wu_kernel", "bfloat16"): {"hf32"}, ("_intra_wu_kernel", "float32"): {"ieee"},
                     ("_segment_scan_kernel", "bfloat16"): {"ieee"},

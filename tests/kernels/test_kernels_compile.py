@@ -102,7 +102,7 @@ def _inputs(dtype: torch.dtype, T: int, hq: int, hv: int):
 
 def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     """Run the real wiring: grouped heads with and without states and the CP summary at T = 65 (the
-    failing H200 case), the split state passes (also with U or Vn and the local dVn formed in the walks),
+    failing H200 case), the split state passes (also with U or Vn, Wk and the local dVn formed in the walks),
     packed sequences and the fused path (one walk and two segments, the backward also in value
     slices) at T = 130. `full` (the
     `--full` report) adds Hqk = Hv and T = 8192 (T % 16 == 0 changes Triton's alignment
@@ -122,9 +122,10 @@ def _drive(mod, dtype: torch.dtype, full: bool) -> None:
     with mod.config_overrides(seq_segments=2):
         o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         (o.float().sum() + s.sum()).backward()
-    # the walks that form U and the intra-chunk dVn in their steps (split: the summary walk too)
-    for walk_vn in ("u", "t"):
-        with mod.config_overrides(seq_segments=2, walk_vn=walk_vn, dvl_in_walk=True):
+    # the walks that form U or Vn, Wk and the intra-chunk dVn in their steps (split: the summary
+    # walk too)
+    for walk_vn, walk_wk in (("u", False), ("t", True)):
+        with mod.config_overrides(seq_segments=2, walk_vn=walk_vn, dvl_in_walk=True, walk_wk=walk_wk):
             o, s = mod.gated_delta_rule_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
             (o.float().sum() + s.sum()).backward()
     # packed sequences (every stage through the chunk table, one walk per sequence in the state
