@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 FORMAT = "gdn-one-call/1"
 BACKENDS = ("ours", "fla", "flashqla")
 SETTINGS = ("seq_lens", "qk_heads", "v_heads", "processes", "rep", "warmup", "accuracy_seeds",
-            "peer_accuracy_seeds", "variant", "variant_processes", "set", "backends")
+            "peer_accuracy_seeds", "variant", "variant_processes", "variant_seq_lens", "set", "backends")
 
 
 def nvidia_smi(query: str) -> str | None:
@@ -80,6 +80,7 @@ def child_command(backend: str, index: int, args: argparse.Namespace, out: Path)
     cmd += ["--accuracy-seeds", seeds if index == 0 else ""]
     if backend == "ours":
         cmd += [f"--variant={v}" for v in args.variant] if index < args.variant_processes else []
+        cmd += ["--variant-seq-lens", args.variant_seq_lens] if args.variant_seq_lens else []
         cmd += ["--variant-accuracy-seeds", args.accuracy_seeds.split(",")[0] if index == 0 else ""]
         if index == 0:
             cmd.append("--repro")
@@ -170,6 +171,7 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON: KernelConfig overrides (ours)")
     ap.add_argument("--variant-processes", type=int, default=1 << 30,
                     help="time the variants in ours' first N processes only (default: all)")
+    ap.add_argument("--variant-seq-lens", default="", help="the variants' lengths (default: --seq-lens)")
     ap.add_argument("--set", default="", help="KernelConfig overrides (JSON) of ours' default settings")
     ap.add_argument("--fla-path", default="", help="folder holding FLA 0.6.0 (and not FlashQLA)")
     ap.add_argument("--qla-path", default="", help="folder holding FlashQLA 0.1.3 and TileLang")

@@ -11,10 +11,11 @@
 #          call[:LENS[:HEADS]] the one-call measurement (benchmarks/gdn_one_call.py): ours, FLA and FlashQLA in
 #                             turns, PROCS (default 3) processes each, at LENS (default 16384,32768,65536),
 #                             HEADS (default 32,16), accuracy CALL_SEEDS (default 0,1,2) for ours, VARIANTS
-#                             ('NAME=JSON;...') of ours in its first VARIANT_PROCS (default 1) processes;
-#                             cut at CALL_LIMIT s (default 540); $OUT/call.json. Warm first (FLA's autotuning
-#                             and FlashQLA's compiles take minutes cold): a `warm` call just before, on the
-#                             same machine (COMMIT: the commit measured, for a tree copied without .git)
+#                             ('NAME=JSON;...') of ours in its first VARIANT_PROCS (default 1) processes, at
+#                             VARIANT_LENS (default LENS); cut at CALL_LIMIT s (default 540); $OUT/call.json.
+#                             Warm first (FLA's autotuning and FlashQLA's compiles take minutes cold): a `warm`
+#                             call just before, on the same machine (COMMIT: the commit measured, for a tree
+#                             copied without .git)
 #          warm[:LENS[:HEADS]] one untimed process of each backend at once at LENS (default 16384), filling
 #                             the on-disk caches (Triton's, autotuning included, and TileLang's) for `call`
 #          fla[:LENS[:HEADS]] | qla[:LENS[:HEADS]]   the peers (wheels: .whl/fla/*.whl, .whl/qla_site.tar.xz);
@@ -147,6 +148,7 @@ for step in "$@"; do
                 --seq-lens "${a:-16384,32768,65536}" --qk-heads "${b:-32,16}" --processes "${PROCS:-3}" \
                 --accuracy-seeds "${CALL_SEEDS:-0,1,2}" --rep "$REP" --fla-path /tmp/site_fla --qla-path /tmp/site_qla \
                 --deadline "$((${CALL_LIMIT:-540} - 15))" --variant-processes "${VARIANT_PROCS:-1}" "${vargs[@]}" \
+                ${VARIANT_LENS:+--variant-seq-lens "$VARIANT_LENS"} \
                 ${COMMIT:+--commit "$COMMIT"} ${SET:+--set "$SET"} \
                 2>&1 | tee -a "$OUT/call.log"
             echo "$step rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/summary.txt" ;;
