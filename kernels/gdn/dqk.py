@@ -127,10 +127,11 @@ def dqk_buffers(
     stride D), dWk ([B·Hv, T, D], q's dtype with cfg.dw_low, else fp32) and the dγ partials
     [D/BK, B·Hv, T].
 
-    With one key slice per chunk (BK = D) a chunk's program is the only reader of its dS' slot
-    and of its Vn rows, so the dk partial takes dS' ([B·Hv, NT, D, D]: D·D 16- or 32-bit elements
-    a slot hold the BT·D fp32 rows) and dWk takes Vn when it has Vn's dtype: the backward's
-    largest step then allocates neither (1.5 GiB at 64K, 32 value heads, bf16)."""
+    With one key slice per chunk (BK = D) and cfg.bwd_in_place, a chunk's program is the only
+    reader of its dS' slot and of its Vn rows, so the dk partial takes dS' ([B·Hv, NT, D, D]: D·D
+    16- or 32-bit elements a slot hold the BT·D fp32 rows) and dWk takes Vn when it has Vn's
+    dtype: the backward's largest step then allocates neither (1.5 GiB at 64K, 32 value heads,
+    bf16)."""
     B, T, _, _ = q.shape
     if BK < BT or D % BK:
         raise ValueError(f"key slice of {BK} columns: bwd_dqk's work transposes a {BT}x{BT} tile in its "
@@ -139,7 +140,7 @@ def dqk_buffers(
     if ds.shape != (B * num_v_heads, NT, D, D) or not ds.is_contiguous():
         raise ValueError(f"dS' of shape {tuple(ds.shape)}: expected a contiguous "
                          f"[{B * num_v_heads}, NT, {D}, {D}]")
-    in_place = BK == D
+    in_place = cfg.bwd_in_place and BK == D
     dq = torch.empty_like(q)
     if in_place:
         dkp = ds.view(torch.float32).view(BH, NT, -1)

@@ -254,16 +254,18 @@ def state_backward(
         raise ValueError("the reverse walk reads Wk from w or forms it from wk_from = (beta, T): give one")
     beta, tm = wk_from if wk_from is not None else (k, k)
     in_step = cfg.dvl_in_walk
-    # dVn is written over dvl: each element is read by the one program that then writes it
-    dvn = torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype) if in_step else dvn_local(
-        q, k, do, gamma, scale, spans, cfg=cfg)
+    dvl = None if in_step else dvn_local(q, k, do, gamma, scale, spans, cfg=cfg)
+    # bwd_in_place: dVn over dvl, each element read by the one program that then writes it
+    in_place = dvl is not None and cfg.bwd_in_place
+    dvn = dvl if in_place else torch.empty(B * Hv, T, D, device=q.device, dtype=q.dtype)
     ds = torch.empty(B * Hv, NT, D, D, device=q.device, dtype=q.dtype)
     n_states = B if seq_chunks is None else seq_chunks.numel() - 1
     dh0 = torch.empty(n_states, Hv, D, D, device=q.device, dtype=torch.float32) if want_dh0 else None
     BV = cfg.state_bv
     nseg = (1 if maps is None else maps.shape[1]) if seq_chunks is None else n_states
     w = k if w is None else w  # formed in the step: the pointer gives the dtype
-    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn, beta_ptr=beta, tm_ptr=tm,
+    operands = dict(q_ptr=q, k_ptr=k, w_ptr=w, do_ptr=do, dvl_ptr=dvn if dvl is None else dvl,
+                    beta_ptr=beta, tm_ptr=tm,
                     gamma_ptr=gamma, scale=scale, T=T, NT=NT, CPS=triton.cdiv(NT, nseg), HQK=Hqk, HV=Hv, R=R,
                     DVL_IN_STEP=in_step, WK_IN_STEP=wk_from is not None,
                     PREC_WU=dot_precision(cfg, k.dtype, "wu"), BT=BT, D=D, BV=BV, num_warps=cfg.state_warps,

@@ -113,6 +113,27 @@ def test_walk_that_forms_vn_from_t_matches_the_oracle_and_repeats(case: tuple, o
         assert torch.equal(t, second[name]), f"{name} differs between two runs"
 
 
+@pytest.mark.parametrize(
+    "case,over",
+    [((130, (2, 4), torch.float16, True, True), {"dqk_bk": 128}),  # grouped heads: dq's carry in S
+     ((200, (1, 3), torch.float16, True, True), {"seq_segments": 2}),  # the affine pass reads dvl
+     ((130, (1, 2), torch.float32, True, True), {"dqk_bk": 128})],  # fp32 dS' slots hold the dk partial
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()),
+)
+def test_backward_written_in_place_gives_the_same_bits(case: tuple, over: dict) -> None:
+    """dVn over dvl, the dk partial over dS' and dWk over Vn (`KernelConfig.bwd_in_place`) change
+    where the backward writes, not what: every output bit for bit against fresh buffers. A slot
+    or row offset that strayed into a neighbour's unread input would change the sums."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(**over):
+        in_place = _check_against_oracle(case)
+    with config_overrides(**over, bwd_in_place=False):
+        fresh = _check_against_oracle(case)
+    for name, t in in_place.items():
+        assert torch.equal(t, fresh[name]), f"{name} differs from the fresh buffers'"
+
+
 def test_unknown_walk_vn_is_refused() -> None:
     from kernels.gdn import config_overrides
 
