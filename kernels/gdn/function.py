@@ -93,11 +93,11 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
     64K fwd+bwd on an H200). They are held on ctx rather than by save_for_backward so that the
     backward can drop each one as soon as its last stage has run (Wk and the segment maps after
     the reverse pass, S after bwd_dqk, whose dk partial and dWk take dS' and Vn's memory), which
-    lowers the backward's peak. A second
-    backward through the same graph (retain_graph) finds them gone and recomputes them. So does a
-    forward under a saved-tensors hook, which keeps only the inputs and γ (an activation
-    checkpoint drops the saved tensors and re-runs the forward, but would never see what ctx
-    holds). The forward's config is kept on ctx, so the backward launches with the same settings."""
+    lowers the backward's peak. A second backward through the same graph (retain_graph) finds
+    them gone and recomputes them. So does a forward under a saved-tensors hook, which keeps only
+    the inputs and γ (an activation checkpoint drops the saved tensors and re-runs the forward,
+    but would never see what ctx holds). The forward's config is kept on ctx, so the backward
+    launches with the same settings."""
 
     @staticmethod
     def forward(
