@@ -165,15 +165,22 @@ def ran(doc: Mapping[str, Any]) -> str:
 
 def expected(doc: Mapping[str, Any]) -> list[tuple[str, str, Shape]]:
     """(backend, variant, shape) of every measurement the call's settings asked for, plus any the
-    file holds: each backend's default, ours' `--variant`s, at every (T, Hqk)."""
+    file holds: each backend's default, ours' `--variant`s, at every (T, Hqk) (the variants at
+    `--variant-seq-lens` where given)."""
     st = doc["settings"]
-    sizes = [(int(t), int(h)) for t in str(st.get("seq_lens", "")).split(",") if t
-             for h in str(st.get("qk_heads", "")).split(",") if h]
+
+    heads = [int(h) for h in str(st.get("qk_heads", "")).split(",") if h]
+
+    def sizes(lens: str) -> list[Shape]:
+        return [(int(t), h) for t in lens.split(",") if t for h in heads]
+
     variants = st.get("variant") or []
     names = [v.split("=", 1)[0] for v in ([variants] if isinstance(variants, str) else variants)]
     who = [(b, v) for b in str(st.get("backends", "")).split(",") if b
            for v in (["default", *names] if b == "ours" else ["default"])]
-    want = {(b, v, s) for b, v in who for s in sizes}
+    lens = str(st.get("seq_lens", ""))
+    want = {(b, v, s) for b, v in who
+            for s in sizes(str(st.get("variant_seq_lens") or lens) if v != "default" else lens)}
     for proc in doc["processes"]:
         for r in (proc.get("result") or {}).get("runs", []):
             want.add((proc["backend"], r.get("variant", "default"), (int(r["T"]), int(r["hqk"]))))

@@ -98,3 +98,20 @@ def test_the_tables_name_every_measurement_that_failed_or_did_not_complete(tmp_p
     ours["result"]["runs"] = [r for r in ours["result"]["runs"] if "error" not in r]
     complete = dict(doc, processes=[ours], settings=dict(settings, backends="ours", variant=['fused={}']))
     assert gdn_tables.failure_table(complete) == ""
+
+
+def test_variants_asked_at_their_own_lengths_are_expected_only_there() -> None:
+    """`--variant-seq-lens`: a variant timed at the long shapes alone is complete there; the
+    default's lengths it was never asked for are not reported as missing, and a length it was
+    asked for but has no run is."""
+    ours = _process("ours", 0, 3.0, 100.0)
+    long = dict(ours["result"]["runs"][0], T=65536, variant="wk")
+    ours["result"]["runs"] += [long]
+    settings = {"processes": 1, "backends": "ours", "seq_lens": "16384,65536", "qk_heads": "32",
+                "variant": ['wk={"walk_wk":true}'], "variant_seq_lens": "65536"}
+    ours["result"]["runs"].insert(1, dict(ours["result"]["runs"][0], T=65536))
+    doc = {"format": "gdn-one-call/1", "machine": {}, "settings": settings, "processes": [ours]}
+    assert gdn_tables.failure_table(doc) == ""
+    ours["result"]["runs"].remove(long)
+    assert gdn_tables.failures(doc) == [
+        ("ours", "wk", (65536, 32), "not run: absent from every process's result")]
