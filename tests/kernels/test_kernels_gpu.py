@@ -135,14 +135,16 @@ def test_triton_available_on_production_shapes() -> None:
      ({"fused": True, "fused_bwd_bv": 64}, (16, 32)), ({"walk_vn": "u"}, (32, 32)),
      ({"walk_vn": "t"}, (16, 32)), ({"dvl_in_walk": True}, (16, 32)),
      ({"walk_vn": "t", "dvl_in_walk": True}, (32, 32)), ({"walk_wk": True}, (16, 32)),
-     ({"walk_vn": "t", "walk_wk": True}, (32, 32))],
+     ({"walk_vn": "t", "walk_wk": True}, (32, 32)), ({"bwd_in_place": True}, (32, 32)),
+     ({"bwd_in_place": True}, (16, 32)), ({"bwd_in_place": True, "walk_wk": True}, (16, 32))],
     ids=_param_id,
 )
 def test_selectable_paths_meet_the_bar_and_reproduce(tuning: dict, heads: tuple[int, int]) -> None:
     """The paths config fields select, at 8K stateful: the sequence-parallel state passes, the
     fused forward and backward (one walk per head, or 4 segments joined by the exact maps, or
-    either walk over value slices), the walks that form U, Vn, Wk or the local dVn on chip: every
-    tensor within the bar against the fp32 eager backend, and bit-identical over two runs."""
+    either walk over value slices), the walks that form U, Vn, Wk or the local dVn on chip, the
+    backward written over its consumed inputs: every tensor within the bar against the fp32 eager
+    backend, and bit-identical over two runs."""
     from kernels.gdn import config_overrides
 
     with config_overrides(**tuning):

@@ -126,7 +126,7 @@ def test_backward_written_in_place_gives_the_same_bits(case: tuple, over: dict) 
     or row offset that strayed into a neighbour's unread input would change the sums."""
     from kernels.gdn import config_overrides
 
-    with config_overrides(**over):
+    with config_overrides(**over, bwd_in_place=True):
         in_place = _check_against_oracle(case)
     with config_overrides(**over, bwd_in_place=False):
         fresh = _check_against_oracle(case)

@@ -243,7 +243,7 @@ def test_bwd_dqk(x, ref, bk: int) -> None:
     ds = torch.stack([torch.stack(back[h][0]) for h in range(HV)]).float()
     dvn = torch.stack([torch.cat(back[h][1]) for h in range(HV)]).float()
     s_in, ds_in, vn_in = s.clone(), ds.clone(), vn.clone()
-    with config_overrides(dqk_bk=bk):
+    with config_overrides(dqk_bk=bk, bwd_in_place=True):
         dq, dkp, dw, dgam = bwd_dqk(x["q"], x["k"], HV, gamma, s_in, ds_in, vn_in, dvn, x["do"], SCALE)
     in_place = bk == D
     assert (dkp.untyped_storage().data_ptr() == ds_in.untyped_storage().data_ptr()) == in_place
