@@ -112,7 +112,7 @@ def dqk_chunk(
     dgam = scale * eg * tl.sum(dq_acc * q.to(tl.float32), axis=1) + tl.sum(z, axis=1) - tl.sum(z, axis=0) - y
     last = tl.minimum(t1 - 1 - t0, BT - 1)
     dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * tl.sum(sds), 0.0)
-    tl.store(dk_tile, dk, mask=m[:, None])
+    tl.store(dk_tile, tl.where(m[:, None], dk, 0.0))  # a short chunk's spare slot rows hold zeros
     dw_off = (bh * T + t[:, None]) * D + dkc[None, :]
     tl.store(dw_ptr + dw_off, (-dw_acc).to(dw_ptr.dtype.element_ty), mask=m[:, None])
     tl.store(dgam_ptr + (ik * NBH + bh) * T + t, dgam, mask=m)
