@@ -53,8 +53,6 @@ def _forward(
     if on_final_state is not None and ht is not None:
         on_final_state(ht)
     o = output(q, k, vn, s, gamma, Hv, scale, v.dtype, table_parts(table)[0], cfg=cfg)
-    if cfg.walk_wk:
-        w = None  # the reverse walk forms Wk from T
     return o, ht, ((w, tm, s, vn, maps) if keep else ())
 
 
@@ -64,7 +62,7 @@ def _walk(
     table: ChunkTable | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None,
            torch.Tensor | None]:
-    """The staged path's solve and forward state pass: Wk (None under walk_vn "t"), T (when
+    """The staged path's solve and forward state pass: Wk (None under walk_vn "t" or walk_wk), T (when
     `keep`), per-chunk S, Vn, the final state (when `store_final`) and the segment maps (when
     `keep` and split). cfg.walk_vn says what the intra stage writes for the walk: Wk and U
     ("load"), Wk ("u": the walk forms U), nothing but T ("t": the walk forms Vn from T)."""
@@ -82,7 +80,8 @@ def _walk(
         keep_maps=keep, vn_from=None if mode == "load" else (v, beta, tm), seq_chunks=seq_chunks,
         spans=spans, cfg=cfg,
     )
-    return w, tm if keep else None, s, vn, ht, maps
+    # walk_wk: the reverse walk forms Wk from T, so none is handed on
+    return None if cfg.walk_wk else w, tm if keep else None, s, vn, ht, maps
 
 
 class GatedDeltaRuleFunction(torch.autograd.Function):
@@ -152,9 +151,7 @@ class GatedDeltaRuleFunction(torch.autograd.Function):
             del kept
         else:
             w, tm, s, vn, _, maps = _walk(k, v, beta, gamma, h0, False, True, cfg, table)
-        if cfg.walk_wk:
-            w = None
-        elif w is None:  # walk_vn "t": the forward wrote no Wk; the reverse walk reads it
+        if w is None and not cfg.walk_wk:  # walk_vn "t": no Wk was written; the reverse walk reads it
             w, _ = intra_wu(k, None, beta, gamma, tm, spans=spans, cfg=cfg)
         ds, dvn, dh0 = state_backward(
             q, k, w, do, gamma, dht, ctx.scale, want_dh0=h0 is not None, maps=maps,
