@@ -14,6 +14,7 @@ import torch
 from gdn import gated_delta_rule, recurrent_gated_delta_rule
 from gdn.ops import triton_interpreter_on
 from tests.support.gdn_inputs import make_inputs, rel_l2
+from tests.support.program_order import programs_in_reverse_order
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or not triton_interpreter_on(),
@@ -132,6 +133,58 @@ def test_backward_written_in_place_gives_the_same_bits(case: tuple, over: dict) 
         fresh = _check_against_oracle(case)
     for name, t in in_place.items():
         assert torch.equal(t, fresh[name]), f"{name} differs from the fresh buffers'"
+
+
+def test_reversed_program_order_runs_every_program_once_last_to_first() -> None:
+    """The harness below: each program of a 3x2 launch appends its ids to a log in run order;
+    reversed, the log is grid order backwards and every program still sees its own ids."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _log_program(log_ptr, step_ptr):
+        step = tl.load(step_ptr)
+        tl.store(log_ptr + 2 * step, tl.program_id(0))
+        tl.store(log_ptr + 2 * step + 1, tl.program_id(1))
+        tl.store(step_ptr, step + 1)
+
+    def run() -> list[tuple[int, int]]:
+        log, step = torch.full((12,), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        _log_program[(3, 2)](log, step)
+        return [tuple(p) for p in log.view(6, 2).tolist()]
+
+    in_grid_order = run()
+    with programs_in_reverse_order():
+        reversed_order = run()
+    assert in_grid_order == [(x, y) for x in range(3) for y in range(2)]
+    assert reversed_order == in_grid_order[::-1]
+    assert run() == in_grid_order  # the builder's own order once the block ends
+
+
+@pytest.mark.parametrize(
+    "case,over",
+    [((65, (2, 4), torch.float16, True, True), {}),
+     # written over its inputs: grouped heads with dq's carry in S, one key slice
+     ((130, (2, 4), torch.float16, True, True), {"dqk_bk": 128, "bwd_in_place": True}),
+     # two segments (maps, scan, the affine pass reading dvl), Wk formed in the reverse walk
+     ((200, (1, 3), torch.float32, True, True), {"seq_segments": 2, "bwd_in_place": True, "walk_wk": True}),
+     # nothing but T kept from the intra stage
+     ((65, (2, 4), torch.float16, True, True), {"walk_vn": "t", "walk_wk": True, "bwd_in_place": True}),
+     ((65, (2, 4), torch.float16, True, True), {"fused": True})],
+    ids=lambda v: _ids(v) if isinstance(v, tuple) else "-".join(f"{k}={n}" for k, n in v.items()) or "dflt",
+)
+def test_programs_of_a_launch_may_run_in_any_order(case: tuple, over: dict) -> None:
+    """Every launch of a fwd+bwd with its programs run last to first gives the bits of grid order:
+    no program reads what another program of its launch writes (tests/support/program_order.py),
+    the property that writing the backward over its inputs relies on."""
+    from kernels.gdn import config_overrides
+
+    with config_overrides(**over):
+        in_grid_order = _check_against_oracle(case)
+        with programs_in_reverse_order():
+            reversed_order = _check_against_oracle(case)
+    for name, t in in_grid_order.items():
+        assert torch.equal(t, reversed_order[name]), f"{name} depends on the order of a launch's programs"
 
 
 def test_unknown_walk_vn_is_refused() -> None:

@@ -19,6 +19,7 @@ import torch
 from gdn import recurrent_gated_delta_rule
 from gdn.ops import triton_interpreter_on
 from tests.support.gdn_inputs import make_inputs, rel_l2
+from tests.support.program_order import programs_in_reverse_order
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or not triton_interpreter_on(),
@@ -161,6 +162,22 @@ def test_packed_walks_that_form_u_and_the_local_dvn_give_the_same_bits() -> None
     assert torch.equal(o, o_w) and torch.equal(ht, ht_w)
     for name in NAMES:
         assert torch.equal(grads[name], grads_w[name]), f"d{name} differs from the default path's"
+
+
+def test_packed_launches_do_not_depend_on_the_order_of_their_programs() -> None:
+    """Packed sequences written over in the backward (`bwd_in_place`; fp16, so the dk partial
+    takes dS' slots at one key slice): every launch with its programs run last to first gives the
+    bits of grid order (tests/support/program_order.py)."""
+    from kernels.gdn import config_overrides
+
+    p = _problem([65, 1, 64], seed=5)
+    with config_overrides(bwd_in_place=True):
+        o, ht, grads = _run(p, _packed(p), torch.float16)
+        with programs_in_reverse_order():
+            o_r, ht_r, grads_r = _run(p, _packed(p), torch.float16)
+    assert torch.equal(o, o_r) and torch.equal(ht, ht_r)
+    for name in NAMES:
+        assert torch.equal(grads[name], grads_r[name]), f"d{name} depends on the order of a launch's programs"
 
 
 @pytest.mark.slow
