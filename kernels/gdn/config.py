@@ -100,8 +100,9 @@ class KernelConfig:
     dw_low: bool = True  # bwd_dqk hands dWk to bwd_wy in the input dtype instead of fp32
     # Backward outputs written over the inputs their program alone reads: dVn over dvl, and at
     # one key slice per chunk bwd_dqk's dk partial over dS' and dWk over Vn (`dqk.dqk_buffers`).
-    # Off until the GPU tests have run it: the interpreter runs programs one at a time and cannot
-    # show an ordering fault between a CTA's loads and its stores.
+    # Off until the GPU tests have run it: the interpreter shows that no program reads what
+    # another of its launch writes (the same bits with the programs in reverse order), but it runs
+    # a program's warps as one and cannot show an ordering fault between its loads and stores.
     bwd_in_place: bool = False
     # T kept in fp16 instead of fp32 for half-precision inputs: half the bytes, and 3 more mantissa
     # bits than bf16, so Wk/U's products of the scaled T and the WY backward's "low" products
