@@ -6,7 +6,7 @@ one at a time in grid order. A kernel that reads what another program of the sam
 test by luck of that order. Running the same launches once in grid order and once reversed puts
 every pair of programs in both orders: equal bits both ways show that no program of a launch
 depends on another's writes. (Ordering inside one program, between its warps, is not shown: that
-is the kernel's barrier, checked by the compile test and on a GPU.)
+is the kernel's barrier, which only a GPU run exercises.)
 """
 
 from __future__ import annotations
