@@ -3,6 +3,7 @@ PostgreSQL server (tests/support/postgres_server.py), migrated to the latest rev
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,3 +41,13 @@ def migrated_engine(url: str) -> Iterator[Any]:
         yield eng
     finally:
         eng.dispose()
+
+
+def sqlite_job_row(db: Path, job_id: int) -> tuple[str, int, str | None]:
+    """(status, attempts, error) of a job, read from a SQLite store through a read-only
+    connection (a server may be writing it)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT status, attempts, error FROM job WHERE id = ?", (job_id,)).fetchone()
+    finally:
+        con.close()

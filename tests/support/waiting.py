@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,3 +19,12 @@ def wait_until(cond: Callable[[], T], timeout: float, what: str, poll: float = 0
             return value
         assert time.monotonic() < end, f"not met in {timeout} s: {what}"
         time.sleep(poll)
+
+
+def process_gone(pid: int) -> bool:
+    """No process `pid` exists (a zombie still counts as there: its parent has not reaped it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.suites import RecordingSink, make_marker_repo
+from tests.support.suites import RecordingSink, make_marker_repo, probe_registered
+from tests.support.waiting import process_gone
 from workers.executors.base import JobSpec
 from workers.executors.local import LocalExecutor
-from workers.registry import SUITE_MODULES
 from workers.runtime import rank_environment
 
 pytestmark = pytest.mark.slow
@@ -22,9 +22,8 @@ DEADLINE_S = 10.0  # the hang test's deadline: ~2x the ~5 s the healthy ranks ne
 
 @pytest.fixture(scope="module", autouse=True)
 def probe_suite():
-    SUITE_MODULES["probe"] = "tests.support.suites"
-    yield
-    SUITE_MODULES.pop("probe", None)
+    with probe_registered():
+        yield
 
 
 def _run(executor: LocalExecutor, cancel: threading.Event | None = None, **kw):
@@ -34,14 +33,6 @@ def _run(executor: LocalExecutor, cancel: threading.Event | None = None, **kw):
     t0 = time.monotonic()
     outcome = executor.run(spec, sink, cancel or threading.Event())
     return outcome, sink, time.monotonic() - t0
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.parametrize(
@@ -79,7 +70,7 @@ def test_a_faulty_rank_fails_the_job_with_its_rank_and_reason(
     assert sink.cases["collective"][0] == "passed"  # cases before the fault were reported
     assert "after_fault" not in sink.cases
     pids = [r["pid"] for r in sink.infos[0]["ranks"]]
-    assert len(pids) == 2 and all(_gone(p) for p in pids)
+    assert len(pids) == 2 and all(process_gone(p) for p in pids)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +111,7 @@ def test_cancel_kills_the_ranks() -> None:
     assert outcome.status == "cancelled"
     assert time.monotonic() - t0 < 60
     assert sink.infos[0]["deterministic"] is True  # the flags reached the ranks
-    assert all(_gone(r["pid"]) for r in sink.infos[0]["ranks"])
+    assert all(process_gone(r["pid"]) for r in sink.infos[0]["ranks"])
 
 
 def test_two_rank_gloo_job_after_the_faults_streams_samples_per_rank() -> None:

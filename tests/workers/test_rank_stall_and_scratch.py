@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.suites import RecordingSink
+from tests.support.suites import RecordingSink, probe_registered
+from tests.support.waiting import process_gone
 from workers.executors.base import JobSpec
 from workers.executors.local import LocalExecutor
-from workers.registry import SUITE_MODULES
 
 pytestmark = pytest.mark.slow  # rank processes
 STALL_S = 4.0
@@ -32,17 +32,8 @@ STALL_S = 4.0
 @pytest.fixture(autouse=True)
 def probe_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' folders go
-    SUITE_MODULES["probe"] = "tests.support.suites"
-    yield
-    SUITE_MODULES.pop("probe", None)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    with probe_registered():
+        yield
 
 
 def test_a_stopped_rank_ends_its_job_at_the_stall_limit() -> None:
@@ -70,7 +61,7 @@ def test_a_stopped_rank_ends_its_job_at_the_stall_limit() -> None:
     assert f"(stall limit {STALL_S:g} s): its process is stopped or frozen during case 'bounded'" \
         in outcome.error
     assert time.monotonic() - stopped < STALL_S + 10
-    assert all(_gone(p) for p in pids.values())
+    assert all(process_gone(p) for p in pids.values())
 
 
 def test_a_ranks_temporary_files_go_with_its_folder(tmp_path: Path) -> None:

@@ -18,9 +18,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from tests.support.ports import free_port
-from tests.support.suites import RecordingSink, make_marker_repo
+from tests.support.suites import RecordingSink, make_marker_repo, probe_registered
 from workers.executors.base import JobSpec
-from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -48,9 +47,8 @@ def cluster():
         "accel": c.add_node(num_cpus=2, num_gpus=2, resources={"NPU": 2}),
     }
     ray.init(address=c.address, log_to_driver=False)
-    SUITE_MODULES["probe"] = "tests.support.suites"
-    yield c, nodes
-    SUITE_MODULES.pop("probe", None)
+    with probe_registered():
+        yield c, nodes
     ray.shutdown()
     c.shutdown()
 

@@ -16,9 +16,8 @@ import time
 
 import pytest
 
-from tests.support.suites import RecordingSink
+from tests.support.suites import RecordingSink, probe_registered
 from workers.executors.base import JobSpec
-from workers.registry import SUITE_MODULES
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -34,9 +33,8 @@ def cluster():  # type: ignore[no-untyped-def]
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes = [c.add_node(num_cpus=2, resources={"cpu_node": 1}) for _ in range(2)]
     ray.init(address=c.address, log_to_driver=False)
-    SUITE_MODULES["probe"] = "tests.support.suites"
-    yield c, nodes
-    SUITE_MODULES.pop("probe", None)
+    with probe_registered():
+        yield c, nodes
     ray.shutdown()
     c.shutdown()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
 from tests.support.hardening_suites import NAME, SUITE
+from tests.support.stores import sqlite_job_row
 from tests.support.waiting import wait_until as _wait
 from workers.deadline import default_deadline_s
 
@@ -115,14 +115,6 @@ def test_a_setsid_child_ends_with_its_ranks_normal_end(tmp_path: Path) -> None:
     assert not _alive(child), "the setsid child outlived its rank"
 
 
-def _job_row(db: Path, job_id: int) -> tuple[str, int, str | None]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT status, attempts, error FROM job WHERE id = ?", (job_id,)).fetchone()
-    finally:
-        con.close()
-
-
 @pytest.mark.slow  # a real server and rank process trees
 def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
     server = make_server(tmp_path, executor="tests.support.api_support:make_fake_executor")
@@ -132,16 +124,16 @@ def test_sigterm_requeues_without_using_up_a_retry(tmp_path: Path) -> None:
         params = {"cases": 2, "samples": 4000, "batch": 100, "pause_s": 0.05}
         r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params}, headers=AUTH)
         job_id = r.json()["id"]
-        _wait(lambda: _job_row(db, job_id)[0] == "running", 30, "attempt 1 runs")
+        _wait(lambda: sqlite_job_row(db, job_id)[0] == "running", 30, "attempt 1 runs")
         server.proc.send_signal(signal.SIGTERM)  # orderly: the dispatcher re-queues the job
         server.proc.wait(30)
-        assert _job_row(db, job_id)[:2] == ("queued", 1)
+        assert sqlite_job_row(db, job_id)[:2] == ("queued", 1)
 
         server.start()
-        _wait(lambda: _job_row(db, job_id)[:2] == ("running", 2), 30, "attempt 2 runs")
+        _wait(lambda: sqlite_job_row(db, job_id)[:2] == ("running", 2), 30, "attempt 2 runs")
         server.kill9()  # one crash: with max_attempts 2 the job must still be re-queued
         server.start()
-        row = _wait(lambda: (r := _job_row(db, job_id))[1] == 3 and r, 30, "attempt 3 runs")
+        row = _wait(lambda: (r := sqlite_job_row(db, job_id))[1] == 3 and r, 30, "attempt 3 runs")
         assert row[0] in ("running", "succeeded") and row[2] is None, row
         events = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/events", params={"kind": "status"}).json()
         reasons = [e["data"]["reason"] for e in events["items"] if (e["data"] or {}).get("reason")]

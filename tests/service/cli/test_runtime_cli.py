@@ -10,16 +10,15 @@ from click.testing import CliRunner
 
 from service.cli import main
 from tests.support.paths import ROOT
-from workers.registry import SUITE_MODULES
+from tests.support.suites import probe_registered
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
 def probe_suite():
-    SUITE_MODULES["probe"] = "tests.support.suites"
-    yield
-    SUITE_MODULES.pop("probe", None)
+    with probe_registered():
+        yield
 
 
 def test_run_reports_failed_and_errored_cases_with_exit_1_and_writes_every_sample(tmp_path: Path) -> None:

@@ -5,13 +5,14 @@ half-written (each sample batch is one transaction)."""
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.api_support import FAKE, TOKEN, make_server
+from tests.support.stores import sqlite_job_row
+from tests.support.waiting import wait_until
 
 BATCH = 100
 PARAMS = {"cases": 3, "samples": 2000, "batch": BATCH, "pause_s": 0.05}
@@ -28,21 +29,6 @@ def _rows(db: Path, job_id: int) -> dict[int, tuple]:
         con.close()
 
 
-def _job_row(db: Path, job_id: int) -> tuple[str, int, str | None]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT status, attempts, error FROM job WHERE id = ?", (job_id,)).fetchone()
-    finally:
-        con.close()
-
-
-def _wait(cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def _count(db: Path, job_id: int, attempt: int) -> int:
     return sum(1 for r in _rows(db, job_id).values() if r[0] == attempt)
 
@@ -57,15 +43,15 @@ def test_kill9_mid_job_then_restart_requeues_and_keeps_samples(tmp_path: Path) -
         r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": PARAMS}, headers=auth)
         assert r.status_code == 201, r.text
         job_id = r.json()["id"]
-        _wait(lambda: _count(db, job_id, 1) >= 3 * BATCH)
+        wait_until(lambda: _count(db, job_id, 1) >= 3 * BATCH, 60, "attempt 1 stores 3 batches")
         server.kill9()
 
         first = _rows(db, job_id)
-        assert _job_row(db, job_id)[:2] == ("running", 1)  # the crash left it running
+        assert sqlite_job_row(db, job_id)[:2] == ("running", 1)  # the crash left it running
         assert first and len(first) % BATCH == 0, "a batch was half-written"
 
         server.start()  # settles on start: attempt 1 < 2 -> re-queued, and it runs again
-        _wait(lambda: _count(db, job_id, 2) >= 2 * BATCH)
+        wait_until(lambda: _count(db, job_id, 2) >= 2 * BATCH, 60, "attempt 2 stores 2 batches")
         job = httpx.get(f"{server.base}/api/v1/jobs/{job_id}").json()
         assert job["status"] == "running" and job["attempts"] == 2
         events = httpx.get(f"{server.base}/api/v1/jobs/{job_id}/events", params={"kind": "status"}).json()
@@ -82,7 +68,7 @@ def test_kill9_mid_job_then_restart_requeues_and_keeps_samples(tmp_path: Path) -
         # tests/service/persistence/test_queue.py
         r = httpx.post(f"{server.base}/api/v1/jobs/{job_id}/cancel", headers=auth)
         assert r.status_code == 200
-        _wait(lambda: _job_row(db, job_id)[0] == "cancelled")
+        wait_until(lambda: sqlite_job_row(db, job_id)[0] == "cancelled", 60, "the job cancelled")
         final = _rows(db, job_id)
         assert len(final) % BATCH == 0 and {k: final[k] for k in first} == first
     finally:
@@ -141,11 +127,11 @@ def test_kill9_after_the_last_case_only_completes_the_job(tmp_path: Path) -> Non
         r = httpx.post(f"{server.base}/api/v1/jobs", json={"suite": FAKE, "params": params},
                        headers={"Authorization": f"Bearer {TOKEN}"})
         job_id = r.json()["id"]
-        _wait(lambda: len(_results(db, job_id)) == 2)
+        wait_until(lambda: len(_results(db, job_id)) == 2, 60, "two cases stored")
         server.kill9()
-        assert _job_row(db, job_id)[:2] == ("running", 1)
+        assert sqlite_job_row(db, job_id)[:2] == ("running", 1)
         server.start()
-        _wait(lambda: _job_row(db, job_id)[0] != "running" and _job_row(db, job_id)[0] != "queued")
+        wait_until(lambda: sqlite_job_row(db, job_id)[0] not in ("running", "queued"), 60, "the job ended")
         _resumed_job(server, db, job_id, attempts=2, samples=20, cases=2)
         assert len(_rows(db, job_id)) == 2 * 2 * 20  # not one sample more than the first run stored
         assert _kept(server, job_id) == [{"c0": 1, "c1": 1}]
@@ -165,10 +151,11 @@ def test_kill9_mid_job_twice_never_reruns_a_finished_case(tmp_path: Path) -> Non
                        headers={"Authorization": f"Bearer {TOKEN}"})
         job_id = r.json()["id"]
         for attempt, case in ((1, "c0"), (2, "c1")):
-            _wait(lambda a=attempt, c=case: (a, "passed") in _results(db, job_id).get(c, []))
+            wait_until(lambda a=attempt, c=case: (a, "passed") in _results(db, job_id).get(c, []), 60,
+                       f"{case} passed in attempt {attempt}")
             server.kill9()
             server.start()
-        _wait(lambda: _job_row(db, job_id)[0] not in ("running", "queued"), timeout=90)
+        wait_until(lambda: sqlite_job_row(db, job_id)[0] not in ("running", "queued"), 90, "the job ended")
         _resumed_job(server, db, job_id, attempts=3, samples=100, cases=3)
         everywhere = _per_case(db, job_id, "SELECT case_id, attempt FROM sample WHERE job_id = ?")
         assert len(everywhere["c0"]) == 200  # finished in attempt 1, never run again

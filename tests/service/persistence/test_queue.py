@@ -24,16 +24,8 @@ from service.settings import Settings
 from tests.support.api_support import FakeExecutor
 from tests.support.paths import ROOT
 from tests.support.queue_jobs import fake_request, job_row, mark_running
+from tests.support.waiting import wait_until
 from workers.executors.base import check_placement
-
-
-def _wait(cond, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_claim_order_priority_then_age_within_device_limits(engine) -> None:
@@ -107,7 +99,7 @@ def test_a_job_that_can_no_longer_fit_is_handed_to_the_executor_not_left_blockin
         behind = queue.submit(engine, fake_request(world_size=2))[0].id
         time.sleep(0.5)
         assert job_row(engine, too_wide).status == job_row(engine, behind).status == "queued"  # the grace
-        _wait(lambda: job_row(engine, behind).status == "succeeded")
+        wait_until(lambda: job_row(engine, behind).status == "succeeded", 20, "behind succeeded")
         assert job_row(engine, too_wide).attempts == 1  # it was claimed and handed over
     finally:
         d.stop()
@@ -122,11 +114,12 @@ def test_dispatcher_leaves_what_does_not_fit_queued_and_never_stalls(engine) -> 
     try:
         wide = queue.submit(engine, fake_request(world_size=2))[0].id
         odd = queue.submit(engine, fake_request(device="cuda", labels={"placement": "bogus"}))[0].id
-        _wait(lambda: job_row(engine, odd).status == "succeeded")  # claimed: the executor decides
+        # claimed: the executor decides
+        wait_until(lambda: job_row(engine, odd).status == "succeeded", 20, "odd succeeded")
         time.sleep(0.3)  # several ticks
         assert job_row(engine, wide).status == "queued"  # fits the cluster, not its free ranks
         ex.free["cpu"] = 2
-        _wait(lambda: job_row(engine, wide).status == "succeeded")
+        wait_until(lambda: job_row(engine, wide).status == "succeeded", 20, "wide succeeded")
     finally:
         d.stop()
 
@@ -171,10 +164,11 @@ def test_cancel_queued_running_and_finished(engine) -> None:
     d.start()
     try:
         slow = queue.submit(engine, fake_request(preset="slow"))[0].id
-        _wait(lambda: job_row(engine, slow).status == "running")
-        _wait(lambda: job_row(engine, slow).progress_done >= 0 and _n_samples(engine, slow) > 0)
+        wait_until(lambda: job_row(engine, slow).status == "running", 20, "slow running")
+        wait_until(lambda: job_row(engine, slow).progress_done >= 0 and _n_samples(engine, slow) > 0, 20,
+                   "slow stores samples")
         assert queue.cancel(engine, slow).cancel_requested
-        _wait(lambda: job_row(engine, slow).status == "cancelled")
+        wait_until(lambda: job_row(engine, slow).status == "cancelled", 20, "slow cancelled")
         stored = _n_samples(engine, slow)
         assert 0 < stored < 3 * 400 * 2  # stopped early; what it reported stays
     finally:
@@ -193,7 +187,9 @@ def test_dispatcher_runs_a_job_through_the_sink(engine, tmp_path: Path) -> None:
     try:
         ok = queue.submit(engine, fake_request(params={"ranks": 2, "artifact": True}))[0].id
         bad = queue.submit(engine, fake_request(params={"fail": True}))[0].id
-        _wait(lambda: job_row(engine, ok).status == "succeeded" and job_row(engine, bad).status == "failed")
+        ended = ("succeeded", "failed")
+        wait_until(lambda: (job_row(engine, ok).status, job_row(engine, bad).status) == ended, 20,
+                   "ok succeeded, bad failed")
     finally:
         d.stop()
     job = job_row(engine, ok)
