@@ -11,6 +11,14 @@ never in registers across a step; the step runs its value and key columns in par
 `FUSED_BWD_MIN_PART` columns (`config.fused_bwd_parts`) as loops that are not unrolled (unrolled,
 the compiler hoisted the later parts' loads and spilled); K, Q and T are read where each product
 needs them (L1 or L2 hits) and the decay tiles formed where used, instead of held across them.
+A product whose result reaches another product (as its operand, or as the accumulator Triton
+folds `x + a·b` into, or through a loop that takes it as an initial value) is laid out with all
+8 warps along its rows (Triton's `warpsPerTileV3`): a 64-row tile is then held whole by both warp
+groups, twice the registers of the 4 × 2 layout the others get. So the step sends such results
+through the scratch where that pays: dP ⊙ E and dPᵀ ⊙ Eᵀ (in the input dtype, read back by each
+key part), Tᵀ·dT, and B (read back with its transpose by each key part); dP and dPᵀ are products
+over all the program's value columns after the value parts, not sums carried through them; and
+the key parts sum their γ term from zero instead of taking the step's dγ.
 
 It reads what the fused forward kept: T and the fp32 state entering every group of
 `fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
@@ -31,7 +39,7 @@ Per chunk, with X = β⊙V − βe^γ⊙(K·S), Vn = T·X, E the causal decay an
 with the γ terms of every decay summed per row and turned into dg by a reverse cumulative sum.
 No transposed product result feeds another product (Triton 3.4–3.7.0 miscompile that on
 Hopper): Vn·dOᵀ, K·Qᵀ and Vn·dS'ᵀ are products of loaded tiles (dS' read back from the scratch),
-and B goes through the scratch (`common.transpose_via`).
+and B goes through the scratch, read back as B and Bᵀ.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_t, chunk_vn, load_rows, mm, state_next, transpose_via, value_rows
+from kernels.gdn.common import chunk_t, chunk_vn, load_rows, mm, state_next, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.fused_fwd import check_fused, chunk_inputs
 from kernels.gdn.segments import segment_scan
@@ -129,12 +137,15 @@ def _fused_bwd_kernel(
     sq_g = dk[:, None] * D + vcol[None, :]  # the same slice of a [D, D] state in memory
     rows = i[:, None] * BV + vv[None, :]  # a [BT, BV] chunk tile in the scratch
     slot_len = D * BV + 2 * BT * BV
-    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * BV + BT * BV)
+    sqt = i[:, None] * BT + i[None, :]  # a [BT, BT] tile in the scratch
+    sqt_t = i[None, :] * BT + i[:, None]  # its transpose
+    scr = scr_ptr + (bhk * nseg + seg) * (KG * slot_len + 2 * D * BV + BT * BV + 2 * BT * BT)
     dsb0 = scr + KG * slot_len  # dS in the input dtype beside the fp32 one: the products' operand
     dxs_ptr = dsb0 + 2 * D * BV  # the step's dX [BT, BV], an operand of dX·Sᵀ read back whole
+    dpe_ptr = dxs_ptr + BT * BV  # the step's dP ⊙ E and dPᵀ ⊙ Eᵀ, read back by each key part
     # dS lives in two fp32 [D, BV] buffers of the program's scratch, read from one and written to
     # the other each step (so no state tile stays in registers across a step); then BT x BT fp32
-    # for the transpose of B
+    # for Tᵀ·dT and for B
     ds0 = scr32_ptr + (bhk * nseg + seg) * (3 * D * BV + BT * BT)
     s32 = ds0 + 2 * D * BV  # the re-walk's state
     tr = s32 + D * BV
@@ -198,10 +209,8 @@ def _fused_bwd_kernel(
             kqt = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.trans(load_rows(q_base, t, m, HQK * D, D)))
             kqt = (kqt * decay_t(gam, i) * scale).to(dt)
             # value parts of HDV columns: dVn, dX (into the scratch), dv, the dS update of those
-            # columns; dT, dO·Vnᵀ, Vn·dOᵀ and dX·V summed over the parts
+            # columns; dT and dX·V summed over the parts
             dtm = tl.zeros([BT, BT], dtype=tl.float32)
-            dp = tl.zeros([BT, BT], dtype=tl.float32)
-            dpt = tl.zeros([BT, BT], dtype=tl.float32)
             dbeta = tl.zeros([BT], dtype=tl.float32)
             for hv in range(0, BV, HDV):
                 vloc = hv + tl.arange(0, HDV)
@@ -209,7 +218,6 @@ def _fused_bwd_kernel(
                 part = i[:, None] * BV + vloc[None, :]
                 sq_h = dk[:, None] * BV + vloc[None, :]
                 do_h = value_rows(do_ptr, b, h, t, m, vglob, T, HV, D)
-                vn_h = tl.load(slot + D * BV + BT * BV + part)
                 kds = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.load(dsb_in + sq_h))
                 dvn = tl.dot(kqt, do_h) + kds * ekd[:, None]
                 dx = mm(tl.trans(chunk_t(tm_ptr, bh, t, m, T, BT)), dvn, PREC)
@@ -226,33 +234,39 @@ def _fused_bwd_kernel(
                 ds_h = tl.dot(tl.trans(load_rows(k_base, t, m, HQK * D, D)), dxg, ds_h)
                 tl.store(ds_out + sq_h, ds_h)
                 tl.store(dsb_out + sq_h, ds_h.to(dt))
-                dp = tl.dot(do_h, tl.trans(vn_h), dp)
-                dpt = tl.dot(vn_h, tl.trans(do_h), dpt)
-            # the attention terms first, so that dP and its transpose leave registers as input-dtype
-            # tiles: dP ⊙ E for dq, its transpose for dk, and their γ terms (E: the causal decay
-            # e^{γ_i−γ_j}, which dA's strict triangle shares)
+            # the attention terms first, products of loaded tiles over all the program's value
+            # columns: dP ⊙ E for dq and its transpose for dk go to the scratch in the input dtype,
+            # and their γ terms (E: the causal decay e^{γ_i−γ_j}, which dA's strict triangle shares)
+            do = value_rows(do_ptr, b, h, t, m, vcol, T, HV, D)
+            vn = tl.load(slot + D * BV + BT * BV + rows)
+            dp = tl.dot(do, tl.trans(vn))
+            dpt = tl.dot(vn, tl.trans(do))
             causal = i[:, None] >= i[None, :]
             e = tl.where(causal, tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
             dpe = dp * e * scale
             kc = load_rows(k_base, t, m, HQK * D, D)
             z = dpe * tl.dot(load_rows(q_base, t, m, HQK * D, D), tl.trans(kc))
-            dgam = tl.sum(z, axis=1) - tl.sum(z, axis=0)
-            dpe = dpe.to(dt)
-            dpet = (dpt * decay_t(gam, i) * scale).to(dt)  # formed again: not live across the parts
-            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle, B + Bᵀ
+            tl.store(dpe_ptr + sqt, dpe.to(dt))
+            tl.store(dpe_ptr + BT * BT + sqt, (dpt * decay_t(gam, i) * scale).to(dt))
+            # the WY backward: dA = −Tᵀ·dT·Tᵀ on the strict lower triangle (Tᵀ·dT through the
+            # scratch), B + Bᵀ
             strict = (i[:, None] > i[None, :]) & m[:, None] & m[None, :]
             tmat = chunk_t(tm_ptr, bh, t, m, T, BT)
-            da = -mm(mm(tl.trans(tmat), dtm, PREC_DA), tl.trans(tmat), PREC_DA)
+            tl.store(tr + sqt, mm(tl.trans(tmat), dtm, PREC_DA))
+            tl.debug_barrier()
+            da = -mm(tl.load(tr + sqt), tl.trans(tmat), PREC_DA)
+            tl.debug_barrier()  # every warp's loads of Tᵀ·dT before B's stores
             dae = tl.where(strict, da * e, 0.0)
             w = dae * tl.dot(kc, tl.trans(kc))
             dbeta += tl.sum(w, axis=1)
-            zz = w * bt[:, None]
-            dgam += tl.sum(zz, axis=1) - tl.sum(zz, axis=0)
-            bd = dae * bt[:, None]
-            bsum = bd + transpose_via(tr, bd, i, m, BT)  # its barriers also order the dX stores
+            z += w * bt[:, None]
+            dgam = tl.sum(z, axis=1) - tl.sum(z, axis=0)
+            tl.store(tr + sqt, dae * bt[:, None])  # B, read back with its transpose by each key part
+            tl.debug_barrier()  # also orders the dX, dP ⊙ E and dPᵀ ⊙ Eᵀ stores before their loads
             # key parts of HDK columns: dq and dk, with the row sums of X's K·S term and of Kd's
             rr = tl.zeros([BT], dtype=tl.float32)  # dX_i·(K·S)_i
             y = tl.zeros([BT], dtype=tl.float32)
+            dgk = tl.zeros([BT], dtype=tl.float32)  # the γ term of dq's state part
             sds = 0.0  # Σ S ⊙ dS'
             for hk0 in range(0, D, HDK):
                 kcols = hk0 + tl.arange(0, HDK)
@@ -265,8 +279,8 @@ def _fused_bwd_kernel(
                 k_h = tl.load(k_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
                               mask=m[:, None], other=0.0)
                 dos = tl.dot(value_rows(do_ptr, b, h, t, m, vcol, T, HV, D), tl.trans(s_h))
-                dgam += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
-                dq = dos * (scale * eg)[:, None] + tl.dot(dpe, k_h)
+                dgk += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
+                dq = dos * (scale * eg)[:, None] + tl.dot(tl.load(dpe_ptr + sqt), k_h)
                 qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + kcols[None, :]
                 if CARRY_IN:
                     dq += tl.load(dq32_ptr + qk_rows, mask=m[:, None], other=0.0)
@@ -279,7 +293,8 @@ def _fused_bwd_kernel(
                 k32 = k_h.to(tl.float32)
                 rr += tl.sum(k32 * dxs, axis=1)
                 y += ekd * tl.sum(k32 * wt, axis=1)
-                dkc = wt * ekd[:, None] - dxs * bge[:, None] + tl.dot(dpet, q_h) + mm(bsum, k32, PREC_DX)
+                dkc = wt * ekd[:, None] - dxs * bge[:, None] + tl.dot(tl.load(dpe_ptr + BT * BT + sqt), q_h)
+                dkc += mm(tl.load(tr + sqt) + tl.load(tr + sqt_t), k32, PREC_DX)  # (B + Bᵀ)·K
                 if CARRY_IN:
                     dkc += tl.load(dk32_ptr + qk_rows, mask=m[:, None], other=0.0)
                 if CARRY_OUT:
@@ -287,6 +302,7 @@ def _fused_bwd_kernel(
                 else:
                     tl.store(dk_ptr + qk_rows, dkc.to(dk_ptr.dtype.element_ty), mask=m[:, None])
             dbeta -= eg * rr
+            dgam += dgk
             last = tl.minimum(T - 1 - c * BT, BT - 1)
             dgam += tl.where(i == last, tl.sum(tl.where(m, y, 0.0)) + tl.exp(g_last) * sds, 0.0)
             dgam -= y + bge * rr
@@ -348,8 +364,8 @@ def fused_backward(
     if nv > 1:
         db32 = torch.empty(B, T, Hv, device=q.device, dtype=torch.float32)
         dg32 = torch.empty_like(db32)
-    scr = torch.empty(B * Hqk * nseg, kg * (D * bv + 2 * BT * bv) + 2 * D * bv + BT * bv, device=q.device,
-                      dtype=q.dtype)
+    scr = torch.empty(B * Hqk * nseg, kg * (D * bv + 2 * BT * bv) + 2 * D * bv + BT * bv + 2 * BT * BT,
+                      device=q.device, dtype=q.dtype)
     scr32 = torch.empty(B * Hqk * nseg, 3 * D * bv + BT * BT, device=q.device, dtype=torch.float32)
     hdv, hdk = fused_bwd_parts(cfg)
     launches = [(r, iv) for r in range(R) for iv in range(nv)]  # the fixed order of the sums
