@@ -55,7 +55,14 @@ def _fused_fwd_kernel(
     from its entering state s0[bh, seg] (h0 when one segment; zero without). Per chunk:
     Vn = T·X on chip, O = scale·(e^γ·Q·S + (Q·Kᵀ ⊙ E)·Vn), S' = e^{γ_C}·S + Kᵀ·(e^{γ_C−γ} ⊙ Vn);
     STORE_GROUPS keeps the fp32 state entering every group of KG chunks, [B·Hv, NG, D, D]
-    (CPS is a multiple of KG, so a segment starts a group)."""
+    (CPS is a multiple of KG, so a segment starts a group).
+
+    The program holds Sᵀ [BV, D] and forms the step transposed, value columns as rows:
+    Xᵀ = β⊙Vᵀ − βe^γ⊙(Sᵀ·Kᵀ), Vnᵀ = Xᵀ·Tᵀ, Oᵀ = e^γ⊙(Sᵀ·Qᵀ) + Vnᵀ·Pᵀ with Pᵀ = (K·Qᵀ) ⊙ Eᵀ,
+    Sᵀ' = e^{γ_C}·Sᵀ + (e^{γ_C−γ}⊙Vnᵀ)·K (the products and roundings of `chunk_vn` and
+    `state_next`). Triton gives every dot of a chain all warps along its rows, 16 each: a
+    [BT, D] tile of 64 rows is held by both warp groups of 8 warps, twice its registers, while a
+    [BV, BT] tile at BV = 128 fills the 128 rows once."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -65,13 +72,13 @@ def _fused_fwd_kernel(
     dk = tl.arange(0, D)
     dv = iv * BV + tl.arange(0, BV)
     i = tl.arange(0, BT)
-    cols = dk[:, None] * D + dv[None, :]
+    cols = dv[:, None] + dk[None, :] * D  # Sᵀ's elements in the [D, D] state (key rows, value columns)
     dt = q_ptr.dtype.element_ty
-    causal = i[:, None] >= i[None, :]
+    causal = i[None, :] >= i[:, None]  # Pᵀ[j, i]: row i of the chunk sees row j
     if HAS_S0:
         S = tl.load(s0_ptr + (bh * nseg + seg) * D * D + cols).to(tl.float32)
     else:
-        S = tl.zeros([D, BV], dtype=tl.float32)
+        S = tl.zeros([BV, D], dtype=tl.float32)
     c0 = seg * CPS
     c1 = tl.minimum(c0 + CPS, NT)
     for c in range(c0, c1):
@@ -80,16 +87,18 @@ def _fused_fwd_kernel(
                 tl.store(sg_ptr + (bh * NG + c // KG) * D * D + cols, S)
         kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
             k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
-        v = value_rows(v_ptr, b, h, t, m, dv, T, HV, D)
+        rows = ((b * T + t[None, :]) * HV + h) * D + dv[:, None]  # [BV, BT] of a [B, T, Hv, D] tensor
+        v = tl.load(v_ptr + rows, mask=m[None, :], other=0.0)
         qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
         Sb = S.to(dt)
-        vn, _ = chunk_vn(tmat, kc, v, bt, gam, Sb, PREC)
-        p = tl.dot(qc, tl.trans(kc))
-        p = tl.where(causal, p * tl.exp(tl.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
-        o = tl.dot(p.to(dt), vn.to(dt)) + tl.dot(qc, Sb) * tl.exp(gam)[:, None]
-        tl.store(o_ptr + ((b * T + t[:, None]) * HV + h) * D + dv[None, :],
-                 (o * scale).to(o_ptr.dtype.element_ty), mask=m[:, None])
-        S = state_next(S, vn, kc, gam, g_last)
+        x = v.to(tl.float32) * bt[None, :] - (bt * tl.exp(gam))[None, :] * tl.dot(Sb, tl.trans(kc))
+        vn = mm(x, tl.trans(tmat), PREC)
+        p = tl.dot(kc, tl.trans(qc))
+        p = tl.where(causal, p * tl.exp(tl.where(causal, gam[None, :] - gam[:, None], 0.0)), 0.0)
+        o = tl.dot(vn.to(dt), p.to(dt)) + tl.dot(Sb, tl.trans(qc)) * tl.exp(gam)[None, :]
+        tl.store(o_ptr + rows, (o * scale).to(o_ptr.dtype.element_ty), mask=m[None, :])
+        vg = (vn * tl.exp(g_last - gam)[None, :]).to(dt)
+        S = S * tl.exp(g_last) + tl.dot(vg, kc)
     if STORE_HT:  # noqa: SIM102
         if seg == nseg - 1:
             tl.store(ht_ptr + bh * D * D + cols, S)
