@@ -55,14 +55,21 @@ def _fused_fwd_kernel(
     from its entering state s0[bh, seg] (h0 when one segment; zero without). Per chunk:
     Vn = T·X on chip, O = scale·(e^γ·Q·S + (Q·Kᵀ ⊙ E)·Vn), S' = e^{γ_C}·S + Kᵀ·(e^{γ_C−γ} ⊙ Vn);
     STORE_GROUPS keeps the fp32 state entering every group of KG chunks, [B·Hv, NG, D, D]
-    (CPS is a multiple of KG, so a segment starts a group).
+    (CPS is a multiple of KG, so a segment starts a group), stored at the end of the step before
+    it, where the step's tiles are dead.
 
     The program holds Sᵀ [BV, D] and forms the step transposed, value columns as rows:
     Xᵀ = β⊙Vᵀ − βe^γ⊙(Sᵀ·Kᵀ), Vnᵀ = Xᵀ·Tᵀ, Oᵀ = e^γ⊙(Sᵀ·Qᵀ) + Vnᵀ·Pᵀ with Pᵀ = (K·Qᵀ) ⊙ Eᵀ,
     Sᵀ' = e^{γ_C}·Sᵀ + (e^{γ_C−γ}⊙Vnᵀ)·K (the products and roundings of `chunk_vn` and
     `state_next`). Triton gives every dot of a chain all warps along its rows, 16 each: a
     [BT, D] tile of 64 rows is held by both warp groups of 8 warps, twice its registers, while a
-    [BV, BT] tile at BV = 128 fills the 128 rows once."""
+    [BV, BT] tile at BV = 128 fills the 128 rows once.
+
+    Pᵀ, Vnᵀ and (Oᵀ, Sᵀ') are each formed in a loop of one trip, a region of its own: Triton's
+    chain rule looks at the dots of one region, so the [BT, BT] Pᵀ (and at BV = 64 every
+    product of 64 rows) is split over the two warp groups instead of formed by both, and each
+    part reads γ and forms its decay factors where it uses them, not one copy held across the
+    other parts. LLVM removes the one-trip loops."""
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     seg = tl.program_id(2)
@@ -81,27 +88,43 @@ def _fused_fwd_kernel(
         S = tl.zeros([BV, D], dtype=tl.float32)
     c0 = seg * CPS
     c1 = tl.minimum(c0 + CPS, NT)
+    if STORE_GROUPS:
+        tl.store(sg_ptr + (bh * NG + c0 // KG) * D * D + cols, S)
     for c in range(c0, c1):
-        if STORE_GROUPS:  # noqa: SIM102 (a constexpr and a runtime test: two ifs compile on every Triton)
-            if c % KG == 0:
-                tl.store(sg_ptr + (bh * NG + c // KG) * D * D + cols, S)
-        kc, bt, gam, g_last, tmat, t, m = chunk_inputs(
-            k_ptr, beta_ptr, gamma_ptr, tm_ptr, b, bh, hk, c * BT, T, HQK, HV, BT, D)
-        rows = ((b * T + t[None, :]) * HV + h) * D + dv[:, None]  # [BV, BT] of a [B, T, Hv, D] tensor
-        v = tl.load(v_ptr + rows, mask=m[None, :], other=0.0)
+        t = c * BT + i
+        m = t < T
+        kc = load_rows(k_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
         qc = load_rows(q_ptr + b * T * HQK * D + hk * D, t, m, HQK * D, D)
+        rows = ((b * T + t[None, :]) * HV + h) * D + dv[:, None]  # [BV, BT] of a [B, T, Hv, D] tensor
+        # γ under a name per part: a name bound before a loop and again inside it is carried by it.
+        p = tl.zeros([BT, BT], dtype=dt)
+        for _ in range(c, c + 1):
+            g_p = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)[0]
+            p = tl.dot(kc, tl.trans(qc))
+            p = tl.where(causal, p * tl.exp(tl.where(causal, g_p[None, :] - g_p[:, None], 0.0)), 0.0).to(dt)
         Sb = S.to(dt)
-        x = v.to(tl.float32) * bt[None, :] - (bt * tl.exp(gam))[None, :] * tl.dot(Sb, tl.trans(kc))
-        vn = mm(x, tl.trans(tmat), PREC)
-        p = tl.dot(kc, tl.trans(qc))
-        p = tl.where(causal, p * tl.exp(tl.where(causal, gam[None, :] - gam[:, None], 0.0)), 0.0)
-        o = tl.dot(vn.to(dt), p.to(dt)) + tl.dot(Sb, tl.trans(qc)) * tl.exp(gam)[None, :]
-        tl.store(o_ptr + rows, (o * scale).to(o_ptr.dtype.element_ty), mask=m[None, :])
-        vg = (vn * tl.exp(g_last - gam)[None, :]).to(dt)
-        S = S * tl.exp(g_last) + tl.dot(vg, kc)
+        ks = tl.dot(Sb, tl.trans(kc))
+        bt = chunk_beta(beta_ptr, b, h, t, m, T, HV)
+        g_x = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)[0]
+        v = tl.load(v_ptr + rows, mask=m[None, :], other=0.0)
+        vn = tl.zeros([BV, BT], dtype=tl.float32)
+        for _ in range(c, c + 1):
+            x = v.to(tl.float32) * bt[None, :] - (bt * tl.exp(g_x))[None, :] * ks
+            vn = mm(x, tl.trans(chunk_t(tm_ptr, bh, t, m, T, BT)), PREC)
+        for _ in range(c, c + 1):
+            gam, g_last, _m = load_gamma(gamma_ptr, bh, c * BT, T, T, BT)
+            o = tl.dot(vn.to(dt), p) + tl.dot(Sb, tl.trans(qc)) * tl.exp(gam)[None, :]
+            tl.store(o_ptr + rows, (o * scale).to(o_ptr.dtype.element_ty), mask=m[None, :])
+            vg = (vn * tl.exp(g_last - gam)[None, :]).to(dt)
+            S = S * tl.exp(g_last) + tl.dot(vg, kc)
+        if STORE_GROUPS:  # noqa: SIM102 (a constexpr and a runtime test: two ifs compile on every Triton)
+            if (c + 1) % KG == 0 and c + 1 < c1:
+                tl.store(sg_ptr + (bh * NG + (c + 1) // KG) * D * D + cols, S)
     if STORE_HT:  # noqa: SIM102
         if seg == nseg - 1:
-            tl.store(ht_ptr + bh * D * D + cols, S)
+            # Offsets formed anew, not `cols`: that kept the entering state's load offsets live
+            # across the walk (ptxas spilled them, and the step around them).
+            tl.store(ht_ptr + bh * D * D + dv[:, None] + dk[None, :] * D, S)
 
 
 @triton.jit
