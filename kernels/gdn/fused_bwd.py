@@ -18,12 +18,16 @@ groups, twice the registers of the 4 × 2 layout the others get. So the step sen
 through the scratch where that pays: dP ⊙ E and dPᵀ ⊙ Eᵀ (in the input dtype, read back by each
 key part), Tᵀ·dT, and B (read back with its transpose by each key part); dP and dPᵀ are products
 over all the program's value columns after the value parts, not sums carried through them; and
-the key parts sum their γ term from zero instead of taking the step's dγ.
+the key parts sum their γ term from zero instead of taking the step's dγ. Other products are
+cut off from the product they feed by a loop of one trip around them (a region of its own,
+which Triton's chain rule does not look out of; LLVM removes the loop): the re-walk's K·S and
+T·X, the value parts' K·dS' and dVn, the key parts' dO·Sᵀ, dq, dX·Sᵀ with Vn·dS'ᵀ, and dk's
+terms before (B + Bᵀ)·K.
 
 It reads what the fused forward kept: T and the fp32 state entering every group of
 `fused_group` chunks. Group by group from the end, it re-walks the group forward from its state
-(the forward's own steps, `common.chunk_vn` and `state_next`) into a scratch of its own (each
-chunk's S, X and Vn in the input dtype, a few hundred KB per program that stays in L2), then
+(the forward's own steps, `common.chunk_vn`'s products and `state_next`) into a scratch of its
+own (each chunk's S, X and Vn in the input dtype, a few hundred KB per program that stays in L2), then
 walks the group's chunks back. A head's segments start from the gradients the reverse scan of
 the segment maps gives (`_fused_dmaps_kernel`: each segment's affine part from a zero gradient).
 
@@ -48,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gdn.common import chunk_t, chunk_vn, load_rows, mm, state_next, value_rows
+from kernels.gdn.common import chunk_t, load_rows, mm, state_next, value_rows
 from kernels.gdn.config import BT, D, KernelConfig, dot_precision, fused_bwd_parts, num_chunks
 from kernels.gdn.fused_fwd import check_fused, chunk_inputs
 from kernels.gdn.segments import segment_scan
@@ -180,7 +184,14 @@ def _fused_bwd_kernel(
                 S = tl.load(s32 + sq_h)
                 Sb = S.to(dt)
                 v_h = value_rows(v_ptr, b, h, t, m, iv * BV + vloc, T, HV, D)
-                vn, x = chunk_vn(tmat, kc, v_h, bt, gam, Sb, PREC)
+                # `chunk_vn` with K·S and T·X each in a loop of one trip (see the back step)
+                ks = tl.zeros([BT, HDV], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    ks = tl.dot(kc, Sb)
+                x = v_h.to(tl.float32) * bt[:, None] - (bt * tl.exp(gam))[:, None] * ks
+                vn = tl.zeros([BT, HDV], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    vn = mm(tmat, x, PREC)
                 tl.store(slot + sq_h, Sb)
                 tl.store(slot + D * BV + part, x.to(dt))
                 tl.store(slot + D * BV + BT * BV + part, vn.to(dt))
@@ -218,8 +229,16 @@ def _fused_bwd_kernel(
                 part = i[:, None] * BV + vloc[None, :]
                 sq_h = dk[:, None] * BV + vloc[None, :]
                 do_h = value_rows(do_ptr, b, h, t, m, vglob, T, HV, D)
-                kds = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.load(dsb_in + sq_h))
-                dvn = tl.dot(kqt, do_h) + kds * ekd[:, None]
+                # a loop of one trip is a region of its own: Triton's chain rule (all 8 warps
+                # along the rows) follows a product's result within its region, not out of a
+                # loop, so K·dS', dVn, dO·Sᵀ, dq, dX·Sᵀ and dS'·Vn, and dk's attention term are
+                # split over the two warp groups; LLVM removes the loops
+                kds = tl.zeros([BT, HDV], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    kds = tl.dot(load_rows(k_base, t, m, HQK * D, D), tl.load(dsb_in + sq_h))
+                dvn = tl.zeros([BT, HDV], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    dvn = tl.dot(kqt, do_h) + kds * ekd[:, None]
                 dx = mm(tl.trans(chunk_t(tm_ptr, bh, t, m, T, BT)), dvn, PREC)
                 tl.store(dv_ptr + ((b * T + t[:, None]) * HV + h) * D + vglob[None, :],
                          (dx * bt[:, None]).to(dv_ptr.dtype.element_ty), mask=m[:, None])
@@ -278,9 +297,13 @@ def _fused_bwd_kernel(
                               mask=m[:, None], other=0.0)
                 k_h = tl.load(k_ptr + b * T * HQK * D + hk * D + t[:, None] * (HQK * D) + kcols[None, :],
                               mask=m[:, None], other=0.0)
-                dos = tl.dot(value_rows(do_ptr, b, h, t, m, vcol, T, HV, D), tl.trans(s_h))
+                dos = tl.zeros([BT, HDK], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    dos = tl.dot(value_rows(do_ptr, b, h, t, m, vcol, T, HV, D), tl.trans(s_h))
                 dgk += scale * eg * tl.sum(dos * q_h.to(tl.float32), axis=1)
-                dq = dos * (scale * eg)[:, None] + tl.dot(tl.load(dpe_ptr + sqt), k_h)
+                dq = tl.zeros([BT, HDK], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    dq = dos * (scale * eg)[:, None] + tl.dot(tl.load(dpe_ptr + sqt), k_h)
                 qk_rows = ((b * T + t[:, None]) * HQK + hk) * D + kcols[None, :]
                 if CARRY_IN:
                     dq += tl.load(dq32_ptr + qk_rows, mask=m[:, None], other=0.0)
@@ -288,12 +311,18 @@ def _fused_bwd_kernel(
                     tl.store(dq32_ptr + qk_rows, dq, mask=m[:, None])
                 else:
                     tl.store(dq_ptr + qk_rows, dq.to(dq_ptr.dtype.element_ty), mask=m[:, None])
-                dxs = tl.dot(tl.load(dxs_ptr + rows), tl.trans(s_h))
-                wt = tl.dot(tl.load(slot + D * BV + BT * BV + rows), tl.trans(tl.load(dsb_in + key_rows)))
+                dxs = tl.zeros([BT, HDK], dtype=tl.float32)
+                wt = tl.zeros([BT, HDK], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    dxs = tl.dot(tl.load(dxs_ptr + rows), tl.trans(s_h))
+                    wt = tl.dot(tl.load(slot + D * BV + BT * BV + rows), tl.trans(tl.load(dsb_in + key_rows)))
                 k32 = k_h.to(tl.float32)
                 rr += tl.sum(k32 * dxs, axis=1)
                 y += ekd * tl.sum(k32 * wt, axis=1)
-                dkc = wt * ekd[:, None] - dxs * bge[:, None] + tl.dot(tl.load(dpe_ptr + BT * BT + sqt), q_h)
+                dkc = tl.zeros([BT, HDK], dtype=tl.float32)
+                for _r in range(c, c + 1):
+                    dkc = (wt * ekd[:, None] - dxs * bge[:, None]
+                           + tl.dot(tl.load(dpe_ptr + BT * BT + sqt), q_h))
                 dkc += mm(tl.load(tr + sqt) + tl.load(tr + sqt_t), k32, PREC_DX)  # (B + Bᵀ)·K
                 if CARRY_IN:
                     dkc += tl.load(dk32_ptr + qk_rows, mask=m[:, None], other=0.0)
